@@ -1,0 +1,301 @@
+"""Scaled dot-product attention: the textbook formula, one function, every backend.
+
+    P = Q Kᵀ · scale            (…, Lq, Lk)   scale = 1/√E by default
+    P = P + mask                mask: −∞ (bool False) where a query may not look, or any float bias
+    A_ij = exp(P_ij)·G_ij / Σ_k exp(P_ik)·G_ik      G: DynamicViT keep-policy (all ones without one)
+    out = A · V                 (…, Lq, Ev)
+
+Conventions, written once here and tested in ``tests/attention``:
+
+* boolean masks: ``True`` = may attend (torch SDPA's polarity; the textbook's ``mask == 0 → −∞``);
+  floating masks are added to the scaled logits. Masks broadcast to ``(…, Lq, Lk)``.
+* ``keep_policy``: ``(B, Lk)`` in [0, 1], 1 = key kept (DynamicViT's D̂). G_ij = policy_j, and G_ii = 1 when
+  ``Lq == Lk`` (a token always sees itself). Gradients flow into the policy.
+* a query row with no allowed key returns zeros, never NaN, forward and backward, in every backend.
+* ``is_causal`` is aligned as torch aligns it: query i sees keys 0 … i (top-left), also when Lq ≠ Lk.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Backend = Literal["auto", "math", "fused"]
+BACKENDS = ("auto", "math", "fused")
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    keep_policy: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    backend: Backend = "auto",
+) -> tuple[Tensor, Tensor | None]:
+    """Attention of queries ``q`` over keys ``k`` and values ``v``.
+
+    Args:
+        q: (…, Lq, E) queries; heads live in the leading dims, e.g. (B, H, Lq, E).
+        k: (…, Lk, E) keys. Leading dims of q, k, v broadcast against each other.
+        v: (…, Lk, Ev) values.
+        mask: bool (True = may attend) or float (added to the logits), broadcastable to (…, Lq, Lk).
+        is_causal: also forbid query i to see keys j > i (top-left aligned, as torch).
+        scale: multiplies QKᵀ; default 1/√E.
+        keep_policy: (B, Lk) in [0, 1], B the first leading dim of q; 1 = key kept (see module doc).
+        dropout_p: probability of dropping an attention weight; pass 0 in evaluation.
+        need_weights: also return the attention matrix A.
+        backend: "math" (explicit matrix), "fused" (torch's kernel) or "auto" (fused unless the weights are needed
+            or the policy needs a gradient, which the fused kernel cannot give).
+
+    Returns:
+        out (…, Lq, Ev), and A (…, Lq, Lk) when ``need_weights`` else None. With dropout, A is the matrix that
+        was applied (after dropout), so ``out == A @ v`` always holds.
+    """
+    lead, scale = _validate(q, k, v, mask, is_causal, scale, keep_policy, dropout_p, backend)
+    if backend == "fused" and need_weights:
+        raise ValueError("backend='fused' cannot return weights (need_weights=True); use backend='math' or 'auto'")
+    policy_needs_grad = keep_policy is not None and keep_policy.requires_grad and torch.is_grad_enabled()
+    if backend == "fused" and policy_needs_grad:
+        raise ValueError("backend='fused' cannot differentiate through keep_policy; use backend='math' or 'auto'")
+    use_math = backend == "math" or (backend == "auto" and (need_weights or policy_needs_grad))
+
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    allowed, bias = _split_mask(mask, is_causal, Lq, Lk, q.device)
+    if use_math:
+        return _math_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p, need_weights)
+    return _fused_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p), None
+
+
+def compute_attention(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The textbook form, for people learning from the formula: softmax(QKᵀ/√d + mask) · V.
+
+    Args:
+        Q: (…, Lq, d); K: (…, Lk, d); V: (…, Lk, dv).
+        mask: 0/1 or bool, broadcastable to (…, Lq, Lk); 0 (False) = masked (−∞ before the softmax).
+
+    Returns:
+        (output (…, Lq, dv), attn_weights (…, Lq, Lk)); each row of the weights sums to 1 (0 for a fully masked row).
+    """
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a tensor of 0/1 or bool, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            if not bool(((mask == 0) | (mask == 1)).all()):
+                raise ValueError("mask must hold only 0 (masked) and 1 (visible) in compute_attention")
+            mask = mask != 0
+    out, weights = scaled_dot_product_attention(Q, K, V, mask, need_weights=True, backend="math")
+    assert weights is not None
+    return out, weights
+
+
+def _validate(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    keep_policy: Tensor | None,
+    dropout_p: float,
+    backend: str,
+) -> tuple[torch.Size, float]:
+    """Check every argument before any compute; return the broadcast leading shape and the scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (…, L, E), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the last dim E: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must share the length Lk: k {tuple(k.shape)} vs v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    try:
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"leading dims of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not broadcast"
+        ) from None
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a bool or float tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(f"mask must be bool (True = may attend) or floating (added to logits), got {mask.dtype}")
+        target = (*lead, Lq, Lk)
+        if not _broadcasts_to(mask.shape, target):
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (…, Lq, Lk) = {target}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite positive number, got {scale!r}")
+    if keep_policy is not None:
+        _validate_policy(keep_policy, q, lead, Lk)
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return lead, float(scale)
+
+
+def _validate_policy(keep_policy: Tensor, q: Tensor, lead: torch.Size, Lk: int) -> None:
+    if not isinstance(keep_policy, Tensor):
+        raise TypeError(f"keep_policy must be a tensor of shape (B, Lk), got {type(keep_policy).__name__}")
+    if keep_policy.dtype != torch.bool and not keep_policy.is_floating_point():
+        raise TypeError(f"keep_policy must be bool or floating in [0, 1], got dtype {keep_policy.dtype}")
+    if len(lead) == 0:
+        raise ValueError(f"keep_policy needs a batch dim: q must be (B, …, Lq, E), got shape {tuple(q.shape)}")
+    B = lead[0]
+    if keep_policy.dim() != 2 or keep_policy.shape[1] != Lk or keep_policy.shape[0] not in (1, B):
+        raise ValueError(f"keep_policy must have shape (B, Lk) = ({B}, {Lk}), got {tuple(keep_policy.shape)}")
+    if keep_policy.is_floating_point():
+        bad = (keep_policy < 0) | (keep_policy > 1) | keep_policy.isnan()
+        if bool(bad.any()):
+            raise ValueError(
+                f"keep_policy must lie in [0, 1]; got values from {keep_policy.min().item():.8g} "
+                f"to {keep_policy.max().item():.8g}"
+            )
+
+
+def _broadcasts_to(shape: torch.Size, target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
+def _split_mask(
+    mask: Tensor | None, is_causal: bool, Lq: int, Lk: int, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
+    """Return (allowed, bias): a bool mask (True = may attend) and a float mask to add, either may be None."""
+    allowed: Tensor | None = None
+    bias: Tensor | None = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            allowed = mask
+        else:
+            bias = mask
+    if is_causal:
+        causal = torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril()
+        allowed = causal if allowed is None else allowed & causal
+    return allowed, bias
+
+
+def _policy_gate(keep_policy: Tensor, ndim: int, Lq: int, Lk: int, dtype: torch.dtype) -> Tensor:
+    """G of shape (B, 1, …, Lq or 1, Lk): policy_j off the diagonal, 1 on it (when Lq == Lk)."""
+    policy = keep_policy.to(dtype)
+    gate = policy.view(policy.shape[0], *([1] * (ndim - 2)), 1, Lk)
+    if Lq == Lk:
+        eye = torch.eye(Lq, dtype=dtype, device=policy.device)
+        gate = gate + (1.0 - gate) * eye  # G_ii = 1, differentiable in the policy
+    return gate
+
+
+def _math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    keep_policy: Tensor | None,
+    lead: torch.Size,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The explicit matrix: logits, max-subtraction, exp, gate, normalise; softmax in float32 for half inputs."""
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    logits = (q * scale) @ k.transpose(-2, -1)  # (…, Lq, Lk)
+    if bias is not None:
+        logits = logits + bias
+    if keep_policy is None:
+        weights = _masked_softmax(logits, allowed, bias is not None, acc)
+    else:
+        gate = _policy_gate(keep_policy, len(lead) + 2, Lq, Lk, acc)
+        weights = _gated_softmax(logits.to(acc), allowed, gate)
+    weights = weights.to(q.dtype)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    out = weights @ v  # (…, Lq, Ev)
+    return out, (weights if need_weights else None)
+
+
+def _masked_softmax(logits: Tensor, allowed: Tensor | None, has_bias: bool, acc: torch.dtype) -> Tensor:
+    """Row softmax of (…, Lq, Lk) logits with −∞ where not allowed; a row with no allowed key gives zeros."""
+    empty_rows: Tensor | None = None
+    if allowed is not None:
+        empty_rows = ~allowed.any(dim=-1, keepdim=True)
+        logits = logits.masked_fill(~(allowed | empty_rows), float("-inf"))
+    if has_bias:  # a float mask may also close whole rows with −∞
+        closed = torch.isneginf(logits).all(dim=-1, keepdim=True)
+        empty_rows = closed if empty_rows is None else empty_rows | closed
+        logits = logits.masked_fill(closed, 0.0)
+    weights = torch.softmax(logits, dim=-1, dtype=acc)
+    if empty_rows is not None:
+        weights = weights.masked_fill(empty_rows, 0.0)
+    return weights
+
+
+def _gated_softmax(logits: Tensor, allowed: Tensor | None, gate: Tensor) -> Tensor:
+    """exp(P_ij)·G_ij / Σ_k exp(P_ik)·G_ik, written out so that gradients reach the gate G."""
+    # Keys that cannot receive weight (masked, or gated to exactly 0) must not set the row maximum, or every
+    # allowed key could underflow to exp(-large) = 0.
+    visible = gate > 0
+    if allowed is not None:
+        visible = visible & allowed
+    logits = logits.masked_fill(~visible, float("-inf"))
+    row_max = logits.detach().amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # empty row: exp(-inf) = 0
+    weights = torch.exp(logits - row_max) * gate
+    denom = weights.sum(dim=-1, keepdim=True)
+    return weights / torch.where(denom > 0, denom, torch.ones_like(denom))  # an empty row stays 0, not 0/0
+
+
+def _fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    keep_policy: Tensor | None,
+    lead: torch.Size,
+    dropout_p: float,
+) -> Tensor:
+    """torch's fused kernel. A constant policy becomes the additive bias log G (exact: exp(P + log G) = exp(P)·G)."""
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    ndim = len(lead) + 2
+    if keep_policy is not None:
+        log_gate = _policy_gate(keep_policy.detach(), ndim, Lq, Lk, q.dtype).log()
+        bias = log_gate if bias is None else bias + log_gate
+    attn_mask: Tensor | None = None
+    empty_rows: Tensor | None = None
+    if bias is not None:
+        if allowed is not None:
+            bias = bias.masked_fill(~allowed, float("-inf"))
+        # A row with no allowed key: open it to avoid 0/0 in any kernel, and zero its output afterwards.
+        empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
+        attn_mask = bias.masked_fill(empty_rows, 0.0).to(q.dtype)
+    elif allowed is not None:
+        empty_rows = ~allowed.any(dim=-1, keepdim=True)
+        attn_mask = allowed | empty_rows
+    if q.shape[:-2] != lead or k.shape[:-2] != lead or v.shape[:-2] != lead:
+        q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+    return out

@@ -1,0 +1,171 @@
+"""Multi-head attention: one fused projection for Q, K, V, split into heads, attend, concat, project.
+
+Parameter names are timm's (``qkv``, ``proj``; for cross-attention ``q`` and ``kv``; ``q_norm``/``k_norm``), so timm
+and DeiT weights load as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitrim.attention.functional import scaled_dot_product_attention
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention, or cross-attention when ``kv_dim`` is given or ``context`` is passed.
+
+    Args:
+        dim: model width D of the queries (and of the output).
+        num_heads: H; D must be divisible by H (head width hd = D / H).
+        kv_dim: width of the context for cross-attention; builds ``q = Linear(D, D)`` and ``kv = Linear(kv_dim, 2D)``.
+            Without it, one ``qkv = Linear(D, 3D)`` serves self-attention, and its K/V rows serve a ``context`` of
+            width D.
+        qkv_bias: bias on the Q, K, V projections.
+        qk_norm: LayerNorm on each head's queries and keys (timm's ``q_norm``, ``k_norm``).
+        attn_drop: dropout on the attention weights (training only).
+        proj_drop: dropout after the output projection.
+        proj_bias: bias on the output projection.
+        norm_eps: epsilon of the qk-norm LayerNorms.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kv_dim: int | None = None,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        proj_bias: bool = True,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        if dim % num_heads != 0:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        if kv_dim is not None and (not isinstance(kv_dim, int) or kv_dim <= 0):
+            raise ValueError(f"kv_dim must be a positive int or None, got {kv_dim!r}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.kv_dim = kv_dim
+        self.attn_drop = attn_drop
+        if kv_dim is None:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(kv_dim, 2 * dim, bias=qkv_bias)
+        self.q_norm: nn.Module = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm: nn.Module = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        keep_policy: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` (B, Lq, D) to itself, or to ``context`` (B, Lk, kv_dim).
+
+        ``mask`` broadcasts to (B, H, Lq, Lk) (bool True = may attend, or float added to the logits);
+        ``keep_policy`` is (B, Lk) (see :func:`vitrim.scaled_dot_product_attention`).
+
+        Returns:
+            out (B, Lq, D), and the per-head weights (B, H, Lq, Lk) when ``need_weights`` else None.
+        """
+        q, k, v = self.project_qkv(x, context)
+        out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            keep_policy=keep_policy,
+            dropout_p=self.attn_drop if self.training else 0.0,
+            need_weights=need_weights,
+        )
+        return self.project_out(out), weights
+
+    def project_qkv(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and split into heads: q (B, H, Lq, hd), k and v (B, H, Lk, hd)."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, Lq, _ = x.shape
+        if context is None and self.kv_dim is None:
+            qkv = self.qkv(x).reshape(B, Lq, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)  # each (B, H, L, hd)
+        else:
+            if context is None:
+                raise ValueError(f"context (B, Lk, {self.kv_dim}) is required by a cross-attention module")
+            kv_dim = self.kv_dim if self.kv_dim is not None else self.dim
+            if context.dim() != 3 or context.shape[-1] != kv_dim or context.shape[0] not in (1, B):
+                raise ValueError(f"context must have shape ({B}, Lk, {kv_dim}), got {tuple(context.shape)}")
+            if self.kv_dim is None:  # self-attention weights used across sequences, as torch's MHA does
+                w_q, w_kv = self.qkv.weight.split([self.dim, 2 * self.dim])
+                b_q, b_kv = self.qkv.bias.split([self.dim, 2 * self.dim]) if self.qkv.bias is not None else (None, None)
+                q, kv = F.linear(x, w_q, b_q), F.linear(context, w_kv, b_kv)
+            else:
+                q, kv = self.q(x), self.kv(context)
+            Lk = context.shape[1]
+            q = q.reshape(B, Lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, hd)
+            k, v = kv.reshape(context.shape[0], Lk, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def project_out(self, out: Tensor) -> Tensor:
+        """Concatenate heads and project: (B, H, Lq, hd) -> (B, Lq, D)."""
+        B, _, Lq, _ = out.shape
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, Lq, self.dim)))
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Build an equivalent module from ``torch.nn.MultiheadAttention`` (copies the weights).
+
+        The result always takes batch-first inputs (B, L, D), whatever ``module.batch_first`` was. Self-attention,
+        and cross-attention when ``kdim == vdim``, are supported; ``add_bias_kv`` and ``add_zero_attn`` are not.
+        Note torch's ``key_padding_mask`` marks keys to *ignore*; vitrim's boolean mask marks keys that may be seen:
+        pass ``mask=~key_padding_mask[:, None, None, :]``.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("nn.MultiheadAttention with add_bias_kv or add_zero_attn has no vitrim equivalent")
+        if module.kdim != module.vdim:
+            raise ValueError(f"kdim ({module.kdim}) != vdim ({module.vdim}) has no vitrim equivalent")
+        dim = module.embed_dim
+        has_bias = module.in_proj_bias is not None
+        same = module._qkv_same_embed_dim
+        ref = module.out_proj.weight
+        new = cls(
+            dim,
+            module.num_heads,
+            kv_dim=None if same else module.kdim,
+            qkv_bias=has_bias,
+            attn_drop=module.dropout,
+            proj_bias=module.out_proj.bias is not None,
+        ).to(device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            if same:
+                new.qkv.weight.copy_(module.in_proj_weight)
+                if has_bias:
+                    new.qkv.bias.copy_(module.in_proj_bias)
+            else:
+                new.q.weight.copy_(module.q_proj_weight)
+                new.kv.weight.copy_(torch.cat([module.k_proj_weight, module.v_proj_weight]))
+                if has_bias:
+                    b_q, b_kv = module.in_proj_bias.split([dim, 2 * dim])
+                    new.q.bias.copy_(b_q)
+                    new.kv.bias.copy_(b_kv)
+            new.proj.weight.copy_(module.out_proj.weight)
+            if module.out_proj.bias is not None:
+                new.proj.bias.copy_(module.out_proj.bias)
+        return new.train(module.training)

@@ -1,0 +1,1 @@
+"""Benchmarks: attention backends, model throughput, latency, FLOPs and memory."""
