@@ -8,6 +8,7 @@ high-water mark hides it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import resource
 import statistics
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     for length in lengths:
         q, k, v = _inputs(args.batch, args.heads, length, args.head_dim)
         repeats = args.repeats or (30 if length <= 256 else 10 if length <= 1024 else 3)
-        times = {name: time_case(lambda fn=fn: fn(q, k, v), repeats) for name, fn in CASES.items()}
+        times = {name: time_case(functools.partial(fn, q, k, v), repeats) for name, fn in CASES.items()}
         base = times["torch_sdpa"]
         results["times_ms"][length] = {name: t * 1e3 for name, t in times.items()}
         print(f"{length:>6} " + " ".join(f"{t * 1e3:>14.2f} ({t / base:5.2f}x)" for t in times.values()))
