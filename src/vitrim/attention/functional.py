@@ -197,7 +197,7 @@ def _split_mask(
 def _policy_gate(keep_policy: Tensor, ndim: int, Lq: int, Lk: int, dtype: torch.dtype) -> Tensor:
     """G of shape (B, 1, …, Lq or 1, Lk): policy_j off the diagonal, 1 on it (when Lq == Lk)."""
     policy = keep_policy.to(dtype)
-    gate = policy.view(policy.shape[0], *([1] * (ndim - 2)), 1, Lk)
+    gate = policy.view(policy.shape[0], *([1] * (ndim - 3)), 1, Lk)  # (B, 1, …, 1, Lk): ndim dims in all
     if Lq == Lk:
         eye = torch.eye(Lq, dtype=dtype, device=policy.device)
         gate = gate + (1.0 - gate) * eye  # G_ii = 1, differentiable in the policy
@@ -251,15 +251,21 @@ def _masked_softmax(logits: Tensor, allowed: Tensor | None, has_bias: bool, acc:
 
 
 def _gated_softmax(logits: Tensor, allowed: Tensor | None, gate: Tensor) -> Tensor:
-    """exp(P_ij)·G_ij / Σ_k exp(P_ik)·G_ik, written out so that gradients reach the gate G."""
-    # Keys that cannot receive weight (masked, or gated to exactly 0) must not set the row maximum, or every
-    # allowed key could underflow to exp(-large) = 0.
-    visible = gate > 0
+    """exp(P_ij)·G_ij / Σ_k exp(P_ik)·G_ik, written out so that gradients reach the gate G.
+
+    A key gated to exactly 0 gets no weight but must still get a gradient (straight-through training asks how
+    much re-admitting it would help), so only masked keys are set to −∞. The row is shifted by the maximum over
+    keys that can receive weight (so they cannot all underflow because of a dropped key with a huge logit), but
+    by no less than the overall maximum minus a margin, so that exp of a dropped key cannot overflow.
+    """
     if allowed is not None:
-        visible = visible & allowed
-    logits = logits.masked_fill(~visible, float("-inf"))
-    row_max = logits.detach().amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # empty row: exp(-inf) = 0
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    with torch.no_grad():
+        row_max_all = logits.amax(dim=-1, keepdim=True)
+        row_max_visible = logits.masked_fill(gate <= 0, float("-inf")).amax(dim=-1, keepdim=True)
+        margin = 0.5 * math.log(torch.finfo(logits.dtype).max)  # exp(margin)² still fits in the dtype
+        row_max = torch.maximum(row_max_visible, row_max_all - margin)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # empty row: exp(-inf)=0
     weights = torch.exp(logits - row_max) * gate
     denom = weights.sum(dim=-1, keepdim=True)
     return weights / torch.where(denom > 0, denom, torch.ones_like(denom))  # an empty row stays 0, not 0/0
