@@ -1,7 +1,18 @@
 """vitrim: attention and Vision Transformers that trim their own tokens."""
 
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
+from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, create_model, list_models
 
 __version__ = "0.1.0"
 
-__all__ = ["MultiHeadAttention", "__version__", "compute_attention", "scaled_dot_product_attention"]
+__all__ = [
+    "MultiHeadAttention",
+    "ViTConfig",
+    "ViTOutput",
+    "VisionTransformer",
+    "__version__",
+    "compute_attention",
+    "create_model",
+    "list_models",
+    "scaled_dot_product_attention",
+]

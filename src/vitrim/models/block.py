@@ -1,0 +1,78 @@
+"""The pre-norm Transformer block: x + Attn(LN(x)), [reducer], x + MLP(LN(x))."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from vitrim.attention import MultiHeadAttention, scaled_dot_product_attention
+from vitrim.models.layers import DropPath, LayerScale, Mlp
+from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
+
+
+class Block(nn.Module):
+    """One encoder block; parameter names are timm's (``norm1``, ``attn``, ``ls1``, ``norm2``, ``mlp``, ``ls2``).
+
+    ``reducer`` (a :class:`~vitrim.reduce.base.Reducer`, or None) runs before attention (``stage == "pre"``) or
+    between attention and MLP (``stage == "mid"``). It is a plain attribute, not a submodule.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = MultiHeadAttention(
+            dim, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop
+        )
+        self.ls1: nn.Module = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1: nn.Module = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.ls2: nn.Module = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2: nn.Module = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.reducer: Reducer | None = None
+
+    def forward(self, state: TokenState, *, need_weights: bool = False) -> tuple[TokenState, Tensor | None]:
+        """Run the block on a token state. Returns the new state and the attention weights (B, H, N, N) if asked."""
+        reducer = self.reducer
+        if reducer is not None and reducer.stage == "pre":
+            state = reducer(state, None)
+        x = state.tokens  # (B, N, D)
+        bias = state.attention_bias()  # (B, 1, 1, N) or None
+        h = self.norm1(x)
+        info: AttentionInfo | None = None
+        if reducer is not None and reducer.stage == "mid" and reducer.needs_attention:
+            q, k, v = self.attn.project_qkv(h)  # (B, H, N, hd)
+            out, weights = scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                bias,
+                keep_policy=state.keep_policy,
+                dropout_p=self.attn.attn_drop if self.training else 0.0,
+                need_weights=need_weights,
+            )
+            info = AttentionInfo(q, k, weights, bias, state.keep_policy, self.attn.head_dim**-0.5)
+            attn_out = self.attn.project_out(out)
+        else:
+            attn_out, weights = self.attn(h, mask=bias, keep_policy=state.keep_policy, need_weights=need_weights)
+        x = x + self.drop_path1(self.ls1(attn_out))
+        if reducer is not None and reducer.stage == "mid":
+            state = reducer(state.replace(tokens=x), info)
+            x = state.tokens
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return state.replace(tokens=x), weights
+
+    def extra_repr(self) -> str:
+        return f"reducer={self.reducer!r}" if self.reducer is not None else ""

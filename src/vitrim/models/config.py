@@ -1,0 +1,89 @@
+"""The configuration of a Vision Transformer: one frozen dataclass, timm's names."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vitrim.models.layers import to_2tuple
+
+GLOBAL_POOLS = ("token", "avg")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a ViT's architecture. Defaults are ViT-B/16 at 224 as timm builds it."""
+
+    img_size: tuple[int, int] = (224, 224)  # the grid the position embedding is learned for; any multiple runs
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000  # 0: no head, the model returns pooled features
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    class_token: bool = True
+    distilled: bool = False  # DeiT: a distillation token and a second head; logits are the mean of both heads
+    global_pool: str = "token"  # "token": the [CLS] output; "avg": mean over patches, then fc_norm (timm)
+    drop_rate: float = 0.0  # dropout before the head and inside blocks (timm's proj_drop)
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0  # stochastic depth, linearly increasing over the blocks
+    init_values: float | None = None  # LayerScale init; None = no LayerScale
+    norm_eps: float = 1e-6  # timm's; Hugging Face ViT uses 1e-12
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
+        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ValueError(f"num_classes must be an int >= 0, got {self.num_classes!r}")
+        for size in self.img_size:
+            if size % self.patch_size != 0:
+                raise ValueError(f"image size {size} is not divisible by patch size {self.patch_size}")
+        if self.embed_dim % self.num_heads != 0:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+        if self.distilled and not self.class_token:
+            raise ValueError("distilled=True needs class_token=True")
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio!r}")
+        for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+
+    @property
+    def num_prefix(self) -> int:
+        return int(self.class_token) + int(self.distilled)
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        """A copy with some fields changed; unknown names raise a clear error."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ValueError(f"unknown config option(s) {unknown}; known: {sorted(names)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ViTConfig:
+        values = dict(values)
+        if "img_size" in values:
+            values["img_size"] = tuple(values["img_size"])
+        return cls().replace(**values)

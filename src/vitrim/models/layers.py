@@ -1,0 +1,97 @@
+"""Layers of a Vision Transformer that know nothing of models: patch embedding, MLP, LayerScale, DropPath."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """``224 -> (224, 224)``; a pair stays a pair. Errors name the argument."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return pair
+
+
+class PatchEmbed(nn.Module):
+    """Image (B, C, H, W) -> patch tokens (B, H/p · W/p, D) by a p×p convolution of stride p.
+
+    Any H, W that are multiples of the patch size work; ``img_size`` only sets the grid the position embedding
+    was trained for.
+    """
+
+    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def check_input(self, x: Tensor) -> tuple[int, int]:
+        """Raise a clear error for a wrong image tensor; return its patch grid (h, w)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"images must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"images must have shape (B, C, H, W), got {tuple(x.shape)}")
+        if x.shape[1] != self.in_chans:
+            raise ValueError(f"images have {x.shape[1]} channels, but the model expects in_chans={self.in_chans}")
+        p = self.patch_size
+        for name, size in (("height", x.shape[2]), ("width", x.shape[3])):
+            if size % p != 0 or size == 0:
+                raise ValueError(f"image {name} {size} is not divisible by patch size {p}")
+        return x.shape[2] // p, x.shape[3] // p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, h·w, D)
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU -> dropout -> fc2 -> dropout (timm's names)."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT); parameter ``gamma`` as in timm."""
+
+    def __init__(self, dim: int, init_values: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample in training, rescaling the survivors."""
+
+    def __init__(self, drop_prob: float = 0.0) -> None:
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.drop_prob
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"drop_prob={self.drop_prob}"

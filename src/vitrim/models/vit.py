@@ -1,0 +1,161 @@
+"""The Vision Transformer: patches -> tokens (+[CLS], +position) -> pre-norm blocks -> norm -> pool -> head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.models.block import Block
+from vitrim.models.config import ViTConfig
+from vitrim.models.layers import PatchEmbed
+from vitrim.models.pos_embed import resample_pos_embed
+from vitrim.reduce.base import TokenState, patch_positions
+
+
+@dataclass
+class ViTOutput:
+    """Everything one forward pass can tell.
+
+    logits: (B, num_classes). tokens: (B, N', D) final tokens after the last norm, prefix tokens first.
+    kept_indices: one (B, k) long tensor per reduction that removed tokens, absolute patch positions (0 … P−1 of
+    the input's grid); empty for dense models. keep_masks: one (B, P) tensor per training-time decision (1 = kept).
+    attentions: one (B, H, N_b, N_b) tensor per block when asked (N_b = the tokens that block saw).
+    token_sizes: (B, N') how many patches each final token stands for, when a reducer merged tokens.
+    """
+
+    logits: Tensor
+    tokens: Tensor
+    kept_indices: list[Tensor] = field(default_factory=list)
+    keep_masks: list[Tensor] = field(default_factory=list)
+    attentions: list[Tensor] = field(default_factory=list)
+    token_sizes: Tensor | None = None
+
+
+class VisionTransformer(nn.Module):
+    """ViT / DeiT with timm's parameter names, so timm and DeiT state dicts load as they are.
+
+    ``model(images)`` returns logits (B, num_classes) in training and evaluation alike; images (B, C, H, W) of any
+    H, W divisible by the patch size (the position embedding is resampled as timm resamples it).
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.num_prefix = c.num_prefix
+        self.patch_embed = PatchEmbed(c.img_size, c.patch_size, c.in_chans, c.embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.distilled else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.patch_embed.num_patches, c.embed_dim))
+        self.pos_drop = nn.Dropout(c.drop_rate)
+        rates = torch.linspace(0, c.drop_path_rate, c.depth).tolist()
+        self.blocks = nn.ModuleList(
+            Block(
+                c.embed_dim,
+                c.num_heads,
+                mlp_ratio=c.mlp_ratio,
+                qkv_bias=c.qkv_bias,
+                qk_norm=c.qk_norm,
+                proj_drop=c.drop_rate,
+                attn_drop=c.attn_drop_rate,
+                drop_path=rate,
+                init_values=c.init_values,
+                norm_eps=c.norm_eps,
+            )
+            for rate in rates
+        )
+        use_fc_norm = c.global_pool == "avg"
+        self.norm: nn.Module = nn.Identity() if use_fc_norm else nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.fc_norm: nn.Module = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(c.drop_rate)
+        self.head: nn.Module = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.head_dist: nn.Module | None = None
+        if c.distilled:
+            self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """timm's init: truncated normal (std 0.02) for linear weights and position embedding, zero biases."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for token in (self.cls_token, self.dist_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    # -- the forward pass, in the pieces timm names -------------------------------------------------------------
+
+    def embed(self, images: Tensor) -> TokenState:
+        """Images (B, C, H, W) -> token state with (B, prefix + h·w, D) tokens."""
+        grid = self.patch_embed.check_input(images)
+        x = self.patch_embed(images)  # (B, h·w, D)
+        B = x.shape[0]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + h·w, D)
+        pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix)
+        x = self.pos_drop(x + pos)
+        return TokenState(x, self.num_prefix, patch_positions(B, grid[0] * grid[1], x.device))
+
+    def forward_blocks(self, state: TokenState, need_weights: bool = False) -> tuple[TokenState, list[Tensor]]:
+        """Run every block; return the final state (before the last norm) and the attention maps if asked."""
+        attentions: list[Tensor] = []
+        for block in self.blocks:
+            state, weights = block(state, need_weights=need_weights)
+            if weights is not None:
+                attentions.append(weights)
+        return state, attentions
+
+    def forward_features(self, images: Tensor) -> Tensor:
+        """Images -> final tokens (B, N', D) after the last norm."""
+        state, _ = self.forward_blocks(self.embed(images))
+        return self.norm(state.tokens)
+
+    def pool(self, tokens: Tensor, patch_weights: Tensor | None = None) -> Tensor:
+        """(B, N', D) -> (B, D): the [CLS] token, or the (weighted) mean of the patch tokens."""
+        if self.config.global_pool == "avg":
+            patches = tokens[:, self.num_prefix :]
+            if patch_weights is None:
+                return patches.mean(dim=1)
+            w = patch_weights.to(patches.dtype).unsqueeze(-1)  # (B, N'-prefix, 1)
+            return (patches * w).sum(dim=1) / w.sum(dim=1).clamp_min(1e-12)
+        return tokens[:, 0]
+
+    def forward_head(self, tokens: Tensor, pre_logits: bool = False, patch_weights: Tensor | None = None) -> Tensor:
+        """Final tokens (B, N', D) -> logits (B, num_classes), or the pooled features (B, D) if ``pre_logits``."""
+        if self.config.distilled and self.config.global_pool == "token":
+            x_cls, x_dist = self.head_drop(tokens[:, 0]), self.head_drop(tokens[:, 1])
+            if pre_logits:
+                return (x_cls + x_dist) / 2
+            assert self.head_dist is not None
+            return (self.head(x_cls) + self.head_dist(x_dist)) / 2
+        x = self.head_drop(self.fc_norm(self.pool(tokens, patch_weights)))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Images (B, C, H, W) -> logits (B, num_classes)."""
+        state, _ = self.forward_blocks(self.embed(images))
+        return self.forward_head(self.norm(state.tokens), patch_weights=state.patch_weights())
+
+    def forward_detailed(self, images: Tensor, need_weights: bool = False) -> ViTOutput:
+        """One forward pass that reports everything (see :class:`ViTOutput`); the logits equal ``model(images)``."""
+        state, attentions = self.forward_blocks(self.embed(images), need_weights=need_weights)
+        tokens = self.norm(state.tokens)
+        logits = self.forward_head(tokens, patch_weights=state.patch_weights())
+        return ViTOutput(
+            logits=logits,
+            tokens=tokens,
+            kept_indices=list(state.kept_indices),
+            keep_masks=list(state.keep_masks),
+            attentions=attentions,
+            token_sizes=state.sizes,
+        )
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that AdamW should not decay (timm's convention)."""
+        return {"pos_embed", "cls_token", "dist_token"}

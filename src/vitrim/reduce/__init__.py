@@ -1,0 +1,1 @@
+"""Token reducers that plug into a Block: the interface (``base``) and the methods."""
