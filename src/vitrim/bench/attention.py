@@ -65,6 +65,19 @@ def time_case(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's peak resident set in bytes.
+
+    Linux carries ``ru_maxrss`` over fork and exec, so a child of a large parent would report the parent's peak
+    (and every case would seem to grow by 0). ``VmHWM`` belongs to the process's own address space; use it when
+    there is one.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -104,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     print("median ms (ratio to torch SDPA)")
     header = f"{'N':>6} " + " ".join(f"{name:>24}" for name in CASES)
     print(header)
-    results: dict[str, dict] = {"config": vars(args) | {"threads": torch.get_num_threads()}, "times_ms": {}}
+    config = {key: value for key, value in vars(args).items() if key not in ("func", "memory_case")}
+    results: dict[str, dict] = {"config": config | {"threads": torch.get_num_threads()}, "times_ms": {}}
     for length in lengths:
         q, k, v = _inputs(args.batch, args.heads, length, args.head_dim)
         repeats = args.repeats or (30 if length <= 256 else 10 if length <= 1024 else 3)
