@@ -184,6 +184,8 @@ def _split_mask(
     allowed: Tensor | None = None
     bias: Tensor | None = None
     if mask is not None:
+        if mask.dim() < 2:  # a (Lk,) or scalar mask: give it a row dim, which torch's kernel requires
+            mask = mask.reshape(*([1] * (2 - mask.dim())), *mask.shape)
         if mask.dtype == torch.bool:
             allowed = mask
         else:
@@ -255,18 +257,16 @@ def _gated_softmax(logits: Tensor, allowed: Tensor | None, gate: Tensor) -> Tens
 
     A key gated to exactly 0 gets no weight but must still get a gradient (straight-through training asks how
     much re-admitting it would help), so only masked keys are set to −∞. The row is shifted by the maximum over
-    keys that can receive weight (so they cannot all underflow because of a dropped key with a huge logit), but
-    by no less than the overall maximum minus a margin, so that exp of a dropped key cannot overflow.
+    keys that can receive weight, so a dropped key with a huge logit cannot make the kept keys underflow; the
+    shifted logits are capped so that exp of such a dropped key cannot overflow (its gradient is then clipped).
     """
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     with torch.no_grad():
-        row_max_all = logits.amax(dim=-1, keepdim=True)
-        row_max_visible = logits.masked_fill(gate <= 0, float("-inf")).amax(dim=-1, keepdim=True)
-        margin = 0.5 * math.log(torch.finfo(logits.dtype).max)  # exp(margin)² still fits in the dtype
-        row_max = torch.maximum(row_max_visible, row_max_all - margin)
+        row_max = logits.masked_fill(gate <= 0, float("-inf")).amax(dim=-1, keepdim=True)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # empty row: exp(-inf)=0
-    weights = torch.exp(logits - row_max) * gate
+    cap = 0.5 * math.log(torch.finfo(logits.dtype).max)  # exp(cap)² still fits; kept keys are ≤ 0 after the shift
+    weights = torch.exp((logits - row_max).clamp(max=cap)) * gate
     denom = weights.sum(dim=-1, keepdim=True)
     return weights / torch.where(denom > 0, denom, torch.ones_like(denom))  # an empty row stays 0, not 0/0
 
