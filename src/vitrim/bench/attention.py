@@ -11,10 +11,8 @@ import argparse
 import functools
 import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -22,6 +20,7 @@ import torch.nn.functional as F
 
 from vitrim.attention import scaled_dot_product_attention
 from vitrim.bench.allocator import pin_malloc_threshold
+from vitrim.bench.timing import time_case
 
 CASES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]] = {
     "torch_sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
@@ -49,19 +48,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _inputs(batch: int, heads: int, length: int, head_dim: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     return tuple(torch.randn(batch, heads, length, head_dim, generator=g) for _ in range(3))
-
-
-def time_case(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn`` in seconds, after ``warmup`` untimed calls."""
-    with torch.inference_mode():
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _peak_rss_bytes() -> int:
