@@ -100,7 +100,8 @@ class VisionTransformer(nn.Module):
         x = torch.cat([*prefix, x], dim=1)  # (B, prefix + h·w, D)
         pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix)
         x = self.pos_drop(x + pos)
-        return TokenState(x, self.num_prefix, patch_positions(B, grid[0] * grid[1], x.device))
+        num_patches = grid[0] * grid[1]
+        return TokenState(x, self.num_prefix, patch_positions(B, num_patches, x.device), grid_patches=num_patches)
 
     def forward_blocks(self, state: TokenState, need_weights: bool = False) -> tuple[TokenState, list[Tensor]]:
         """Run every block; return the final state (before the last norm) and the attention maps if asked."""

@@ -15,6 +15,8 @@ Conventions (owned here):
   the Block adds log(size) to the attention logits (proportional attention).
 * ``keep_policy`` (B, N) float or None: DynamicViT's training-time decisions, 1 = kept; prefix entries are 1. Every
   attention call receives it; tokens are masked, not removed.
+* ``grid_patches``: P, the number of patches in the input image's full grid (set by the model's ``embed``; None
+  when unknown). Reducers that keep a fraction of the image (DynamicViT: int(P · ρ^s)) count from it.
 * ``kept_indices``: one (B, k) long tensor per reduction that removed tokens, absolute patch positions, in the order
   the tokens now stand; ``keep_masks``: one (B, P) tensor per training-time decision (1 = kept) over the full grid.
 """
@@ -40,6 +42,7 @@ class TokenState:
     keep_policy: Tensor | None = None
     kept_indices: tuple[Tensor, ...] = ()
     keep_masks: tuple[Tensor, ...] = ()
+    grid_patches: int | None = None
 
     def replace(self, **changes: object) -> TokenState:
         """A copy with some fields changed."""
