@@ -23,6 +23,8 @@ class ViTOutput:
     the input's grid); empty for dense models. keep_masks: one (B, P) tensor per training-time decision (1 = kept).
     attentions: one (B, H, N_b, N_b) tensor per block when asked (N_b = the tokens that block saw).
     token_sizes: (B, N') how many patches each final token stands for, when a reducer merged tokens.
+    patch_to_token: one (B, P) long tensor per reduction by ToMe, EViT or top-k: for each patch of the input's grid,
+    the index of the patch token (0 … N'−prefix−1 after that reduction) that stands for it, −1 if dropped.
     """
 
     logits: Tensor
@@ -31,6 +33,7 @@ class ViTOutput:
     keep_masks: list[Tensor] = field(default_factory=list)
     attentions: list[Tensor] = field(default_factory=list)
     token_sizes: Tensor | None = None
+    patch_to_token: list[Tensor] = field(default_factory=list)
 
 
 class VisionTransformer(nn.Module):
@@ -155,6 +158,7 @@ class VisionTransformer(nn.Module):
             keep_masks=list(state.keep_masks),
             attentions=attentions,
             token_sizes=state.sizes,
+            patch_to_token=list(state.patch_to_token),
         )
 
     def no_weight_decay(self) -> set[str]:

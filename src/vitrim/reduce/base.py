@@ -19,6 +19,9 @@ Conventions (owned here):
   when unknown). Reducers that keep a fraction of the image (DynamicViT: int(P · ρ^s)) count from it.
 * ``kept_indices``: one (B, k) long tensor per reduction that removed tokens, absolute patch positions, in the order
   the tokens now stand; ``keep_masks``: one (B, P) tensor per training-time decision (1 = kept) over the full grid.
+* ``patch_to_token``: one (B, P) long tensor per reduction by a reducer that tracks merges (ToMe, EViT, top-k):
+  for every patch of the full grid, the index (0 … N'−num_prefix−1) of the patch token that stands for it after that
+  reduction, −1 for a patch that was dropped. Merged regions are drawn from it without any bookkeeping.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class TokenState:
     kept_indices: tuple[Tensor, ...] = ()
     keep_masks: tuple[Tensor, ...] = ()
     grid_patches: int | None = None
+    patch_to_token: tuple[Tensor, ...] = ()
 
     def replace(self, **changes: object) -> TokenState:
         """A copy with some fields changed."""
