@@ -1,0 +1,30 @@
+"""`vitrim bench attention` and `vitrim demo` run end to end (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+
+from vitrim.cli import main
+
+
+def test_bench_attention_runs(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    rc = main(["bench", "attention", "--lengths", "16", "--repeats", "1", "--memory-length", "32", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "median ms (ratio to torch SDPA)" in out
+    assert "torch_sdpa" in out and "vitrim_auto" in out and "vitrim_weights" in out
+    assert "peak memory growth at N=32" in out
+    results = json.loads(path.read_text())
+    assert set(results["times_ms"]["16"]) == {"torch_sdpa", "vitrim_auto", "vitrim_weights", "plain_matmul_softmax"}
+
+
+def test_bench_attention_rejects_bad_lengths(capsys):
+    assert main(["bench", "attention", "--lengths", "16,x", "--memory-length", "0"]) == 2
+    assert "--lengths must be comma-separated integers" in capsys.readouterr().err
+
+
+def test_demo_runs(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "row sums" in out and "max |textbook - torch SDPA|" in out
