@@ -32,6 +32,29 @@ def time_case(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
     return statistics.median(time_samples(fn, repeats, warmup))
 
 
+def interleaved_samples(fns: Sequence[Callable[[], object]], repeats: int, warmup: int = 2) -> list[list[float]]:
+    """Like :func:`time_samples` for several functions, called in turn within each repeat.
+
+    On a shared machine the load changes from second to second; taking turns gives every function the same
+    conditions, so that a ratio of their medians means something.
+    """
+    if repeats <= 0:
+        raise ValueError(f"repeats must be positive, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    samples: list[list[float]] = [[] for _ in fns]
+    with torch.inference_mode():
+        for fn in fns:
+            for _ in range(warmup):
+                fn()
+        for _ in range(repeats):
+            for fn, times in zip(fns, samples):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+    return samples
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0 … 100) with linear interpolation between order statistics (numpy's default)."""
     if not values:

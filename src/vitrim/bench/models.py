@@ -1,0 +1,388 @@
+"""``vitrim bench models``: throughput, latency, FLOPs, parameters, memory and efficiency of models, in one run.
+
+Every row is one model with one setting (dense, a DynamicViT keep ratio, or a token reducer). What is measured:
+
+* throughput: images/s at ``--batch-size``, float32, eval, ``torch.inference_mode``; the median of ``--repeats``
+  timed batches after ``--warmup`` untimed ones;
+* latency: batch 1, p50 and p95 of ``--latency-repeats`` timed calls;
+* FLOPs per image: matrix products only, 2 per multiply-add, attention included (see :mod:`vitrim.bench.flops`),
+  counted on the eager model at batch 1;
+* efficiency: achieved GFLOP/s (FLOPs per image × images/s) over the GFLOP/s of a dense float32 matrix product
+  timed in turn with the model's batches (same load): the model's own MLP product (B·N, D) @ (D, 4D), median;
+* speed-up: throughput over the first row's (the baseline), measured in the same run;
+* peak memory: the growth of the peak resident set (``VmHWM``) of a fresh process while it runs one batch, from
+  after the model is built and a batch-1 forward has loaded torch's kernels; it excludes the weights (params × 4
+  bytes) and so about one image's activations. ``peak_rss_mb`` is that process's whole peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitrim.bench.allocator import pin_malloc_threshold
+from vitrim.bench.attention import _peak_rss_bytes
+from vitrim.bench.flops import model_flops_per_image
+from vitrim.bench.timing import interleaved_samples, percentile, time_samples
+from vitrim.models import create_model, list_models
+
+# When a model has no ViT config to read: DeiT-S's MLP product, (B·197, 384) @ (384, 1536).
+DEFAULT_MATMUL = (197, 384, 1536)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: a registered model, its constructor overrides, and at most one way of trimming tokens."""
+
+    model: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    keep_ratio: float | None = None
+    reducer: str | None = None  # the spec as typed, e.g. "tome:r=13"
+
+    @property
+    def label(self) -> str:
+        parts = [self.model]
+        if self.keep_ratio is not None:
+            parts.append(f"keep_ratio={self.keep_ratio:g}")
+        if self.reducer is not None:
+            parts.append(self.reducer)
+        return " ".join(parts)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="throughput, latency, FLOPs, memory and efficiency of models, float32, this machine",
+        description="Benchmark models; the first row is the baseline of the speed-up column.",
+    )
+    parser.add_argument("models", help="comma-separated registered model names (see vitrim.list_models())")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch of the throughput measurement")
+    parser.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed batches for throughput (median)")
+    parser.add_argument("--latency-repeats", type=int, default=30, help="timed batch-1 calls (p50, p95); 0: skip")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
+    parser.add_argument(
+        "--keep-ratio",
+        type=float,
+        action="append",
+        default=None,
+        help="DynamicViT keep ratio, passed as create_model(..., keep_ratio=R); repeat for several rows",
+    )
+    parser.add_argument(
+        "--reducer",
+        action="append",
+        default=None,
+        help="token reducer NAME[:key=value,...] (e.g. tome:r=13, evit:keep_rate=0.7, 'topk:keep_rate=(0.7,0.5)'); "
+        "'none' = dense; repeat for several rows",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
+    )
+    parser.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
+    parser.add_argument(
+        "--memory", action=argparse.BooleanOptionalAction, default=True, help="measure peak memory (fresh process)"
+    )
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.set_defaults(func=run)
+    # Internal: measure one case's peak memory in this (fresh) process and print it as JSON.
+    parser.add_argument("--_memory-case", dest="memory_case", default=None, help=argparse.SUPPRESS)
+
+
+# -- parsing ----------------------------------------------------------------------------------------------------
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside parentheses and brackets: ``"a=1,b=(2,3)" -> ["a=1", "b=(2,3)"]``."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_value(text: str) -> Any:
+    """A Python literal (int, float, tuple, bool, None) when it is one, else the string itself. Never runs code."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return tuple(value) if isinstance(value, list) else value
+
+
+def parse_assignments(text: str, option: str) -> dict[str, Any]:
+    """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``; errors name ``option``."""
+    values: dict[str, Any] = {}
+    for part in _split_top_level(text):
+        key, sep, raw = part.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier() or not raw.strip():
+            raise ValueError(f"{option} expects KEY=VALUE[,KEY=VALUE...], got {text!r} (bad part {part!r})")
+        values[key] = parse_value(raw.strip())
+    return values
+
+
+def parse_reducer(spec: str) -> tuple[str, dict[str, Any]] | None:
+    """``"tome:r=13"`` -> ``("tome", {"r": 13})``; ``"none"`` -> None (dense)."""
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if not name.isidentifier():
+        raise ValueError(f"--reducer expects NAME[:key=value,...], got {spec!r}")
+    if name == "none":
+        if rest.strip():
+            raise ValueError(f"--reducer none takes no options, got {spec!r}")
+        return None
+    return name, (parse_assignments(rest, f"--reducer {name}") if rest.strip() else {})
+
+
+def build_cases(args: argparse.Namespace) -> list[Case]:
+    """Check every argument and expand models × keep ratios × reducers into rows, before any compute."""
+    for name in ("batch_size", "repeats"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
+    for name in ("threads", "warmup", "latency_repeats"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.img_size is not None and args.img_size <= 0:
+        raise ValueError(f"--img-size must be a positive int, got {args.img_size}")
+    if args.compile and args.warmup == 0:
+        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"MODEL must name at least one model, got {args.models!r}")
+    known = set(list_models())
+    for name in names:
+        if name not in known:
+            create_model(name)  # raises the registry's "unknown model ... did you mean" error
+    overrides: dict[str, Any] = {}
+    for text in args.overrides or []:
+        overrides.update(parse_assignments(text, "--set"))
+    if "img_size" in overrides and args.img_size is not None:
+        raise ValueError("give the image size once: --img-size or --set img_size=..., not both")
+    ratios: list[float | None] = list(args.keep_ratio) if args.keep_ratio else [None]
+    for ratio in ratios:
+        if ratio is not None and not 0.0 < ratio <= 1.0:
+            raise ValueError(f"--keep-ratio must be in (0, 1], got {ratio}")
+    reducers: list[str | None] = list(args.reducer) if args.reducer else [None]
+    reducers = [None if spec is None or parse_reducer(spec) is None else spec for spec in reducers]
+    return [Case(n, overrides, r, spec) for n in names for r in ratios for spec in reducers]
+
+
+# -- building ---------------------------------------------------------------------------------------------------
+
+
+def build_model(case: Case, img_size: int | None) -> nn.Module:
+    """The case's model in eval mode, with its keep ratio or reducer applied; errors say which option failed."""
+    kwargs = dict(case.overrides)
+    if img_size is not None:
+        kwargs["img_size"] = img_size
+    if case.keep_ratio is not None:
+        kwargs["keep_ratio"] = case.keep_ratio
+    try:
+        model = create_model(case.model, **kwargs)
+    except (ValueError, TypeError) as err:
+        if case.keep_ratio is not None and "keep_ratio" in str(err):
+            raise ValueError(
+                f"--keep-ratio {case.keep_ratio:g}: model {case.model!r} does not take keep_ratio "
+                f"(DynamicViT models do, e.g. dynamicvit_small_patch16_224): {err}"
+            ) from err
+        raise
+    if case.reducer is not None:
+        model = _apply_reducer(model, case.reducer)
+    return model.eval()
+
+
+def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
+    import vitrim.reduce
+
+    parsed = parse_reducer(spec)
+    assert parsed is not None
+    name, kwargs = parsed
+    apply = getattr(vitrim.reduce, "apply", None)
+    if apply is None:
+        raise ValueError(f"--reducer {spec!r}: this vitrim has no vitrim.reduce.apply (token reducers not installed)")
+    try:
+        result = apply(model, name, **kwargs)
+    except (ValueError, TypeError, KeyError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise ValueError(f"--reducer {spec!r}: {message}") from err
+    return result if isinstance(result, nn.Module) else model
+
+
+def _input_shape(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
+    """(C, H, W) of the model's images: ``--img-size`` if given, else the model's own (224 without a config)."""
+    config = getattr(model, "config", None)
+    chans = int(getattr(config, "in_chans", 3))
+    if img_size is not None:
+        return chans, img_size, img_size
+    size = getattr(config, "img_size", (224, 224))
+    return chans, int(size[0]), int(size[1])
+
+
+def _matmul_shape(model: nn.Module, hw: tuple[int, int], batch_size: int) -> tuple[int, int, int]:
+    """(M, K, N) of the model's MLP product at this batch: M = B·tokens, K = D, N = hidden."""
+    config = getattr(model, "config", None)
+    try:
+        p = int(config.patch_size)  # type: ignore[union-attr]
+        tokens = int(config.num_prefix) + (hw[0] // p) * (hw[1] // p)  # type: ignore[union-attr]
+        dim = int(config.embed_dim)  # type: ignore[union-attr]
+        hidden = int(dim * config.mlp_ratio)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):
+        tokens, dim, hidden = DEFAULT_MATMUL
+    return batch_size * tokens, dim, hidden
+
+
+def _matmul(shape: tuple[int, int, int]) -> Callable[[], Tensor]:
+    """A float32 ``F.linear`` (M, K) @ (K, N)ᵀ + bias, as nn.Linear runs it, on fixed random inputs."""
+    M, K, N = shape
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    return functools.partial(F.linear, x, w, b)
+
+
+# -- measuring --------------------------------------------------------------------------------------------------
+
+
+def measure(case: Case, model: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """One row of the table (see the module doc for what each number means)."""
+    chans, h, w = _input_shape(model, args.img_size)
+    params = sum(p.numel() for p in model.parameters())
+    flops = model_flops_per_image(model, (h, w), chans)
+    runner: nn.Module = torch.compile(model, dynamic=False) if args.compile else model  # type: ignore[assignment]
+    g = torch.Generator().manual_seed(0)
+    images: Tensor = torch.randn(args.batch_size, chans, h, w, generator=g)
+    one = images[:1].clone()
+    mm_shape = _matmul_shape(model, (h, w), args.batch_size)
+    times, mm_times = interleaved_samples([lambda: runner(images), _matmul(mm_shape)], args.repeats, args.warmup)
+    lat = time_samples(lambda: runner(one), args.latency_repeats, args.warmup) if args.latency_repeats else []
+    throughput = args.batch_size / statistics.median(times)
+    mm_gflops = 2 * mm_shape[0] * mm_shape[1] * mm_shape[2] / statistics.median(mm_times) / 1e9
+    achieved = flops * throughput / 1e9
+    row: dict[str, Any] = {
+        "setting": case.label,
+        **asdict(case),
+        "batch_size": args.batch_size,
+        "img_size": [h, w],
+        "threads": torch.get_num_threads(),
+        "compile": bool(args.compile),
+        "params_m": params / 1e6,
+        "gflops_per_image": flops / 1e9,
+        "throughput_img_s": throughput,
+        "batch_ms_median": statistics.median(times) * 1e3,
+        "latency_p50_ms": percentile(lat, 50) * 1e3 if lat else None,
+        "latency_p95_ms": percentile(lat, 95) * 1e3 if lat else None,
+        "achieved_gflop_s": achieved,
+        "matmul_shape": list(mm_shape),
+        "matmul_gflop_s": mm_gflops,
+        "efficiency": achieved / mm_gflops,
+    }
+    if args.memory:
+        row.update(_measure_memory(case, args))
+    return row
+
+
+def _memory_here(args: argparse.Namespace) -> int:
+    """In a fresh process: build, warm up at batch 1, then one batch; print the peak-RSS growth as JSON."""
+    case = Case(**json.loads(args.memory_case))
+    model = build_model(case, args.img_size)
+    runner: nn.Module = torch.compile(model, dynamic=False) if args.compile else model  # type: ignore[assignment]
+    chans, h, w = _input_shape(model, args.img_size)
+    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        runner(images[:1].clone())  # load kernels (and compile) before the baseline is read
+        before = _peak_rss_bytes()
+        runner(images)
+        after = _peak_rss_bytes()
+    print(json.dumps({"peak_mem_mb": (after - before) / 2**20, "peak_rss_mb": after / 2**20}))
+    return 0
+
+
+def _measure_memory(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "vitrim.cli", "bench", "models", case.model]
+    cmd += ["--_memory-case", json.dumps(asdict(case))]
+    cmd += ["--batch-size", str(args.batch_size), "--threads", str(args.threads)]
+    if args.img_size is not None:
+        cmd += ["--img-size", str(args.img_size)]
+    if args.compile:
+        cmd.append("--compile")
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"memory measurement of {case.label!r} failed:\n{result.stderr.strip()}")
+    values: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    values["memory_method"] = "peak RSS growth (VmHWM), fresh process, after a batch-1 warm-up; weights excluded"
+    return values
+
+
+# -- the command ------------------------------------------------------------------------------------------------
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    width = max(len("model / setting"), *(len(r["setting"]) for r in rows))
+    head = (
+        f"{'model / setting':<{width}} {'GFLOPs':>7} {'params M':>8} {'img/s':>8} {'speed-up':>8} "
+        f"{'p50 ms':>8} {'p95 ms':>8} {'GFLOP/s':>8} {'mm GFLOP/s':>10} {'eff':>5} {'peak MiB':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+
+    def opt(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    for r in rows:
+        print(
+            f"{r['setting']:<{width}} {r['gflops_per_image']:7.2f} {r['params_m']:8.2f} "
+            f"{r['throughput_img_s']:8.1f} {r['speedup']:7.2f}x {opt(r['latency_p50_ms'], '8.1f')} "
+            f"{opt(r['latency_p95_ms'], '8.1f')} {r['achieved_gflop_s']:8.1f} {r['matmul_gflop_s']:10.1f} "
+            f"{r['efficiency']:5.2f} {opt(r.get('peak_mem_mb'), '8.1f')}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.memory_case is not None:
+        return _memory_here(args)
+    cases = build_cases(args)
+    pin_malloc_threshold()
+    models = [build_model(case, args.img_size) for case in cases]  # every option is checked before timing
+    print(
+        f"models, float32, eval, inference_mode, batch {args.batch_size}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}{', torch.compile' if args.compile else ''}"
+    )
+    rows: list[dict[str, Any]] = []
+    for case, model in zip(cases, models):
+        rows.append(measure(case, model, args))
+        rows[-1]["speedup"] = rows[-1]["throughput_img_s"] / rows[0]["throughput_img_s"]
+    _print_table(rows)
+    print(
+        "img/s: median of repeats; p50/p95: batch-1 latency; eff: achieved GFLOP/s over the dense matmul "
+        "GFLOP/s (mm) timed in turn with each model; peak MiB: peak-RSS growth of one batch (fresh process)"
+    )
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("func", "memory_case")}
+        with open(args.json, "w") as f:
+            json.dump({"config": config | {"threads": torch.get_num_threads()}, "rows": rows}, f, indent=2)
+    return 0
