@@ -1,0 +1,156 @@
+"""ToMe (Bolya et al., ICLR 2023): merge the r most similar token pairs in every block, no training needed.
+
+Bipartite soft matching, as the authors' ``merge.py`` does it, on the N tokens entering the merge (prefix included):
+
+1. metric = the block's keys averaged over heads (B, N, hd), L2-normalised (cosine similarity);
+2. split by index parity: set a = tokens 0, 2, 4, …; set b = tokens 1, 3, 5, …;
+3. every a token proposes its most similar b token; prefix tokens are protected (their similarities are −∞: an a-side
+   prefix token never merges away, a b-side one never receives a merge);
+4. the r a tokens with the best proposals merge into their b partner: x = Σ x·size / Σ size, size = Σ size.
+
+r is capped at ⌊(N − num_prefix) / 2⌋, so tokens never run out. The merged sequence is laid out as
+[prefix tokens, unmerged a tokens (in token order), b tokens (in token order)], which for one [CLS] token (or [CLS]
++ DeiT's distillation token) is exactly the authors' order. Sizes feed proportional attention: the Block adds
+log(size) to the logits through ``TokenState.attention_bias``. The matching itself is discrete (no gradient); the
+merge is differentiable in the tokens.
+
+The algorithm is a set of pure functions of tensors (:func:`bipartite_soft_matching`, :func:`merge_wavg`,
+:func:`token_destinations`); :class:`ToMe` is the thin adapter that a Block calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
+from vitrim.reduce.tracking import record_reduction
+
+
+@dataclass(frozen=True)
+class Matching:
+    """Which tokens merge where, in set-local indices (a-index i is token 2i, b-index j is token 2j + 1).
+
+    unm_idx: (B, Na − r) a tokens that stay, ascending; src_idx: (B, r) a tokens that merge away;
+    dst_idx: (B, r) the b token each of them merges into. Na = ⌈N/2⌉.
+    """
+
+    unm_idx: Tensor
+    src_idx: Tensor
+    dst_idx: Tensor
+    num_prefix: int
+
+    @property
+    def r(self) -> int:
+        return self.src_idx.shape[1]
+
+
+def max_merges(num_tokens: int, num_prefix: int) -> int:
+    """The most tokens one merge can remove: half of the mergeable (non-prefix) tokens, rounded down."""
+    return max(0, (num_tokens - num_prefix) // 2)
+
+
+@torch.no_grad()
+def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> Matching:
+    """Match the r most similar (a, b) pairs of ``metric`` (B, N, C); r is capped by :func:`max_merges`."""
+    N = metric.shape[1]
+    r = min(r, max_merges(N, num_prefix))
+    metric = F.normalize(metric, dim=-1)
+    a, b = metric[:, ::2], metric[:, 1::2]  # (B, Na, C), (B, Nb, C)
+    scores = a @ b.transpose(1, 2)  # (B, Na, Nb) cosine similarities
+    pa, pb = (num_prefix + 1) // 2, num_prefix // 2  # prefix tokens in a (indices 0, 2, …) and in b (1, 3, …)
+    if pa or pb:
+        scores[:, :pa, :] = float("-inf")
+        scores[:, :, :pb] = float("-inf")
+    node_max, node_idx = scores.max(dim=-1)  # (B, Na): each a token's best b partner
+    edge_idx = node_max.argsort(dim=-1, descending=True)  # (B, Na) most similar first
+    unm_idx = edge_idx[:, r:].sort(dim=-1).values  # (B, Na − r): prefix a tokens come first
+    src_idx = edge_idx[:, :r]  # (B, r)
+    dst_idx = node_idx.gather(1, src_idx)  # (B, r)
+    return Matching(unm_idx, src_idx, dst_idx, num_prefix)
+
+
+def merge(x: Tensor, m: Matching, reduce: str = "sum") -> Tensor:
+    """(B, N, C) -> (B, N − r, C): a tokens in ``m.src_idx`` reduced into their b partners (``"sum"`` or ``"mean"``)."""
+    p, r = m.num_prefix, m.r
+    pa, pb = (p + 1) // 2, p // 2
+    a, b = x[:, ::2], x[:, 1::2]  # (B, Na, C), (B, Nb, C)
+    C = x.shape[-1]
+    unm = a.gather(1, m.unm_idx[..., None].expand(-1, -1, C))  # (B, Na − r, C)
+    if r > 0:
+        src = a.gather(1, m.src_idx[..., None].expand(-1, -1, C))  # (B, r, C)
+        b = b.scatter_reduce(1, m.dst_idx[..., None].expand(-1, -1, C), src, reduce=reduce)  # (B, Nb, C)
+    return torch.cat([x[:, :p], unm[:, pa:], b[:, pb:]], dim=1)
+
+
+def merge_wavg(x: Tensor, sizes: Tensor, m: Matching) -> tuple[Tensor, Tensor]:
+    """Size-weighted merge: x (B, N, C), sizes (B, N) -> x (B, N − r, C) = Σ x·size / Σ size, sizes (B, N − r)."""
+    x = merge(x * sizes[..., None], m)
+    sizes = merge(sizes[..., None], m)  # (B, N − r, 1)
+    return x / sizes, sizes[..., 0]
+
+
+def token_destinations(m: Matching, num_tokens: int) -> Tensor:
+    """(B, N) long: the index in the merged sequence of every token that entered the merge (see module layout)."""
+    p, r = m.num_prefix, m.r
+    pa, pb = (p + 1) // 2, p // 2
+    B, device = m.unm_idx.shape[0], m.unm_idx.device
+    Na, Nb = (num_tokens + 1) // 2, num_tokens // 2
+    j = torch.arange(Na - r, device=device)
+    unm_new = torch.where(j < pa, 2 * j, p + j - pa)  # prefix a tokens keep their place
+    i = torch.arange(Nb, device=device)
+    b_new = torch.where(i < pb, 2 * i + 1, p + (Na - r - pa) + i - pb)
+    a_new = torch.empty(B, Na, dtype=torch.long, device=device)
+    a_new.scatter_(1, m.unm_idx, unm_new.expand(B, -1))
+    a_new.scatter_(1, m.src_idx, b_new[m.dst_idx])
+    dest = torch.empty(B, num_tokens, dtype=torch.long, device=device)
+    dest[:, ::2] = a_new
+    dest[:, 1::2] = b_new
+    return dest
+
+
+class ToMe(Reducer):
+    """Merge ``r`` tokens in this block by bipartite soft matching on the keys (see module doc)."""
+
+    stage = "mid"
+    needs_attention = True
+
+    def __init__(self, r: int) -> None:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"r must be an int >= 0 (tokens merged per block), got {r!r}")
+        self.r = r
+
+    def __call__(self, state: TokenState, info: AttentionInfo | None) -> TokenState:
+        x = state.tokens  # (B, N, C)
+        B, N, _ = x.shape
+        p = state.num_prefix
+        if min(self.r, max_merges(N, p)) <= 0:
+            return state
+        if info is None:
+            raise ValueError("ToMe needs the block's keys (AttentionInfo); run it as a 'mid' reducer inside a Block")
+        if state.keep_policy is not None:
+            raise ValueError("ToMe cannot follow a training-time keep_policy (DynamicViT training); got one")
+        m = bipartite_soft_matching(info.k.mean(dim=1), self.r, p)  # keys (B, H, N, hd) -> metric (B, N, hd)
+        sizes = state.sizes if state.sizes is not None else x.new_ones(B, N)
+        tokens, sizes = merge_wavg(x, sizes, m)
+        dest = token_destinations(m, N)  # (B, N)
+        # A merged token keeps its b token's position: read positions off the merged layout, prefix slots aside.
+        old_positions = torch.cat([state.positions.new_zeros(B, p), state.positions], dim=1)  # (B, N)
+        positions = merge(old_positions[..., None], _without_merges(m))[:, p:, 0]  # (B, N − r − p)
+        return state.replace(
+            tokens=tokens,
+            positions=positions,
+            sizes=sizes,
+            patch_to_token=record_reduction(state, dest[:, p:] - p),
+        )
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}"
+
+
+def _without_merges(m: Matching) -> Matching:
+    """The same layout with nothing reduced into b (for reading off per-token fields that do not add up)."""
+    return Matching(m.unm_idx, m.src_idx[:, :0], m.dst_idx[:, :0], m.num_prefix)
