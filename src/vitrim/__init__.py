@@ -1,6 +1,7 @@
 """vitrim: attention and Vision Transformers that trim their own tokens."""
 
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
+from vitrim.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, create_model, list_models
 
 __version__ = "0.1.0"
@@ -14,5 +15,8 @@ __all__ = [
     "compute_attention",
     "create_model",
     "list_models",
+    "load_checkpoint",
+    "load_model",
+    "save_checkpoint",
     "scaled_dot_product_attention",
 ]

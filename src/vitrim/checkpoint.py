@@ -1,0 +1,321 @@
+"""Load any supported checkpoint into a model, save vitrim checkpoints, and build a model from a checkpoint.
+
+``load_checkpoint(model, path)`` reads vitrim, timm, DeiT, official DynamicViT and Hugging Face ViT weights
+(recognised by content; see :mod:`vitrim.checkpoint_formats`, which also says what is safe to unpickle), then
+adapts them to the model:
+
+* a position embedding learned for another patch grid is resampled (bicubic, antialiased, as timm does);
+* a classifier head of another size (or none at all) leaves the model's fresh head in place, with a warning,
+  so a checkpoint can be fine-tuned on another label set; a model with ``num_classes=0`` ignores the head;
+* a model may declare parameters that a checkpoint need not carry, by prefix, in the class attribute
+  ``checkpoint_optional_prefixes`` (DynamicViT sets ``("score_predictor.",)``: a dense DeiT checkpoint loads
+  into it and the predictors keep their fresh initialisation). Such keys are reported as ``fresh``, never as
+  missing.
+
+With ``strict=True`` (the default) every other difference raises ONE :class:`CheckpointMismatchError` listing the
+missing keys, unexpected keys and shape mismatches; with ``strict=False`` what matches is loaded and the rest is
+reported in the returned :class:`LoadResult`.
+
+``save_checkpoint`` writes safetensors with the model's class and config in the metadata (atomically: a temp
+file in the same folder, then ``os.replace``), so ``load_model`` can rebuild the model with no code from the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from vitrim.checkpoint_formats import (
+    RawCheckpoint,
+    convert_hf,
+    detect_format,
+    hf_config_to_vit_fields,
+    read_checkpoint,
+)
+from vitrim.models.config import ViTConfig
+from vitrim.models.pos_embed import resample_pos_embed
+from vitrim.models.vit import VisionTransformer
+
+logger = logging.getLogger(__name__)
+
+HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
+FORMAT_VERSION = "1"
+_SHOW = 5  # keys listed per kind in a mismatch error
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's keys or shapes do not fit the model (strict loading)."""
+
+
+@dataclass
+class LoadResult:
+    """What ``load_checkpoint`` did. Keys are the model's (timm) names.
+
+    missing / unexpected / mismatched: what a strict load refuses (mismatched: (key, checkpoint shape, model
+    shape)); fresh: model keys left at their initialisation on purpose (a replaced head, optional prefixes);
+    ignored: checkpoint keys dropped on purpose (HF pooler, a head of another size); resampled_pos_embed: the grid
+    change, as ((h, w) of the checkpoint, (h, w) of the model), or None.
+    """
+
+    format: str
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    fresh: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    resampled_pos_embed: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+
+def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> LoadResult:
+    """Load the weights at ``path`` (file, or Hugging Face directory) into ``model`` in place.
+
+    Raises FileNotFoundError (no such path), ValueError (not a checkpoint, or unsafe to unpickle) and, when
+    ``strict``, CheckpointMismatchError (a ValueError) listing every key that does not fit.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool, got {strict!r}")
+    return _load_raw(model, read_checkpoint(path), strict)
+
+
+def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
+    fmt = detect_format(raw)
+    result = LoadResult(format=fmt)
+    state_dict = dict(raw.state_dict)
+    if fmt == "huggingface":
+        state_dict, result.ignored = convert_hf(state_dict)
+        _warn_on_hf_eps(model, raw)
+    own = model.state_dict()
+    _adapt_pos_embed(model, state_dict, own, _source_grid(raw, fmt), result)
+    _adapt_head(state_dict, own, result)
+    optional = tuple(getattr(model, "checkpoint_optional_prefixes", ()))
+    for key, target in own.items():
+        if key not in state_dict:
+            if key.startswith(optional):
+                result.fresh.append(key)
+            elif key not in result.fresh:
+                result.missing.append(key)
+        elif state_dict[key].shape != target.shape:
+            result.mismatched.append((key, tuple(state_dict[key].shape), tuple(target.shape)))
+    result.unexpected = [key for key in state_dict if key not in own]
+    problems = _describe_problems(result)
+    if problems and strict:
+        raise CheckpointMismatchError(
+            f"checkpoint {str(raw.path)!r} ({fmt}) does not fit {type(model).__name__}: {'; '.join(problems)}. "
+            "Pass strict=False to load only the keys that fit"
+        )
+    if problems:
+        warnings.warn(f"load_checkpoint(strict=False) skipped: {'; '.join(problems)}", stacklevel=3)
+    bad = {key for key, _, _ in result.mismatched}
+    loadable = {key: value for key, value in state_dict.items() if key in own and key not in bad}
+    model.load_state_dict(loadable, strict=False)  # copies into the model's own dtype and device
+    if result.fresh:
+        logger.info("left at initialisation: %s", _summary(result.fresh))
+    return result
+
+
+def _summary(keys: list[str]) -> str:
+    more = f", … (+{len(keys) - _SHOW})" if len(keys) > _SHOW else ""
+    return ", ".join(keys[:_SHOW]) + more
+
+
+def _describe_problems(result: LoadResult) -> list[str]:
+    problems = []
+    if result.missing:
+        problems.append(f"{len(result.missing)} missing key(s): {_summary(result.missing)}")
+    if result.unexpected:
+        problems.append(f"{len(result.unexpected)} unexpected key(s): {_summary(result.unexpected)}")
+    if result.mismatched:
+        shapes = [f"{key} checkpoint {list(a)} vs model {list(b)}" for key, a, b in result.mismatched]
+        problems.append(f"{len(shapes)} shape mismatch(es): {_summary(shapes)}")
+    return problems
+
+
+def _source_grid(raw: RawCheckpoint, fmt: str) -> tuple[int, int] | None:
+    """The checkpoint's patch grid when its config says so (non-square grids need this), else None."""
+    try:
+        if fmt == "vitrim" and "vitrim.config" in raw.metadata:
+            cfg = json.loads(raw.metadata["vitrim.config"])
+            size, patch = cfg["img_size"], cfg["patch_size"]
+        elif raw.hf_config is not None:
+            size, patch = raw.hf_config["image_size"], raw.hf_config["patch_size"]
+        else:
+            return None
+        h, w = (size, size) if isinstance(size, int) else size
+        return int(h) // int(patch), int(w) // int(patch)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _adapt_pos_embed(
+    model: nn.Module,
+    state_dict: dict[str, Tensor],
+    own: dict[str, Tensor],
+    source_grid: tuple[int, int] | None,
+    result: LoadResult,
+) -> None:
+    pos, target = state_dict.get("pos_embed"), own.get("pos_embed")
+    patch_embed = getattr(model, "patch_embed", None)
+    num_prefix = getattr(model, "num_prefix", None)
+    if pos is None or target is None or patch_embed is None or num_prefix is None:
+        return
+    if pos.dim() != 3 or pos.shape[-1] != target.shape[-1] or pos.shape[1] <= num_prefix:
+        return  # another width or layout: the strict check reports the shape mismatch
+    new_grid = (int(patch_embed.grid_size[0]), int(patch_embed.grid_size[1]))
+    num_patches = pos.shape[1] - num_prefix
+    if source_grid is None or source_grid[0] * source_grid[1] != num_patches:
+        if pos.shape == target.shape:
+            return  # nothing says the grids differ
+        side = round(num_patches**0.5)
+        if side * side != num_patches:
+            return  # a non-square grid with no config to say its shape: reported as a mismatch
+        source_grid = (side, side)
+    if source_grid == new_grid:
+        return  # (a 4x8 grid loaded into an 8x4 model has the same shape, but must still be resampled)
+    state_dict["pos_embed"] = resample_pos_embed(pos, new_grid, source_grid, num_prefix)
+    result.resampled_pos_embed = (source_grid, new_grid)
+
+
+def _adapt_head(state_dict: dict[str, Tensor], own: dict[str, Tensor], result: LoadResult) -> None:
+    """A head of another size, or none, keeps the model's fresh head (fine-tuning on another label set)."""
+    theirs, ours = state_dict.get("head.weight"), own.get("head.weight")
+    if theirs is None and ours is None:
+        return
+    if theirs is not None and ours is not None and theirs.shape == ours.shape:
+        return
+    if ours is None:
+        reason = f"the model has no head (num_classes=0); the checkpoint's {theirs.shape[0]}-class head is ignored"  # type: ignore[union-attr]
+    elif theirs is None:
+        reason = f"the checkpoint has no classifier head; the model's {ours.shape[0]}-class head is freshly initialised"
+    else:
+        reason = (
+            f"the checkpoint's head has {theirs.shape[0]} classes, the model's {ours.shape[0]}; "
+            "the model's freshly initialised head is kept"
+        )
+    if theirs is not None and ours is not None and theirs.shape[1:] != ours.shape[1:]:
+        return  # another width: not a label-set change, the strict check reports it
+    warnings.warn(reason, stacklevel=4)
+    for key in HEAD_KEYS:
+        if key in state_dict:
+            result.ignored.append(key)
+            del state_dict[key]
+        if key in own:
+            result.fresh.append(key)
+
+
+def _warn_on_hf_eps(model: nn.Module, raw: RawCheckpoint) -> None:
+    model_eps = getattr(getattr(model, "config", None), "norm_eps", None)
+    if raw.hf_config is None or model_eps is None:
+        return
+    eps = float(raw.hf_config.get("layer_norm_eps", 1e-12))
+    if eps != model_eps:
+        warnings.warn(
+            f"the checkpoint was trained with layer_norm_eps={eps:g}, the model uses norm_eps={model_eps:g}; "
+            f"build it with norm_eps={eps:g} (or use vitrim.load_model) for identical outputs",
+            stacklevel=4,
+        )
+
+
+# -- saving, and building a model from a checkpoint ---------------------------------------------------------------
+
+
+def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Write ``model``'s state dict to ``path`` as safetensors, with its class and config in the metadata.
+
+    The file appears whole or not at all (temp file in the same folder, then ``os.replace``). Parent folders are
+    created. Returns the path written.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"path {str(target)!r} is a directory; expected a file name such as model.safetensors")
+    cls = type(model)
+    metadata = {"format": "pt", "vitrim.format_version": FORMAT_VERSION, "vitrim.class": _qualified(cls)}
+    config = getattr(model, "config", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        metadata["vitrim.config_class"] = _qualified(type(config))
+        metadata["vitrim.config"] = json.dumps(dataclasses.asdict(config))
+    tensors = {key: value.detach().to("cpu").contiguous() for key, value in model.state_dict().items()}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp_name, metadata=metadata)
+        with open(tmp_name, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import_vitrim(name: str, what: str) -> Any:
+    """``"vitrim.x.y:Class"`` -> the class. Only vitrim's own modules are imported from a file's metadata."""
+    module_name, _, qualname = name.partition(":")
+    if not (module_name == "vitrim" or module_name.startswith("vitrim.")) or not qualname:
+        raise ValueError(f"refusing to build {what} {name!r} from checkpoint metadata: only vitrim classes are built")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"checkpoint names {what} {name!r}, which this version of vitrim does not have")
+    return obj
+
+
+def load_model(path: str | os.PathLike[str], **overrides: Any) -> nn.Module:
+    """Build the model a checkpoint describes and load its weights; returns it in eval mode.
+
+    ``path``: a file written by :func:`save_checkpoint`, or a Hugging Face ViT directory (``config.json`` plus
+    weights), or HF weights next to their ``config.json``. ``overrides`` change config fields (e.g.
+    ``img_size=384``: the position embedding is resampled; ``num_classes=10``: a fresh head). A bare timm/DeiT
+    state dict has no config: use ``vitrim.create_model(name, checkpoint=path)``.
+    """
+    raw = read_checkpoint(path)
+    fmt = detect_format(raw)
+    model: nn.Module
+    if fmt == "vitrim" and "vitrim.config" in raw.metadata:
+        cls = _import_vitrim(raw.metadata["vitrim.class"], "model class")
+        config_cls = _import_vitrim(raw.metadata.get("vitrim.config_class", _qualified(ViTConfig)), "config class")
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ValueError(f"checkpoint names model class {raw.metadata['vitrim.class']!r}, not an nn.Module")
+        fields = json.loads(raw.metadata["vitrim.config"])
+        config = _config_from(config_cls, fields, overrides)
+        model = getattr(cls, "from_config", cls)(config)
+    elif fmt == "huggingface" and raw.hf_config is not None:
+        fields = hf_config_to_vit_fields(raw.hf_config, convert_hf(raw.state_dict)[0])
+        model = VisionTransformer(_config_from(ViTConfig, fields, overrides))
+    else:
+        where = "a Hugging Face checkpoint without config.json" if fmt == "huggingface" else f"a bare {fmt} state dict"
+        raise ValueError(
+            f"{str(raw.path)!r} is {where}, which does not say how to build the model; "
+            "use vitrim.create_model(name, checkpoint=path, ...) instead"
+        )
+    _load_raw(model, raw, strict=True)
+    return model.eval()
+
+
+def _config_from(config_cls: Any, fields: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    if hasattr(config_cls, "from_dict"):
+        config = config_cls.from_dict(fields)
+        return config.replace(**overrides) if overrides else config
+    return config_cls(**{**fields, **overrides})

@@ -1,0 +1,339 @@
+"""Reading checkpoint files safely, and converting other formats' keys to vitrim's (= timm's) names.
+
+Formats are recognised by content, never by file name:
+
+* a file's first bytes say how to read it: safetensors (an 8-byte header length, then ``{``), a ``torch.save``
+  zip archive (``PK``), or a legacy ``torch.save`` pickle (``0x80``). Anything else is refused with what was found.
+* pickles are read with ``torch.load(weights_only=True)``: tensors and plain data only. The only classes allowed
+  on top are the harmless ones training scripts store next to the weights (:data:`SAFE_GLOBALS`:
+  ``argparse.Namespace``, paths, numpy scalars). A file that would build any other object, and so could run
+  code, is refused before anything in it runs.
+* the state dict is the file itself, or the dict under ``model`` / ``state_dict`` / ``model_state_dict`` (DeiT
+  and DynamicViT releases ship ``{"model": state_dict, ...}``); a ``module.`` prefix (DistributedDataParallel)
+  is removed.
+* Hugging Face ViT (``vit.encoder.layer.N.attention.attention.query…`` as ``save_pretrained`` writes it, or
+  ``vit.layers.N.attention.q_proj…`` as transformers 5 holds it in memory) is converted here: separate
+  query/key/value weights are concatenated into timm's fused ``qkv``; the pooler and mask token, which vitrim's
+  ViT has no use for, are dropped and reported as ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import pickle
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+# Harmless classes that training scripts pickle next to the weights; nothing else is unpickled.
+SAFE_GLOBALS: list[Any] = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
+try:  # numpy scalars (e.g. a best accuracy stored as np.float64); numpy 2 moved the module
+    import numpy as np
+
+    _multiarray = getattr(np, "_core", None) or np.core
+    SAFE_GLOBALS += [_multiarray.multiarray.scalar, np.dtype]
+    SAFE_GLOBALS += [type(np.dtype(name)) for name in ("float64", "float32", "int64", "int32", "bool")]
+except (ImportError, AttributeError):  # pragma: no cover - numpy is a dependency
+    pass
+
+NESTED_STATE_DICT_KEYS = ("model", "state_dict", "model_state_dict")
+HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+HF_PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
+
+
+@dataclass
+class RawCheckpoint:
+    """What a checkpoint path holds: its tensors (names as stored), and whatever describes the model.
+
+    metadata: safetensors metadata (vitrim writes ``vitrim.class``, ``vitrim.config``); hf_config: the parsed
+    ``config.json`` next to Hugging Face weights, or None.
+    """
+
+    path: Path
+    state_dict: dict[str, Tensor]
+    metadata: dict[str, str] = field(default_factory=dict)
+    hf_config: dict[str, Any] | None = None
+
+
+def check_path(path: object, name: str = "path") -> Path:
+    """``str`` / ``os.PathLike`` -> an existing Path; a clear TypeError or FileNotFoundError otherwise."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str or os.PathLike, got {type(path).__name__}")
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise FileNotFoundError(f"checkpoint not found: {str(resolved)!r}")
+    return resolved
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> RawCheckpoint:
+    """Read a checkpoint file, or a Hugging Face ``save_pretrained`` directory, without running any code."""
+    source = check_path(path)
+    if source.is_dir():
+        return _read_hf_directory(source)
+    state_dict, metadata = _read_weights_file(source)
+    config_file = source.parent / "config.json"
+    hf_config = None
+    if _has_hf_keys(state_dict) and config_file.is_file():
+        hf_config = _read_json(config_file)
+    return RawCheckpoint(source, state_dict, metadata, hf_config)
+
+
+def _read_hf_directory(directory: Path) -> RawCheckpoint:
+    weights = next((directory / name for name in HF_WEIGHT_FILES if (directory / name).is_file()), None)
+    if weights is None:
+        found = sorted(p.name for p in directory.iterdir())[:10]
+        raise ValueError(
+            f"directory {str(directory)!r} is not a checkpoint: expected one of {list(HF_WEIGHT_FILES)}, found {found}"
+        )
+    if weights.name.endswith(".index.json"):
+        # a sharded save_pretrained: the index maps every tensor name to the shard that holds it
+        weight_map = _read_json(weights).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{str(weights)!r} has no 'weight_map'; not a Hugging Face shard index")
+        state_dict: dict[str, Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            state_dict.update(_read_weights_file(check_path(directory / shard))[0])
+    else:
+        state_dict = _read_weights_file(weights)[0]
+    config_file = directory / "config.json"
+    hf_config = _read_json(config_file) if config_file.is_file() else None
+    return RawCheckpoint(weights, state_dict, {}, hf_config)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(value).__name__}, expected an object")
+    return value
+
+
+def sniff(path: Path) -> str:
+    """'safetensors', 'zip' or 'pickle' from the first bytes; ValueError saying what was found otherwise."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(9)
+    if len(head) == 9:
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if 0 < header_len <= size - 8 and head[8:9] == b"{":
+            return "safetensors"
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if head.startswith(b"\x80"):
+        return "pickle"
+    raise ValueError(
+        f"{str(path)!r} is not a checkpoint: found {_describe(path, size)}; expected safetensors or a torch.save file"
+    )
+
+
+def _describe(path: Path, size: int) -> str:
+    if size == 0:
+        return "an empty file"
+    with path.open("rb") as f:
+        head = f.read(64)
+    if head.startswith(b"\x1f\x8b"):
+        return "a gzip archive"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"{size} bytes of unknown binary data starting {head[:8].hex(' ')}"
+    first_line = text.strip().splitlines()[0][:40] if text.strip() else ""
+    return f"a text file starting {first_line!r}"
+
+
+def _read_weights_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """One file -> (state dict with the names as stored, safetensors metadata or {})."""
+    kind = sniff(path)
+    if kind == "safetensors":
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            return {key: f.get_tensor(key) for key in f.keys()}, metadata  # noqa: SIM118 (safe_open is no dict)
+    return find_state_dict(_torch_load(path), path), {}
+
+
+def _torch_load(path: Path) -> Any:
+    safe_globals = getattr(torch.serialization, "safe_globals", None)
+    try:
+        if safe_globals is None:  # pragma: no cover - torch < 2.5: the allow-list is process-wide there
+            torch.serialization.add_safe_globals(SAFE_GLOBALS)
+            return torch.load(path, map_location="cpu", weights_only=True)
+        with safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "Unsupported" in line), str(err)[:200])
+        raise ValueError(
+            f"refusing to load {str(path)!r}: it stores Python objects that could run code when unpickled "
+            f"({detail}). vitrim reads tensors and plain data only (torch.load weights_only=True); if you trust "
+            "the file, re-save its state dict with safetensors.torch.save_file"
+        ) from None
+    except RuntimeError as err:
+        raise ValueError(f"{str(path)!r} could not be read as a torch.save file: {str(err).splitlines()[0]}") from None
+
+
+def _is_state_dict(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) > 0
+        and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in value.items())
+    )
+
+
+def find_state_dict(obj: object, path: Path) -> dict[str, Tensor]:
+    """The state dict inside what ``torch.load`` returned: itself, or under ``model`` / ``state_dict``."""
+    if _is_state_dict(obj):
+        state_dict = dict(obj)  # type: ignore[call-overload]
+    else:
+        assert isinstance(path, Path)
+        nested = [obj[key] for key in NESTED_STATE_DICT_KEYS if isinstance(obj, dict) and _is_state_dict(obj.get(key))]
+        if not nested:
+            if isinstance(obj, dict):
+                found = f"a dict with keys {sorted(map(str, obj))[:10]}"
+            else:
+                found = f"a {type(obj).__name__}"
+            raise ValueError(
+                f"{str(path)!r} holds no state dict: found {found}; expected a dict of tensors, "
+                f"or one under {list(NESTED_STATE_DICT_KEYS)}"
+            )
+        state_dict = dict(nested[0])
+    if all(key.startswith("module.") for key in state_dict):  # saved from DistributedDataParallel
+        state_dict = {key.removeprefix("module."): value for key, value in state_dict.items()}
+    return state_dict
+
+
+# -- Hugging Face ViT ------------------------------------------------------------------------------------------
+
+_HF_LAYER = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+# per-layer module, classic save_pretrained layout and transformers 5's in-memory layout -> timm's
+_HF_LAYER_MODULES = {
+    "attention.attention.query": "q",
+    "attention.attention.key": "k",
+    "attention.attention.value": "v",
+    "attention.q_proj": "q",
+    "attention.k_proj": "k",
+    "attention.v_proj": "v",
+    "attention.output.dense": "attn.proj",
+    "attention.o_proj": "attn.proj",
+    "layernorm_before": "norm1",
+    "layernorm_after": "norm2",
+    "intermediate.dense": "mlp.fc1",
+    "mlp.fc1": "mlp.fc1",
+    "output.dense": "mlp.fc2",
+    "mlp.fc2": "mlp.fc2",
+}
+_HF_TOP = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+}
+_HF_IGNORED = ("pooler.", "embeddings.mask_token")  # HF's tanh pooler and MAE mask token: vitrim's ViT has neither
+
+
+def _has_hf_keys(state_dict: dict[str, Tensor]) -> bool:
+    return any(key.endswith(HF_PATCH_KEY) for key in state_dict)
+
+
+def detect_format(raw: RawCheckpoint) -> str:
+    """'vitrim', 'huggingface', 'dynamicvit' (timm names + score predictors) or 'timm' (timm / DeiT names)."""
+    if "vitrim.class" in raw.metadata:
+        return "vitrim"
+    if _has_hf_keys(raw.state_dict):
+        return "huggingface"
+    if any(key.startswith("score_predictor.") for key in raw.state_dict):
+        return "dynamicvit"
+    return "timm"
+
+
+def convert_hf(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+    """Hugging Face ViT names -> timm names. Returns (converted state dict, HF keys dropped on purpose).
+
+    Keys this function does not know keep their names, so a strict load reports them as unexpected.
+    """
+    patch_key = next(key for key in state_dict if key.endswith(HF_PATCH_KEY))
+    base = patch_key[: -len(HF_PATCH_KEY)]  # "vit." for *ForImageClassification, "" for ViTModel
+    out: dict[str, Tensor] = {}
+    ignored: list[str] = []
+    qkv: dict[tuple[str, str], dict[str, Tensor]] = {}  # (layer, param) -> {"q": …, "k": …, "v": …}
+    for key, value in state_dict.items():
+        if key.startswith("classifier."):
+            out["head." + key.removeprefix("classifier.")] = value
+            continue
+        name = key.removeprefix(base) if key.startswith(base) else key
+        if name.startswith(_HF_IGNORED):
+            ignored.append(key)
+        elif name in _HF_TOP:
+            out[_HF_TOP[name]] = value
+        elif (match := _HF_LAYER.match(name)) and match.group(2) in _HF_LAYER_MODULES:
+            layer, module, param = match.groups()
+            target = _HF_LAYER_MODULES[module]
+            if target in ("q", "k", "v"):
+                qkv.setdefault((layer, param), {})[target] = value
+            else:
+                out[f"blocks.{layer}.{target}.{param}"] = value
+        else:
+            out[key] = value
+    for (layer, param), parts in qkv.items():
+        if set(parts) == {"q", "k", "v"}:
+            out[f"blocks.{layer}.attn.qkv.{param}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+        else:  # incomplete: keep under readable names so the strict check lists them
+            out.update({f"blocks.{layer}.attn.{p}.{param}": t for p, t in parts.items()})
+    return out, ignored
+
+
+def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Tensor]) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` -> ViTConfig fields (timm names). ``state_dict`` (converted) gives the head.
+
+    num_classes is the classifier's size when the weights have one, else 0 (ViTModel: features only).
+    """
+    model_type = hf_config.get("model_type")
+    if model_type != "vit":
+        raise ValueError(f"config.json has model_type {model_type!r}; vitrim reads Hugging Face ViT ('vit') only")
+    act = hf_config.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ValueError(f"config.json has hidden_act {act!r}; vitrim's ViT uses exact GELU ('gelu')")
+    try:
+        dim = int(hf_config["hidden_size"])
+        hidden = int(hf_config["intermediate_size"])
+        fields: dict[str, Any] = dict(
+            embed_dim=dim,
+            depth=int(hf_config["num_hidden_layers"]),
+            num_heads=int(hf_config["num_attention_heads"]),
+            img_size=hf_config["image_size"],
+            patch_size=int(hf_config["patch_size"]),
+        )
+    except KeyError as err:
+        raise ValueError(f"config.json lacks {err.args[0]!r}, which a Hugging Face ViT config has") from None
+    size = fields["img_size"]
+    fields["img_size"] = (size, size) if isinstance(size, int) else tuple(size)
+    mlp_ratio = hidden / dim
+    if int(dim * mlp_ratio) != hidden:
+        raise ValueError(f"intermediate_size {hidden} is not representable as hidden_size {dim} x mlp_ratio")
+    head = state_dict.get("head.weight")
+    fields.update(
+        mlp_ratio=mlp_ratio,
+        in_chans=int(hf_config.get("num_channels", 3)),
+        qkv_bias=bool(hf_config.get("qkv_bias", True)),
+        norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
+        num_classes=int(head.shape[0]) if head is not None else 0,
+        drop_rate=float(hf_config.get("hidden_dropout_prob", 0.0)),
+        attn_drop_rate=float(hf_config.get("attention_probs_dropout_prob", 0.0)),
+    )
+    return fields
