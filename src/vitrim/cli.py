@@ -14,6 +14,8 @@ from collections.abc import Sequence
 COMMANDS = {
     "bench": "vitrim.bench.cli",
     "demo": "vitrim.demo",
+    "viz": "vitrim.viz.cli",
+    "explain": "vitrim.viz.explain",
 }
 
 

@@ -1,0 +1,48 @@
+"""Seeing attention: maps per block and head, attention rollout, kept tokens per stage, and one matrix by hand.
+
+Importing this package does not import matplotlib; the drawing functions do, on their own Agg canvas.
+"""
+
+from vitrim.viz.explain import Explanation, explain_numbers, format_explanation, plot_explanation
+from vitrim.viz.maps import (
+    cls_attention_grid,
+    figure_to_rgb,
+    model_attention_grid,
+    plot_attention_maps,
+    plot_rollout,
+    save_figure,
+)
+from vitrim.viz.rollout import (
+    Rollout,
+    attention_rollout,
+    attention_rollout_model,
+    fuse_heads,
+    positions_to_token_index,
+    rollout_step,
+    token_indices_from_kept,
+)
+from vitrim.viz.tokens import kept_masks, model_kept_indices, plot_kept_tokens, render_kept_tokens
+
+__all__ = [
+    "Explanation",
+    "Rollout",
+    "attention_rollout",
+    "attention_rollout_model",
+    "cls_attention_grid",
+    "explain_numbers",
+    "figure_to_rgb",
+    "format_explanation",
+    "fuse_heads",
+    "kept_masks",
+    "model_attention_grid",
+    "model_kept_indices",
+    "plot_attention_maps",
+    "plot_explanation",
+    "plot_kept_tokens",
+    "plot_rollout",
+    "positions_to_token_index",
+    "render_kept_tokens",
+    "rollout_step",
+    "save_figure",
+    "token_indices_from_kept",
+]
