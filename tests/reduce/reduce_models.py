@@ -1,0 +1,31 @@
+"""Tiny models and images shared by the reducer tests (embed 32, 16 patches of 8×8 on a 32×32 image)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+import vitrim
+from vitrim.reduce.base import TokenState
+
+TINY = dict(embed_dim=32, depth=4, num_heads=2, img_size=32, patch_size=8, num_classes=5)
+
+
+def tiny(seed: int = 0, **changes: object) -> nn.Module:
+    """A tiny ViT in eval mode with a fixed random init."""
+    torch.manual_seed(seed)
+    return vitrim.create_model("vit_tiny_patch16_224", **{**TINY, **changes}).eval()
+
+
+def images(batch: int = 2, size: int = 32, seed: int = 1) -> Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def states_per_block(model: nn.Module, x: Tensor) -> list[TokenState]:
+    """The token state after each block (block by block, as forward_blocks runs them)."""
+    state = model.embed(x)
+    states = []
+    for block in model.blocks:
+        state, _ = block(state)
+        states.append(state)
+    return states

@@ -1,0 +1,198 @@
+"""apply / remove / create_model(reducer=...): identity settings, checkpoints from timm and HF, stacking, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from reduce_models import images, tiny
+from safetensors.torch import load_file
+
+import vitrim
+from vitrim.reduce import EViT, Reducer, ToMe, TopK, parse_spec
+from vitrim.reduce.base import AttentionInfo, TokenState
+
+TIMM = Path(__file__).parents[1] / "data" / "timm"
+SETTINGS = [("tome", {"r": 3}), ("evit", {"keep_rate": 0.5, "layers": (1, 3)}), ("topk", {"keep_rate": 0.7})]
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("tome", {"r": 0}),
+        ("tome", {"r": [0, 0, 0, 0]}),
+        ("evit", {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}),
+        ("topk", {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}),
+    ],
+)
+@pytest.mark.parametrize("distilled", [False, True])
+def test_identity_settings_give_the_dense_outputs(name: str, options: dict[str, object], distilled: bool) -> None:
+    model = tiny(distilled=distilled)
+    x = images()
+    with torch.no_grad():
+        dense = model(x)
+        vitrim.reduce.apply(model, name, **options)
+        out = model.forward_detailed(x)
+    torch.testing.assert_close(out.logits, dense, rtol=0, atol=1e-6)
+    assert out.tokens.shape[1] == 16 + (2 if distilled else 1)
+    assert out.kept_indices == [] and out.token_sizes is None
+
+
+def test_on_timm_weights_identity_matches_timm_and_reduction_runs() -> None:
+    manifest = json.loads((TIMM / "manifest.json").read_text())["cases"]["vit_tiny_depth2_img64"]
+    io = load_file(str(TIMM / manifest["io"]))
+    model = vitrim.create_model("vit_tiny_patch16_224", **manifest["overrides"])
+    vitrim.load_checkpoint(model, TIMM / manifest["state_dict"])
+    model.eval()
+    with torch.no_grad():
+        vitrim.reduce.apply(model, "evit", keep_rate=1.0, layers=(0, 1))
+        torch.testing.assert_close(model(io["input"]), io["logits"], rtol=0, atol=1e-5)  # timm's own output
+        vitrim.reduce.remove(model)
+        vitrim.reduce.apply(model, "tome", r=4)
+        out = model.forward_detailed(io["input_large"], need_weights=True)  # 8×6 grid: 48 patches
+    assert [a.shape[-1] for a in out.attentions] == [49, 45]
+    assert out.patch_to_token[-1].shape == (2, 48)
+
+
+def test_on_hugging_face_weights(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+    )
+    torch.manual_seed(0)
+    hf = transformers.ViTForImageClassification(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    x = images()
+    with torch.no_grad():
+        expected = hf(pixel_values=x).logits
+        model = vitrim.reduce.apply(vitrim.load_model(tmp_path).eval(), "tome", r=0)
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-5)
+        vitrim.reduce.remove(model)
+        out = vitrim.reduce.apply(model, "tome", r=5).forward_detailed(x)
+    assert out.tokens.shape[1] == 17 - 5 - 5 and torch.isfinite(out.logits).all()
+
+
+@pytest.mark.parametrize(("name", "options"), SETTINGS)
+def test_remove_restores_the_dense_model(name: str, options: dict[str, object]) -> None:
+    model = tiny()
+    x = images()
+    with torch.no_grad():
+        dense = model(x)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        reduced = vitrim.reduce.apply(model, name, **options)(x)
+        assert model.state_dict().keys() == state.keys()  # a reducer is no parameter and no buffer
+        assert not torch.allclose(reduced, dense, atol=1e-6)
+        assert vitrim.reduce.remove(model) is model
+        assert torch.equal(model(x), dense)
+    assert all(block.reducer is None for block in model.blocks)
+
+
+def test_reducers_stack_with_need_weights() -> None:
+    model = vitrim.reduce.apply(tiny(), "tome", r=[2, 0, 4, 0])
+    vitrim.reduce.apply(model, "evit", keep_rate=0.5, layers=(1,))
+    vitrim.reduce.apply(model, "topk", keep_rate=0.5, layers=(3,))
+    x = images()
+    with torch.no_grad():
+        plain = model.forward_detailed(x)
+        detailed = model.forward_detailed(x, need_weights=True)
+    # 17 -> ToMe 2 -> 15 -> EViT keep 7 + fused -> 9 -> ToMe 4 -> 5 -> top-k keep 2 -> 3
+    assert [tuple(a.shape) for a in detailed.attentions] == [(2, 2, n, n) for n in (17, 15, 9, 5)]
+    assert detailed.tokens.shape[1] == 3
+    torch.testing.assert_close(detailed.logits, plain.logits, rtol=0, atol=1e-6)
+    for a in detailed.attentions:
+        torch.testing.assert_close(a.sum(-1), torch.ones(a.shape[:-1]))
+    assert len(detailed.patch_to_token) == 4 and len(detailed.kept_indices) == 2
+
+
+@pytest.mark.parametrize(("name", "options"), SETTINGS)
+def test_batch_of_one_gives_the_same_logits_as_in_a_batch(name: str, options: dict[str, object]) -> None:
+    model = vitrim.reduce.apply(tiny(), name, **options)
+    x = images(batch=3)
+    with torch.no_grad():
+        batched = model(x)
+        single = torch.cat([model(x[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(single, batched, rtol=0, atol=1e-5)
+
+
+def test_create_model_with_a_reducer() -> None:
+    model = vitrim.create_model("vit_tiny_patch16_224", depth=2, img_size=32, patch_size=8, reducer="tome", r=3)
+    assert [repr(b.reducer) for b in model.blocks] == ["ToMe(r=3)", "ToMe(r=3)"]
+    model = vitrim.create_model("deit_tiny_patch16_224", depth=4, img_size=32, reducer="evit:keep_rate=0.5,layers=(1,)")
+    assert [type(b.reducer).__name__ for b in model.blocks] == ["NoneType", "EViT", "NoneType", "NoneType"]
+    with pytest.raises(ValueError, match=r"unknown reducer 'tomee'.*did you mean tome"):
+        vitrim.create_model("vit_tiny_patch16_224", depth=2, reducer="tomee", r=3)
+    with pytest.raises(ValueError, match=r"unknown config option\(s\) \['keep_rate'\]"):
+        vitrim.create_model("vit_tiny_patch16_224", depth=2, reducer="tome", r=3, keep_rate=0.5)
+
+
+def test_parse_spec() -> None:
+    assert parse_spec("tome:r=13") == ("tome", {"r": 13})
+    assert parse_spec("tome") == ("tome", {})
+    assert parse_spec("evit:keep_rate=0.7, layers=(3,6,9)") == ("evit", {"keep_rate": 0.7, "layers": (3, 6, 9)})
+    assert parse_spec("tome:r=[8,8,4]") == ("tome", {"r": [8, 8, 4]})
+    with pytest.raises(ValueError, match="must look like name=value"):
+        parse_spec("tome:13")
+    with pytest.raises(ValueError, match="is not a number or tuple"):
+        parse_spec("tome:r=__import__('os')")
+
+
+def test_remove_leaves_other_reducers_alone() -> None:
+    class Other(Reducer):
+        stage = "pre"
+
+        def __call__(self, state: TokenState, info: AttentionInfo | None) -> TokenState:
+            return state
+
+    model = vitrim.reduce.apply(tiny(), "tome", r=2)
+    model.blocks[0].reducer = Other()
+    vitrim.reduce.remove(model)
+    assert isinstance(model.blocks[0].reducer, Other)
+    assert [b.reducer for b in model.blocks[1:]] == [None] * 3
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("tome", {"r": -1}, r"r must be an int >= 0.*-1"),
+        ("tome", {"r": 1.5}, r"r must be an int >= 0.*1\.5"),
+        ("tome", {"r": [1, 2]}, r"one int per block \(4\), got 2 values"),
+        ("tome", {"r": 2, "keep_rate": 0.5}, r"unknown option\(s\) \['keep_rate'\] for reducer 'tome'"),
+        ("evit", {"keep_rate": 0.0}, r"keep_rate must be a number in \(0, 1\].*0\.0"),
+        ("topk", {"keep_rate": 1.01}, r"keep_rate must be a number in \(0, 1\].*1\.01"),
+        ("evit", {"layers": (1, 4)}, r"layers must be block indices in \[0, 4\), got \(1, 4\)"),
+        ("topk", {"layers": (-1,)}, r"layers must be block indices in \[0, 4\), got \(-1,\)"),
+        ("evit", {"layers": (1, 1)}, "must not repeat"),
+        ("merge", {}, r"unknown reducer 'merge'; expected one of \['evit', 'tome', 'topk'\]"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(name: str, options: dict[str, object], message: str) -> None:
+    model = tiny()
+    with pytest.raises(ValueError, match=message):
+        vitrim.reduce.apply(model, name, **options)
+    assert all(block.reducer is None for block in model.blocks)  # nothing half-applied
+
+
+def test_apply_refuses_a_second_reducer_on_a_block_and_models_it_cannot_use() -> None:
+    model = vitrim.reduce.apply(tiny(), "evit", layers=(1,))
+    with pytest.raises(ValueError, match="block 1 already has a reducer EViT"):
+        vitrim.reduce.apply(model, "topk", layers=(1, 2))
+    assert model.blocks[2].reducer is None
+    with pytest.raises(ValueError, match=r"no \[CLS\] token"):
+        vitrim.reduce.apply(tiny(class_token=False, global_pool="avg"), "topk")
+    with pytest.raises(TypeError, match=r"model must have \.blocks"):
+        vitrim.reduce.apply(torch.nn.Linear(2, 2), "tome", r=1)
+
+
+def test_default_layers_follow_evit() -> None:
+    model = vitrim.reduce.apply(tiny(depth=12), "evit")
+    assert [i for i, b in enumerate(model.blocks) if b.reducer is not None] == [3, 6, 9]
+    assert {type(b.reducer) for b in model.blocks} == {EViT, type(None)}
+    assert ToMe and TopK  # the classes are public
