@@ -146,16 +146,19 @@ def parse_assignments(text: str, option: str) -> dict[str, Any]:
 
 
 def parse_reducer(spec: str) -> tuple[str, dict[str, Any]] | None:
-    """``"tome:r=13"`` -> ``("tome", {"r": 13})``; ``"none"`` -> None (dense)."""
-    name, _, rest = spec.partition(":")
-    name = name.strip()
-    if not name.isidentifier():
-        raise ValueError(f"--reducer expects NAME[:key=value,...], got {spec!r}")
-    if name == "none":
-        if rest.strip():
-            raise ValueError(f"--reducer none takes no options, got {spec!r}")
+    """``"tome:r=13"`` -> ``("tome", {"r": 13})`` (read by ``vitrim.reduce.parse_spec``); ``"none"`` -> None (dense)."""
+    if spec.strip() == "none":
         return None
-    return name, (parse_assignments(rest, f"--reducer {name}") if rest.strip() else {})
+    import vitrim.reduce
+
+    parse_spec = getattr(vitrim.reduce, "parse_spec", None)
+    if parse_spec is None or getattr(vitrim.reduce, "apply", None) is None:
+        raise ValueError(f"--reducer {spec!r}: this vitrim has no vitrim.reduce.apply (token reducers not installed)")
+    try:
+        name, options = parse_spec(spec)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"--reducer {spec!r}: {err}") from err
+    return name, options
 
 
 def build_cases(args: argparse.Namespace) -> list[Case]:
@@ -220,12 +223,9 @@ def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
 
     parsed = parse_reducer(spec)
     assert parsed is not None
-    name, kwargs = parsed
-    apply = getattr(vitrim.reduce, "apply", None)
-    if apply is None:
-        raise ValueError(f"--reducer {spec!r}: this vitrim has no vitrim.reduce.apply (token reducers not installed)")
+    name, options = parsed
     try:
-        result = apply(model, name, **kwargs)
+        result = vitrim.reduce.apply(model, name, **options)
     except (ValueError, TypeError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise ValueError(f"--reducer {spec!r}: {message}") from err
@@ -353,7 +353,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
     for r in rows:
         print(
-            f"{r['setting']:<{width}} {r['gflops_per_image']:7.2f} {r['params_m']:8.2f} "
+            f"{r['setting']:<{width}} {r['gflops_per_image']:7.4g} {r['params_m']:8.2f} "
             f"{r['throughput_img_s']:8.1f} {r['speedup']:7.2f}x {opt(r['latency_p50_ms'], '8.1f')} "
             f"{opt(r['latency_p95_ms'], '8.1f')} {r['achieved_gflop_s']:8.1f} {r['matmul_gflop_s']:10.1f} "
             f"{r['efficiency']:5.2f} {opt(r.get('peak_mem_mb'), '8.1f')}"
