@@ -170,6 +170,8 @@ def test_remove_leaves_other_reducers_alone() -> None:
         ("evit", {"layers": (1, 4)}, r"layers must be block indices in \[0, 4\), got \(1, 4\)"),
         ("topk", {"layers": (-1,)}, r"layers must be block indices in \[0, 4\), got \(-1,\)"),
         ("evit", {"layers": (1, 1)}, "must not repeat"),
+        ("evit", {"keep_rate": (0.5, 0.7), "layers": (1,)}, r"one per reducing block \(1: layers \(1,\)\), got 2"),
+        ("topk", {"keep_rate": (0.5, 1.5), "layers": (1, 2)}, r"keep_rate must be a number in \(0, 1\].*1\.5"),
         ("merge", {}, r"unknown reducer 'merge'; expected one of \['evit', 'tome', 'topk'\]"),
     ],
 )
@@ -195,4 +197,7 @@ def test_default_layers_follow_evit() -> None:
     model = vitrim.reduce.apply(tiny(depth=12), "evit")
     assert [i for i, b in enumerate(model.blocks) if b.reducer is not None] == [3, 6, 9]
     assert {type(b.reducer) for b in model.blocks} == {EViT, type(None)}
+    vitrim.reduce.remove(model)
+    vitrim.reduce.apply(model, "topk", keep_rate=(0.9, 0.5), layers=(2, 5))
+    assert [repr(b.reducer) for b in model.blocks if b.reducer] == ["TopK(keep_rate=0.9)", "TopK(keep_rate=0.5)"]
     assert ToMe and TopK  # the classes are public

@@ -8,8 +8,8 @@ protected like [CLS]), and on any module whose ``blocks`` are vitrim Blocks.
 Methods and options:
 
 * ``"tome"``: ``r`` tokens merged per block, an int for every block or one int per block (a schedule); 0 = off.
-* ``"evit"``: ``keep_rate`` in (0, 1] at the blocks ``layers`` (default: depth/4, depth/2, 3·depth/4, i.e. 3, 6, 9
-  for 12 blocks, as EViT does for DeiT).
+* ``"evit"``: ``keep_rate`` in (0, 1] (one number, or one per reducing block) at the blocks ``layers`` (default:
+  depth/4, depth/2, 3·depth/4, i.e. 3, 6, 9 for 12 blocks, as EViT does for DeiT).
 * ``"topk"``: the same options as EViT, without fusion.
 """
 
@@ -65,10 +65,22 @@ def _check_layers(layers: Sequence[int] | None, depth: int) -> tuple[int, ...]:
 
 
 def _by_cls_attention(cls: type[EViT] | type[TopK]) -> Callable[..., list[Reducer | None]]:
-    def build(depth: int, *, keep_rate: float = 0.7, layers: Sequence[int] | None = None) -> list[Reducer | None]:
-        check_keep_rate(keep_rate)
+    def build(
+        depth: int, *, keep_rate: float | Sequence[float] = 0.7, layers: Sequence[int] | None = None
+    ) -> list[Reducer | None]:
         chosen = _check_layers(layers, depth)
-        return [cls(keep_rate) if i in chosen else None for i in range(depth)]
+        if isinstance(keep_rate, Sequence) and not isinstance(keep_rate, str):
+            if len(keep_rate) != len(chosen):
+                raise ValueError(
+                    f"keep_rate must be one number or one per reducing block ({len(chosen)}: layers {chosen}), "
+                    f"got {len(keep_rate)} values: {list(keep_rate)}"
+                )
+            rates = dict(zip(chosen, keep_rate))
+        else:
+            rates = dict.fromkeys(chosen, keep_rate)
+        for rate in rates.values():
+            check_keep_rate(rate)
+        return [cls(rates[i]) if i in rates else None for i in range(depth)]
 
     return build
 
