@@ -1,0 +1,71 @@
+"""Wrong images get a clear error from the model before any compute (PatchEmbed.check_input, seen from outside)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import vitrim
+
+VIT_NAMES = [name for name in vitrim.list_models() if name.startswith(("vit_", "deit_", "dynamicvit_"))]
+
+
+def tiny(name: str = "vit_tiny_patch16_224") -> nn.Module:
+    patch = 32 if "patch32" in name else 16
+    depth = 4 if name.startswith("dynamicvit_") else 2
+    return vitrim.create_model(name, embed_dim=32, depth=depth, num_heads=2, img_size=2 * patch, num_classes=3).eval()
+
+
+def guard(model: nn.Module) -> list[int]:
+    """Record every call of the first layer: a refused input must not reach it."""
+    calls: list[int] = []
+    model.patch_embed.proj.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ((2, 3, 33, 32), "image height 33 is not divisible by patch size 16"),
+        ((2, 3, 32, 40), "image width 40 is not divisible by patch size 16"),
+        ((2, 1, 32, 32), r"images have 1 channels, but the model expects in_chans=3"),
+        ((3, 32, 32), r"images must have shape \(B, C, H, W\), got \(3, 32, 32\)"),
+        ((1, 2, 3, 32, 32), r"images must have shape \(B, C, H, W\), got \(1, 2, 3, 32, 32\)"),
+        ((2, 3, 0, 32), "image height 0 is not divisible by patch size 16"),
+    ],
+)
+@pytest.mark.parametrize("entry", ["forward", "forward_detailed", "forward_features"])
+def test_bad_images_are_refused_before_compute(shape: tuple[int, ...], message: str, entry: str) -> None:
+    model = tiny()
+    calls = guard(model)
+    with pytest.raises(ValueError, match=message):
+        getattr(model, entry)(torch.zeros(shape))
+    assert calls == []
+
+
+def test_not_a_tensor_is_a_type_error() -> None:
+    model = tiny()
+    with pytest.raises(TypeError, match=r"images must be a torch\.Tensor, got ndarray"):
+        model(torch.zeros(1, 3, 32, 32).numpy())
+
+
+@pytest.mark.parametrize("name", VIT_NAMES)
+def test_every_vit_refuses_a_bad_size_and_accepts_other_multiples(name: str) -> None:
+    model = tiny(name)
+    patch = model.config.patch_size
+    calls = guard(model)
+    with pytest.raises(ValueError, match=f"image width {3 * patch + 1} is not divisible by patch size {patch}"):
+        model(torch.zeros(1, 3, 2 * patch, 3 * patch + 1))
+    assert calls == []
+    with torch.no_grad():  # any multiple of the patch size runs (the position embedding is resampled)
+        assert model(torch.zeros(1, 3, 3 * patch, 2 * patch)).shape == (1, 3)
+
+
+def test_create_model_refuses_bad_sizes_naming_them() -> None:
+    with pytest.raises(ValueError, match="image size 33 is not divisible by patch size 16"):
+        vitrim.create_model("vit_tiny_patch16_224", img_size=33)
+    with pytest.raises(ValueError, match="embed_dim 30 is not divisible by num_heads 4"):
+        vitrim.create_model("vit_tiny_patch16_224", embed_dim=30, num_heads=4, depth=1)
+    with pytest.raises(ValueError, match=r"unknown model 'vit_tiny_patch16'; did you mean"):
+        vitrim.create_model("vit_tiny_patch16")
