@@ -14,6 +14,7 @@ from collections.abc import Sequence
 COMMANDS = {
     "bench": "vitrim.bench.cli",
     "demo": "vitrim.demo",
+    "models": "vitrim.commands_models",
     "viz": "vitrim.viz.cli",
     "explain": "vitrim.viz.explain",
 }
