@@ -117,17 +117,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     model = load_viz_model(args)
     image = load_picture(args, model)
-    name = args.checkpoint or args.model
+    name = Path(args.checkpoint).name if args.checkpoint else args.model
     if args.viz_kind == "attention":
         maps, logits = model_attention_grid(model, image)
-        fig = plot_attention_maps(image, maps, title=f"{name}: [CLS] → patch attention (predicted {_top(logits)})")
+        fig = plot_attention_maps(image, maps, title=f"{name}\n[CLS] → patch attention; predicted class {_top(logits)}")
     elif args.viz_kind == "rollout":
         rollout = attention_rollout_model(model, image[None], args.head_fusion, args.discard_ratio)  # (1, N, N)
         config = model_config(model)
         prefix = config.num_prefix
         grid = (image.shape[-2] // config.patch_size, image.shape[-1] // config.patch_size)
         relevance = rollout[0, 0, prefix:].reshape(grid)  # (gh, gw): [CLS]'s share of each input patch
-        title = f"{name}: rollout ({args.head_fusion}, discard {args.discard_ratio})"
+        title = f"{name}: rollout (heads: {args.head_fusion}, discard ratio {args.discard_ratio})"
         fig = plot_rollout(image, relevance, title=title)
     else:
         if not hasattr(model, "pruners"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -234,8 +235,7 @@ def plot_explanation(ex: Explanation) -> Figure:
     for ax, (name, title, by_word) in zip(axes.flat, [s for s in STEPS if s[0] not in ("causal_mask", "padding_mask")]):
         matrix = getattr(ex, name).float()
         shown = torch.where(torch.isfinite(matrix), matrix, torch.nan).numpy()
-        cmap = colormap("Greys" if name == "mask" else "viridis")
-        cmap.set_bad((0.85, 0.3, 0.3, 1.0))  # −∞: masked
+        cmap = colormap("Greys" if name == "mask" else "viridis", bad=(0.85, 0.3, 0.3, 1.0))  # −∞: masked
         ax.imshow(shown, cmap=cmap, aspect="auto")
         for (i, j), value in _cells(matrix):
             text = "−∞" if not math.isfinite(value) else (f"{int(value)}" if name == "mask" else f"{value:.2f}")
@@ -277,6 +277,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out and not Path(args.out).parent.is_dir():
+        raise FileNotFoundError(f"--out {args.out!r}: folder {str(Path(args.out).parent)!r} does not exist")
     ex = explain_numbers(args.seed)
     print(format_explanation(ex))
     if args.out:

@@ -109,8 +109,7 @@ def plot_attention_maps(image: Tensor | np.ndarray, maps: Tensor, *, alpha: floa
         raise ValueError(f"maps must be (L, H, gh, gw) for one image, got shape {tuple(maps.shape)}")
     L, H = maps.shape[:2]
     height, width = rgb.shape[:2]
-    cmap = colormap("inferno")
-    cmap.set_bad((1.0, 1.0, 1.0, 1.0))  # a patch this block never saw: blank
+    cmap = colormap("inferno", bad=(1.0, 1.0, 1.0, 1.0))  # a patch this block never saw: blank
     fig = new_figure((1.6 * H + 0.6, 1.6 * L + 0.4))
     axes = fig.subplots(L, H, squeeze=False)
     for layer in range(L):
@@ -196,11 +195,11 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
     return fig
 
 
-def colormap(name: str) -> Any:
-    """A copy of a matplotlib colormap (safe to change its 'bad' colour)."""
+def colormap(name: str, bad: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> Any:
+    """A matplotlib colormap whose colour for NaN / masked values ('bad') is ``bad`` (RGBA)."""
     import matplotlib
 
-    return matplotlib.colormaps[name].copy()
+    return matplotlib.colormaps[name].with_extremes(bad=bad)
 
 
 def save_figure(fig: Figure, path: Any, dpi: int = 100) -> None:
