@@ -27,7 +27,7 @@ import importlib
 import json
 import logging
 import os
-import tempfile
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,10 +252,10 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         metadata["vitrim.config"] = json.dumps(dataclasses.asdict(config))
     tensors = {key: value.detach().to("cpu").contiguous() for key, value in model.state_dict().items()}
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp_name = str(target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         save_file(tensors, tmp_name, metadata=metadata)
+        os.chmod(tmp_name, _default_file_mode())  # safetensors writes 0600; give the usual umask permissions
         with open(tmp_name, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_name, target)
@@ -263,6 +263,13 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return target
+
+
+def _default_file_mode() -> int:
+    """0666 minus the process umask: the mode ``open(path, "w")`` would give a new file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _qualified(cls: type) -> str:

@@ -199,7 +199,6 @@ def find_state_dict(obj: object, path: Path) -> dict[str, Tensor]:
     if _is_state_dict(obj):
         state_dict = dict(obj)  # type: ignore[call-overload]
     else:
-        assert isinstance(path, Path)
         nested = [obj[key] for key in NESTED_STATE_DICT_KEYS if isinstance(obj, dict) and _is_state_dict(obj.get(key))]
         if not nested:
             if isinstance(obj, dict):

@@ -7,6 +7,7 @@ import io
 import itertools
 import pickle
 import pickletools
+import stat
 import zipfile
 from pathlib import Path
 
@@ -85,6 +86,13 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path, monkeypatch: py
         vitrim.save_checkpoint(tiny(seed=1), path)
     assert path.read_bytes() == before  # the old checkpoint survives a failed save
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_saved_file_gets_the_usual_permissions(tmp_path: Path) -> None:
+    reference = tmp_path / "plain.txt"
+    reference.write_text("x")  # what any new file gets under this umask
+    path = vitrim.save_checkpoint(tiny(), tmp_path / "m.safetensors")
+    assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE(reference.stat().st_mode)
 
 
 def test_save_checkpoint_rejects_bad_arguments(tmp_path: Path) -> None:
