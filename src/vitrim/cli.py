@@ -15,6 +15,8 @@ COMMANDS = {
     "bench": "vitrim.bench.cli",
     "demo": "vitrim.demo",
     "models": "vitrim.commands_models",
+    "train": "vitrim.train.cli",
+    "eval": "vitrim.train.eval_cli",
     "viz": "vitrim.viz.cli",
     "explain": "vitrim.viz.explain",
 }

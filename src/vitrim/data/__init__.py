@@ -8,7 +8,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from vitrim.data.digits import DigitsCanvas, load_digits
-from vitrim.data.folder import ImageFolder, image_folder_splits
+from vitrim.data.folder import ImageFolder, folder_classes, image_folder_splits
 
 
 @dataclass
@@ -22,6 +22,11 @@ class DataSplits:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+
+def dataset_classes(data: str) -> list[str]:
+    """Class names of ``data`` (``"digits"`` or an image folder) without decoding any image."""
+    return [str(c) for c in range(10)] if data == "digits" else folder_classes(data)
 
 
 def build_datasets(
@@ -54,4 +59,12 @@ def build_datasets(
     return DataSplits(train_f, test_f, train_f.classes)
 
 
-__all__ = ["DataSplits", "DigitsCanvas", "ImageFolder", "build_datasets", "image_folder_splits", "load_digits"]
+__all__ = [
+    "DataSplits",
+    "DigitsCanvas",
+    "ImageFolder",
+    "build_datasets",
+    "dataset_classes",
+    "image_folder_splits",
+    "load_digits",
+]

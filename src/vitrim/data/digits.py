@@ -83,8 +83,8 @@ class DigitsCanvas(Dataset):
         canvas_size: int = 32,
         in_chans: int = 1,
         digit_size: int | None = None,
-        clutter: int = 1,
-        noise: float = 0.05,
+        clutter: int = 0,
+        noise: float = 0.0,
         seed: int = 0,
         test_fraction: float = 0.2,
     ) -> None:

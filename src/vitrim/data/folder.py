@@ -80,29 +80,39 @@ def _list_files(root: Path, classes: list[str]) -> list[tuple[Path, int]]:
     return files
 
 
+def _layout(root: Path) -> tuple[list[str], Path, Path | None]:
+    """(class names, train folder, test folder or None when the split is made by sampling)."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"data folder {str(root)!r} does not exist (expected one folder per class)")
+    test_root = next((root / n for n in TEST_FOLDER_NAMES if (root / n).is_dir()), None)
+    train_root = root / "train" if (root / "train").is_dir() and test_root is not None else root
+    classes = [p.name for p in _class_folders(train_root)]
+    if len(classes) < 2:
+        raise ValueError(f"data folder {str(root)!r} has {len(classes)} class folder(s); expected at least 2")
+    return classes, train_root, test_root if train_root != root else None
+
+
+def folder_classes(root: str | Path) -> list[str]:
+    """The class names of an image-folder tree (sorted folder names), without reading any image."""
+    return _layout(Path(root))[0]
+
+
 def image_folder_splits(
     root: str | Path, *, img_size: tuple[int, int], in_chans: int, test_fraction: float = 0.2, seed: int = 0
 ) -> tuple[ImageFolder, ImageFolder]:
     """(train, test) datasets from an image-folder tree (see module doc). Warns once if files were skipped."""
     root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"data folder {str(root)!r} does not exist (expected one folder per class)")
     if in_chans not in (1, 3):
         raise ValueError(f"in_chans must be 1 or 3 for image folders, got {in_chans!r}")
-    split_root = {name: root / name for name in ("train", *TEST_FOLDER_NAMES) if (root / name).is_dir()}
-    test_root = next((split_root[n] for n in TEST_FOLDER_NAMES if n in split_root), None)
-    if "train" in split_root and test_root is not None:
-        classes = [p.name for p in _class_folders(split_root["train"])]
-        train_files, test_files = _list_files(split_root["train"], classes), _list_files(test_root, classes)
+    classes, train_root, test_root = _layout(root)
+    if test_root is not None:
+        train_files, test_files = _list_files(train_root, classes), _list_files(test_root, classes)
     else:
-        classes = [p.name for p in _class_folders(root)]
         files = _list_files(root, classes)
         train_files, test_files = [], []
         if files:
             train_idx, test_idx = split_indices(np.array([label for _, label in files]), test_fraction, seed)
             train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
-    if len(classes) < 2:
-        raise ValueError(f"data folder {str(root)!r} has {len(classes)} class folder(s); expected at least 2")
     if not train_files or not test_files:
         raise ValueError(f"data folder {str(root)!r} has no {'/'.join(IMAGE_EXTENSIONS)} images in some split")
     train = ImageFolder(train_files, classes, img_size, in_chans)

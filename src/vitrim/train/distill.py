@@ -1,0 +1,102 @@
+"""DynamicViT fine-tuning from a dense checkpoint, the paper's recipe (Rao et al., 2021, Sec. 4.1).
+
+The dense checkpoint initialises the student's backbone (the prediction modules start fresh) and, frozen, serves as
+the teacher. The loss is :class:`vitrim.losses.DynamicViTLoss` (classification + keep ratio + logit and token
+distillation). The prediction modules learn at the full learning rate, the backbone at ``backbone_lr_scale`` × it
+(0.01 in the paper) and not at all during the first ``freeze_backbone_epochs`` epochs, so the predictors first learn
+to score tokens of a backbone that does not move under them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.models.vit import ViTOutput
+
+PREDICTOR_PREFIX = "score_predictor."
+# architecture fields a student copies from its teacher's config (all but the head size and regularisation)
+_ARCHITECTURE = (
+    "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qk_norm",
+    "class_token", "global_pool", "init_values", "norm_eps",
+)  # fmt: skip
+
+
+def teacher_architecture(path: str | Path) -> dict[str, Any]:
+    """The ViT fields of a vitrim ``.safetensors`` checkpoint's config (empty for a file without one)."""
+    from safetensors import safe_open
+
+    if Path(path).suffix != ".safetensors":
+        return {}
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    config = json.loads(metadata.get("vitrim.config", "{}"))
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in _ARCHITECTURE}
+
+
+class _Detailed(nn.Module):
+    """Makes ``forward`` return ``forward_detailed`` (so DDP's forward hooks run on the call the loss needs)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> ViTOutput:
+        return self.model.forward_detailed(images)  # type: ignore[operator]
+
+
+class DistillObjective:
+    """``objective(train_model, images, labels, epoch) -> loss`` for a DynamicViT student and a frozen teacher."""
+
+    def __init__(
+        self, teacher: nn.Module, loss: nn.Module, *, backbone_lr_scale: float, freeze_backbone_epochs: int
+    ) -> None:
+        if not backbone_lr_scale >= 0:
+            raise ValueError(f"backbone lr scale must be >= 0, got {backbone_lr_scale!r}")
+        if freeze_backbone_epochs < 0:
+            raise ValueError(f"freeze backbone epochs must be >= 0, got {freeze_backbone_epochs!r}")
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.loss = loss
+        self.backbone_lr_scale = backbone_lr_scale
+        self.freeze_backbone_epochs = freeze_backbone_epochs
+
+    @classmethod
+    def from_teacher(cls, student: nn.Module, config: Any, device: torch.device) -> DistillObjective:
+        """Load the dense checkpoint ``config.teacher`` into the student's backbone and as the frozen teacher."""
+        from vitrim.checkpoint import load_checkpoint, load_model
+        from vitrim.losses import DynamicViTLoss
+
+        if not hasattr(student, "forward_detailed") or not hasattr(student.config, "keep_ratio"):
+            raise TypeError(f"--teacher needs a DynamicViT student, got {type(student).__name__}")
+        load_checkpoint(student, config.teacher, strict=True)  # predictors are optional: they stay fresh
+        teacher = load_model(config.teacher).to(device)
+        options = {"keep_ratio": student.config.keep_ratio, "label_smoothing": config.label_smoothing, **config.distill}
+        return cls(
+            teacher,
+            DynamicViTLoss(**options),
+            backbone_lr_scale=config.backbone_lr_scale,
+            freeze_backbone_epochs=config.freeze_backbone_epochs,
+        )
+
+    def lr_multiplier(self, name: str) -> float:
+        return 1.0 if name.startswith(PREDICTOR_PREFIX) else self.backbone_lr_scale
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return _Detailed(model)
+
+    def __call__(self, train_model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
+        student: ViTOutput = train_model(images)
+        with torch.no_grad():
+            teacher = self.teacher.forward_detailed(images)  # type: ignore[operator]
+        return self.loss(student, labels, teacher.logits.float(), teacher.tokens.float()).total
+
+    def after_backward(self, model: nn.Module, epoch: int) -> None:
+        """While the backbone is frozen, drop its gradients: AdamW skips parameters without one (no decay either)."""
+        if epoch < self.freeze_backbone_epochs:
+            for name, param in model.named_parameters():
+                if not name.startswith(PREDICTOR_PREFIX):
+                    param.grad = None
