@@ -142,3 +142,21 @@ def test_values_are_literals_or_strings():
     assert parse_value("[1,2]") == (1, 2) and parse_value("True") is True and parse_value("avg") == "avg"
     assert parse_value("__import__('os')") == "__import__('os')"  # read, never run
     assert parse_assignments("a=1,b=(2,3),c=avg", "--set") == {"a": 1, "b": (2, 3), "c": "avg"}
+
+
+def test_timm_reference_rows_do_the_same_work(capsys, tmp_path):
+    path = tmp_path / "rows.json"
+    models = "vit_tiny_patch16_224,deit_tiny_distilled_patch16_224"
+    argv = ["--set", TINY_SET, "--timm-reference", *FAST, "--no-memory", "--json", str(path)]
+    rc, out, err = run_cli(capsys, models, *argv)
+    assert rc == 0, err
+    assert "no timm reference row for deit_tiny_distilled_patch16_224" in out
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["model"], r["timm_reference"]) for r in rows] == [
+        ("vit_tiny_patch16_224", False),
+        ("vit_tiny_patch16_224", True),
+        ("deit_tiny_distilled_patch16_224", False),
+    ]
+    assert rows[1]["setting"] == "vit_tiny_patch16_224 [timm eager ops]"
+    # Counted on timm's ops, independently of the vitrim model's forward: the same matrix products.
+    assert rows[1]["gflops_per_image"] == rows[0]["gflops_per_image"]

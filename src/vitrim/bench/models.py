@@ -1,15 +1,17 @@
 """``vitrim bench models``: throughput, latency, FLOPs, parameters, memory and efficiency of models, in one run.
 
-Every row is one model with one setting (dense, a DynamicViT keep ratio, or a token reducer). What is measured:
+Every row is one model with one setting (dense, a DynamicViT keep ratio, a token reducer, or timm's eager ops on
+the same weights). All rows are timed in turn within each repeat (row 1, row 2, …, the matrix products, then
+again), so that on a shared machine every row sees the same load. What is measured:
 
 * throughput: images/s at ``--batch-size``, float32, eval, ``torch.inference_mode``; the median of ``--repeats``
   timed batches after ``--warmup`` untimed ones;
 * latency: batch 1, p50 and p95 of ``--latency-repeats`` timed calls;
 * FLOPs per image: matrix products only, 2 per multiply-add, attention included (see :mod:`vitrim.bench.flops`),
   counted on the eager model at batch 1;
-* efficiency: achieved GFLOP/s (FLOPs per image × images/s) over the GFLOP/s of a dense float32 matrix product
-  timed in turn with the model's batches (same load): the model's own MLP product (B·N, D) @ (D, 4D), median;
-* speed-up: throughput over the first row's (the baseline), measured in the same run;
+* efficiency: achieved GFLOP/s (FLOPs per image × images/s) over the GFLOP/s (median) of a dense float32 matrix
+  product timed in the same turns: the model's own MLP product (B·N, D) @ (D, 4D) as ``F.linear`` runs it;
+* speed-up: throughput over the first row's (the baseline), from the same turns;
 * peak memory: the growth of the peak resident set (``VmHWM``) of a fresh process while it runs one batch, from
   after the model is built and a batch-1 forward has loaded torch's kernels; it excludes the weights (params × 4
   bytes) and so about one image's activations. ``peak_rss_mb`` is that process's whole peak.
@@ -34,8 +36,9 @@ from torch import Tensor, nn
 
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.attention import _peak_rss_bytes
-from vitrim.bench.flops import model_flops_per_image
-from vitrim.bench.timing import interleaved_samples, percentile, time_samples
+from vitrim.bench.flops import count_flops, model_flops_per_image
+from vitrim.bench.reference import check_timm_reference, timm_eager_forward
+from vitrim.bench.timing import interleaved_samples, percentile
 from vitrim.models import create_model, list_models
 
 # When a model has no ViT config to read: DeiT-S's MLP product, (B·197, 384) @ (384, 1536).
@@ -50,6 +53,7 @@ class Case:
     overrides: dict[str, Any] = field(default_factory=dict)
     keep_ratio: float | None = None
     reducer: str | None = None  # the spec as typed, e.g. "tome:r=13"
+    timm_reference: bool = False  # run timm's eager forward, written out, on this model's weights
 
     @property
     def label(self) -> str:
@@ -58,6 +62,8 @@ class Case:
             parts.append(f"keep_ratio={self.keep_ratio:g}")
         if self.reducer is not None:
             parts.append(self.reducer)
+        if self.timm_reference:
+            parts.append("[timm eager ops]")
         return " ".join(parts)
 
 
@@ -95,6 +101,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
+    )
+    parser.add_argument(
+        "--timm-reference",
+        action="store_true",
+        help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
     )
     parser.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
     parser.add_argument(
@@ -191,7 +202,12 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             raise ValueError(f"--keep-ratio must be in (0, 1], got {ratio}")
     reducers: list[str | None] = list(args.reducer) if args.reducer else [None]
     reducers = [None if spec is None or parse_reducer(spec) is None else spec for spec in reducers]
-    return [Case(n, overrides, r, spec) for n in names for r in ratios for spec in reducers]
+    cases = []
+    for case in (Case(n, overrides, r, spec) for n in names for r in ratios for spec in reducers):
+        cases.append(case)
+        if args.timm_reference and case.keep_ratio is None and case.reducer is None:
+            cases.append(Case(case.model, overrides, timm_reference=True))
+    return cases
 
 
 # -- building ---------------------------------------------------------------------------------------------------
@@ -215,7 +231,17 @@ def build_model(case: Case, img_size: int | None) -> nn.Module:
         raise
     if case.reducer is not None:
         model = _apply_reducer(model, case.reducer)
+    if case.timm_reference:
+        check_timm_reference(model)
     return model.eval()
+
+
+def forward_fn(case: Case, model: nn.Module, compile: bool) -> Callable[[Tensor], Tensor]:
+    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked."""
+    fn: Callable[[Tensor], Tensor] = model
+    if case.timm_reference:
+        fn = functools.partial(timm_eager_forward, check_timm_reference(model))
+    return torch.compile(fn, dynamic=False) if compile else fn
 
 
 def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
@@ -266,49 +292,81 @@ def _matmul(shape: tuple[int, int, int]) -> Callable[[], Tensor]:
 # -- measuring --------------------------------------------------------------------------------------------------
 
 
-def measure(case: Case, model: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
-    """One row of the table (see the module doc for what each number means)."""
+@dataclass
+class _Row:
+    """What one row runs, prepared before any timing."""
+
+    case: Case
+    model: nn.Module
+    runner: Callable[[Tensor], Tensor]
+    images: Tensor  # (B, C, H, W)
+    flops: float  # per image
+    matmul_shape: tuple[int, int, int]
+
+
+def _prepare(case: Case, model: nn.Module, args: argparse.Namespace) -> _Row:
     chans, h, w = _input_shape(model, args.img_size)
-    params = sum(p.numel() for p in model.parameters())
     flops = model_flops_per_image(model, (h, w), chans)
-    runner: nn.Module = torch.compile(model, dynamic=False) if args.compile else model  # type: ignore[assignment]
-    g = torch.Generator().manual_seed(0)
-    images: Tensor = torch.randn(args.batch_size, chans, h, w, generator=g)
-    one = images[:1].clone()
+    if case.timm_reference:  # counted on the ops the row runs: a check that both do the same work
+        one_image = torch.randn(1, chans, h, w)
+        flops = count_flops(lambda: timm_eager_forward(check_timm_reference(model), one_image))
+    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
     mm_shape = _matmul_shape(model, (h, w), args.batch_size)
-    times, mm_times = interleaved_samples([lambda: runner(images), _matmul(mm_shape)], args.repeats, args.warmup)
-    lat = time_samples(lambda: runner(one), args.latency_repeats, args.warmup) if args.latency_repeats else []
-    throughput = args.batch_size / statistics.median(times)
-    mm_gflops = 2 * mm_shape[0] * mm_shape[1] * mm_shape[2] / statistics.median(mm_times) / 1e9
-    achieved = flops * throughput / 1e9
-    row: dict[str, Any] = {
-        "setting": case.label,
-        **asdict(case),
-        "batch_size": args.batch_size,
-        "img_size": [h, w],
-        "threads": torch.get_num_threads(),
-        "compile": bool(args.compile),
-        "params_m": params / 1e6,
-        "gflops_per_image": flops / 1e9,
-        "throughput_img_s": throughput,
-        "batch_ms_median": statistics.median(times) * 1e3,
-        "latency_p50_ms": percentile(lat, 50) * 1e3 if lat else None,
-        "latency_p95_ms": percentile(lat, 95) * 1e3 if lat else None,
-        "achieved_gflop_s": achieved,
-        "matmul_shape": list(mm_shape),
-        "matmul_gflop_s": mm_gflops,
-        "efficiency": achieved / mm_gflops,
-    }
-    if args.memory:
-        row.update(_measure_memory(case, args))
-    return row
+    return _Row(case, model, forward_fn(case, model, args.compile), images, flops, mm_shape)
+
+
+def measure_all(built: list[tuple[Case, nn.Module]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every row of the table (see the module doc for what each number means).
+
+    The rows, and one matrix product per distinct shape, are timed in turn within each repeat, so that on a
+    shared machine the baseline, the other rows and the reference product all see the same load.
+    """
+    rows = [_prepare(case, model, args) for case, model in built]
+    shapes = sorted({row.matmul_shape for row in rows})
+    batch_fns = [functools.partial(row.runner, row.images) for row in rows]
+    samples = interleaved_samples([*batch_fns, *(_matmul(shape) for shape in shapes)], args.repeats, args.warmup)
+    times, mm_times = samples[: len(rows)], dict(zip(shapes, samples[len(rows) :]))
+    latencies: list[list[float]] = [[] for _ in rows]
+    if args.latency_repeats:
+        one_fns = [functools.partial(row.runner, row.images[:1].clone()) for row in rows]
+        latencies = interleaved_samples(one_fns, args.latency_repeats, args.warmup)
+    results = []
+    for row, batch_times, lat in zip(rows, times, latencies):
+        h, w = row.images.shape[-2:]
+        throughput = args.batch_size / statistics.median(batch_times)
+        M, K, N = row.matmul_shape
+        mm_gflops = 2 * M * K * N / statistics.median(mm_times[row.matmul_shape]) / 1e9
+        achieved = row.flops * throughput / 1e9
+        result: dict[str, Any] = {
+            "setting": row.case.label,
+            **asdict(row.case),
+            "batch_size": args.batch_size,
+            "img_size": [h, w],
+            "threads": torch.get_num_threads(),
+            "compile": bool(args.compile),
+            "params_m": sum(p.numel() for p in row.model.parameters()) / 1e6,
+            "gflops_per_image": row.flops / 1e9,
+            "throughput_img_s": throughput,
+            "batch_ms_median": statistics.median(batch_times) * 1e3,
+            "latency_p50_ms": percentile(lat, 50) * 1e3 if lat else None,
+            "latency_p95_ms": percentile(lat, 95) * 1e3 if lat else None,
+            "achieved_gflop_s": achieved,
+            "matmul_shape": list(row.matmul_shape),
+            "matmul_gflop_s": mm_gflops,
+            "efficiency": achieved / mm_gflops,
+        }
+        result["speedup"] = throughput / (args.batch_size / statistics.median(times[0]))
+        if args.memory:
+            result.update(_measure_memory(row.case, args))
+        results.append(result)
+    return results
 
 
 def _memory_here(args: argparse.Namespace) -> int:
     """In a fresh process: build, warm up at batch 1, then one batch; print the peak-RSS growth as JSON."""
     case = Case(**json.loads(args.memory_case))
     model = build_model(case, args.img_size)
-    runner: nn.Module = torch.compile(model, dynamic=False) if args.compile else model  # type: ignore[assignment]
+    runner = forward_fn(case, model, args.compile)
     chans, h, w = _input_shape(model, args.img_size)
     images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -367,19 +425,23 @@ def run(args: argparse.Namespace) -> int:
         return _memory_here(args)
     cases = build_cases(args)
     pin_malloc_threshold()
-    models = [build_model(case, args.img_size) for case in cases]  # every option is checked before timing
+    built: list[tuple[Case, nn.Module]] = []  # every option is checked before timing
+    for case in cases:
+        try:
+            built.append((case, build_model(case, args.img_size)))
+        except ValueError as err:
+            if not case.timm_reference:
+                raise
+            print(f"(no timm reference row for {case.model}: {err})")
     print(
         f"models, float32, eval, inference_mode, batch {args.batch_size}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}{', torch.compile' if args.compile else ''}"
     )
-    rows: list[dict[str, Any]] = []
-    for case, model in zip(cases, models):
-        rows.append(measure(case, model, args))
-        rows[-1]["speedup"] = rows[-1]["throughput_img_s"] / rows[0]["throughput_img_s"]
+    rows = measure_all(built, args)
     _print_table(rows)
     print(
         "img/s: median of repeats; p50/p95: batch-1 latency; eff: achieved GFLOP/s over the dense matmul "
-        "GFLOP/s (mm) timed in turn with each model; peak MiB: peak-RSS growth of one batch (fresh process)"
+        "GFLOP/s (mm) timed in the same turns; peak MiB: peak-RSS growth of one batch (fresh process)"
     )
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("func", "memory_case")}
