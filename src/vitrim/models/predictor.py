@@ -15,7 +15,7 @@ eps 1e-5, as the official module does (the backbone uses 1e-6).
 
 from __future__ import annotations
 
-import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -65,5 +65,13 @@ class ScorePredictor(nn.Module):
             w = policy.to(z.dtype).unsqueeze(-1)  # (B, N, 1)
             # clamp: an image whose every token was dropped gets a zero global feature instead of 0/0 = NaN
             pooled = (rest * w).sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True).clamp_min(1e-6)
-        z = torch.cat([local, pooled.expand(-1, x.shape[1], -1)], dim=-1)  # (B, N, C)
-        return self.out_conv(z)
+        # out_conv.0 is Linear(C, C/2) on [local, pooled]; the pooled half is the same for every token of an image,
+        # so its product is computed once per image and the (B, N, C) concatenation is never built.
+        first = self.out_conv[0]
+        assert isinstance(first, nn.Linear)
+        h = F.linear(local, first.weight[:, :half]) + F.linear(
+            pooled, first.weight[:, half:], first.bias
+        )  # (B, N, C/2)
+        for layer in list(self.out_conv)[1:]:
+            h = layer(h)
+        return h  # (B, N, 2)
