@@ -7,7 +7,7 @@ import json
 import pytest
 
 import vitrim
-from vitrim.bench.models import parse_assignments, parse_value
+from vitrim.bench.model_cases import parse_assignments, parse_value
 from vitrim.cli import main
 
 TINY_SET = "embed_dim=32,depth=2,num_heads=2,img_size=32,patch_size=8,num_classes=10"
@@ -127,6 +127,9 @@ def test_keep_ratio_rows(capsys, tmp_path):
         (["vit_tiny_patch16_224", "--set", "embed_dim"], "--set expects KEY=VALUE"),
         (["vit_tiny_patch16_224", "--set", "depht=2"], "unknown config option(s) ['depht']"),
         (["vit_tiny_patch16_224", "--set", "img_size=32", "--img-size", "32"], "--img-size or --set img_size"),
+        (["vit_tiny_patch16_224[depth=2", "--set", TINY_SET], "must look like name or name[key=value,...]"),
+        (["vit_tiny_patch16_224[keep_ratio=2]", "--set", TINY_SET], "keep_ratio must be in (0, 1], got 2"),
+        (["vit_tiny_patch16_224,vit_tiny_patch16_224[reducer=tome:r=-1]", "--set", TINY_SET], "r must be an int"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
@@ -160,3 +163,22 @@ def test_timm_reference_rows_do_the_same_work(capsys, tmp_path):
     assert rows[1]["setting"] == "vit_tiny_patch16_224 [timm eager ops]"
     # Counted on timm's ops, independently of the vitrim model's forward: the same matrix products.
     assert rows[1]["gflops_per_image"] == rows[0]["gflops_per_image"]
+
+
+def test_items_carry_their_own_settings(capsys, tmp_path):
+    path = tmp_path / "rows.json"
+    spec = "embed_dim=32,depth=4,num_heads=2,img_size=64,patch_size=8"
+    items = "vit_tiny_patch16_224,vit_tiny_patch16_224[reducer=tome:r=8],vit_tiny_patch16_224[depth=2]"
+    items += ",vit_tiny_patch16_224[reducer='evit:keep_rate=0.5,layers=(1,2)']"
+    rc, _, err = run_cli(capsys, items, "--set", spec, *FAST, "--no-memory", "--json", str(path))
+    assert rc == 0, err
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["setting"] for r in rows] == [
+        "vit_tiny_patch16_224",
+        "vit_tiny_patch16_224 tome:r=8",
+        "vit_tiny_patch16_224 depth=2",
+        "vit_tiny_patch16_224 evit:keep_rate=0.5,layers=(1,2)",
+    ]
+    dense, tome, shallow, evit = (r["gflops_per_image"] for r in rows)
+    assert tome < dense and evit < dense
+    assert shallow * 1e9 == pytest.approx(tiny_flops_by_hand(depth=2, img=64, classes=1000), rel=1e-12)

@@ -1,8 +1,10 @@
 """``vitrim bench models``: throughput, latency, FLOPs, parameters, memory and efficiency of models, in one run.
 
 Every row is one model with one setting (dense, a DynamicViT keep ratio, a token reducer, or timm's eager ops on
-the same weights). All rows are timed in turn within each repeat (row 1, row 2, …, the matrix products, then
-again), so that on a shared machine every row sees the same load. What is measured:
+the same weights): ``MODEL[key=value,...]`` gives one item its own setting; ``--keep-ratio`` and ``--reducer``
+(repeatable) apply to the items without one, one row per value (see :mod:`vitrim.bench.model_cases`). All rows
+are timed in turn within each repeat (row 1, row 2, …, the matrix products, then again), so that on a shared
+machine every row sees the same load. What is measured:
 
 * throughput: images/s at ``--batch-size``, float32, eval, ``torch.inference_mode``; the median of ``--repeats``
   timed batches after ``--warmup`` untimed ones;
@@ -20,14 +22,13 @@ again), so that on a shared machine every row sees the same load. What is measur
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import json
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -37,34 +38,13 @@ from torch import Tensor, nn
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.attention import _peak_rss_bytes
 from vitrim.bench.flops import count_flops, model_flops_per_image
+from vitrim.bench.model_cases import Case, build_cases, parse_reducer
 from vitrim.bench.reference import check_timm_reference, timm_eager_forward
 from vitrim.bench.timing import interleaved_samples, percentile
-from vitrim.models import create_model, list_models
+from vitrim.models import create_model
 
 # When a model has no ViT config to read: DeiT-S's MLP product, (B·197, 384) @ (384, 1536).
 DEFAULT_MATMUL = (197, 384, 1536)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One row: a registered model, its constructor overrides, and at most one way of trimming tokens."""
-
-    model: str
-    overrides: dict[str, Any] = field(default_factory=dict)
-    keep_ratio: float | None = None
-    reducer: str | None = None  # the spec as typed, e.g. "tome:r=13"
-    timm_reference: bool = False  # run timm's eager forward, written out, on this model's weights
-
-    @property
-    def label(self) -> str:
-        parts = [self.model]
-        if self.keep_ratio is not None:
-            parts.append(f"keep_ratio={self.keep_ratio:g}")
-        if self.reducer is not None:
-            parts.append(self.reducer)
-        if self.timm_reference:
-            parts.append("[timm eager ops]")
-        return " ".join(parts)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="throughput, latency, FLOPs, memory and efficiency of models, float32, this machine",
         description="Benchmark models; the first row is the baseline of the speed-up column.",
     )
-    parser.add_argument("models", help="comma-separated registered model names (see vitrim.list_models())")
+    parser.add_argument(
+        "models",
+        help="comma-separated registered model names (see vitrim.list_models()), each optionally with its own "
+        "settings: NAME[keep_ratio=R], NAME[reducer=tome:r=13], NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)'], "
+        "NAME[depth=6] (create_model overrides)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="batch of the throughput measurement")
     parser.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -115,99 +100,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
     # Internal: measure one case's peak memory in this (fresh) process and print it as JSON.
     parser.add_argument("--_memory-case", dest="memory_case", default=None, help=argparse.SUPPRESS)
-
-
-# -- parsing ----------------------------------------------------------------------------------------------------
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside parentheses and brackets: ``"a=1,b=(2,3)" -> ["a=1", "b=(2,3)"]``."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_value(text: str) -> Any:
-    """A Python literal (int, float, tuple, bool, None) when it is one, else the string itself. Never runs code."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-    return tuple(value) if isinstance(value, list) else value
-
-
-def parse_assignments(text: str, option: str) -> dict[str, Any]:
-    """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``; errors name ``option``."""
-    values: dict[str, Any] = {}
-    for part in _split_top_level(text):
-        key, sep, raw = part.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier() or not raw.strip():
-            raise ValueError(f"{option} expects KEY=VALUE[,KEY=VALUE...], got {text!r} (bad part {part!r})")
-        values[key] = parse_value(raw.strip())
-    return values
-
-
-def parse_reducer(spec: str) -> tuple[str, dict[str, Any]] | None:
-    """``"tome:r=13"`` -> ``("tome", {"r": 13})`` (read by ``vitrim.reduce.parse_spec``); ``"none"`` -> None (dense)."""
-    if spec.strip() == "none":
-        return None
-    import vitrim.reduce
-
-    parse_spec = getattr(vitrim.reduce, "parse_spec", None)
-    if parse_spec is None or getattr(vitrim.reduce, "apply", None) is None:
-        raise ValueError(f"--reducer {spec!r}: this vitrim has no vitrim.reduce.apply (token reducers not installed)")
-    try:
-        name, options = parse_spec(spec)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"--reducer {spec!r}: {err}") from err
-    return name, options
-
-
-def build_cases(args: argparse.Namespace) -> list[Case]:
-    """Check every argument and expand models × keep ratios × reducers into rows, before any compute."""
-    for name in ("batch_size", "repeats"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
-    for name in ("threads", "warmup", "latency_repeats"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.img_size is not None and args.img_size <= 0:
-        raise ValueError(f"--img-size must be a positive int, got {args.img_size}")
-    if args.compile and args.warmup == 0:
-        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    if not names:
-        raise ValueError(f"MODEL must name at least one model, got {args.models!r}")
-    known = set(list_models())
-    for name in names:
-        if name not in known:
-            create_model(name)  # raises the registry's "unknown model ... did you mean" error
-    overrides: dict[str, Any] = {}
-    for text in args.overrides or []:
-        overrides.update(parse_assignments(text, "--set"))
-    if "img_size" in overrides and args.img_size is not None:
-        raise ValueError("give the image size once: --img-size or --set img_size=..., not both")
-    ratios: list[float | None] = list(args.keep_ratio) if args.keep_ratio else [None]
-    for ratio in ratios:
-        if ratio is not None and not 0.0 < ratio <= 1.0:
-            raise ValueError(f"--keep-ratio must be in (0, 1], got {ratio}")
-    reducers: list[str | None] = list(args.reducer) if args.reducer else [None]
-    reducers = [None if spec is None or parse_reducer(spec) is None else spec for spec in reducers]
-    cases = []
-    for case in (Case(n, overrides, r, spec) for n in names for r in ratios for spec in reducers):
-        cases.append(case)
-        if args.timm_reference and case.keep_ratio is None and case.reducer is None:
-            cases.append(Case(case.model, overrides, timm_reference=True))
-    return cases
 
 
 # -- building ---------------------------------------------------------------------------------------------------

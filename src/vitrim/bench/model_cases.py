@@ -1,0 +1,163 @@
+"""The rows of ``vitrim bench models``: which model, with which overrides and which way of trimming tokens.
+
+``MODEL`` is a comma-separated list of registered names, each optionally with its own settings in brackets:
+``NAME[keep_ratio=R]`` (DynamicViT), ``NAME[reducer=tome:r=13]``, ``NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)']``
+(quotes keep a reducer's own commas), or any ``create_model`` override (``NAME[depth=6]``). ``--keep-ratio`` and
+``--reducer`` (repeatable) apply to the items without a setting of their own, one row per value; ``--set`` applies
+to every item. Values are Python literals read with :func:`ast.literal_eval` (never run), else strings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitrim.models import create_model, list_models
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: a registered model, its constructor overrides, and at most one way of trimming tokens."""
+
+    model: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    keep_ratio: float | None = None
+    reducer: str | None = None  # the spec as typed, e.g. "tome:r=13"
+    timm_reference: bool = False  # run timm's eager forward, written out, on this model's weights
+    own_overrides: dict[str, Any] = field(default_factory=dict)  # given in MODEL[...], shown in the label
+
+    @property
+    def label(self) -> str:
+        parts = [self.model]
+        if self.own_overrides:
+            parts.append(",".join(f"{k}={v}" for k, v in self.own_overrides.items()))
+        if self.keep_ratio is not None:
+            parts.append(f"keep_ratio={self.keep_ratio:g}")
+        if self.reducer is not None:
+            parts.append(self.reducer)
+        if self.timm_reference:
+            parts.append("[timm eager ops]")
+        return " ".join(parts)
+
+
+# -- parsing ----------------------------------------------------------------------------------------------------
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets and quotes: ``"a=1,b=(2,3),c='x,y'" -> ["a=1", "b=(2,3)", "c='x,y'"]``."""
+    parts, depth, start, quote = [], 0, 0, ""
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_value(text: str) -> Any:
+    """A Python literal (int, float, tuple, bool, None) when it is one, else the string itself. Never runs code."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return tuple(value) if isinstance(value, list) else value
+
+
+def parse_assignments(text: str, option: str) -> dict[str, Any]:
+    """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``; errors name ``option``."""
+    values: dict[str, Any] = {}
+    for part in _split_top_level(text):
+        key, sep, raw = part.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier() or not raw.strip():
+            raise ValueError(f"{option} expects KEY=VALUE[,KEY=VALUE...], got {text!r} (bad part {part!r})")
+        values[key] = parse_value(raw.strip())
+    return values
+
+
+def parse_reducer(spec: str) -> tuple[str, dict[str, Any]] | None:
+    """``"tome:r=13"`` -> ``("tome", {"r": 13})`` (read by ``vitrim.reduce.parse_spec``); ``"none"`` -> None (dense)."""
+    if spec.strip() == "none":
+        return None
+    import vitrim.reduce
+
+    parse_spec = getattr(vitrim.reduce, "parse_spec", None)
+    if parse_spec is None or getattr(vitrim.reduce, "apply", None) is None:
+        raise ValueError(f"--reducer {spec!r}: this vitrim has no vitrim.reduce.apply (token reducers not installed)")
+    try:
+        name, options = parse_spec(spec)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"--reducer {spec!r}: {err}") from err
+    return name, options
+
+
+def build_cases(args: argparse.Namespace) -> list[Case]:
+    """Check every argument and expand models × keep ratios × reducers into rows, before any compute."""
+    for name in ("batch_size", "repeats"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
+    for name in ("threads", "warmup", "latency_repeats"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.img_size is not None and args.img_size <= 0:
+        raise ValueError(f"--img-size must be a positive int, got {args.img_size}")
+    if args.compile and args.warmup == 0:
+        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
+    items = [parse_model_item(item) for item in _split_top_level(args.models)]
+    if not items:
+        raise ValueError(f"MODEL must name at least one model, got {args.models!r}")
+    overrides: dict[str, Any] = {}
+    for text in args.overrides or []:
+        overrides.update(parse_assignments(text, "--set"))
+    if args.img_size is not None and any("img_size" in o for o in [overrides, *(i[1] for i in items)]):
+        raise ValueError("give the image size once: --img-size or --set img_size=..., not both")
+    ratios: list[float | None] = list(args.keep_ratio) if args.keep_ratio else [None]
+    for ratio in ratios:
+        if ratio is not None and not 0.0 < ratio <= 1.0:
+            raise ValueError(f"--keep-ratio must be in (0, 1], got {ratio}")
+    reducers: list[str | None] = list(args.reducer) if args.reducer else [None]
+    reducers = [None if spec is None or parse_reducer(spec) is None else spec for spec in reducers]
+    cases = []
+    for name, own in items:
+        own = dict(own)
+        has_own_setting = "keep_ratio" in own or "reducer" in own
+        own_ratio, own_reducer = own.pop("keep_ratio", None), own.pop("reducer", None)
+        if own_ratio is not None and not (isinstance(own_ratio, (int, float)) and 0.0 < own_ratio <= 1.0):
+            raise ValueError(f"keep_ratio must be in (0, 1], got {own_ratio!r} in {name}[...]")
+        if own_reducer is not None and parse_reducer(str(own_reducer)) is None:
+            own_reducer = None
+        row_overrides = {**overrides, **own}
+        if has_own_setting:  # the item's own setting replaces the flags
+            settings = [(own_ratio, None if own_reducer is None else str(own_reducer))]
+        else:
+            settings = [(r, spec) for r in ratios for spec in reducers]
+        for ratio, spec in settings:
+            case = Case(name, row_overrides, ratio, spec, own_overrides=own)
+            cases.append(case)
+            if args.timm_reference and case.keep_ratio is None and case.reducer is None:
+                cases.append(Case(case.model, row_overrides, timm_reference=True, own_overrides=own))
+    return cases
+
+
+def parse_model_item(item: str) -> tuple[str, dict[str, Any]]:
+    """``"vit_small_patch16_224[reducer=tome:r=13]"`` -> (name, its own settings); the name must be registered."""
+    name, bracket, rest = item.partition("[")
+    name = name.strip()
+    own: dict[str, Any] = {}
+    if bracket:
+        if not rest.endswith("]"):
+            raise ValueError(f"MODEL item {item!r} must look like name or name[key=value,...]")
+        own = parse_assignments(rest[:-1], f"MODEL item {name}[...]") if rest[:-1].strip() else {}
+    if name not in set(list_models()):
+        create_model(name)  # raises the registry's "unknown model ... did you mean" error
+    return name, own
