@@ -163,3 +163,32 @@ def test_rollout_figure_renders_a_png():
     assert width > 100 and height > 100
     with pytest.raises(ValueError, match="relevance must be \\(gh, gw\\)"):
         plot_rollout(torch.rand(1, 16, 16), torch.rand(16))
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "reduction"),
+    [
+        ("tome", dict(r=4), 2),  # merges after attention in every block: block 3 sees what block 2 left
+        ("evit", dict(keep_rate=0.5, layers=(1, 2)), 1),  # fuses in blocks 1 and 2: block 3 sees the second
+    ],
+)
+def test_merged_tokens_are_drawn_on_every_patch_they_stand_for(spec, options, reduction):
+    import vitrim.reduce
+
+    torch.manual_seed(0)
+    model = vitrim.create_model(
+        "vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, num_classes=3
+    ).eval()
+    vitrim.reduce.apply(model, spec, **options)
+    image = torch.randn(3, 32, 32)
+    maps, _ = model_attention_grid(model, image)  # (4, 2, 4, 4)
+    with torch.no_grad():
+        out = model.forward_detailed(image[None], need_weights=True)
+    assert not torch.isnan(maps).any()  # merging drops no patch: every one is drawn
+    last = out.attentions[3]
+    tracking = out.patch_to_token[reduction][0]  # (P,) the token that stands for each patch
+    assert last.shape[-1] == 1 + int(tracking.max()) + 1
+    for head in range(2):
+        for position in range(16):
+            r, c = divmod(position, 4)
+            assert maps[-1, head, r, c] == last[0, head, 0, 1 + int(tracking[position])]

@@ -31,6 +31,7 @@ def cls_attention_grid(
     grid: tuple[int, int],
     *,
     token_indices: Sequence[Tensor | None] | None = None,
+    patch_to_token: Sequence[Tensor | None] | None = None,
     num_prefix: int = 1,
 ) -> Tensor:
     """The [CLS] → patch attention of every block and head, on the full patch grid.
@@ -41,6 +42,10 @@ def cls_attention_grid(
         token_indices: per block, (B, N_b) long original token indices (prefix 0 … num_prefix−1, patch p at
             num_prefix + p), or None when the block saw all num_prefix + P tokens. See
             :func:`vitrim.viz.rollout.token_indices_from_kept`.
+        patch_to_token: instead of ``token_indices``, for merging reducers (ToMe, EViT): per block, (B, P) long,
+            for each patch the index (0 … N_b − num_prefix − 1) of the patch token that stands for it, −1 if
+            dropped, or None (see :func:`patch_maps_from_tracking`). A merged token's weight is drawn on every
+            patch it stands for.
         num_prefix: prefix tokens before the patches.
 
     Returns:
@@ -51,8 +56,11 @@ def cls_attention_grid(
     P = gh * gw
     if len(attentions) == 0:
         raise ValueError("attentions must be a non-empty list of (B, H, N, N) tensors, one per block")
-    if token_indices is not None and len(token_indices) != len(attentions):
-        raise ValueError(f"token_indices has {len(token_indices)} entries but attentions has {len(attentions)}")
+    if token_indices is not None and patch_to_token is not None:
+        raise ValueError("pass token_indices or patch_to_token, not both")
+    for name, per_block in (("token_indices", token_indices), ("patch_to_token", patch_to_token)):
+        if per_block is not None and len(per_block) != len(attentions):
+            raise ValueError(f"{name} has {len(per_block)} entries but attentions has {len(attentions)}")
     B, H = attentions[0].shape[:2]
     out = torch.full((B, len(attentions), H, P), float("nan"))
     for layer, attention in enumerate(attentions):
@@ -60,7 +68,14 @@ def cls_attention_grid(
             raise ValueError(f"attention of block {layer} must be ({B}, {H}, N, N), got {tuple(attention.shape)}")
         row = attention[:, :, 0, num_prefix:].detach().float().cpu()  # (B, H, N_b - prefix): [CLS] -> patches
         index = None if token_indices is None else token_indices[layer]
-        if index is None:
+        tracked = None if patch_to_token is None else patch_to_token[layer]
+        if tracked is not None:
+            tracked = tracked.cpu().long()  # (B, P)
+            if tracked.shape != (B, P) or int(tracked.max()) >= row.shape[-1]:
+                raise ValueError(f"patch_to_token of block {layer} must be ({B}, {P}) indices below {row.shape[-1]}")
+            values = row.gather(-1, tracked.clamp(min=0)[:, None, :].expand(B, H, P))  # (B, H, P)
+            out[:, layer] = values.masked_fill((tracked < 0)[:, None, :], float("nan"))
+        elif index is None:
             if row.shape[-1] != P:
                 raise ValueError(
                     f"block {layer} saw {row.shape[-1]} patches but the grid {gh}x{gw} has {P}; "
@@ -78,7 +93,8 @@ def cls_attention_grid(
 def model_attention_grid(model: nn.Module, image: Tensor) -> tuple[Tensor, Tensor]:
     """Run ``model`` on one image (C, H, W) or (1, C, H, W) and return (maps (L, H, gh, gw), logits (classes,)).
 
-    Uses ``forward_detailed(need_weights=True)``; pruned blocks are placed with its ``kept_indices``.
+    Uses ``forward_detailed(need_weights=True)``. Blocks after a reduction are placed with its
+    ``patch_to_token`` (ToMe, EViT, top-k) when the model records it, else with its ``kept_indices`` (DynamicViT).
     """
     images = _as_batch(image)
     patch = _patch_size(model)
@@ -88,9 +104,40 @@ def model_attention_grid(model: nn.Module, image: Tensor) -> tuple[Tensor, Tenso
     if not out.attentions:
         raise ValueError(f"{type(model).__name__}.forward_detailed returned no attention maps")
     num_prefix = int(getattr(model, "num_prefix", 1))
-    index = token_indices_from_kept(out.attentions, out.kept_indices, num_prefix) if out.kept_indices else None
-    maps = cls_attention_grid(out.attentions, grid, token_indices=index, num_prefix=num_prefix)
+    tracking = list(getattr(out, "patch_to_token", []) or [])
+    if tracking:
+        patch_maps = patch_maps_from_tracking(out.attentions, tracking, num_prefix)
+        maps = cls_attention_grid(out.attentions, grid, patch_to_token=patch_maps, num_prefix=num_prefix)
+    else:
+        index = token_indices_from_kept(out.attentions, out.kept_indices, num_prefix) if out.kept_indices else None
+        maps = cls_attention_grid(out.attentions, grid, token_indices=index, num_prefix=num_prefix)
     return maps[0], out.logits[0]
+
+
+def patch_maps_from_tracking(
+    attentions: Sequence[Tensor], patch_to_token: Sequence[Tensor], num_prefix: int = 1
+) -> list[Tensor | None]:
+    """Which ``ViTOutput.patch_to_token`` entry (one (B, P) per reduction) describes the tokens each block saw.
+
+    Reduction s leaves ``num_prefix + max(patch_to_token[s]) + 1`` tokens; blocks are matched to reductions in
+    order by that count, as :func:`vitrim.viz.rollout.token_indices_from_kept` matches kept_indices. Blocks
+    before the first reduction get None (every patch is its own token).
+    """
+    sizes = [num_prefix + int(t.max()) + 1 for t in patch_to_token]
+    current = attentions[0].shape[-1]
+    stage = -1
+    result: list[Tensor | None] = []
+    for b, attention in enumerate(attentions):
+        Nb = attention.shape[-1]
+        if Nb != current:
+            nxt = stage + 1
+            while nxt < len(sizes) and sizes[nxt] != Nb:
+                nxt += 1
+            if nxt == len(sizes):
+                raise ValueError(f"block {b} saw {Nb} tokens, which matches no reduction (tokens after each: {sizes})")
+            stage, current = nxt, Nb
+        result.append(None if stage < 0 else patch_to_token[stage])
+    return result
 
 
 def plot_attention_maps(image: Tensor | np.ndarray, maps: Tensor, *, alpha: float = 0.6, title: str = "") -> Figure:
