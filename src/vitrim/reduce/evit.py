@@ -29,27 +29,28 @@ from vitrim.reduce.topk import (
     keep_destinations,
     num_keep,
     rank_by_score,
+    with_prefix,
 )
 from vitrim.reduce.tracking import record_reduction
 
 
-def fuse_inattentive(x: Tensor, scores: Tensor, order: Tensor, k: int) -> Tensor:
-    """Keep the k best patch tokens and fuse the rest with their scores as weights.
+def fuse_inattentive(x: Tensor, scores: Tensor, order: Tensor, k: int, num_prefix: int) -> Tensor:
+    """Keep the prefix and the k best patch tokens; fuse the other patch tokens with their scores as weights.
 
     Args:
-        x: (B, n, C) patch tokens (no prefix).
+        x: (B, num_prefix + n, C) tokens, prefix first.
         scores: (B, n) [CLS] attention to each patch token.
-        order: (B, n) token indices by descending score (:func:`rank_by_score`).
+        order: (B, n) patch-token indices by descending score (:func:`rank_by_score`).
         k: tokens kept, 1 <= k < n.
 
     Returns:
-        (B, k + 1, C): the kept tokens in ``order``, then the fused one.
+        (B, num_prefix + k + 1, C): the prefix, the kept tokens in ``order``, then the fused one.
     """
     keep = order[:, :k]  # (B, k)
     # Zero the kept tokens' weights and take one (1 × n) @ (n × C) product, instead of gathering the n − k others.
     weights = scores.scatter(1, keep, 0.0)  # (B, n)
-    fused = weights.unsqueeze(1).to(x.dtype) @ x  # (B, 1, C)
-    return torch.cat([gather_tokens(x, keep), fused], dim=1)
+    fused = weights.unsqueeze(1).to(x.dtype) @ x[:, num_prefix:]  # (B, 1, C)
+    return torch.cat([gather_tokens(x, with_prefix(keep, num_prefix)), fused], dim=1)
 
 
 class EViT(Reducer):
@@ -71,7 +72,7 @@ class EViT(Reducer):
         info = check_state(state, info, "EViT")
         scores = cls_attention_to_patches(info, p)  # (B, n)
         order = rank_by_score(scores)  # (B, n)
-        patches = fuse_inattentive(x[:, p:], scores, order, k)  # (B, k + 1, C)
+        tokens = fuse_inattentive(x, scores, order, k, p)  # (B, p + k + 1, C)
         keep = order[:, :k]
         kept_positions = state.positions.gather(1, keep)  # (B, k)
         fused_position = state.positions.gather(1, order[:, k : k + 1])  # (B, 1): most attentive fused patch
@@ -81,7 +82,7 @@ class EViT(Reducer):
             fused_size = patch_sizes.sum(1, keepdim=True) - patch_sizes.gather(1, keep).sum(1, keepdim=True)
             sizes = torch.cat([sizes[:, :p], patch_sizes.gather(1, keep), fused_size], dim=1)
         return state.replace(
-            tokens=torch.cat([x[:, :p], patches], dim=1),  # (B, p + k + 1, C)
+            tokens=tokens,
             positions=torch.cat([kept_positions, fused_position], dim=1),
             sizes=sizes,
             kept_indices=(*state.kept_indices, kept_positions),

@@ -15,7 +15,7 @@ log(size) to the logits through ``TokenState.attention_bias``. The matching itse
 merge is differentiable in the tokens.
 
 The algorithm is a set of pure functions of tensors (:func:`bipartite_soft_matching`, :func:`merge_wavg`,
-:func:`token_destinations`); :class:`ToMe` is the thin adapter that a Block calls.
+:func:`kept_tokens`, :func:`token_destinations`); :class:`ToMe` is the thin adapter that a Block calls.
 """
 
 from __future__ import annotations
@@ -73,24 +73,41 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> Matching
     return Matching(unm_idx, src_idx, dst_idx, num_prefix)
 
 
-def merge(x: Tensor, m: Matching, reduce: str = "sum") -> Tensor:
-    """(B, N, C) -> (B, N − r, C): a tokens in ``m.src_idx`` reduced into their b partners (``"sum"`` or ``"mean"``)."""
-    p, r = m.num_prefix, m.r
+def kept_tokens(m: Matching, num_tokens: int) -> Tensor:
+    """(B, N − r) long: for each token of the merged sequence, the index of the token it continues (see layout)."""
+    p = m.num_prefix
     pa, pb = (p + 1) // 2, p // 2
-    a, b = x[:, ::2], x[:, 1::2]  # (B, Na, C), (B, Nb, C)
-    C = x.shape[-1]
-    unm = a.gather(1, m.unm_idx[..., None].expand(-1, -1, C))  # (B, Na − r, C)
-    if r > 0:
-        src = a.gather(1, m.src_idx[..., None].expand(-1, -1, C))  # (B, r, C)
-        b = b.scatter_reduce(1, m.dst_idx[..., None].expand(-1, -1, C), src, reduce=reduce)  # (B, Nb, C)
-    return torch.cat([x[:, :p], unm[:, pa:], b[:, pb:]], dim=1)
+    B, device = m.unm_idx.shape[0], m.unm_idx.device
+    prefix = torch.arange(p, device=device).expand(B, p)
+    b_tokens = torch.arange(2 * pb + 1, num_tokens, 2, device=device).expand(B, -1)  # non-prefix b tokens
+    return torch.cat([prefix, 2 * m.unm_idx[:, pa:], b_tokens], dim=1)
 
 
 def merge_wavg(x: Tensor, sizes: Tensor, m: Matching) -> tuple[Tensor, Tensor]:
-    """Size-weighted merge: x (B, N, C), sizes (B, N) -> x (B, N − r, C) = Σ x·size / Σ size, sizes (B, N − r)."""
-    x = merge(x * sizes[..., None], m)
-    sizes = merge(sizes[..., None], m)  # (B, N − r, 1)
-    return x / sizes, sizes[..., 0]
+    """Size-weighted merge: x (B, N, C), sizes (B, N) -> x (B, N − r, C) = Σ x·size / Σ size, sizes (B, N − r).
+
+    Written as b_j + Σ_i s_i (x_i − b_j) / S_j (S_j the merged size) so that only the r merged rows are touched
+    after one gather of the N − r kept rows: the hot path reads x about once, instead of scaling and dividing all
+    of it. Tokens that take part in no merge are copied exactly.
+    """
+    p = m.num_prefix
+    pa, pb = (p + 1) // 2, p // 2
+    _, N, C = x.shape
+    Na = (N + 1) // 2
+    keep = kept_tokens(m, N)  # (B, N − r)
+    out = x.gather(1, keep[..., None].expand(-1, -1, C))  # (B, N − r, C)
+    out_sizes = sizes.gather(1, keep)  # (B, N − r)
+    if m.r == 0:
+        return out, out_sizes
+    src, dst = 2 * m.src_idx, 2 * m.dst_idx + 1  # (B, r) token indices
+    dst_out = p + (Na - m.r - pa) + m.dst_idx - pb  # (B, r) where each destination stands in the output
+    src_sizes = sizes.gather(1, src)
+    out_sizes = out_sizes.scatter_add(1, dst_out, src_sizes)
+    weight = (src_sizes / out_sizes.gather(1, dst_out)).to(x.dtype)  # (B, r) s_i / S_j
+    x_src = x.gather(1, src[..., None].expand(-1, -1, C))  # (B, r, C)
+    x_dst = x.gather(1, dst[..., None].expand(-1, -1, C))
+    out.scatter_add_(1, dst_out[..., None].expand(-1, -1, C), (x_src - x_dst) * weight[..., None])
+    return out, out_sizes
 
 
 def token_destinations(m: Matching, num_tokens: int) -> Tensor:
@@ -137,9 +154,8 @@ class ToMe(Reducer):
         sizes = state.sizes if state.sizes is not None else x.new_ones(B, N)
         tokens, sizes = merge_wavg(x, sizes, m)
         dest = token_destinations(m, N)  # (B, N)
-        # A merged token keeps its b token's position: read positions off the merged layout, prefix slots aside.
-        old_positions = torch.cat([state.positions.new_zeros(B, p), state.positions], dim=1)  # (B, N)
-        positions = merge(old_positions[..., None], _without_merges(m))[:, p:, 0]  # (B, N − r − p)
+        # A merged token keeps its b token's position (the token it continues).
+        positions = state.positions.gather(1, kept_tokens(m, N)[:, p:] - p)  # (B, N − r − p)
         return state.replace(
             tokens=tokens,
             positions=positions,
@@ -149,8 +165,3 @@ class ToMe(Reducer):
 
     def extra_repr(self) -> str:
         return f"r={self.r}"
-
-
-def _without_merges(m: Matching) -> Matching:
-    """The same layout with nothing reduced into b (for reading off per-token fields that do not add up)."""
-    return Matching(m.unm_idx, m.src_idx[:, :0], m.dst_idx[:, :0], m.num_prefix)

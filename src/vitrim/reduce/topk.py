@@ -39,6 +39,12 @@ def gather_tokens(x: Tensor, index: Tensor) -> Tensor:
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
+def with_prefix(keep: Tensor, num_prefix: int) -> Tensor:
+    """Patch-token indices (B, k) -> token indices (B, num_prefix + k) with the prefix tokens first."""
+    prefix = torch.arange(num_prefix, device=keep.device).expand(keep.shape[0], num_prefix)
+    return torch.cat([prefix, keep + num_prefix], dim=1)
+
+
 def keep_destinations(keep: Tensor, n: int, rest: int) -> Tensor:
     """(B, n) new patch-token index of each old one: keep[:, j] -> j, every other token -> ``rest`` (−1: dropped)."""
     B, k = keep.shape
@@ -60,7 +66,7 @@ def keep_top_tokens(state: TokenState, keep: Tensor) -> TokenState:
     p = state.num_prefix
     x = state.tokens  # (B, N, C)
     n = x.shape[1] - p
-    tokens = torch.cat([x[:, :p], gather_tokens(x[:, p:], keep)], dim=1)  # (B, p + k, C)
+    tokens = gather_tokens(x, with_prefix(keep, p))  # (B, p + k, C), one pass over the kept rows
     positions = state.positions.gather(1, keep)  # (B, k)
     sizes = state.sizes
     if sizes is not None:
