@@ -22,10 +22,10 @@ from torch import Tensor
 
 from vitrim.reduce.attention_row import cls_attention_to_patches
 from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
+from vitrim.reduce.rows import take_rows
 from vitrim.reduce.topk import (
     check_keep_rate,
     check_state,
-    gather_tokens,
     keep_destinations,
     num_keep,
     rank_by_score,
@@ -50,7 +50,7 @@ def fuse_inattentive(x: Tensor, scores: Tensor, order: Tensor, k: int, num_prefi
     # Zero the kept tokens' weights and take one (1 × n) @ (n × C) product, instead of gathering the n − k others.
     weights = scores.scatter(1, keep, 0.0)  # (B, n)
     fused = weights.unsqueeze(1).to(x.dtype) @ x[:, num_prefix:]  # (B, 1, C)
-    return torch.cat([gather_tokens(x, with_prefix(keep, num_prefix)), fused], dim=1)
+    return torch.cat([take_rows(x, with_prefix(keep, num_prefix)), fused], dim=1)
 
 
 class EViT(Reducer):

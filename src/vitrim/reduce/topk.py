@@ -14,6 +14,7 @@ from torch import Tensor
 
 from vitrim.reduce.attention_row import cls_attention_to_patches
 from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
+from vitrim.reduce.rows import take_rows
 from vitrim.reduce.tracking import record_reduction
 
 
@@ -32,11 +33,6 @@ def num_keep(num_patches: int, keep_rate: float) -> int:
 def rank_by_score(scores: Tensor) -> Tensor:
     """(B, n) scores -> (B, n) token indices, highest score first (stable, so ties keep token order)."""
     return torch.sort(scores, dim=1, descending=True, stable=True).indices
-
-
-def gather_tokens(x: Tensor, index: Tensor) -> Tensor:
-    """x (B, n, C), index (B, k) -> (B, k, C)."""
-    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
 def with_prefix(keep: Tensor, num_prefix: int) -> Tensor:
@@ -66,7 +62,7 @@ def keep_top_tokens(state: TokenState, keep: Tensor) -> TokenState:
     p = state.num_prefix
     x = state.tokens  # (B, N, C)
     n = x.shape[1] - p
-    tokens = gather_tokens(x, with_prefix(keep, p))  # (B, p + k, C), one pass over the kept rows
+    tokens = take_rows(x, with_prefix(keep, p))  # (B, p + k, C), one pass over the kept rows
     positions = state.positions.gather(1, keep)  # (B, k)
     sizes = state.sizes
     if sizes is not None:
