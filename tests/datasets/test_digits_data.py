@@ -126,3 +126,16 @@ def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
 def test_non_square_image_size_is_refused() -> None:
     with pytest.raises(ValueError, match="square"):
         build_datasets("digits", img_size=(32, 48), in_chans=1)
+
+
+def test_aligned_digits_cover_whole_patches() -> None:
+    ds = DigitsCanvas("test", canvas_size=32, clutter=0, noise=0.0, align=8)
+    corners = set()
+    for i in range(60):
+        ys, xs = np.nonzero(ds.render(i))
+        corners.add((ys.min() // 8 * 8, xs.min() // 8 * 8))
+        patches = ds.render(i).reshape(4, 8, 4, 8).transpose(0, 2, 1, 3).reshape(16, 64)
+        assert (patches.max(axis=1) > 0).sum() <= 4  # a 16x16 digit on an 8-pixel step touches 4 of 16 patches
+    assert corners <= {(y, x) for y in (0, 8, 16) for x in (0, 8, 16)} and len(corners) > 4
+    with pytest.raises(ValueError, match="align"):
+        DigitsCanvas(canvas_size=32, align=20)

@@ -17,7 +17,10 @@ TINY_VIT = dict(img_size=16, patch_size=4, in_chans=1, embed_dim=16, depth=2, nu
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dense")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # module fixtures run before conftest's per-test one
     train(TrainConfig(model="vit_tiny_patch16_224", out=str(out), epochs=1, overrides=TINY_VIT, quiet=True))
+    torch.set_num_threads(before)
     return out
 
 

@@ -73,6 +73,8 @@ class DigitsCanvas(Dataset):
         digit_size: side of the scaled digit; default half the canvas.
         clutter: fragments (a quarter of a digit's area) of other digits of the same split, placed at random.
         noise: standard deviation of Gaussian pixel noise added to the [0, 1] image before clipping.
+        align: the digit's top-left corner lies on multiples of ``align`` pixels (the patch size: every digit covers
+            whole patches, so a ViT sees the same patch contents wherever the digit is; 1: any position).
         seed: fixes the split, the test placements and the per-epoch training placements.
     """
 
@@ -85,6 +87,7 @@ class DigitsCanvas(Dataset):
         digit_size: int | None = None,
         clutter: int = 0,
         noise: float = 0.0,
+        align: int = 1,
         seed: int = 0,
         test_fraction: float = 0.2,
     ) -> None:
@@ -101,8 +104,10 @@ class DigitsCanvas(Dataset):
             raise ValueError(f"clutter must be an int >= 0, got {clutter!r}")
         if not noise >= 0.0:
             raise ValueError(f"noise must be >= 0, got {noise!r}")
+        if not isinstance(align, int) or not 1 <= align <= canvas_size - digit_size + 1:
+            raise ValueError(f"align must be an int in [1, canvas_size - digit_size + 1], got {align!r}")
         self.split, self.canvas_size, self.in_chans, self.digit_size = split, canvas_size, in_chans, digit_size
-        self.clutter, self.noise, self.seed = clutter, float(noise), seed
+        self.clutter, self.noise, self.align, self.seed = clutter, float(noise), align, seed
         images, labels = load_digits()
         train_idx, test_idx = split_indices(labels, test_fraction, seed)
         self.indices = train_idx if split == "train" else test_idx
@@ -137,7 +142,7 @@ class DigitsCanvas(Dataset):
             y, x = rng.integers(0, S - frag + 1, size=2)
             region = canvas[y : y + frag, x : x + frag]
             np.maximum(region, piece[fy : fy + frag, fx : fx + frag], out=region)
-        y, x = rng.integers(0, S - d + 1, size=2)
+        y, x = rng.integers(0, (S - d) // self.align + 1, size=2) * self.align
         region = canvas[y : y + d, x : x + d]
         np.maximum(region, _resize_nearest(self.digits[index], d), out=region)
         if self.noise > 0:

@@ -6,6 +6,8 @@ import argparse
 import ast
 from typing import Any
 
+import torch
+
 from vitrim.train.loop import TrainConfig, train
 
 
@@ -35,7 +37,26 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test-fraction", type=float, default=0.2, help="test share of each class (default 0.2)")
     parser.add_argument("--clutter", type=int, default=0, help="digits: fragments of other digits per image")
     parser.add_argument("--noise", type=float, default=0.0, help="digits: std of Gaussian pixel noise")
+    parser.add_argument("--align", type=int, default=1, help="digits: place digits on multiples of this many pixels")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split, placements, order and init")
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (default: torch's choice). On a machine shared with other jobs, 1 can be many "
+        "times faster than 2: threads that wait for each other lose their cores",
+    )
+
+
+def set_threads(threads: int) -> None:
+    """Apply ``--threads`` (0 keeps torch's default)."""
+    if not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads must be an int >= 0, got {threads!r}")
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm; 0 disables clipping")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_threads_argument(p)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
     p.add_argument("--teacher", help="DynamicViT: dense checkpoint that initialises the backbone and the teacher")
@@ -91,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         test_fraction=args.test_fraction,
         clutter=args.clutter,
         noise=args.noise,
+        align=args.align,
         teacher=args.teacher,
         backbone_lr_scale=args.backbone_lr_scale,
         freeze_backbone_epochs=args.freeze_backbone_epochs,
@@ -99,8 +122,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = train(config_from_args(args))
-    if not args.quiet:
+    config = config_from_args(args)
+    config.validate()
+    set_threads(args.threads)
+    result = train(config)
+    if not args.quiet and result["rank"] == 0:
         top1, best = result["test_top1"], result["best_top1"]
         print(f"done: test top-1 {top1:.4f} (best {best:.4f}); run folder {result['out']}")
     return 0

@@ -13,7 +13,7 @@ from vitrim.train.evaluate import evaluate
 from vitrim.train.loop import input_spec
 from vitrim.train.state import load_for_eval
 
-_DATA_DEFAULTS = {"data": "digits", "seed": 0, "test_fraction": 0.2, "clutter": 0, "noise": 0.0}
+_DATA_DEFAULTS = {"data": "digits", "seed": 0, "test_fraction": 0.2, "clutter": 0, "noise": 0.0, "align": 1}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--test-fraction", type=float, help="(default: the run's)")
     p.add_argument("--clutter", type=int, help="digits (default: the run's)")
     p.add_argument("--noise", type=float, help="digits (default: the run's)")
+    p.add_argument("--align", type=int, help="digits (default: the run's)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -54,7 +55,8 @@ def evaluate_checkpoint(
     options.update({k: v for k, v in data_options.items() if v is not None})
     data = options.pop("data")
     if data != "digits":
-        options.pop("clutter"), options.pop("noise")
+        for key in ("clutter", "noise", "align"):
+            options.pop(key)
     if data != "digits" and not Path(data).is_dir():
         raise FileNotFoundError(f"data folder {data!r} does not exist (expected 'digits' or a folder)")
     info = setup_distributed(device)
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         test_fraction=args.test_fraction,
         clutter=args.clutter,
         noise=args.noise,
+        align=args.align,
     )
     print(f"{metrics['model']} on {metrics['data']} ({metrics['split']}, {metrics['num_samples']} images)")
     print(f"  top-1 {metrics['top1']:.4f}  top-5 {metrics['top5']:.4f}  loss {metrics['loss']:.4f}")

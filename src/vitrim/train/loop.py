@@ -72,6 +72,7 @@ class TrainConfig:
     test_fraction: float = 0.2
     clutter: int = 0  # digits only: fragments of other digits per image
     noise: float = 0.0  # digits only: std of Gaussian pixel noise
+    align: int = 1  # digits only: the digit's corner on multiples of this many pixels
     # DynamicViT fine-tuning from a dense checkpoint (see vitrim.train.distill)
     teacher: str | None = None
     backbone_lr_scale: float = 0.01
@@ -130,7 +131,8 @@ def input_spec(model: nn.Module) -> tuple[tuple[int, int], int]:
 
 
 def build_data(config: TrainConfig, img_size: tuple[int, int], in_chans: int) -> DataSplits:
-    options = dict(clutter=config.clutter, noise=config.noise) if config.data == "digits" else {}
+    digits = config.data == "digits"
+    options = dict(clutter=config.clutter, noise=config.noise, align=config.align) if digits else {}
     return build_datasets(
         config.data,
         img_size=img_size,
@@ -287,7 +289,7 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
         metrics = {
             "epoch": epoch + 1,
             "train_loss": (totals[0] / totals[1]).item(),
-            "lr": scheduler.get_last_lr()[0],
+            "lr": max(scheduler.get_last_lr()),  # the largest group's (DynamicViT: the predictors')
             "train_images_per_s": totals[1].item() / train_seconds,
             **{f"test_{k}": v for k, v in test.items()},
         }
@@ -297,7 +299,7 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
             _log(out, metrics, writer, config.quiet)
     if writer is not None:
         writer.close()
-    return {**metrics, "best_top1": best_top1, "out": str(out)}
+    return {**metrics, "best_top1": best_top1, "out": str(out), "rank": info.rank}
 
 
 def _save_epoch(
