@@ -24,7 +24,8 @@ def test_bench_attention_rejects_bad_lengths(capsys):
     assert "--lengths must be comma-separated integers" in capsys.readouterr().err
 
 
-def test_demo_runs(capsys):
-    assert main(["demo"]) == 0
+def test_demo_runs(capsys, tmp_path):
+    # the demo trains models now (the attention walkthrough moved to `vitrim explain`); --quick checks the plumbing
+    assert main(["demo", "--quick", "--quiet", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "row sums" in out and "max |textbook - torch SDPA|" in out
+    assert "report:" in out and (tmp_path / "summary.json").is_file()
