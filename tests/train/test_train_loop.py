@@ -115,3 +115,11 @@ def test_misuse_is_refused_before_training(tmp_path: Path) -> None:
         _config(tmp_path, model="vit_nope").validate()
     with pytest.raises(FileNotFoundError, match="missing-folder"):
         _config(tmp_path, data=str(tmp_path / "missing-folder")).validate()
+
+
+def test_bf16_autocast_trains_and_evaluates(tmp_path: Path) -> None:
+    result = train(_config(tmp_path, epochs=1, bf16=True))
+    row = _metrics(tmp_path)[0]
+    assert torch.isfinite(torch.tensor(row["train_loss"])) and 0.0 <= result["test_top1"] <= 1.0
+    weights = load_file(tmp_path / "last.safetensors")
+    assert all(t.dtype == torch.float32 for t in weights.values())  # autocast computes in bf16, stores fp32
