@@ -302,6 +302,8 @@ def _fused_attention(
     if q.shape[:-2] != lead or k.shape[:-2] != lead or v.shape[:-2] != lead:
         q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
-    if empty_rows is not None:
+    # Checked on the (small) mask, so that the common case (no empty row, e.g. ToMe's log-size bias) skips a pass
+    # over the whole output.
+    if empty_rows is not None and bool(empty_rows.any()):
         out = out.masked_fill(empty_rows, 0.0)
     return out
