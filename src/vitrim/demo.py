@@ -53,17 +53,19 @@ class DemoPlan:
     bench_repeats: int = 15
     digits: dict[str, Any] = field(default_factory=lambda: {"clutter": 0, "noise": 0.0, "align": 1})
     distill: dict[str, Any] = field(default_factory=dict)  # DynamicViTLoss weights (default: the paper's)
+    prune_layers: tuple[int, ...] | None = None  # DynamicViT's scored blocks (None: a quarter, half, 3/4 deep)
 
 
 # 48x48 canvas, 8x8 patches: 36 tokens; a 24x24 digit on 8-pixel steps covers exactly 9 of them (4x4 places), so
-# 27 are background. At 36 tokens pruning pays (ρ = 0.7 keeps 25, 17, 12 before blocks 1, 2, 3: 62% of the dense
-# token-blocks); at 16 tokens (32x32) per-op overhead ate the saving (1.05-1.3x). The [CLS] token matters: without it
-# (avg pooling) the dense ViT parks attention on a few background patch tokens (logits 20-36 above every digit
-# token), DynamicViT drops them, and the straight-through gradient of such a dropped key's gate, exp(P_ij - max over
-# kept keys), reached 1e15: clipped to norm 1, every update was noise and DynamicViT fell to 71-88%. With [CLS]
-# (the paper's architecture) the same fine-tuning step's gradient norm is ~1e2-1e3.
+# 27 are background. At 36 tokens pruning pays: ρ = 0.7 keeps 25, 17, 12 tokens from blocks 1, 2, 3-5 of 6 (53% of
+# the dense token-blocks; depth 4, 62%, gave 1.31x at 2 threads); at 16 tokens (32x32) per-op overhead ate the
+# saving (1.05-1.3x). The [CLS] token matters: without it (avg pooling) the dense ViT parks attention on a few
+# background patch tokens (logits 20-36 above every digit token), DynamicViT drops them, and the straight-through
+# gradient of such a dropped key's gate, exp(P_ij - max over kept keys), reached 1e15: clipped to norm 1, every
+# update was noise and DynamicViT fell to 71-88%. With [CLS] (the paper's architecture) the gradient norm of the same
+# fine-tuning step is ~1e2-1e3.
 FULL = DemoPlan(
-    vit=dict(img_size=48, patch_size=8, in_chans=1, embed_dim=64, depth=4, num_heads=4),
+    vit=dict(img_size=48, patch_size=8, in_chans=1, embed_dim=64, depth=6, num_heads=4),
     cnn=dict(img_size=48, in_chans=1),
     dense_epochs=60,
     dynamicvit_epochs=15,
@@ -71,6 +73,7 @@ FULL = DemoPlan(
     dynamicvit_lr=5e-3,
     bench_batch=256,
     digits={"clutter": 0, "noise": 0.0, "align": 8},
+    prune_layers=(1, 2, 3),  # prune early: the default for depth 6 is (1, 3, 4)
     # the paper's loss (logit and token distillation 0.5, 0.5): with the [CLS] teacher (95.5%, 40 epochs) it gave
     # 95.5% (digit patches kept 97/95/74%), classification + keep ratio alone 95.3%
 )  # fmt: skip
@@ -125,6 +128,9 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
         shutil.rmtree(out / name, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     common = dict(seed=seed, quiet=quiet, batch_size=plan.batch_size, device="cpu", **plan.digits)
+    dynamic_overrides: dict[str, Any] = {"keep_ratio": KEEP_RATIO}
+    if plan.prune_layers is not None:
+        dynamic_overrides["prune_layers"] = plan.prune_layers
     configs = {
         "dense": TrainConfig(
             model=DENSE_MODEL, out=str(out / "dense"), epochs=plan.dense_epochs, lr=plan.dense_lr,
@@ -132,7 +138,7 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
         ),
         "dynamicvit": TrainConfig(
             model=DYNAMIC_MODEL, out=str(out / "dynamicvit"), epochs=plan.dynamicvit_epochs, lr=plan.dynamicvit_lr,
-            overrides={"keep_ratio": KEEP_RATIO}, teacher=str(out / "dense" / "last.safetensors"),
+            overrides=dynamic_overrides, teacher=str(out / "dense" / "last.safetensors"),
             freeze_backbone_epochs=plan.freeze_backbone_epochs, warmup_epochs=0.0, distill=plan.distill, **common,
         ),
         "cnn": TrainConfig(
