@@ -1,7 +1,7 @@
 """``vitrim demo``: the whole story on the bundled digits, no downloads, a few minutes on 2 CPU cores.
 
-1. train a small ViT on ``digits`` (a 16×16 handwritten digit at one of 3×3 places on a 32×32 canvas: it covers
-   4 of the 16 8×8 patches, the other 12 are background);
+1. train a small ViT on ``digits`` (a 24×24 handwritten digit at one of 4×4 places on a 48×48 canvas: it covers
+   9 of the 36 8×8 patches, the other 27 are background);
 2. fine-tune DynamicViT (ρ = 0.7) from it, the dense model as teacher (``vitrim train --teacher``);
 3. train ``cnn_small`` on the same data (convolutions: local filters; attention: global relations);
 4. evaluate and benchmark all three (top-1 on the held-out split, GFLOPs, images/s measured in turns so the
