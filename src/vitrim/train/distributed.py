@@ -65,6 +65,17 @@ def setup_distributed(device: str = "auto") -> DistInfo:
     return DistInfo(rank, world, local, dev)
 
 
+def barrier(info: DistInfo) -> None:
+    """Wait until every rank gets here (a no-op for a single process).
+
+    Called after the last collective of a run, before the group is torn down: a rank that tore down its gloo
+    connections while rank 0 was still writing its last checkpoint was seen to abort ("terminate called without
+    an active exception").
+    """
+    if info.enabled:
+        dist.barrier()
+
+
 def cleanup_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

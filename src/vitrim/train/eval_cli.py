@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vitrim.data import build_datasets
-from vitrim.train.distributed import cleanup_distributed, setup_distributed
+from vitrim.train.distributed import barrier, cleanup_distributed, setup_distributed
 from vitrim.train.evaluate import evaluate
 from vitrim.train.loop import input_spec
 from vitrim.train.state import load_for_eval
@@ -69,6 +69,7 @@ def evaluate_checkpoint(
         dataset = splits.test if split == "test" else splits.train
         model = model.to(info.device)
         metrics = evaluate(model, dataset, num_classes=num_classes, batch_size=batch_size, info=info, bf16=bf16)
+        barrier(info)
     finally:
         cleanup_distributed()
     return {

@@ -30,6 +30,7 @@ from vitrim.train.distributed import (
     DistInfo,
     GlobalBatchSampler,
     all_reduce_sum,
+    barrier,
     cleanup_distributed,
     setup_distributed,
 )
@@ -177,7 +178,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     config.validate()
     info = setup_distributed(config.device)
     try:
-        return _train(config, info)
+        result = _train(config, info)
+        barrier(info)
+        return result
     finally:
         cleanup_distributed()
 
