@@ -7,8 +7,9 @@ import json
 import pytest
 
 import vitrim
-from vitrim.bench.model_cases import parse_assignments, parse_value
+from vitrim.bench.model_cases import parse_assignments
 from vitrim.cli import main
+from vitrim.literals import parse_value
 
 TINY_SET = "embed_dim=32,depth=2,num_heads=2,img_size=32,patch_size=8,num_classes=10"
 FAST = ["--batch-size", "2", "--repeats", "2", "--warmup", "1", "--latency-repeats", "3", "--threads", "1"]

@@ -10,10 +10,10 @@ to every item. Values are Python literals read with :func:`ast.literal_eval` (ne
 from __future__ import annotations
 
 import argparse
-import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from vitrim.literals import parse_value, split_top_level
 from vitrim.models import create_model, list_models
 
 
@@ -45,38 +45,10 @@ class Case:
 # -- parsing ----------------------------------------------------------------------------------------------------
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets and quotes: ``"a=1,b=(2,3),c='x,y'" -> ["a=1", "b=(2,3)", "c='x,y'"]``."""
-    parts, depth, start, quote = [], 0, 0, ""
-    for i, ch in enumerate(text):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def parse_value(text: str) -> Any:
-    """A Python literal (int, float, tuple, bool, None) when it is one, else the string itself. Never runs code."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-    return tuple(value) if isinstance(value, list) else value
-
-
 def parse_assignments(text: str, option: str) -> dict[str, Any]:
     """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``; errors name ``option``."""
     values: dict[str, Any] = {}
-    for part in _split_top_level(text):
+    for part in split_top_level(text):
         key, sep, raw = part.partition("=")
         key = key.strip()
         if not sep or not key.isidentifier() or not raw.strip():
@@ -113,7 +85,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         raise ValueError(f"--img-size must be a positive int, got {args.img_size}")
     if args.compile and args.warmup == 0:
         raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
-    items = [parse_model_item(item) for item in _split_top_level(args.models)]
+    items = [parse_model_item(item) for item in split_top_level(args.models)]
     if not items:
         raise ValueError(f"MODEL must name at least one model, got {args.models!r}")
     overrides: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from vitrim.literals import split_top_level
 from vitrim.reduce.base import Reducer
 from vitrim.reduce.evit import EViT
 from vitrim.reduce.tome import ToMe
@@ -147,7 +148,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     name = name.strip()
     _check_name(name)
     options: dict[str, Any] = {}
-    for item in _split_top_level(rest):
+    for item in split_top_level(rest):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():
@@ -157,21 +158,6 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         except (ValueError, SyntaxError):
             raise ValueError(f"reducer option {key}={value!r} in {spec!r} is not a number or tuple") from None
     return name, options
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets: ``"a=1,b=(2,3)"`` -> ``["a=1", "b=(2,3)"]``."""
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        if char == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item for item in items if item.strip()]
 
 
 def _check_name(name: object) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ast
 from typing import Any
 
 import torch
 
+from vitrim.literals import parse_value
 from vitrim.train.loop import TrainConfig, train
 
 
@@ -22,13 +22,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key.isidentifier():
             raise ValueError(f"--set expects key=value with a Python name as key, got {item!r}")
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            value = text.strip()
-        if isinstance(value, list):
-            value = tuple(value)
-        overrides[key] = value
+        overrides[key] = parse_value(text)
     return overrides
 
 
