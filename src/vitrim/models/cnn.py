@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from vitrim.models.config import replace_checked
 from vitrim.models.layers import to_2tuple
 from vitrim.models.registry import register_model
 
@@ -45,11 +46,8 @@ class CNNConfig:
             raise ValueError(f"drop_rate must be in [0, 1), got {self.drop_rate!r}")
 
     def replace(self, **changes: Any) -> CNNConfig:
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise ValueError(f"unknown config option(s) {unknown}; known: {sorted(names)}")
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed; unknown names raise a clear error."""
+        return replace_checked(self, changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

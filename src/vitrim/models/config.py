@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from vitrim.models.layers import to_2tuple
 
 GLOBAL_POOLS = ("token", "avg")
+
+T = TypeVar("T")
+
+
+def replace_checked(config: T, changes: dict[str, Any]) -> T:
+    """``dataclasses.replace`` that names unknown fields (``--set dpeth=4`` is an error, not ignored)."""
+    names = {f.name for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+    unknown = sorted(set(changes) - names)
+    if unknown:
+        raise ValueError(f"unknown config option(s) {unknown}; known: {sorted(names)}")
+    return dataclasses.replace(config, **changes)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -72,11 +83,7 @@ class ViTConfig:
 
     def replace(self, **changes: Any) -> ViTConfig:
         """A copy with some fields changed; unknown names raise a clear error."""
-        names = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise ValueError(f"unknown config option(s) {unknown}; known: {sorted(names)}")
-        return dataclasses.replace(self, **changes)
+        return replace_checked(self, changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
