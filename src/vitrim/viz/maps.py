@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.models.config import ViTConfig
-from vitrim.viz.rollout import token_indices_from_kept
+from vitrim.viz.rollout import match_blocks_to_stages, token_indices_from_kept
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -124,20 +124,8 @@ def patch_maps_from_tracking(
     before the first reduction get None (every patch is its own token).
     """
     sizes = [num_prefix + int(t.max()) + 1 for t in patch_to_token]
-    current = attentions[0].shape[-1]
-    stage = -1
-    result: list[Tensor | None] = []
-    for b, attention in enumerate(attentions):
-        Nb = attention.shape[-1]
-        if Nb != current:
-            nxt = stage + 1
-            while nxt < len(sizes) and sizes[nxt] != Nb:
-                nxt += 1
-            if nxt == len(sizes):
-                raise ValueError(f"block {b} saw {Nb} tokens, which matches no reduction (tokens after each: {sizes})")
-            stage, current = nxt, Nb
-        result.append(None if stage < 0 else patch_to_token[stage])
-    return result
+    stages = match_blocks_to_stages([a.shape[-1] for a in attentions], sizes)
+    return [None if s < 0 else patch_to_token[s] for s in stages]
 
 
 def plot_attention_maps(image: Tensor | np.ndarray, maps: Tensor, *, alpha: float = 0.6, title: str = "") -> Figure:

@@ -219,22 +219,35 @@ def token_indices_from_kept(
     if len(attentions) == 0:
         raise ValueError("attentions must be a non-empty list of (B, H, N, N) tensors, one per block")
     sizes = [num_prefix + k.shape[1] for k in kept_indices]
-    current = attentions[0].shape[-1] if num_tokens is None else num_tokens
-    stage = -1  # -1: the full token set
-    result: list[Tensor | None] = []
-    for b, attention in enumerate(attentions):
-        Nb = attention.shape[-1]
+    stages = match_blocks_to_stages([a.shape[-1] for a in attentions], sizes, num_tokens)
+    return [None if s < 0 else positions_to_token_index(kept_indices[s], num_prefix) for s in stages]
+
+
+def match_blocks_to_stages(
+    block_tokens: Sequence[int], stage_tokens: Sequence[int], initial: int | None = None
+) -> list[int]:
+    """The reduction stage (−1: none yet) whose output each block saw, matched in order by token count.
+
+    ``block_tokens``: N_b per block; ``stage_tokens``: tokens (incl. prefix) left after each stage; ``initial``: the
+    tokens before any reduction (default: what the first block saw). When N_b changes, the block is matched to the
+    next stage with that count; stages that no block saw are skipped.
+    """
+    current = block_tokens[0] if initial is None else initial
+    stage = -1
+    result: list[int] = []
+    for b, Nb in enumerate(block_tokens):
         if Nb != current:
             nxt = stage + 1
-            while nxt < len(sizes) and sizes[nxt] != Nb:
+            while nxt < len(stage_tokens) and stage_tokens[nxt] != Nb:
                 nxt += 1
-            if nxt == len(sizes):
+            if nxt == len(stage_tokens):
                 raise ValueError(
                     f"block {b} saw {Nb} tokens, which matches no pruning stage after the one before "
-                    f"(tokens per stage incl. prefix: {sizes}; before pruning: {current if stage < 0 else 'n/a'})"
+                    f"(tokens per stage incl. prefix: {list(stage_tokens)}; before pruning: "
+                    f"{current if stage < 0 else 'n/a'})"
                 )
             stage, current = nxt, Nb
-        result.append(None if stage < 0 else positions_to_token_index(kept_indices[stage], num_prefix))
+        result.append(stage)
     return result
 
 
