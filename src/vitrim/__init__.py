@@ -1,9 +1,10 @@
 """vitrim: attention and Vision Transformers that trim their own tokens."""
 
-from vitrim import losses  # the module: vitrim.losses.DynamicViTLoss
+from vitrim import losses, reduce  # the modules: vitrim.losses.DynamicViTLoss, vitrim.reduce.apply
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
 from vitrim.checkpoint import load_checkpoint, load_model, save_checkpoint
-from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, create_model, list_models
+from vitrim.factory import create_model
+from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
 
 __version__ = "0.1.0"
 
@@ -17,6 +18,7 @@ __all__ = [
     "create_model",
     "list_models",
     "losses",
+    "reduce",
     "load_checkpoint",
     "load_model",
     "save_checkpoint",

@@ -6,7 +6,8 @@ import torch
 from torch import Tensor, nn
 
 import vitrim
-from vitrim.reduce.base import TokenState
+from vitrim.attention import AttentionResult
+from vitrim.reduce import TokenState
 
 TINY = dict(embed_dim=32, depth=4, num_heads=2, img_size=32, patch_size=8, num_classes=5)
 
@@ -29,3 +30,15 @@ def states_per_block(model: nn.Module, x: Tensor) -> list[TokenState]:
         state, _ = block(state)
         states.append(state)
     return states
+
+
+def attention_info(
+    q: Tensor,
+    k: Tensor,
+    weights: Tensor | None = None,
+    mask: Tensor | None = None,
+    keep_policy: Tensor | None = None,
+    scale: float = 1.0,
+) -> AttentionResult:
+    """What a block's attention hands its reducer, built from q and k (the output is not used by reducers)."""
+    return AttentionResult(q.new_zeros(0), weights, q, k, scale, mask, keep_policy)

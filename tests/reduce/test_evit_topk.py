@@ -6,26 +6,27 @@ import math
 
 import pytest
 import torch
-from reduce_models import images, states_per_block, tiny
+from reduce_models import attention_info, images, states_per_block, tiny
 
 import vitrim
-from vitrim.reduce.attention_row import cls_attention
-from vitrim.reduce.base import AttentionInfo, TokenState
+from vitrim.attention import AttentionResult
+from vitrim.reduce import TokenState
+from vitrim.reduce.cls_ranking import cls_attention, num_keep
 from vitrim.reduce.evit import EViT
-from vitrim.reduce.topk import TopK, num_keep
+from vitrim.reduce.topk import TopK
 
 
-def random_block(B: int = 2, H: int = 3, N: int = 11, hd: int = 4, seed: int = 0) -> tuple[TokenState, AttentionInfo]:
+def random_block(B: int = 2, H: int = 3, N: int = 11, hd: int = 4, seed: int = 0) -> tuple[TokenState, AttentionResult]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, N, 6, generator=g, dtype=torch.float64)
     q = torch.randn(B, H, N, hd, generator=g, dtype=torch.float64)
     k = torch.randn(B, H, N, hd, generator=g, dtype=torch.float64)
     positions = torch.stack([torch.randperm(N - 1, generator=g) for _ in range(B)])  # a shuffled earlier history
     state = TokenState(x, 1, positions, grid_patches=N - 1)
-    return state, AttentionInfo(q, k, None, None, None, hd**-0.5)
+    return state, attention_info(q, k, scale=hd**-0.5)
 
 
-def hand_cls_attention(info: AttentionInfo, bias: torch.Tensor | None = None) -> torch.Tensor:
+def hand_cls_attention(info: AttentionResult, bias: torch.Tensor | None = None) -> torch.Tensor:
     """(B, H, N): softmax(q_0 · kᵀ · scale + bias) written out, exp / sum."""
     logits = torch.einsum("bhd,bhnd->bhn", info.q[:, :, 0], info.k) * info.scale
     if bias is not None:
@@ -41,7 +42,7 @@ def test_cls_row_matches_hand_softmax_with_size_bias_and_policy() -> None:
     bias = sizes.log()[:, None, None, :]
     policy = torch.ones(2, 11, dtype=torch.float64)
     policy[:, 3] = 0.0
-    info = AttentionInfo(info.q, info.k, None, bias, policy, info.scale)
+    info = attention_info(info.q, info.k, None, bias, policy, info.scale)
     expected = hand_cls_attention(info, bias[:, :, 0])
     expected = expected * policy[:, None]  # a dropped key gets no weight: renormalise over the others
     expected = expected / expected.sum(-1, keepdim=True)
@@ -51,7 +52,7 @@ def test_cls_row_matches_hand_softmax_with_size_bias_and_policy() -> None:
 def test_cls_row_reuses_weights_when_the_block_returned_them() -> None:
     _, info = random_block()
     weights = torch.rand(2, 3, 11, 11, dtype=torch.float64)
-    info = AttentionInfo(info.q, info.k, weights, None, None, info.scale)
+    info = attention_info(info.q, info.k, weights, scale=info.scale)
     assert torch.equal(cls_attention(info), weights[:, :, 0])
 
 
@@ -60,7 +61,7 @@ def test_evit_keeps_top_tokens_and_fuses_the_rest_by_attention(keep_rate: float)
     state, info = random_block()
     n = 10
     k = math.floor(n * keep_rate)
-    out = EViT(keep_rate)(state, info)
+    out = EViT(keep_rate).after_attention(state, info)
     scores = hand_cls_attention(info).mean(1)[:, 1:]  # (B, n)
     for s in range(2):
         ranked = sorted(range(n), key=lambda i: -float(scores[s, i]))
@@ -84,7 +85,7 @@ def test_evit_keeps_top_tokens_and_fuses_the_rest_by_attention(keep_rate: float)
 
 def test_topk_keeps_top_tokens_and_drops_the_rest() -> None:
     state, info = random_block(seed=5)
-    out = TopK(0.5)(state, info)
+    out = TopK(0.5).after_attention(state, info)
     scores = hand_cls_attention(info).mean(1)[:, 1:]
     for s in range(2):
         kept = sorted(range(10), key=lambda i: -float(scores[s, i]))[:5]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reduce_models import images, states_per_block, tiny
+from reduce_models import attention_info, images, states_per_block, tiny
 from tome_reference import reference_merge
 
 import vitrim
-from vitrim.reduce.base import AttentionInfo, TokenState
+from vitrim.reduce import TokenState
 from vitrim.reduce.tome import ToMe, bipartite_soft_matching, merge_wavg, token_destinations
 
 
@@ -48,8 +48,8 @@ def test_reducer_merges_on_head_mean_keys_and_tracks_positions_and_sources() -> 
     x = torch.randn(B, N, 8, generator=g, dtype=torch.float64)
     k = torch.randn(B, H, N, hd, generator=g, dtype=torch.float64)
     state = TokenState(x, p, torch.arange(N - p).expand(B, -1), grid_patches=N - p)
-    info = AttentionInfo(q=k, k=k, weights=None, mask=None, keep_policy=None, scale=hd**-0.5)
-    out = ToMe(4)(state, info)
+    info = attention_info(k, k, scale=hd**-0.5)
+    out = ToMe(4).after_attention(state, info)
     ref_x, ref_sizes, groups = reference_merge(x, k.mean(1), torch.ones(B, N, dtype=x.dtype), 4, p)
     torch.testing.assert_close(out.tokens, ref_x, rtol=1e-12, atol=1e-12)
     assert out.sizes is not None and torch.equal(out.sizes, ref_sizes)
@@ -141,6 +141,3 @@ def test_reducer_argument_errors() -> None:
         ToMe(-1)
     with pytest.raises(ValueError, match="r must be an int"):
         ToMe(True)  # type: ignore[arg-type]
-    state = TokenState(torch.zeros(1, 5, 4), 1, torch.arange(4)[None])
-    with pytest.raises(ValueError, match="needs the block's keys"):
-        ToMe(2)(state, None)

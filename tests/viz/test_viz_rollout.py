@@ -14,8 +14,8 @@ from vitrim.viz import (
     Rollout,
     attention_rollout,
     attention_rollout_model,
+    block_token_indices,
     positions_to_token_index,
-    token_indices_from_kept,
 )
 
 
@@ -171,15 +171,16 @@ def test_bad_inputs_raise():
         attention_rollout([a], token_indices=[torch.tensor([[0, 1, 2, 3]])])
 
 
-def test_token_indices_from_kept_matches_stages_by_size():
-    kept = [torch.tensor([[5, 1, 3]]), torch.tensor([[3, 5]])]
-    attentions = [random_attention(1, 1, n, 0) for n in (7, 4, 4, 3)]  # 1 [CLS] + 6 patches, then 3, then 2
-    index = token_indices_from_kept(attentions, kept)
-    assert index[0] is None
-    assert index[1].tolist() == [[0, 6, 2, 4]] and index[2].tolist() == [[0, 6, 2, 4]]
-    assert index[3].tolist() == [[0, 4, 6]]
-    with pytest.raises(ValueError, match="matches no pruning stage"):
-        token_indices_from_kept([random_attention(1, 1, n, 0) for n in (7, 5)], kept)
+def test_block_token_indices_from_recorded_positions():
+    positions = [torch.tensor([[0, 1, 2, 3, 4, 5]]), torch.tensor([[5, 1, 3]]), torch.tensor([[3, 5]])]
+    index = block_token_indices(positions)  # 1 [CLS] + 6 patches, then 3, then 2
+    assert index[0] is None  # all 7 tokens in their original order
+    assert index[1].tolist() == [[0, 6, 2, 4]]
+    assert index[2].tolist() == [[0, 4, 6]]
+    shuffled = block_token_indices([torch.tensor([[1, 0]])], num_prefix=2, num_tokens=4)
+    assert shuffled[0].tolist() == [[0, 1, 3, 2]]  # every token seen, but not in order: an explicit index
+    with pytest.raises(ValueError, match="non-empty list"):
+        block_token_indices([])
 
 
 def tiny_vit(**overrides):
@@ -191,7 +192,7 @@ def tiny_vit(**overrides):
 def all_at_once(model, images, fusion="mean", ratio=0.0):
     out = model.forward_detailed(images, need_weights=True)
     prefix = model.num_prefix
-    index = token_indices_from_kept(out.attentions, out.kept_indices, prefix) if out.kept_indices else None
+    index = block_token_indices(out.block_positions, prefix)
     return attention_rollout(out.attentions, fusion, ratio, token_indices=index, num_prefix=prefix)
 
 
@@ -215,8 +216,12 @@ def test_streaming_equals_all_at_once_dynamicvit():
     assert [a.shape[-1] for a in out.attentions] == [65, 45, 32, 22]
     streamed = attention_rollout_model(model, images)
     torch.testing.assert_close(streamed, all_at_once(model, images), atol=1e-6, rtol=1e-5)
+    # the blocks recorded what they saw: the dense grid, then each stage's kept tokens (pruning before blocks 1-3)
+    assert torch.equal(out.block_positions[0], torch.arange(64).expand(2, 64))
+    for block, kept in zip(out.block_positions[1:], out.kept_indices):
+        assert torch.equal(block, kept)
     # the rollout followed the pruned tokens: compare with the loop reference on the same maps
-    index = token_indices_from_kept(out.attentions, out.kept_indices)
+    index = block_token_indices(out.block_positions)
     expected = reference_rollout(out.attentions, "mean", 0.0, index, 65)
     np.testing.assert_allclose(streamed.numpy(), expected, atol=1e-5)
 

@@ -6,11 +6,31 @@ and DeiT weights load as they are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrim.attention.functional import scaled_dot_product_attention
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """What one multi-head attention call computed, so that a token reducer never has to compute it again.
+
+    out: (B, Lq, D) after the output projection; weights: (B, H, Lq, Lk) when asked, else None; q (B, H, Lq, hd) and
+    k (B, H, Lk, hd) as they entered the dot product (after qk-norm); scale: the logit scale; mask and keep_policy:
+    what the call received (see :func:`vitrim.scaled_dot_product_attention`).
+    """
+
+    out: Tensor
+    weights: Tensor | None
+    q: Tensor
+    k: Tensor
+    scale: float
+    mask: Tensor | None = None
+    keep_policy: Tensor | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -84,6 +104,19 @@ class MultiHeadAttention(nn.Module):
         Returns:
             out (B, Lq, D), and the per-head weights (B, H, Lq, Lk) when ``need_weights`` else None.
         """
+        result = self.attend(x, context, mask=mask, keep_policy=keep_policy, need_weights=need_weights)
+        return result.out, result.weights
+
+    def attend(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        keep_policy: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionResult:
+        """The same computation as :meth:`forward`, returning everything it made (an :class:`AttentionResult`)."""
         q, k, v = self.project_qkv(x, context)
         out, weights = scaled_dot_product_attention(
             q,
@@ -94,7 +127,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.attn_drop if self.training else 0.0,
             need_weights=need_weights,
         )
-        return self.project_out(out), weights
+        return AttentionResult(self.project_out(out), weights, q, k, self.head_dim**-0.5, mask, keep_policy)
 
     def project_qkv(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Project and split into heads: q (B, H, Lq, hd), k and v (B, H, Lk, hd)."""

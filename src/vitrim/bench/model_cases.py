@@ -13,8 +13,9 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from vitrim.factory import create_model
 from vitrim.literals import parse_value, split_top_level
-from vitrim.models import create_model, list_models
+from vitrim.models import list_models
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from vitrim.bench.flops import count_flops, model_flops_per_image
 from vitrim.bench.model_cases import Case, build_cases, parse_reducer
 from vitrim.bench.reference import check_timm_reference, timm_eager_forward
 from vitrim.bench.timing import interleaved_samples, percentile
-from vitrim.models import create_model
+from vitrim.factory import create_model
 
 # When a model has no ViT config to read: DeiT-S's MLP product, (B·197, 384) @ (384, 1536).
 DEFAULT_MATMUL = (197, 384, 1536)

@@ -48,14 +48,14 @@ def _build(args: argparse.Namespace) -> tuple[torch.nn.Module, ViTConfig]:
 
 
 def _rollout(model: torch.nn.Module, images: torch.Tensor, mode: str) -> torch.Tensor:
-    from vitrim.viz.rollout import attention_rollout, attention_rollout_model, token_indices_from_kept
+    from vitrim.viz.rollout import attention_rollout, attention_rollout_model, block_token_indices
 
     if mode == "stream":
         return attention_rollout_model(model, images)
     with torch.inference_mode():
         out = model.forward_detailed(images, need_weights=True)  # type: ignore[operator]
         prefix = model_config(model).num_prefix
-        index = token_indices_from_kept(out.attentions, out.kept_indices, prefix) if out.kept_indices else None
+        index = block_token_indices(out.block_positions, prefix)
         return attention_rollout(out.attentions, token_indices=index, num_prefix=prefix)
 
 

@@ -2,7 +2,7 @@
 
 from vitrim.models import cnn, dynamic_vit, vit_models  # noqa: F401  (register the CNN, DynamicViT and ViT/DeiT names)
 from vitrim.models.config import ViTConfig
-from vitrim.models.registry import create_model, list_models, register_model
+from vitrim.models.registry import build_model, list_models, register_model
 from vitrim.models.vit import VisionTransformer, ViTOutput
 
-__all__ = ["ViTConfig", "ViTOutput", "VisionTransformer", "create_model", "list_models", "register_model"]
+__all__ = ["ViTConfig", "ViTOutput", "VisionTransformer", "build_model", "list_models", "register_model"]

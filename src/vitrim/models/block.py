@@ -1,19 +1,19 @@
-"""The pre-norm Transformer block: x + Attn(LN(x)), [reducer], x + MLP(LN(x))."""
+"""The pre-norm Transformer block: [reducer before], x + Attn(LN(x)), [reducer after], x + MLP(LN(x))."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from vitrim.attention import MultiHeadAttention, scaled_dot_product_attention
+from vitrim.attention import MultiHeadAttention
 from vitrim.models.layers import DropPath, LayerScale, Mlp
-from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
+from vitrim.reduce import Reducer, TokenState
 
 
 class Block(nn.Module):
     """One encoder block; parameter names are timm's (``norm1``, ``attn``, ``ls1``, ``norm2``, ``mlp``, ``ls2``).
 
-    ``reducer`` (a :class:`~vitrim.reduce.base.Reducer`, or None) runs before attention (``stage == "pre"``) or
-    between attention and MLP (``stage == "mid"``). It is a plain attribute, not a submodule.
+    ``reducer`` (a :class:`~vitrim.reduce.Reducer`, or None) is called before attention and between attention and
+    MLP (its two hooks). It is a plain attribute, not a submodule.
     """
 
     def __init__(
@@ -46,33 +46,21 @@ class Block(nn.Module):
     def forward(self, state: TokenState, *, need_weights: bool = False) -> tuple[TokenState, Tensor | None]:
         """Run the block on a token state. Returns the new state and the attention weights (B, H, N, N) if asked."""
         reducer = self.reducer
-        if reducer is not None and reducer.stage == "pre":
-            state = reducer(state, None)
-        x = state.tokens  # (B, N, D)
-        bias = state.attention_bias()  # (B, 1, 1, N) or None
-        h = self.norm1(x)
-        info: AttentionInfo | None = None
-        if reducer is not None and reducer.stage == "mid" and reducer.needs_attention:
-            q, k, v = self.attn.project_qkv(h)  # (B, H, N, hd)
-            out, weights = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                bias,
-                keep_policy=state.keep_policy,
-                dropout_p=self.attn.attn_drop if self.training else 0.0,
-                need_weights=need_weights,
-            )
-            info = AttentionInfo(q, k, weights, bias, state.keep_policy, self.attn.head_dim**-0.5)
-            attn_out = self.attn.project_out(out)
-        else:
-            attn_out, weights = self.attn(h, mask=bias, keep_policy=state.keep_policy, need_weights=need_weights)
-        x = x + self.drop_path1(self.ls1(attn_out))
-        if reducer is not None and reducer.stage == "mid":
-            state = reducer(state.replace(tokens=x), info)
+        if reducer is not None:
+            state = reducer.before_attention(state)
+        state = state.record_block()  # provenance: the tokens this block's attention sees
+        attention = self.attn.attend(
+            self.norm1(state.tokens),  # (B, N, D)
+            mask=state.attention_bias(),  # (B, 1, 1, N) log-sizes, or None
+            keep_policy=state.keep_policy,
+            need_weights=need_weights,
+        )
+        x = state.tokens + self.drop_path1(self.ls1(attention.out))
+        if reducer is not None:
+            state = reducer.after_attention(state.replace(tokens=x), attention)
             x = state.tokens
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return state.replace(tokens=x), weights
+        return state.replace(tokens=x), attention.weights
 
     def extra_repr(self) -> str:
         return f"reducer={self.reducer!r}" if self.reducer is not None else ""

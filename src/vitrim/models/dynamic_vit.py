@@ -1,8 +1,8 @@
 """DynamicViT (Rao et al., NeurIPS 2021): a ViT/DeiT whose learned predictors drop uninformative tokens in stages.
 
 The backbone is the plain :class:`~vitrim.models.vit.VisionTransformer`; each pruning stage is a
-:class:`~vitrim.reduce.dynamic.DynamicViTPruning` in the ``"pre"`` reducer slot of ``blocks[prune_layers[i]]``, so
-tokens are scored just before that block (default: before blocks 4, 7, 10 of 12). Stage s keeps
+:class:`~vitrim.reduce.dynamic.DynamicViTPruning`, the reducer of ``blocks[prune_layers[i]]``, which scores the
+tokens just before that block's attention (default: before blocks 4, 7, 10 of 12). Stage s keeps
 ``max(1, int(P · ρ^s))`` of the P patches of the input's own grid. Training masks tokens (a keep policy reaches every
 attention call; shapes stay static); evaluation gathers the kept tokens, so compute really shrinks. The predictor
 modules are ``score_predictor.{i}`` as in the official checkpoints, which therefore load as they are; a dense
@@ -21,17 +21,12 @@ from torch import nn
 
 from vitrim.models.block import Block
 from vitrim.models.config import ViTConfig
-from vitrim.models.predictor import ScorePredictor
 from vitrim.models.registry import register_model
 from vitrim.models.vit import VisionTransformer
 from vitrim.models.vit_models import BASE, SMALL, TINY
+from vitrim.reduce import quarter_layers as default_prune_layers  # the paper's places: 1/4, 1/2, 3/4 deep
 from vitrim.reduce.dynamic import DynamicViTPruning, num_keep
-
-
-def default_prune_layers(depth: int) -> tuple[int, ...]:
-    """Blocks scored by default: ``depth · k // 4`` for k = 1, 2, 3, deduplicated (12 -> (3, 6, 9), 4 -> (1, 2, 3),
-    24 -> (6, 12, 18), 2 -> (0, 1), 1 -> (0,)): the paper's places, a quarter, a half and three quarters deep."""
-    return tuple(sorted({depth * k // 4 for k in (1, 2, 3)}))
+from vitrim.reduce.score_predictor import ScorePredictor
 
 
 @dataclass(frozen=True)

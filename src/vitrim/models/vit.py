@@ -11,7 +11,8 @@ from vitrim.models.block import Block
 from vitrim.models.config import ViTConfig
 from vitrim.models.layers import PatchEmbed
 from vitrim.models.pos_embed import resample_pos_embed
-from vitrim.reduce.base import TokenState, patch_positions
+from vitrim.reduce import TokenState
+from vitrim.reduce.state import patch_positions
 
 
 @dataclass
@@ -23,8 +24,11 @@ class ViTOutput:
     the input's grid); empty for dense models. keep_masks: one (B, P) tensor per training-time decision (1 = kept).
     attentions: one (B, H, N_b, N_b) tensor per block when asked (N_b = the tokens that block saw).
     token_sizes: (B, N') how many patches each final token stands for, when a reducer merged tokens.
-    patch_to_token: one (B, P) long tensor per reduction by ToMe, EViT or top-k: for each patch of the input's grid,
-    the index of the patch token (0 … N'−prefix−1 after that reduction) that stands for it, −1 if dropped.
+    patch_to_token: one (B, P) long tensor per reduction: for each patch of the input's grid, the index of the
+    patch token (0 … N'−prefix−1 after that reduction) that stands for it, −1 if dropped.
+    block_positions: per block, (B, N_b − prefix) absolute patch positions of the tokens its attention saw, in
+    their order; block_patch_to_token: per block, the ``patch_to_token`` map in force when its attention ran (None
+    before any reduction). Recorded by the blocks as they run (see :mod:`vitrim.reduce.state`).
     """
 
     logits: Tensor
@@ -34,6 +38,8 @@ class ViTOutput:
     attentions: list[Tensor] = field(default_factory=list)
     token_sizes: Tensor | None = None
     patch_to_token: list[Tensor] = field(default_factory=list)
+    block_positions: list[Tensor] = field(default_factory=list)
+    block_patch_to_token: list[Tensor | None] = field(default_factory=list)
 
 
 class VisionTransformer(nn.Module):
@@ -104,7 +110,8 @@ class VisionTransformer(nn.Module):
         pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix)
         x = self.pos_drop(x + pos)
         num_patches = grid[0] * grid[1]
-        return TokenState(x, self.num_prefix, patch_positions(B, num_patches, x.device), grid_patches=num_patches)
+        positions = patch_positions(B, num_patches, x.device)
+        return TokenState(x, self.num_prefix, positions, grid_patches=num_patches, training=self.training)
 
     def forward_blocks(self, state: TokenState, need_weights: bool = False) -> tuple[TokenState, list[Tensor]]:
         """Run every block; return the final state (before the last norm) and the attention maps if asked."""
@@ -159,6 +166,8 @@ class VisionTransformer(nn.Module):
             attentions=attentions,
             token_sizes=state.sizes,
             patch_to_token=list(state.patch_to_token),
+            block_positions=list(state.block_positions),
+            block_patch_to_token=list(state.block_patch_to_token),
         )
 
     def no_weight_decay(self) -> set[str]:

@@ -1,110 +1,87 @@
-"""The token-reduction interface every Block understands: a token state, and a reducer that changes it.
+"""The token-reduction interface every Block understands: a reducer with two hooks around the block's attention.
 
-A reducer sits inside a Block and sees the tokens either before attention (``stage = "pre"``: DynamicViT scores
-the tokens that enter the block) or between attention and MLP (``stage = "mid"``: ToMe, EViT, top-k, which use
-what attention just computed). It returns a new :class:`TokenState`; nothing is mutated in place and nothing is
-shared between calls, so a model with reducers stays a plain function of its input.
+A Block runs, for the reducer it holds (``block.reducer``, or None)::
 
-Conventions (owned here):
+    state = reducer.before_attention(state)              # e.g. DynamicViT scores the tokens entering the block
+    attention = block.attn.attend(norm1(state.tokens))   # one call: out, weights, q, k, scale (AttentionResult)
+    state = reducer.after_attention(state + attention.out, attention)   # e.g. ToMe, EViT, top-k, using q and k
+    state = state + MLP(norm2(state))
 
-* ``tokens`` (B, N, D): the first ``num_prefix`` tokens are [CLS] (and DeiT's distillation token); reducers never
-  drop, merge or score them.
-* ``positions`` (B, N - num_prefix) long: for every patch token, its absolute position 0 … P−1 in the full patch
-  grid of the input image (for a merged token, the position of the token it was merged into).
-* ``sizes`` (B, N) float or None: how many patches each token stands for (ToMe); None means all ones. When present
-  the Block adds log(size) to the attention logits (proportional attention).
-* ``keep_policy`` (B, N) float or None: DynamicViT's training-time decisions, 1 = kept; prefix entries are 1. Every
-  attention call receives it; tokens are masked, not removed.
-* ``grid_patches``: P, the number of patches in the input image's full grid (set by the model's ``embed``; None
-  when unknown). Reducers that keep a fraction of the image (DynamicViT: int(P · ρ^s)) count from it.
-* ``kept_indices``: one (B, k) long tensor per reduction that removed tokens, absolute patch positions, in the order
-  the tokens now stand; ``keep_masks``: one (B, P) tensor per training-time decision (1 = kept) over the full grid.
-* ``patch_to_token``: one (B, P) long tensor per reduction by a reducer that tracks merges (ToMe, EViT, top-k):
-  for every patch of the full grid, the index (0 … N'−num_prefix−1) of the patch token that stands for it after that
-  reduction, −1 for a patch that was dropped. Merged regions are drawn from it without any bookkeeping.
+Each hook returns a new :class:`~vitrim.reduce.state.TokenState` (conventions there); nothing is mutated in place,
+so a model with reducers stays a plain function of its input. A reducer is a plain object, not an ``nn.Module``: it
+holds settings, not parameters (a learned reducer such as DynamicViT's refers to modules the model owns), so
+attaching one never changes a state dict.
+
+A new method is one file in this package: subclass :class:`Reducer`, implement a hook, decorate the class with
+``@vitrim.reduce.register("name")``; ``vitrim.reduce.apply(model, "name", layers=..., **options)`` then puts one
+instance (built from ``options``) on each block in ``layers``, and the reducer tests sweep it with its
+``example_options`` and ``identity_options``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar
 
-import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class TokenState:
-    """Tokens flowing through the blocks, with what reducers need to know about them (see module doc)."""
-
-    tokens: Tensor
-    num_prefix: int
-    positions: Tensor
-    sizes: Tensor | None = None
-    keep_policy: Tensor | None = None
-    kept_indices: tuple[Tensor, ...] = ()
-    keep_masks: tuple[Tensor, ...] = ()
-    grid_patches: int | None = None
-    patch_to_token: tuple[Tensor, ...] = ()
-
-    def replace(self, **changes: object) -> TokenState:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-    def attention_bias(self) -> Tensor | None:
-        """(B, 1, 1, N) float mask adding log(size) to the logits (proportional attention), or None."""
-        if self.sizes is None:
-            return None
-        return self.sizes.log()[:, None, None, :].to(self.tokens.dtype)
-
-    def patch_weights(self) -> Tensor | None:
-        """(B, N - num_prefix) weight of each patch token in a mean over patches (sizes × policy), or None."""
-        weights = None
-        if self.sizes is not None:
-            weights = self.sizes[:, self.num_prefix :]
-        if self.keep_policy is not None:
-            policy = self.keep_policy[:, self.num_prefix :].to(self.tokens.dtype)
-            weights = policy if weights is None else weights * policy
-        return weights
+from vitrim.attention import AttentionResult
+from vitrim.reduce.state import TokenState
+from vitrim.reduce.tokens import keep_tokens
 
 
-@dataclass(frozen=True)
-class AttentionInfo:
-    """What a Block's attention computed, for reducers placed after it.
+def quarter_layers(depth: int) -> tuple[int, ...]:
+    """Blocks a quarter, half and three quarters deep: ``depth · k // 4`` for k = 1, 2, 3, deduplicated.
 
-    q, k: (B, H, N, hd) queries and keys after any qk-norm; weights: (B, H, N, N) when the caller asked for them;
-    mask: the float bias that attention received (proportional attention), or None; scale: the logit scale.
+    12 -> (3, 6, 9), 4 -> (1, 2, 3), 24 -> (6, 12, 18), 2 -> (0, 1), 1 -> (0,): where EViT fuses and DynamicViT prunes.
     """
-
-    q: Tensor
-    k: Tensor
-    weights: Tensor | None
-    mask: Tensor | None
-    keep_policy: Tensor | None
-    scale: float
+    return tuple(sorted({depth * k // 4 for k in (1, 2, 3)}))
 
 
 class Reducer:
-    """Base class of token reducers. Subclasses set the class attributes and implement ``__call__``.
+    """Base class of token reducers (see module doc). Subclasses override one or both hooks.
 
-    A reducer is a plain object, not an ``nn.Module``: it holds settings, not parameters (a learned reducer such
-    as DynamicViT's keeps a reference to modules that the model owns), so attaching one never changes a state dict.
+    Class attributes a registered reducer declares:
+        name: set by ``@register``.
+        example_options: options that reduce tokens on a 4-block model of 16 patches (for the test sweep).
+        identity_options: options that leave such a model exactly dense.
+        needs_cls_token: True if it ranks tokens by the [CLS] row; ``apply`` refuses models without [CLS].
     """
 
-    stage: ClassVar[Literal["pre", "mid"]] = "mid"
-    needs_attention: ClassVar[bool] = False  # ask the Block for q and k (an AttentionInfo) when "mid"
+    name: ClassVar[str] = ""
+    example_options: ClassVar[dict[str, Any]] = {}
+    identity_options: ClassVar[dict[str, Any]] = {}
+    needs_cls_token: ClassVar[bool] = False
+    applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
 
-    def __call__(self, state: TokenState, info: AttentionInfo | None) -> TokenState:
-        raise NotImplementedError
+    @classmethod
+    def default_layers(cls, depth: int) -> tuple[int, ...]:
+        """The blocks that get an instance when ``apply`` is given no ``layers``: every block."""
+        return tuple(range(depth))
+
+    @classmethod
+    def for_layers(cls, layers: tuple[int, ...], **options: Any) -> dict[int, Reducer | None]:
+        """One reducer per block index in ``layers`` (None: that block stays dense), built from ``options``.
+
+        The default builds ``cls(**options)`` for each; reducers whose options can vary per block (a schedule)
+        override this.
+        """
+        return {layer: cls(**options) for layer in layers}
+
+    def before_attention(self, state: TokenState) -> TokenState:
+        """Called with the tokens entering the block, before its attention. Default: unchanged."""
+        return state
+
+    def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
+        """Called after the attention residual (``state.tokens`` = x + attn(x)), before the MLP. Default: unchanged."""
+        return state
+
+    @staticmethod
+    def keep(state: TokenState, index: Tensor, **fused: Tensor) -> TokenState:
+        """Keep the prefix and the patch tokens ``index`` (B, k); see :func:`vitrim.reduce.tokens.keep_tokens`."""
+        return keep_tokens(state, index, **fused)
 
     def extra_repr(self) -> str:
         return ""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.extra_repr()})"
-
-
-def patch_positions(batch: int, num_patches: int, device: torch.device) -> Tensor:
-    """(B, P) absolute positions 0 … P−1 of a full grid."""
-    return torch.arange(num_patches, device=device).expand(batch, num_patches)

@@ -1,10 +1,10 @@
 """DynamicViT's pruning step: score the patch tokens entering a block, keep the best, drop the rest.
 
-One :class:`DynamicViTPruning` sits in the ``"pre"`` slot of each pruning block (before attention). It refers to a
-:class:`~vitrim.models.predictor.ScorePredictor` that the model owns (so parameters stay at
+One :class:`DynamicViTPruning` is the reducer of each pruning block and acts before its attention. It refers to a
+:class:`~vitrim.reduce.score_predictor.ScorePredictor` that the model owns (so parameters stay at
 ``score_predictor.{i}.*``), and behaves differently in the two modes, as the paper does:
 
-* training (``predictor.training``): hard Gumbel-softmax decisions, straight-through
+* training (``state.training``, the model's mode): hard Gumbel-softmax decisions, straight-through
   (``F.gumbel_softmax(log_probs, hard=True)[..., 0]``), multiplied into the previous policy so that a dropped token
   stays dropped. Tokens are masked, not removed: the new ``keep_policy`` (B, N) (prefix = 1) reaches every later
   attention call, shapes stay static, and the decision over the full grid (B, P) is appended to ``keep_masks``.
@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrim.models.predictor import ScorePredictor
-from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
+from vitrim.reduce.base import Reducer
+from vitrim.reduce.score_predictor import ScorePredictor
+from vitrim.reduce.state import TokenState
 
 
 def num_keep(num_patches: int, keep_fraction: float) -> int:
@@ -38,14 +39,12 @@ class DynamicViTPruning(Reducer):
     """Learned token pruning before a block (see module doc).
 
     Args:
-        predictor: the model-owned score module (not copied; the model's ``train()``/``eval()`` selects the mode).
+        predictor: the model-owned score module (not copied).
         keep_fraction: ρ^s, the fraction of the image's patches this stage keeps, in (0, 1].
         gumbel_noise: True (default) samples training decisions with Gumbel noise, as the paper trains. False makes
             training-mode decisions the evaluation top-k (as a hard mask over the kept tokens, straight-through
             gradient via the keep probability) — a deterministic mode for checking that both modes agree.
     """
-
-    stage = "pre"
 
     def __init__(self, predictor: ScorePredictor, keep_fraction: float, *, gumbel_noise: bool = True) -> None:
         if not isinstance(predictor, ScorePredictor):
@@ -58,37 +57,23 @@ class DynamicViTPruning(Reducer):
         self.keep_fraction = float(keep_fraction)
         self.gumbel_noise = gumbel_noise
 
-    def __call__(self, state: TokenState, info: AttentionInfo | None) -> TokenState:
+    def before_attention(self, state: TokenState) -> TokenState:
         if state.grid_patches is None:
             raise ValueError("DynamicViT pruning needs TokenState.grid_patches (the image's patch count); got None")
-        if self.predictor.training:
+        if state.training:
             return self._mask(state, state.grid_patches)
         return self._gather(state, state.grid_patches)
 
     def _gather(self, state: TokenState, grid_patches: int) -> TokenState:
         """Evaluation: keep the top-k patch tokens, remove the rest."""
         x, p = state.tokens, state.num_prefix  # x (B, p + n, D)
-        B, n = x.shape[0], x.shape[1] - p
+        n = state.num_patch_tokens
         k = min(n, num_keep(grid_patches, self.keep_fraction))
         if k == n:
             return state.replace(kept_indices=(*state.kept_indices, state.positions))
         policy = None if state.keep_policy is None else state.keep_policy[:, p:]
         keep_score = self.predictor(x[:, p:], policy)[..., 0]  # (B, n)
-        order = keep_score.topk(k, dim=1, sorted=True).indices  # (B, k) descending keep score
-        # one gather over all tokens: prefix indices 0 … p−1 first, then the kept patches shifted past the prefix
-        prefix = torch.arange(p, device=x.device).expand(B, p)
-        index = torch.cat([prefix, order + p], dim=1)  # (B, p + k)
-        tokens = x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, p + k, D)
-        positions = state.positions.gather(1, order)  # (B, k) absolute patch positions
-        sizes = None if state.sizes is None else state.sizes.gather(1, index)
-        keep_policy = None if state.keep_policy is None else state.keep_policy.gather(1, index)
-        return state.replace(
-            tokens=tokens,
-            positions=positions,
-            sizes=sizes,
-            keep_policy=keep_policy,
-            kept_indices=(*state.kept_indices, positions),
-        )
+        return self.keep(state, keep_score.topk(k, dim=1, sorted=True).indices)  # descending keep score
 
     def _mask(self, state: TokenState, grid_patches: int) -> TokenState:
         """Training: decide per token, multiply into the previous policy, keep every token in place."""

@@ -20,14 +20,18 @@ The algorithm is a set of pure functions of tensors (:func:`bipartite_soft_match
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from vitrim.reduce.base import AttentionInfo, Reducer, TokenState
-from vitrim.reduce.rows import add_rows_, take_rows
-from vitrim.reduce.tracking import record_reduction
+from vitrim.attention import AttentionResult
+from vitrim.reduce.base import Reducer
+from vitrim.reduce.registry import register
+from vitrim.reduce.state import TokenState
+from vitrim.reduce.tokens import add_rows_, record_reduction, take_rows
 
 
 @dataclass(frozen=True)
@@ -128,30 +132,49 @@ def token_destinations(m: Matching, num_tokens: int) -> Tensor:
     return dest
 
 
+@register("tome")
 class ToMe(Reducer):
-    """Merge ``r`` tokens in this block by bipartite soft matching on the keys (see module doc)."""
+    """Merge ``r`` tokens in this block by bipartite soft matching on the keys (see module doc).
 
-    stage = "mid"
-    needs_attention = True
+    Option ``r``: an int for every block, or (through ``apply``) one int per block in ``layers``; 0 = off.
+    """
+
+    example_options: ClassVar[dict[str, Any]] = {"r": 3}
+    identity_options: ClassVar[dict[str, Any]] = {"r": 0}
 
     def __init__(self, r: int) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise ValueError(f"r must be an int >= 0 (tokens merged per block), got {r!r}")
         self.r = r
 
-    def __call__(self, state: TokenState, info: AttentionInfo | None) -> TokenState:
+    @classmethod
+    def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
+        cls, layers: tuple[int, ...], *, r: int | Sequence[int]
+    ) -> dict[int, Reducer | None]:
+        if isinstance(r, Sequence) and not isinstance(r, str):
+            if len(r) != len(layers):
+                raise ValueError(
+                    f"r must be one int or one int per block ({len(layers)}), got {len(r)} values: {list(r)}"
+                )
+            schedule = list(r)
+        else:
+            schedule = [r] * len(layers)
+        for value in schedule:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"r must be an int >= 0 (tokens merged per block) or a list of them, got {r!r}")
+        return {layer: cls(value) if value > 0 else None for layer, value in zip(layers, schedule)}
+
+    def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         x = state.tokens  # (B, N, C)
         B, N, _ = x.shape
         p = state.num_prefix
         if min(self.r, max_merges(N, p)) <= 0:
             return state
-        if info is None:
-            raise ValueError("ToMe needs the block's keys (AttentionInfo); run it as a 'mid' reducer inside a Block")
         if state.keep_policy is not None:
             raise ValueError("ToMe cannot follow a training-time keep_policy (DynamicViT training); got one")
         # The mean of the keys over heads; summed, as only its direction counts (cosine), and torch's sum over a
         # strided dim is many times faster than its mean on CPU.
-        m = bipartite_soft_matching(info.k.sum(dim=1), self.r, p)  # keys (B, H, N, hd) -> metric (B, N, hd)
+        m = bipartite_soft_matching(attention.k.sum(dim=1), self.r, p)  # keys (B, H, N, hd) -> metric (B, N, hd)
         sizes = state.sizes if state.sizes is not None else x.new_ones(B, N)
         tokens, sizes = merge_wavg(x, sizes, m)
         dest = token_destinations(m, N)  # (B, N)

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from vitrim.data import DataSplits, build_datasets, dataset_classes
-from vitrim.models import create_model, list_models
+from vitrim.factory import create_model
+from vitrim.models import list_models
 from vitrim.train.distributed import (
     DistInfo,
     GlobalBatchSampler,

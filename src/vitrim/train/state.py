@@ -108,7 +108,7 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".pt":
-        from vitrim.models import create_model
+        from vitrim.factory import create_model
 
         state = load_training_state(path)
         run = dict(state.get("run", {}))

@@ -16,10 +16,10 @@ from vitrim.viz.rollout import (
     Rollout,
     attention_rollout,
     attention_rollout_model,
+    block_token_indices,
     fuse_heads,
     positions_to_token_index,
     rollout_step,
-    token_indices_from_kept,
 )
 from vitrim.viz.tokens import kept_masks, model_kept_indices, plot_kept_tokens, render_kept_tokens
 
@@ -28,6 +28,7 @@ __all__ = [
     "Rollout",
     "attention_rollout",
     "attention_rollout_model",
+    "block_token_indices",
     "cls_attention_grid",
     "explain_numbers",
     "figure_to_rgb",
@@ -44,5 +45,4 @@ __all__ = [
     "render_kept_tokens",
     "rollout_step",
     "save_figure",
-    "token_indices_from_kept",
 ]

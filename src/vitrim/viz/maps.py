@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.models.config import ViTConfig
-from vitrim.viz.rollout import match_blocks_to_stages, token_indices_from_kept
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,11 +40,11 @@ def cls_attention_grid(
         grid: (gh, gw) patches of the image (its H // patch, W // patch), gh·gw = P.
         token_indices: per block, (B, N_b) long original token indices (prefix 0 … num_prefix−1, patch p at
             num_prefix + p), or None when the block saw all num_prefix + P tokens. See
-            :func:`vitrim.viz.rollout.token_indices_from_kept`.
+            :func:`vitrim.viz.rollout.block_token_indices`.
         patch_to_token: instead of ``token_indices``, for merging reducers (ToMe, EViT): per block, (B, P) long,
             for each patch the index (0 … N_b − num_prefix − 1) of the patch token that stands for it, −1 if
-            dropped, or None (see :func:`patch_maps_from_tracking`). A merged token's weight is drawn on every
-            patch it stands for.
+            dropped, or None when every patch is its own token (``forward_detailed(…).block_patch_to_token``). A
+            merged token's weight is drawn on every patch it stands for.
         num_prefix: prefix tokens before the patches.
 
     Returns:
@@ -93,8 +92,8 @@ def cls_attention_grid(
 def model_attention_grid(model: nn.Module, image: Tensor) -> tuple[Tensor, Tensor]:
     """Run ``model`` on one image (C, H, W) or (1, C, H, W) and return (maps (L, H, gh, gw), logits (classes,)).
 
-    Uses ``forward_detailed(need_weights=True)``. Blocks after a reduction are placed with its
-    ``patch_to_token`` (ToMe, EViT, top-k) when the model records it, else with its ``kept_indices`` (DynamicViT).
+    Uses ``forward_detailed(need_weights=True)``; each block's map is placed with the ``patch_to_token`` map the
+    block recorded as its attention ran (a merged or fused token's weight on every patch it stands for).
     """
     images = _as_batch(image)
     patch = _patch_size(model)
@@ -104,28 +103,8 @@ def model_attention_grid(model: nn.Module, image: Tensor) -> tuple[Tensor, Tenso
     if not out.attentions:
         raise ValueError(f"{type(model).__name__}.forward_detailed returned no attention maps")
     num_prefix = int(getattr(model, "num_prefix", 1))
-    tracking = list(getattr(out, "patch_to_token", []) or [])
-    if tracking:
-        patch_maps = patch_maps_from_tracking(out.attentions, tracking, num_prefix)
-        maps = cls_attention_grid(out.attentions, grid, patch_to_token=patch_maps, num_prefix=num_prefix)
-    else:
-        index = token_indices_from_kept(out.attentions, out.kept_indices, num_prefix) if out.kept_indices else None
-        maps = cls_attention_grid(out.attentions, grid, token_indices=index, num_prefix=num_prefix)
+    maps = cls_attention_grid(out.attentions, grid, patch_to_token=out.block_patch_to_token, num_prefix=num_prefix)
     return maps[0], out.logits[0]
-
-
-def patch_maps_from_tracking(
-    attentions: Sequence[Tensor], patch_to_token: Sequence[Tensor], num_prefix: int = 1
-) -> list[Tensor | None]:
-    """Which ``ViTOutput.patch_to_token`` entry (one (B, P) per reduction) describes the tokens each block saw.
-
-    Reduction s leaves ``num_prefix + max(patch_to_token[s]) + 1`` tokens; blocks are matched to reductions in
-    order by that count, as :func:`vitrim.viz.rollout.token_indices_from_kept` matches kept_indices. Blocks
-    before the first reduction get None (every patch is its own token).
-    """
-    sizes = [num_prefix + int(t.max()) + 1 for t in patch_to_token]
-    stages = match_blocks_to_stages([a.shape[-1] for a in attentions], sizes)
-    return [None if s < 0 else patch_to_token[s] for s in stages]
 
 
 def plot_attention_maps(image: Tensor | np.ndarray, maps: Tensor, *, alpha: float = 0.6, title: str = "") -> Figure:

@@ -181,8 +181,8 @@ def attention_rollout(
         head_fusion: "mean", "max" or "min" over heads.
         discard_ratio: fraction in [0, 1) of the weakest links dropped per block (never the prefix rows/columns).
         token_indices: for pruned models, one (B, N_b) long tensor (or None for "all N tokens") per block: each
-            token's index among the original N tokens; see :func:`token_indices_from_kept` to build it from
-            ``kept_indices``.
+            token's index among the original N tokens; :func:`block_token_indices` builds it from
+            ``forward_detailed(…).block_positions``.
         num_prefix: prefix tokens ([CLS] = 1; DeiT distilled = 2).
         num_tokens: original N; needed only when the first block already saw fewer tokens.
 
@@ -200,55 +200,28 @@ def attention_rollout(
     return rollout.result
 
 
-def token_indices_from_kept(
-    attentions: Sequence[Tensor],
-    kept_indices: Sequence[Tensor],
-    num_prefix: int = 1,
-    num_tokens: int | None = None,
+def block_token_indices(
+    block_positions: Sequence[Tensor], num_prefix: int = 1, num_tokens: int | None = None
 ) -> list[Tensor | None]:
-    """Which original tokens each block saw, from ``ViTOutput.kept_indices`` (one (B, k_s) per pruning stage).
+    """Which original tokens each block saw, from the provenance the blocks recorded (``ViTOutput.block_positions``).
 
-    Blocks that see ``num_tokens`` tokens (default: as many as the first block saw) before any pruning get None
-    (all tokens). When a block's token count N_b changes, it is matched to the next stage s with
-    ``num_prefix + k_s == N_b``; stages no block's attention saw are skipped. A stage that keeps as many tokens
-    as the one before cannot be told apart by size (its block is mapped to the earlier one); for an exact
-    mapping whatever the sizes, use :func:`attention_rollout_model`, which reads the token state itself.
+    Args:
+        block_positions: per block, (B, N_b − num_prefix) absolute patch positions of the tokens its attention saw.
+        num_tokens: the original N (prefix + every patch); default: what the first block saw.
 
-    Returns one (B, N_b) long tensor or None per block, as :func:`attention_rollout` takes it.
+    Returns one (B, N_b) long tensor per block (see :func:`positions_to_token_index`), or None for a block that saw
+    all N tokens in their original order, as :func:`attention_rollout` takes it.
     """
-    if len(attentions) == 0:
-        raise ValueError("attentions must be a non-empty list of (B, H, N, N) tensors, one per block")
-    sizes = [num_prefix + k.shape[1] for k in kept_indices]
-    stages = match_blocks_to_stages([a.shape[-1] for a in attentions], sizes, num_tokens)
-    return [None if s < 0 else positions_to_token_index(kept_indices[s], num_prefix) for s in stages]
-
-
-def match_blocks_to_stages(
-    block_tokens: Sequence[int], stage_tokens: Sequence[int], initial: int | None = None
-) -> list[int]:
-    """The reduction stage (−1: none yet) whose output each block saw, matched in order by token count.
-
-    ``block_tokens``: N_b per block; ``stage_tokens``: tokens (incl. prefix) left after each stage; ``initial``: the
-    tokens before any reduction (default: what the first block saw). When N_b changes, the block is matched to the
-    next stage with that count; stages that no block saw are skipped.
-    """
-    current = block_tokens[0] if initial is None else initial
-    stage = -1
-    result: list[int] = []
-    for b, Nb in enumerate(block_tokens):
-        if Nb != current:
-            nxt = stage + 1
-            while nxt < len(stage_tokens) and stage_tokens[nxt] != Nb:
-                nxt += 1
-            if nxt == len(stage_tokens):
-                raise ValueError(
-                    f"block {b} saw {Nb} tokens, which matches no pruning stage after the one before "
-                    f"(tokens per stage incl. prefix: {list(stage_tokens)}; before pruning: "
-                    f"{current if stage < 0 else 'n/a'})"
-                )
-            stage, current = nxt, Nb
-        result.append(stage)
-    return result
+    if len(block_positions) == 0:
+        raise ValueError("block_positions must be a non-empty list of (B, n) tensors, one per block")
+    if num_tokens is None:
+        num_tokens = num_prefix + block_positions[0].shape[1]
+    return [
+        None
+        if positions.shape[1] + num_prefix == num_tokens and _is_identity(positions)
+        else positions_to_token_index(positions, num_prefix)
+        for positions in block_positions
+    ]
 
 
 def positions_to_token_index(positions: Tensor, num_prefix: int = 1) -> Tensor:
@@ -268,8 +241,8 @@ def attention_rollout_model(
 
     Runs ``model.embed`` and then each block with ``need_weights=True`` under ``torch.inference_mode``, folding
     every map into a :class:`Rollout` before the next block runs, so peak memory is one block's attention plus
-    the (B, N, N) accumulator, never depth × (B, H, N, N). The tokens each block saw come from the token state
-    itself (``positions``), so pruned models (DynamicViT, top-k, EViT) are followed exactly. Put the model in
+    the (B, N, N) accumulator, never depth × (B, H, N, N). The tokens each block saw come from the provenance the
+    block records in the token state, so pruned models (DynamicViT, top-k, EViT) are followed exactly. Put the model in
     ``eval()`` first: in training mode, dropout and DynamicViT's training-time masking shape the maps.
 
     Returns R (B, N, N) float32, as :func:`attention_rollout`.
@@ -282,21 +255,18 @@ def attention_rollout_model(
         state = model.embed(images)  # type: ignore[operator]
         rollout = Rollout(head_fusion, discard_ratio, num_prefix, num_tokens=state.tokens.shape[1])
         for block in model.blocks:  # type: ignore[union-attr]
-            before = state
             state, weights = block(state, need_weights=True)
             if weights is None:
                 raise TypeError(f"block {type(block).__name__} returned no attention weights")
-            reducer = getattr(block, "reducer", None)
-            # a "pre" reducer changes the tokens before attention, so attention saw the output's tokens
-            seen = state if reducer is not None and reducer.stage == "pre" else before
-            if seen.tokens.shape[1] != weights.shape[-1]:
+            seen = state.block_positions[-1]  # (B, N_b − prefix): recorded by the block as its attention ran
+            if seen.shape[1] + num_prefix != weights.shape[-1]:
                 raise ValueError(
-                    f"block {rollout.num_blocks}: attention over {weights.shape[-1]} tokens but its state holds "
-                    f"{seen.tokens.shape[1]}"
+                    f"block {rollout.num_blocks}: attention over {weights.shape[-1]} tokens but it recorded "
+                    f"{seen.shape[1]} patch tokens and {num_prefix} prefix tokens"
                 )
-            full = seen.positions.shape[1] + num_prefix == rollout.num_tokens and _is_identity(seen.positions)
-            rollout.update(weights, None if full else positions_to_token_index(seen.positions, num_prefix))
-            del weights, before, seen
+            full = seen.shape[1] + num_prefix == rollout.num_tokens and _is_identity(seen)
+            rollout.update(weights, None if full else positions_to_token_index(seen, num_prefix))
+            del weights, seen
     return rollout.result
 
 

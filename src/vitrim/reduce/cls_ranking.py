@@ -1,0 +1,122 @@
+"""Ranking patch tokens by the [CLS] row of a block's attention: what EViT and top-k share.
+
+The [CLS] row is never read from an N × N matrix that nobody asked for: when the block ran the fused kernel, it is
+recomputed from the block's own q and k with the same attention function, scale, float bias (ToMe's log-size) and
+keep-policy: one query against N keys, O(N) instead of O(N²). When the caller asked for the weights anyway
+(``need_weights=True``), their first row is reused.
+
+Counts: k = max(1, ⌊n · keep_rate⌋) of the n patch tokens that enter the block (a 1e-9 tolerance keeps 0.29 · 100
+at 29); prefix tokens are always kept. Kept tokens stand in descending order of attention, as EViT's ``torch.topk``
+leaves them. Blocks: by default a quarter, half and three quarters deep (3, 6, 9 of 12), as EViT does for DeiT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from vitrim.attention import AttentionResult, scaled_dot_product_attention
+from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.state import TokenState
+
+
+def cls_attention(attention: AttentionResult) -> Tensor:
+    """(B, H, N): softmax attention of query 0 ([CLS]) over all N keys, per head, as the block computed it.
+
+    Semantics are :func:`vitrim.scaled_dot_product_attention`'s: logits q·kᵀ·scale + ``attention.mask``, keys gated
+    by ``attention.keep_policy`` (the [CLS] key's own policy entry is 1 by the TokenState convention, so G_00 = 1
+    holds as in the full matrix). With attention dropout in training, the reused weights are the dropped-out ones.
+    """
+    if attention.weights is not None:
+        return attention.weights[:, :, 0]  # (B, H, N)
+    q = attention.q[:, :, :1]  # (B, H, 1, hd)
+    # v = k: the output is not used, and k already has the right shape; the cost is one (1 × N) product per head.
+    _, weights = scaled_dot_product_attention(
+        q,
+        attention.k,
+        attention.k,
+        attention.mask,
+        scale=attention.scale,
+        keep_policy=attention.keep_policy,
+        need_weights=True,
+    )
+    assert weights is not None
+    return weights[:, :, 0]  # (B, H, N)
+
+
+def cls_attention_to_patches(attention: AttentionResult, num_prefix: int) -> Tensor:
+    """(B, N − num_prefix): the [CLS] row averaged over heads, restricted to the patch tokens (EViT's score)."""
+    if num_prefix < 1:
+        raise ValueError("ranking tokens by [CLS] attention needs a [CLS] token (num_prefix >= 1), got num_prefix=0")
+    return cls_attention(attention)[:, :, num_prefix:].mean(dim=1)
+
+
+def rank_by_score(scores: Tensor) -> Tensor:
+    """(B, n) scores -> (B, n) token indices, highest score first (stable, so ties keep token order)."""
+    return torch.sort(scores, dim=1, descending=True, stable=True).indices
+
+
+def check_keep_rate(keep_rate: object) -> float:
+    """Validate a keep rate: a number in (0, 1]."""
+    if isinstance(keep_rate, bool) or not isinstance(keep_rate, (int, float)) or not 0.0 < keep_rate <= 1.0:
+        raise ValueError(f"keep_rate must be a number in (0, 1] (fraction of patch tokens kept), got {keep_rate!r}")
+    return float(keep_rate)
+
+
+def num_keep(num_patches: int, keep_rate: float) -> int:
+    """k = max(1, ⌊num_patches · keep_rate⌋), with a 1e-9 tolerance against float round-off."""
+    return max(1, min(num_patches, math.floor(num_patches * keep_rate + 1e-9)))
+
+
+class ClsRankingReducer(Reducer):
+    """A reducer that keeps the k patch tokens [CLS] attends to most; subclasses decide what happens to the rest.
+
+    Option ``keep_rate`` in (0, 1]: one number, or (through ``apply``) one per reducing block.
+    """
+
+    needs_cls_token = True
+    example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
+    identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
+
+    def __init__(self, keep_rate: float = 0.7) -> None:
+        self.keep_rate = check_keep_rate(keep_rate)
+
+    @classmethod
+    def default_layers(cls, depth: int) -> tuple[int, ...]:
+        return quarter_layers(depth)
+
+    @classmethod
+    def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
+        cls, layers: tuple[int, ...], *, keep_rate: float | Sequence[float] = 0.7
+    ) -> dict[int, Reducer | None]:
+        if isinstance(keep_rate, Sequence) and not isinstance(keep_rate, str):
+            if len(keep_rate) != len(layers):
+                raise ValueError(
+                    f"keep_rate must be one number or one per reducing block ({len(layers)}: layers {layers}), "
+                    f"got {len(keep_rate)} values: {list(keep_rate)}"
+                )
+            rates = dict(zip(layers, keep_rate))
+        else:
+            rates = dict.fromkeys(layers, keep_rate)
+        return {layer: cls(rate) for layer, rate in rates.items()}
+
+    def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
+        n = state.num_patch_tokens
+        k = num_keep(n, self.keep_rate)
+        if k >= n:
+            return state
+        if state.keep_policy is not None:
+            raise ValueError(f"{type(self).__name__} cannot follow a training-time keep_policy (DynamicViT training)")
+        scores = cls_attention_to_patches(attention, state.num_prefix)  # (B, n)
+        return self.reduce(state, scores, rank_by_score(scores), k)
+
+    def reduce(self, state: TokenState, scores: Tensor, order: Tensor, k: int) -> TokenState:
+        """Keep the k best of ``order`` (B, n) (patch-token indices by descending ``scores`` (B, n))."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"keep_rate={self.keep_rate}"

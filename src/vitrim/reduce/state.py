@@ -1,0 +1,86 @@
+"""The token state that flows through the blocks, and every convention about it (owned here).
+
+* ``tokens`` (B, N, D): the first ``num_prefix`` tokens are prefix tokens ([CLS], DeiT's distillation token,
+  registers); reducers never drop, merge or score them.
+* ``positions`` (B, N - num_prefix) long: for every patch token, its absolute position 0 … P−1 in the full patch
+  grid of the input image (for a merged token, the position of the token it was merged into).
+* ``sizes`` (B, N) float or None: how many patches each token stands for (ToMe); None means all ones. When present
+  the Block adds log(size) to the attention logits (proportional attention).
+* ``keep_policy`` (B, N) float or None: DynamicViT's training-time decisions, 1 = kept; prefix entries are 1. Every
+  attention call receives it; tokens are masked, not removed.
+* ``grid_patches``: P, the number of patches in the input image's full grid (set by the model's ``embed``; None
+  when unknown). Reducers that keep a fraction of the image (DynamicViT: int(P · ρ^s)) count from it.
+* ``training``: the model's mode, set by the model's ``embed``; reducers that behave differently in training
+  (DynamicViT masks instead of gathering) read it here.
+* ``kept_indices``: one (B, k) long tensor per reduction that removed tokens, absolute patch positions, in the order
+  the tokens now stand; ``keep_masks``: one (B, P) tensor per training-time decision (1 = kept) over the full grid.
+* ``patch_to_token``: one (B, P) long tensor per reduction that changed which tokens exist: for every patch of the
+  full grid, the index (0 … N'−num_prefix−1) of the patch token that stands for it after that reduction, −1 for a
+  patch that was dropped. Merged regions are drawn from it without any bookkeeping.
+* ``block_positions`` / ``block_patch_to_token``: provenance recorded by each Block as its attention runs: the
+  ``positions`` of the tokens that block's attention saw, and the ``patch_to_token`` map in force then (None before
+  any tracked reduction). Pictures and rollout zip them with the block's attention map; nothing is inferred.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TokenState:
+    """Tokens flowing through the blocks, with what reducers need to know about them (see module doc)."""
+
+    tokens: Tensor
+    num_prefix: int
+    positions: Tensor
+    sizes: Tensor | None = None
+    keep_policy: Tensor | None = None
+    kept_indices: tuple[Tensor, ...] = ()
+    keep_masks: tuple[Tensor, ...] = ()
+    grid_patches: int | None = None
+    patch_to_token: tuple[Tensor, ...] = ()
+    training: bool = False
+    block_positions: tuple[Tensor, ...] = ()
+    block_patch_to_token: tuple[Tensor | None, ...] = ()
+
+    def replace(self, **changes: object) -> TokenState:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def num_patch_tokens(self) -> int:
+        """n: the tokens after the prefix."""
+        return self.tokens.shape[1] - self.num_prefix
+
+    def attention_bias(self) -> Tensor | None:
+        """(B, 1, 1, N) float mask adding log(size) to the logits (proportional attention), or None."""
+        if self.sizes is None:
+            return None
+        return self.sizes.log()[:, None, None, :].to(self.tokens.dtype)
+
+    def patch_weights(self) -> Tensor | None:
+        """(B, N - num_prefix) weight of each patch token in a mean over patches (sizes × policy), or None."""
+        weights = None
+        if self.sizes is not None:
+            weights = self.sizes[:, self.num_prefix :]
+        if self.keep_policy is not None:
+            policy = self.keep_policy[:, self.num_prefix :].to(self.tokens.dtype)
+            weights = policy if weights is None else weights * policy
+        return weights
+
+    def record_block(self) -> TokenState:
+        """This state with the provenance of one more block's attention appended (see module doc)."""
+        return self.replace(
+            block_positions=(*self.block_positions, self.positions),
+            block_patch_to_token=(*self.block_patch_to_token, self.patch_to_token[-1] if self.patch_to_token else None),
+        )
+
+
+def patch_positions(batch: int, num_patches: int, device: torch.device) -> Tensor:
+    """(B, P) absolute positions 0 … P−1 of a full grid."""
+    return torch.arange(num_patches, device=device).expand(batch, num_patches)

@@ -1,0 +1,125 @@
+"""The token operations every reducer shares: move rows fast, keep a subset of patch tokens, record provenance.
+
+Row moves: ``x.gather(1, index[..., None].expand(-1, -1, C))`` is the textbook form, but on CPU it walks every
+element through its index (measured 15 ms for 32 × 184 rows of 384 floats); flattening the batch and using
+``index_select`` / ``index_add_`` copies whole rows (under 1 ms for the same rows). Same results, exactly.
+
+Provenance: a reducer describes what it did to the patch tokens with ``dest`` (B, n) long: for each of the n patch
+tokens that entered it, the index of the patch token that now stands for it (−1 if dropped). Composing ``dest``
+with the previous (B, P) map gives the new one; one (B, P) map per reduction is appended to
+``TokenState.patch_to_token`` (see :mod:`vitrim.reduce.state`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from vitrim.reduce.state import TokenState
+
+
+def flat_index(index: Tensor, rows_per_batch: int) -> Tensor:
+    """(B, K) row indices within each batch element -> (B·K,) indices into the flattened (B·rows, …) tensor."""
+    offsets = torch.arange(index.shape[0], device=index.device)[:, None] * rows_per_batch
+    return (index + offsets).flatten()
+
+
+def take_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x (B, N, C), index (B, K) long in [0, N) -> (B, K, C) with out[b, j] = x[b, index[b, j]]."""
+    B, N, C = x.shape
+    return x.reshape(B * N, C).index_select(0, flat_index(index, N)).view(B, index.shape[1], C)
+
+
+def add_rows_(out: Tensor, index: Tensor, rows: Tensor) -> Tensor:
+    """In place: out[b, index[b, j]] += rows[b, j] (repeated indices accumulate). out (B, N, C) contiguous."""
+    B, N, C = out.shape
+    out.view(B * N, C).index_add_(0, flat_index(index, N), rows.reshape(-1, C))
+    return out
+
+
+def with_prefix(keep: Tensor, num_prefix: int) -> Tensor:
+    """Patch-token indices (B, k) -> token indices (B, num_prefix + k) with the prefix tokens first."""
+    prefix = torch.arange(num_prefix, device=keep.device).expand(keep.shape[0], num_prefix)
+    return torch.cat([prefix, keep + num_prefix], dim=1)
+
+
+def keep_destinations(keep: Tensor, n: int, rest: int) -> Tensor:
+    """(B, n) new patch-token index of each old one: keep[:, j] -> j, every other token -> ``rest`` (−1: dropped)."""
+    B, k = keep.shape
+    new = torch.arange(k, device=keep.device).expand(B, k)
+    return torch.full((B, n), rest, dtype=torch.long, device=keep.device).scatter_(1, keep, new)
+
+
+def current_patch_to_token(state: TokenState) -> Tensor | None:
+    """(B, P) long: the patch token (0 … n−1) standing for each patch of the grid now, −1 if dropped; None if unknown.
+
+    Before any tracked reduction the map is read from ``positions``: patch ``positions[b, j]`` is token j. That needs
+    the grid size P: ``state.grid_patches``, or n when no reduction removed a token yet. A reducer that removed tokens
+    without tracking them (and no grid size) leaves the map unknown, and tracking stops rather than guessing.
+    """
+    if state.patch_to_token:
+        return state.patch_to_token[-1]
+    positions = state.positions  # (B, n)
+    B, n = positions.shape
+    P = state.grid_patches
+    if P is None:
+        if state.kept_indices:
+            return None
+        P = n
+    tokens = torch.arange(n, device=positions.device).expand(B, n)
+    return torch.full((B, P), -1, dtype=torch.long, device=positions.device).scatter_(1, positions, tokens)
+
+
+def record_reduction(state: TokenState, dest: Tensor) -> tuple[Tensor, ...]:
+    """The state's ``patch_to_token`` with one more map, after a reduction that sent patch token j to ``dest[:, j]``.
+
+    dest: (B, n) long, n = the patch tokens before the reduction; −1 = dropped.
+    """
+    before = current_patch_to_token(state)  # (B, P)
+    if before is None:
+        return state.patch_to_token
+    after = dest.gather(1, before.clamp_min(0))  # (B, P)
+    after = torch.where(before < 0, before, after)  # a patch dropped earlier stays dropped
+    return (*state.patch_to_token, after)
+
+
+def keep_tokens(
+    state: TokenState, keep: Tensor, *, fused: Tensor | None = None, fused_position: Tensor | None = None
+) -> TokenState:
+    """The state with only the prefix and the patch tokens ``keep`` (B, k) (indices among the n patch tokens).
+
+    Tokens, positions, sizes and the keep policy follow the kept tokens, in the order of ``keep``; the kept absolute
+    positions are appended to ``kept_indices`` and the reduction to ``patch_to_token``.
+
+    With ``fused`` (B, 1, C), that token is appended after the kept ones and stands for every patch token not kept
+    (EViT): its position is ``fused_position`` (B, 1), its size the sum of theirs, and ``patch_to_token`` sends their
+    patches to it; ``kept_indices`` lists the real kept tokens only.
+    """
+    p = state.num_prefix
+    x = state.tokens  # (B, N, C)
+    n = x.shape[1] - p
+    index = with_prefix(keep, p)  # (B, p + k)
+    tokens = take_rows(x, index)  # (B, p + k, C), one pass over the kept rows
+    kept_positions = state.positions.gather(1, keep)  # (B, k)
+    positions = kept_positions
+    sizes = None if state.sizes is None else state.sizes.gather(1, index)
+    keep_policy = None if state.keep_policy is None else state.keep_policy.gather(1, index)
+    if fused is not None:
+        if fused_position is None:
+            raise ValueError("keep_tokens: a fused token needs its fused_position (B, 1)")
+        tokens = torch.cat([tokens, fused.to(tokens.dtype)], dim=1)
+        positions = torch.cat([kept_positions, fused_position], dim=1)
+        if state.sizes is not None and sizes is not None:
+            fused_size = state.sizes[:, p:].sum(1, keepdim=True) - sizes[:, p:].sum(1, keepdim=True)
+            sizes = torch.cat([sizes, fused_size], dim=1)
+        if keep_policy is not None:
+            keep_policy = torch.cat([keep_policy, keep_policy.new_ones(keep_policy.shape[0], 1)], dim=1)
+    rest = -1 if fused is None else keep.shape[1]
+    return state.replace(
+        tokens=tokens,
+        positions=positions,
+        sizes=sizes,
+        keep_policy=keep_policy,
+        kept_indices=(*state.kept_indices, kept_positions),
+        patch_to_token=record_reduction(state, keep_destinations(keep, n, rest)),
+    )
