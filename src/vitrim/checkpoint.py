@@ -36,6 +36,7 @@ from typing import Any
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from vitrim import reduce
 from vitrim.checkpoint_formats import (
     RawCheckpoint,
     convert_hf,
@@ -250,6 +251,8 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         metadata["vitrim.config_class"] = _qualified(type(config))
         metadata["vitrim.config"] = json.dumps(dataclasses.asdict(config))
+    if reduce.applied_reducers(model):  # reducers put on with vitrim.reduce.apply: load_model puts them on again
+        metadata["vitrim.reducers"] = json.dumps(reduce.applied_reducers(model))
     tensors = {key: value.detach().to("cpu").contiguous() for key, value in model.state_dict().items()}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp_name = str(target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -308,6 +311,8 @@ def load_model(path: str | os.PathLike[str], **overrides: Any) -> nn.Module:
         fields = json.loads(raw.metadata["vitrim.config"])
         config = _config_from(config_cls, fields, overrides)
         model = getattr(cls, "from_config", cls)(config)
+        for spec in _reducer_specs(raw.metadata.get("vitrim.reducers")):
+            reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
     elif fmt == "huggingface" and raw.hf_config is not None:
         fields = hf_config_to_vit_fields(raw.hf_config, convert_hf(raw.state_dict)[0])
         model = VisionTransformer(_config_from(ViTConfig, fields, overrides))
@@ -319,6 +324,20 @@ def load_model(path: str | os.PathLike[str], **overrides: Any) -> nn.Module:
         )
     _load_raw(model, raw, strict=True)
     return model.eval()
+
+
+def _reducer_specs(text: str | None) -> list[dict[str, Any]]:
+    """The ``vitrim.reducers`` metadata: a JSON list of {"name", "layers", "options"}; names are looked up in the
+    reducer registry only, so a file cannot make vitrim build anything else."""
+    if text is None:
+        return []
+    specs = json.loads(text)
+    keys = {"name", "layers", "options"}
+    if not isinstance(specs, list) or not all(isinstance(s, dict) and set(s) == keys for s in specs):
+        raise ValueError(
+            f"checkpoint metadata vitrim.reducers must be a list of {sorted(keys)} records, got {text!r:.200}"
+        )
+    return specs
 
 
 def _config_from(config_cls: Any, fields: dict[str, Any], overrides: dict[str, Any]) -> Any:

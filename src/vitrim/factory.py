@@ -29,17 +29,18 @@ def create_model(
     ``img_size`` defaults to the model's own (224, or 384 for ``*_384``). ``overrides`` use timm's names
     (``embed_dim``, ``depth``, ``num_heads``, ``patch_size``, ``global_pool``, …).
     ``reducer`` (a name from ``vitrim.reduce.list_reducers()``, or a spec ``"tome:r=13"``) and its options (``r``,
-    ``keep_rate``, ``layers``, …) attach token reducers after building and loading:
-    ``create_model(name, reducer="tome", r=13)``.
+    ``keep_rate``, ``keep_ratio``, ``layers``, …) attach token reducers: ``create_model(name, reducer="tome", r=13)``.
+    They are attached before the checkpoint loads, so a learned reducer's weights (DynamicViT's
+    ``score_predictor.*``) load from it when it has them and stay fresh when it does not.
     """
     reducer, reducer_options = _pop_reducer(overrides)
     if img_size is not None:
         overrides["img_size"] = img_size
     model = build_model(name, num_classes=num_classes, **overrides)
-    if checkpoint is not None:
-        load_checkpoint(model, checkpoint)
     if reducer is not None:
         reduce.apply(model, reducer, **reducer_options)
+    if checkpoint is not None:
+        load_checkpoint(model, checkpoint)
     return model
 
 

@@ -34,7 +34,8 @@ def test_identity_settings_give_the_dense_outputs(name: str, options: dict[str, 
         out = model.forward_detailed(x)
     torch.testing.assert_close(out.logits, dense, rtol=0, atol=1e-6)
     assert out.tokens.shape[1] == 16 + (2 if distilled else 1)
-    assert out.kept_indices == [] and out.token_sizes is None
+    assert out.token_sizes is None
+    assert all(torch.equal(kept, torch.arange(16).expand(2, 16)) for kept in out.kept_indices)  # nothing dropped
 
 
 def test_on_timm_weights_identity_matches_timm_and_reduction_runs() -> None:
@@ -85,10 +86,12 @@ def test_remove_restores_the_dense_model(name: str, options: dict[str, object]) 
         dense = model(x)
         state = {k: v.clone() for k, v in model.state_dict().items()}
         reduced = vitrim.reduce.apply(model, name, **options)(x)
-        assert model.state_dict().keys() == state.keys()  # a reducer is no parameter and no buffer
+        added = {k.split(".")[0] for k in model.state_dict().keys() - state.keys()}
+        assert added == set(get_reducer(name).adds_modules)  # only a learned reducer adds (its declared) modules
         assert not torch.allclose(reduced, dense, atol=1e-6)
         assert vitrim.reduce.remove(model) is model
         assert torch.equal(model(x), dense)
+        assert model.state_dict().keys() == state.keys()  # remove took them off again
     assert all(block.reducer is None for block in model.blocks)
 
 

@@ -12,12 +12,8 @@ ViT/DeiT checkpoint loads too, with fresh predictors (``checkpoint_optional_pref
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-import torch
-from torch import nn
 
 from vitrim.models.block import Block
 from vitrim.models.config import ViTConfig
@@ -25,8 +21,7 @@ from vitrim.models.registry import register_model
 from vitrim.models.vit import VisionTransformer
 from vitrim.models.vit_models import BASE, SMALL, TINY
 from vitrim.reduce import quarter_layers as default_prune_layers  # the paper's places: 1/4, 1/2, 3/4 deep
-from vitrim.reduce.dynamic import DynamicViTPruning, num_keep
-from vitrim.reduce.score_predictor import ScorePredictor
+from vitrim.reduce.dynamic import DynamicViTPruning, build_predictors, check_keep_ratio, num_keep, pruning_stages
 
 
 @dataclass(frozen=True)
@@ -38,12 +33,7 @@ class DynamicViTConfig(ViTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        rho = self.keep_ratio
-        if isinstance(rho, bool) or not isinstance(rho, (int, float)):
-            raise TypeError(f"keep_ratio must be a number in (0, 1], got {rho!r}")
-        if not (math.isfinite(rho) and 0.0 < rho <= 1.0):
-            raise ValueError(f"keep_ratio must be in (0, 1], got {rho!r}")
-        object.__setattr__(self, "keep_ratio", float(rho))
+        object.__setattr__(self, "keep_ratio", check_keep_ratio(self.keep_ratio))
         layers = self.prune_layers
         if layers is None:
             return
@@ -96,23 +86,12 @@ class DynamicVisionTransformer(VisionTransformer):
         if not isinstance(config, DynamicViTConfig):
             raise TypeError(f"config must be a DynamicViTConfig, got {type(config).__name__}")
         super().__init__(config)
-        predictors = [ScorePredictor(config.embed_dim) for _ in config.pruning_layers]
-        self.score_predictor = nn.ModuleList(predictors)
-        self._init_predictors()
-        pruners = [DynamicViTPruning(p, f) for p, f in zip(predictors, config.keep_fractions)]
-        for layer, pruner in zip(config.pruning_layers, pruners):
+        self.score_predictor = build_predictors(config.embed_dim, len(config.pruning_layers))
+        stages = pruning_stages(self.score_predictor, config.pruning_layers, config.keep_ratio)
+        for layer, pruner in stages.items():
             block = self.blocks[layer]
             assert isinstance(block, Block)
             block.reducer = pruner
-
-    @torch.no_grad()
-    def _init_predictors(self) -> None:
-        """The official init (timm's): truncated normal std 0.02 for Linear weights, zero biases, LayerNorm 1/0."""
-        for module in self.score_predictor.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
 
     @property
     def pruners(self) -> list[DynamicViTPruning]:

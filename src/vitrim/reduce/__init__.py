@@ -13,7 +13,7 @@ Every module of this package is imported here, so a method registers itself by b
 import importlib
 import pkgutil
 
-from vitrim.reduce.api import apply, check_layers, parse_spec, reducer_options, remove
+from vitrim.reduce.api import applied_reducers, apply, check_layers, parse_spec, reducer_options, remove
 from vitrim.reduce.base import Reducer, quarter_layers
 from vitrim.reduce.registry import get_reducer, list_reducers, register
 from vitrim.reduce.state import TokenState
@@ -32,6 +32,7 @@ __all__ = [
     "TokenState",
     "TopK",
     "apply",
+    "applied_reducers",
     "check_layers",
     "get_reducer",
     "list_reducers",

@@ -24,13 +24,19 @@ from vitrim.reduce.registry import get_reducer
 
 def reducer_options(name: str) -> tuple[str, ...]:
     """The options of reducer ``name`` (e.g. ``("layers", "r")`` for ToMe); raises ValueError for an unknown name."""
-    return ("layers", *_options(name))
+    alias = get_reducer(name).layers_alias
+    return ("layers", *((alias,) if alias else ()), *_options(name))
 
 
 def _options(name: str) -> dict[str, inspect.Parameter]:
-    """The reducer's constructor parameters by name (without self)."""
-    params = list(inspect.signature(get_reducer(name).__init__).parameters.values())[1:]
-    return {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    """The reducer's options by name: the keyword parameters of the most specific of ``for_model``, ``for_layers``
+    and the constructor that lists them explicitly (the base class's ``**options`` pass them on)."""
+    cls = get_reducer(name)
+    for method, skip in ((cls.for_model, 2), (cls.for_layers, 1), (cls.__init__, 1)):  # skip model/layers/self
+        params = list(inspect.signature(method).parameters.values())[skip:]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {}
 
 
 def check_layers(layers: object, depth: int) -> tuple[int, ...]:
@@ -56,6 +62,10 @@ def apply(model: nn.Module, name: str, *, layers: Sequence[int] | int | None = N
     """
     blocks = _blocks(model)
     cls = get_reducer(name)
+    if cls.layers_alias is not None and cls.layers_alias in options:
+        if layers is not None:
+            raise ValueError(f"pass layers or {cls.layers_alias}, not both")
+        layers = options.pop(cls.layers_alias)
     allowed = reducer_options(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -66,24 +76,43 @@ def apply(model: nn.Module, name: str, *, layers: Sequence[int] | int | None = N
     if cls.needs_cls_token and getattr(model, "num_prefix", 1) < 1:
         raise ValueError(f"reducer {name!r} ranks tokens by [CLS] attention, but the model has no [CLS] token")
     chosen = cls.default_layers(len(blocks)) if layers is None else check_layers(layers, len(blocks))
-    reducers = {i: r for i, r in cls.for_layers(chosen, **options).items() if r is not None}
-    for index in reducers:
-        if blocks[index].reducer is not None:
-            raise ValueError(
-                f"block {index} already has a reducer {blocks[index].reducer!r}; call vitrim.reduce.remove first"
-            )
+    reducers = {i: r for i, r in cls.for_model(model, chosen, **options).items() if r is not None}
+    taken = [i for i in reducers if blocks[i].reducer is not None]
+    if taken:
+        _delete_modules(model, cls.adds_modules)  # nothing half-applied
+        raise ValueError(
+            f"block {taken[0]} already has a reducer {blocks[taken[0]].reducer!r}; call vitrim.reduce.remove first"
+        )
     for index, reducer in reducers.items():
         reducer.applied = True
         blocks[index].reducer = reducer
+    spec = {"name": name, "layers": list(chosen), "options": options}
+    model.applied_reducers = [*getattr(model, "applied_reducers", []), spec]  # type: ignore[assignment]
     return model
 
 
 def remove(model: nn.Module) -> nn.Module:
-    """Take off every reducer that :func:`apply` attached (others, such as a DynamicViT model's own, stay)."""
+    """Take off every reducer that :func:`apply` attached, and the modules it added (others, such as a DynamicViT
+    model's own, stay)."""
     for block in _blocks(model):
         if getattr(block.reducer, "applied", False):
+            _delete_modules(model, block.reducer.adds_modules)
             block.reducer = None
+    model.applied_reducers = []  # type: ignore[assignment]
     return model
+
+
+def applied_reducers(model: nn.Module) -> list[dict[str, Any]]:
+    """What :func:`apply` put on ``model``, in order: ``{"name", "layers", "options"}`` (kept in checkpoints)."""
+    return list(getattr(model, "applied_reducers", []))
+
+
+def _delete_modules(model: nn.Module, names: Sequence[str]) -> None:
+    for name in names:
+        if name in model._modules:
+            delattr(model, name)
+            prefixes = getattr(model, "checkpoint_optional_prefixes", ())
+            model.checkpoint_optional_prefixes = tuple(p for p in prefixes if p != f"{name}.")  # type: ignore[assignment]
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:

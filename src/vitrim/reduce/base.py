@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.state import TokenState
@@ -45,12 +45,16 @@ class Reducer:
         example_options: options that reduce tokens on a 4-block model of 16 patches (for the test sweep).
         identity_options: options that leave such a model exactly dense.
         needs_cls_token: True if it ranks tokens by the [CLS] row; ``apply`` refuses models without [CLS].
+        adds_modules: names of the modules ``for_model`` adds to the model (learned reducers); ``remove`` deletes them.
+        layers_alias: another name ``apply`` accepts for ``layers`` (DynamicViT's ``prune_layers``).
     """
 
     name: ClassVar[str] = ""
     example_options: ClassVar[dict[str, Any]] = {}
     identity_options: ClassVar[dict[str, Any]] = {}
     needs_cls_token: ClassVar[bool] = False
+    adds_modules: ClassVar[tuple[str, ...]] = ()
+    layers_alias: ClassVar[str | None] = None
     applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
 
     @classmethod
@@ -66,6 +70,11 @@ class Reducer:
         override this.
         """
         return {layer: cls(**options) for layer in layers}
+
+    @classmethod
+    def for_model(cls, model: nn.Module, layers: tuple[int, ...], **options: Any) -> dict[int, Reducer | None]:
+        """Like :meth:`for_layers`, for reducers that need the model: a learned reducer adds its modules here."""
+        return cls.for_layers(layers, **options)
 
     def before_attention(self, state: TokenState) -> TokenState:
         """Called with the tokens entering the block, before its attention. Default: unchanged."""

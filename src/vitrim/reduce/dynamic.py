@@ -14,20 +14,32 @@ One :class:`DynamicViTPruning` is the reducer of each pruning block and acts bef
   identity (no scoring, order unchanged), so ρ = 1 is exactly the dense backbone.
 
 Stage s keeps ``max(1, int(P · ρ^s))`` tokens of the P patches in the input image's own grid (224/16 at ρ = 0.7:
-137, 96, 67). Prefix tokens ([CLS], DeiT's distillation token) are never scored and never dropped.
+137, 96, 67). Prefix tokens ([CLS], DeiT's distillation token, registers) are never scored and never dropped.
+
+On any ViT: ``vitrim.reduce.apply(model, "dynamicvit", keep_ratio=0.7, prune_layers=(3, 6, 9))`` (or
+``create_model(name, reducer="dynamicvit", ...)``) adds fresh predictors to the model as ``score_predictor.{i}``
+(the official checkpoints' names, so those load as they are; a checkpoint without them loads too, leaving them
+fresh) and one pruning stage before each block of ``layers`` (default: a quarter, half and three quarters deep).
+``remove`` takes both off again. The ``dynamicvit_*`` models are this on a DeiT, with ``keep_ratio`` and
+``prune_layers`` in their config.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from vitrim.reduce.base import Reducer
+from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.registry import register
 from vitrim.reduce.score_predictor import ScorePredictor
 from vitrim.reduce.state import TokenState
+
+PREDICTORS = "score_predictor"  # the model attribute (and checkpoint prefix) holding the predictors
 
 
 def num_keep(num_patches: int, keep_fraction: float) -> int:
@@ -35,6 +47,39 @@ def num_keep(num_patches: int, keep_fraction: float) -> int:
     return max(1, int(num_patches * keep_fraction))
 
 
+def check_keep_ratio(keep_ratio: object) -> float:
+    """Validate ρ: a finite number in (0, 1]."""
+    if isinstance(keep_ratio, bool) or not isinstance(keep_ratio, (int, float)):
+        raise TypeError(f"keep_ratio must be a number in (0, 1], got {keep_ratio!r}")
+    if not (math.isfinite(keep_ratio) and 0.0 < keep_ratio <= 1.0):
+        raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio!r}")
+    return float(keep_ratio)
+
+
+def build_predictors(dim: int, count: int) -> nn.ModuleList:
+    """``count`` fresh predictors with the official init (timm's): trunc-normal std 0.02 weights, zero biases."""
+    predictors = nn.ModuleList(ScorePredictor(dim) for _ in range(count))
+    with torch.no_grad():
+        for module in predictors.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+    return predictors
+
+
+def pruning_stages(
+    predictors: nn.ModuleList, layers: Sequence[int], keep_ratio: float, *, gumbel_noise: bool = True
+) -> dict[int, DynamicViTPruning]:
+    """Block index -> the pruning stage before it: stage s (from 1) keeps ρ^s of the image's patches."""
+    rho = check_keep_ratio(keep_ratio)
+    return {
+        layer: DynamicViTPruning(p, rho ** (s + 1), gumbel_noise=gumbel_noise)
+        for s, (layer, p) in enumerate(zip(sorted(layers), predictors))
+    }
+
+
+@register("dynamicvit")
 class DynamicViTPruning(Reducer):
     """Learned token pruning before a block (see module doc).
 
@@ -46,7 +91,12 @@ class DynamicViTPruning(Reducer):
             gradient via the keep probability) — a deterministic mode for checking that both modes agree.
     """
 
-    def __init__(self, predictor: ScorePredictor, keep_fraction: float, *, gumbel_noise: bool = True) -> None:
+    example_options: ClassVar[dict[str, Any]] = {"keep_ratio": 0.5}
+    identity_options: ClassVar[dict[str, Any]] = {"keep_ratio": 1.0}
+    adds_modules: ClassVar[tuple[str, ...]] = (PREDICTORS,)
+    layers_alias = "prune_layers"
+
+    def __init__(self, predictor: nn.Module, keep_fraction: float, *, gumbel_noise: bool = True) -> None:
         if not isinstance(predictor, ScorePredictor):
             raise TypeError(f"predictor must be a ScorePredictor, got {type(predictor).__name__}")
         if isinstance(keep_fraction, bool) or not isinstance(keep_fraction, (int, float)):
@@ -56,6 +106,26 @@ class DynamicViTPruning(Reducer):
         self.predictor = predictor
         self.keep_fraction = float(keep_fraction)
         self.gumbel_noise = gumbel_noise
+
+    @classmethod
+    def default_layers(cls, depth: int) -> tuple[int, ...]:
+        return quarter_layers(depth)
+
+    @classmethod
+    def for_model(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
+        cls, model: nn.Module, layers: tuple[int, ...], *, keep_ratio: float = 0.7, gumbel_noise: bool = True
+    ) -> dict[int, Reducer | None]:
+        """Add fresh predictors to ``model`` (as ``score_predictor``) and one pruning stage per block of ``layers``."""
+        rho = check_keep_ratio(keep_ratio)
+        if hasattr(model, PREDICTORS):
+            raise ValueError(f"the model already has {PREDICTORS} modules (a DynamicViT?); remove its reducers first")
+        reference = next(model.parameters())
+        dim = int(model.blocks[0].attn.dim)  # type: ignore[index, union-attr]
+        predictors = build_predictors(dim, len(layers)).to(device=reference.device, dtype=reference.dtype)
+        setattr(model, PREDICTORS, predictors)
+        optional = tuple(getattr(model, "checkpoint_optional_prefixes", ()))
+        model.checkpoint_optional_prefixes = (*optional, f"{PREDICTORS}.")  # type: ignore[assignment]
+        return dict(pruning_stages(predictors, layers, rho, gumbel_noise=gumbel_noise))
 
     def before_attention(self, state: TokenState) -> TokenState:
         if state.grid_patches is None:
