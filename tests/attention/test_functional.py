@@ -171,6 +171,21 @@ def test_fully_masked_rows_are_zero_with_finite_grads(case, backend):
 # --- keep-policy (DynamicViT) -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_policy", [False, True])
+def test_no_keys_gives_zeros(backend, with_policy):
+    """Lk = 0: every query row is empty, so the output is zeros of shape (…, Lq, Ev), with and without a policy."""
+    q = torch.randn(2, 3, 4, 8, requires_grad=True)
+    k, v = torch.randn(2, 3, 0, 8), torch.randn(2, 3, 0, 5)
+    policy = torch.ones(2, 0) if with_policy else None
+    need = backend != "fused"
+    out, weights = vitrim.scaled_dot_product_attention(q, k, v, keep_policy=policy, need_weights=need, backend=backend)
+    assert out.shape == (2, 3, 4, 5) and torch.equal(out, torch.zeros(2, 3, 4, 5))
+    assert weights is None if not need else weights.shape == (2, 3, 4, 0)
+    out.sum().backward()
+    assert q.grad is not None and torch.equal(q.grad, torch.zeros_like(q))
+
+
 def test_hard_policy_is_softmax_over_kept_keys_and_self():
     q, k, v = _qkv(B, H, L, E, dtype=torch.float64)
     policy = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 1, 1, 0]], dtype=torch.float64)

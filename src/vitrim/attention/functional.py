@@ -260,6 +260,8 @@ def _gated_softmax(logits: Tensor, allowed: Tensor | None, gate: Tensor) -> Tens
     keys that can receive weight, so a dropped key with a huge logit cannot make the kept keys underflow; the
     shifted logits are capped so that exp of such a dropped key cannot overflow (its gradient is then clipped).
     """
+    if logits.shape[-1] == 0:  # no keys (Lk = 0): every row is empty, its weights are zeros (amax needs a key)
+        return logits * gate
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     with torch.no_grad():
