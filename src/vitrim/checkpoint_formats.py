@@ -160,11 +160,18 @@ def _describe(path: Path, size: int) -> str:
 def _read_weights_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     """One file -> (state dict with the names as stored, safetensors metadata or {})."""
     kind = sniff(path)
-    if kind == "safetensors":
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            metadata = dict(f.metadata() or {})
-            return {key: f.get_tensor(key) for key in f.keys()}, metadata  # noqa: SIM118 (safe_open is no dict)
-    return find_state_dict(_torch_load(path), path), {}
+    try:
+        if kind == "safetensors":
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                metadata = dict(f.metadata() or {})
+                return {key: f.get_tensor(key) for key in f.keys()}, metadata  # noqa: SIM118 (safe_open is no dict)
+        loaded = _torch_load(path)
+    except ValueError:
+        raise  # ours: already names the file and what was found
+    except Exception as err:  # a truncated or corrupted file raises anything from safetensors, zipfile or pickle
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{str(path)!r} is truncated or corrupt: it starts like a {kind} file but {detail}") from None
+    return find_state_dict(loaded, path), {}
 
 
 def _torch_load(path: Path) -> Any:

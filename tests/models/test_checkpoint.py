@@ -193,6 +193,25 @@ def test_not_a_checkpoint_says_what_was_found(tmp_path: Path, content: bytes, fo
         vitrim.load_checkpoint(tiny(), path)
 
 
+@pytest.mark.parametrize("layout", ["safetensors", "zip", "legacy-pickle"])
+def test_a_truncated_file_is_a_value_error_naming_it(tmp_path: Path, layout: str) -> None:
+    model = tiny()
+    whole = tmp_path / f"whole.{layout}"
+    if layout == "safetensors":
+        vitrim.save_checkpoint(model, whole)
+    else:
+        torch.save(model.state_dict(), whole, _use_new_zipfile_serialization=layout == "zip")
+    data = whole.read_bytes()
+    cut = tmp_path / f"cut.{layout}"
+    for fraction in (0.02, 0.1, 0.5, 0.9, 0.999):
+        cut.write_bytes(data[: int(len(data) * fraction)])
+        for load in (lambda: vitrim.load_checkpoint(model, cut), lambda: vitrim.load_model(cut)):
+            with pytest.raises(
+                ValueError, match=rf"'{cut}'.*(truncated or corrupt|could not be read|not a checkpoint)"
+            ):
+                load()
+
+
 def test_a_pickle_without_tensors_says_what_it_holds(tmp_path: Path) -> None:
     path = tmp_path / "stats.pth"
     torch.save({"epoch": 3, "acc": 71.0}, path)

@@ -44,6 +44,48 @@ def test_bad_images_are_refused_before_compute(shape: tuple[int, ...], message: 
     assert calls == []
 
 
+@pytest.mark.parametrize("name", vitrim.list_models())
+@pytest.mark.parametrize(
+    ("images", "error", "message"),
+    [
+        (torch.zeros(1, 3, 32, 32, dtype=torch.float64), TypeError, r"images have dtype torch.float64, but the model"),
+        (
+            torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
+            TypeError,
+            r"images must be floating point, got dtype torch.uint8",
+        ),
+        (
+            torch.zeros(1, 3, 32, 32, dtype=torch.int64),
+            TypeError,
+            r"images must be floating point, got dtype torch.int64",
+        ),
+        (torch.zeros(0, 3, 32, 32), ValueError, r"at least one image"),
+    ],
+    ids=["float64", "uint8", "int64", "empty-batch"],
+)
+def test_every_model_refuses_wrong_dtypes_before_its_first_layer(
+    name: str, images: torch.Tensor, error: type[Exception], message: str
+) -> None:
+    model = vitrim.create_model(
+        name, **({} if name.startswith("cnn") else {"embed_dim": 32, "num_heads": 2}), num_classes=3
+    )
+    first = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+    calls: list[int] = []
+    first.register_forward_hook(lambda *_: calls.append(1))
+    with pytest.raises(error, match=message):
+        model(images)
+    assert calls == []
+
+
+def test_autocast_accepts_the_dtypes_it_casts_and_refuses_float64() -> None:
+    model = tiny()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            assert model(torch.zeros(1, 3, 32, 32, dtype=dtype)).shape == (1, 3)
+        with pytest.raises(TypeError, match=r"images have dtype torch\.float64"):
+            model(torch.zeros(1, 3, 32, 32, dtype=torch.float64))
+
+
 def test_not_a_tensor_is_a_type_error() -> None:
     model = tiny()
     with pytest.raises(TypeError, match=r"images must be a torch\.Tensor, got ndarray"):

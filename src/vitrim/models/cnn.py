@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from vitrim.models.config import replace_checked
+from vitrim.models.inputs import check_images
 from vitrim.models.layers import to_2tuple
 from vitrim.models.registry import register_model
 
@@ -74,8 +75,8 @@ class SmallCNN(nn.Module):
 
     def forward_features(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, widths[-1], H / 2**stages, W / 2**stages)."""
-        if images.ndim != 4 or images.shape[1] != self.config.in_chans:
-            raise ValueError(f"images must be (B, {self.config.in_chans}, H, W), got {tuple(images.shape)}")
+        first_conv = next(m for m in self.features.modules() if isinstance(m, nn.Conv2d))
+        check_images(images, in_chans=self.config.in_chans, weight=first_conv.weight)
         return self.features(images)
 
     def forward_head(self, features: Tensor) -> Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitrim.models.inputs import check_images
+
 
 def to_2tuple(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     """``224 -> (224, 224)``; a pair stays a pair. Errors name the argument."""
@@ -36,18 +38,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def check_input(self, x: Tensor) -> tuple[int, int]:
-        """Raise a clear error for a wrong image tensor; return its patch grid (h, w)."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"images must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"images must have shape (B, C, H, W), got {tuple(x.shape)}")
-        if x.shape[1] != self.in_chans:
-            raise ValueError(f"images have {x.shape[1]} channels, but the model expects in_chans={self.in_chans}")
-        p = self.patch_size
-        for name, size in (("height", x.shape[2]), ("width", x.shape[3])):
-            if size % p != 0 or size == 0:
-                raise ValueError(f"image {name} {size} is not divisible by patch size {p}")
-        return x.shape[2] // p, x.shape[3] // p
+        """Raise a clear error for a wrong image batch (:func:`vitrim.models.inputs.check_images`); return its
+        patch grid (h, w)."""
+        return check_images(x, in_chans=self.in_chans, weight=self.proj.weight, patch_size=self.patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, h·w, D)
