@@ -27,7 +27,6 @@ import importlib
 import json
 import logging
 import os
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from vitrim import reduce
+from vitrim.atomic import atomic_write
 from vitrim.checkpoint_formats import (
     RawCheckpoint,
     convert_hf,
@@ -254,25 +254,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     if reduce.applied_reducers(model):  # reducers put on with vitrim.reduce.apply: load_model puts them on again
         metadata["vitrim.reducers"] = json.dumps(reduce.applied_reducers(model))
     tensors = {key: value.detach().to("cpu").contiguous() for key, value in model.state_dict().items()}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp_name = str(target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        save_file(tensors, tmp_name, metadata=metadata)
-        os.chmod(tmp_name, _default_file_mode())  # safetensors writes 0600; give the usual umask permissions
-        with open(tmp_name, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _default_file_mode() -> int:
-    """0666 minus the process umask: the mode ``open(path, "w")`` would give a new file."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    return atomic_write(target, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def _qualified(cls: type) -> str:

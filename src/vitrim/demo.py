@@ -13,7 +13,6 @@ Every step is also a command of its own; the report lists them so each number ca
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -25,9 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitrim.train.cli import add_threads_argument, set_threads
-from vitrim.train.loop import TrainConfig, input_spec, train
+from vitrim.bench.flops import model_flops_per_image
+from vitrim.bench.timing import interleaved_samples
+from vitrim.data import DigitsCanvas
+from vitrim.data.digits import MEAN, STD
+from vitrim.train import TrainConfig, train
+from vitrim.train.loop import input_spec
 from vitrim.train.state import load_for_eval
+from vitrim.viz.maps import new_figure, save_figure
+from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
 
 KEEP_RATIO = 0.7
 TARGET_DENSE_TOP1 = 0.97
@@ -96,34 +101,6 @@ DENSE_MODEL, DYNAMIC_MODEL, CNN_MODEL = "vit_tiny_patch16_224", "dynamicvit_tiny
 NAMES = ("dense", "dynamicvit", "cnn")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="train a ViT, DynamicViT and a CNN on bundled digits; write a report (no downloads)",
-        description="Train a small ViT on the bundled digits, fine-tune DynamicViT (keep ratio 0.7) from it, train "
-        "a small CNN, then evaluate and benchmark all three and write report.md and summary.json.",
-    )
-    p.add_argument("--out", default="runs/demo", help="run folder (its dense/, dynamicvit/, cnn/ are replaced)")
-    p.add_argument("--quick", action="store_true", help="tiny models, one epoch each: checks the plumbing (<1 min)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
-    add_threads_argument(p)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    set_threads(args.threads)
-    summary = run_demo(Path(args.out), QUICK if args.quick else FULL, seed=args.seed, quiet=args.quiet)
-    print(f"report: {Path(args.out) / 'report.md'}")
-    for name in NAMES:
-        row = summary[name]
-        print(
-            f"  {name:<10} top-1 {row['top1']:.4f}  {row['gflops']:.4f} GFLOPs  {row['images_per_s']:.0f} images/s"
-            f"  ({row['speedup']:.2f}x dense)"
-        )
-    return 0
-
-
 def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -> dict[str, Any]:
     """Train, evaluate and benchmark the three models; write report.md and summary.json; return the summary."""
     for name in NAMES:
@@ -160,8 +137,6 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
     models = {name: load_for_eval(out / name / "last.safetensors")[0] for name in NAMES}
     test_images = _test_batch(models["dense"], plan, seed)
     speed = _throughput(models, test_images, plan.bench_repeats)
-    from vitrim.bench.flops import model_flops_per_image
-
     summary: dict[str, Any] = {}
     for name, model in models.items():
         img_size, in_chans = input_spec(model)
@@ -184,8 +159,6 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
 
 def _test_batch(model: nn.Module, plan: DemoPlan, seed: int) -> torch.Tensor:
     """The first ``bench_batch`` held-out images, as the models see them."""
-    from vitrim.data import DigitsCanvas
-
     img_size, in_chans = input_spec(model)
     test = DigitsCanvas("test", canvas_size=img_size[0], in_chans=in_chans, seed=seed, **plan.digits)
     return torch.stack([test[i][0] for i in range(min(plan.bench_batch, len(test)))])  # (B, C, H, W)
@@ -193,8 +166,6 @@ def _test_batch(model: nn.Module, plan: DemoPlan, seed: int) -> torch.Tensor:
 
 def _throughput(models: dict[str, nn.Module], images: torch.Tensor, repeats: int) -> dict[str, float]:
     """Images/s of each model on one batch, timed in turns (median of ``repeats``) so the load is shared fairly."""
-    from vitrim.bench.timing import interleaved_samples
-
     names = list(models)
     fns = [lambda m=models[n]: m(images) for n in names]
     samples = interleaved_samples(fns, repeats, warmup=2)
@@ -208,8 +179,6 @@ def _kept_digit_patches(model: nn.Module, images: torch.Tensor) -> dict[str, lis
     images: (B, 1, H, W) normalised test images; the background is exactly ``(0 - MEAN) / STD`` and a patch with
     any other pixel shows part of the digit, so this needs neither the placements nor the model's own opinion.
     """
-    from vitrim.data.digits import MEAN, STD
-
     p = int(model.config.patch_size)  # type: ignore[union-attr, arg-type]
     patches = images[:, 0].unfold(1, p, p).unfold(2, p, p)  # (B, H/p, W/p, p, p)
     ink = (patches > (0.0 - MEAN) / STD).flatten(3).any(-1).flatten(1)  # (B, P) True = digit patch
@@ -233,12 +202,6 @@ def _targets(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _pictures(out: Path, models: dict[str, nn.Module], images: torch.Tensor, summary: dict[str, Any]) -> list[str]:
     """Kept tokens per stage on a few test digits, and accuracy vs speed; returns the file names written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from vitrim.viz.maps import save_figure
-    from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
-
     names = []
     dynamic = models["dynamicvit"].eval()
     for i in range(min(4, len(images))):
@@ -246,8 +209,6 @@ def _pictures(out: Path, models: dict[str, nn.Module], images: torch.Tensor, sum
         fig, _ = plot_kept_tokens(images[i], kept, grid, title=f"DynamicViT (keep ratio {KEEP_RATIO}): test digit {i}")
         save_figure(fig, out / f"kept_tokens_{i}.png")
         names.append(f"kept_tokens_{i}.png")
-
-    from vitrim.viz.maps import new_figure
 
     fig = new_figure((5.0, 3.6))
     ax = fig.subplots()

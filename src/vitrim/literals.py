@@ -35,3 +35,22 @@ def parse_value(text: str) -> Any:
     except (ValueError, SyntaxError):
         return text.strip()
     return tuple(value) if isinstance(value, list) else value
+
+
+def parse_assignments(text: str, option: str) -> dict[str, Any]:
+    """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``: the one ``--set`` grammar.
+
+    Errors name ``option``.
+
+    Values are read by :func:`parse_value`; commas inside brackets and quotes do not split.
+    """
+    values: dict[str, Any] = {}
+    for part in split_top_level(text):
+        key, sep, raw = part.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier() or not raw.strip():
+            raise ValueError(
+                f"{option} expects key=value[,key=value...] with a Python name as key, got {text!r} (bad part {part!r})"
+            )
+        values[key] = parse_value(raw.strip())
+    return values

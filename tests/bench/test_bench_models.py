@@ -7,9 +7,8 @@ import json
 import pytest
 
 import vitrim
-from vitrim.bench.model_cases import parse_assignments
 from vitrim.cli import main
-from vitrim.literals import parse_value
+from vitrim.literals import parse_assignments, parse_value
 
 TINY_SET = "embed_dim=32,depth=2,num_heads=2,img_size=32,patch_size=8,num_classes=10"
 FAST = ["--batch-size", "2", "--repeats", "2", "--warmup", "1", "--latency-repeats", "3", "--threads", "1"]
@@ -125,7 +124,7 @@ def test_keep_ratio_rows(capsys, tmp_path):
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--keep-ratio", "0.5"], "does not take keep_ratio"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--reducer", "tomato:r=2"], "unknown reducer 'tomato'"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--reducer", "tome:q=2"], "unknown option(s) ['q']"),
-        (["vit_tiny_patch16_224", "--set", "embed_dim"], "--set expects KEY=VALUE"),
+        (["vit_tiny_patch16_224", "--set", "embed_dim"], "--set expects key=value"),  # the one --set grammar
         (["vit_tiny_patch16_224", "--set", "depht=2"], "unknown config option(s) ['depht']"),
         (["vit_tiny_patch16_224", "--set", "img_size=32", "--img-size", "32"], "--img-size or --set img_size"),
         (["vit_tiny_patch16_224[depth=2", "--set", TINY_SET], "must look like name or name[key=value,...]"),

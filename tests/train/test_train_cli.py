@@ -72,7 +72,7 @@ def test_eval_refuses_data_with_other_classes(tmp_path: Path) -> None:
     train(config)
     from PIL import Image
 
-    from vitrim.train.eval_cli import evaluate_checkpoint
+    from vitrim.train import evaluate_checkpoint
 
     for name in ("a", "b", "c"):
         for i in range(5):

@@ -8,7 +8,7 @@ import torch
 
 import vitrim
 from vitrim.cli import main
-from vitrim.viz.cli import read_image
+from vitrim.data.images import read_image
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

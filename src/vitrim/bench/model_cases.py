@@ -9,12 +9,13 @@ to every item. Values are Python literals read with :func:`ast.literal_eval` (ne
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vitrim import reduce
 from vitrim.factory import create_model
-from vitrim.literals import parse_value, split_top_level
+from vitrim.literals import parse_assignments, split_top_level
 from vitrim.models import list_models
 
 
@@ -46,60 +47,48 @@ class Case:
 # -- parsing ----------------------------------------------------------------------------------------------------
 
 
-def parse_assignments(text: str, option: str) -> dict[str, Any]:
-    """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``; errors name ``option``."""
-    values: dict[str, Any] = {}
-    for part in split_top_level(text):
-        key, sep, raw = part.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier() or not raw.strip():
-            raise ValueError(f"{option} expects KEY=VALUE[,KEY=VALUE...], got {text!r} (bad part {part!r})")
-        values[key] = parse_value(raw.strip())
-    return values
-
-
 def parse_reducer(spec: str) -> tuple[str, dict[str, Any]] | None:
     """``"tome:r=13"`` -> ``("tome", {"r": 13})`` (read by ``vitrim.reduce.parse_spec``); ``"none"`` -> None (dense)."""
     if spec.strip() == "none":
         return None
-    import vitrim.reduce
-
-    parse_spec = getattr(vitrim.reduce, "parse_spec", None)
-    if parse_spec is None or getattr(vitrim.reduce, "apply", None) is None:
-        raise ValueError(f"--reducer {spec!r}: this vitrim has no vitrim.reduce.apply (token reducers not installed)")
     try:
-        name, options = parse_spec(spec)
+        name, options = reduce.parse_spec(spec)
     except (ValueError, TypeError) as err:
         raise ValueError(f"--reducer {spec!r}: {err}") from err
     return name, options
 
 
-def build_cases(args: argparse.Namespace) -> list[Case]:
-    """Check every argument and expand models × keep ratios × reducers into rows, before any compute."""
-    for name in ("batch_size", "repeats"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
-    for name in ("threads", "warmup", "latency_repeats"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.img_size is not None and args.img_size <= 0:
-        raise ValueError(f"--img-size must be a positive int, got {args.img_size}")
-    if args.compile and args.warmup == 0:
-        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
-    items = [parse_model_item(item) for item in split_top_level(args.models)]
+def build_cases(
+    models: str,
+    *,
+    overrides: Sequence[str] = (),
+    keep_ratios: Sequence[float] = (),
+    reducers: Sequence[str] = (),
+    img_size: int | None = None,
+    timm_reference: bool = False,
+) -> list[Case]:
+    """Check every setting and expand models × keep ratios × reducers into rows, before any compute.
+
+    ``models``: the MODEL list (module doc); ``overrides``: ``--set`` texts; ``keep_ratios`` / ``reducers``: one row
+    per value for the items without a setting of their own; ``timm_reference``: add timm's eager ops after each
+    dense row.
+    """
+    if img_size is not None and img_size <= 0:
+        raise ValueError(f"--img-size must be a positive int, got {img_size}")
+    items = [parse_model_item(item) for item in split_top_level(models)]
     if not items:
-        raise ValueError(f"MODEL must name at least one model, got {args.models!r}")
-    overrides: dict[str, Any] = {}
-    for text in args.overrides or []:
-        overrides.update(parse_assignments(text, "--set"))
-    if args.img_size is not None and any("img_size" in o for o in [overrides, *(i[1] for i in items)]):
+        raise ValueError(f"MODEL must name at least one model, got {models!r}")
+    shared: dict[str, Any] = {}
+    for text in overrides:
+        shared.update(parse_assignments(text, "--set"))
+    if img_size is not None and any("img_size" in o for o in [shared, *(i[1] for i in items)]):
         raise ValueError("give the image size once: --img-size or --set img_size=..., not both")
-    ratios: list[float | None] = list(args.keep_ratio) if args.keep_ratio else [None]
+    ratios: list[float | None] = list(keep_ratios) if keep_ratios else [None]
     for ratio in ratios:
         if ratio is not None and not 0.0 < ratio <= 1.0:
             raise ValueError(f"--keep-ratio must be in (0, 1], got {ratio}")
-    reducers: list[str | None] = list(args.reducer) if args.reducer else [None]
-    reducers = [None if spec is None or parse_reducer(spec) is None else spec for spec in reducers]
+    specs: list[str | None] = list(reducers) if reducers else [None]
+    specs = [None if spec is None or parse_reducer(spec) is None else spec for spec in specs]
     cases = []
     for name, own in items:
         own = dict(own)
@@ -109,15 +98,15 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             raise ValueError(f"keep_ratio must be in (0, 1], got {own_ratio!r} in {name}[...]")
         if own_reducer is not None and parse_reducer(str(own_reducer)) is None:
             own_reducer = None
-        row_overrides = {**overrides, **own}
+        row_overrides = {**shared, **own}
         if has_own_setting:  # the item's own setting replaces the flags
             settings = [(own_ratio, None if own_reducer is None else str(own_reducer))]
         else:
-            settings = [(r, spec) for r in ratios for spec in reducers]
+            settings = [(r, spec) for r in ratios for spec in specs]
         for ratio, spec in settings:
             case = Case(name, row_overrides, ratio, spec, own_overrides=own)
             cases.append(case)
-            if args.timm_reference and case.keep_ratio is None and case.reducer is None:
+            if timm_reference and case.keep_ratio is None and case.reducer is None:
                 cases.append(Case(case.model, row_overrides, timm_reference=True, own_overrides=own))
     return cases
 

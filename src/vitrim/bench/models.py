@@ -21,12 +21,8 @@ machine every row sees the same load. What is measured:
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -35,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrim.bench.allocator import pin_malloc_threshold
-from vitrim.bench.attention import _peak_rss_bytes
+from vitrim import reduce
 from vitrim.bench.flops import count_flops, model_flops_per_image
-from vitrim.bench.model_cases import Case, build_cases, parse_reducer
+from vitrim.bench.memory import measure_in_fresh_process, peak_rss_bytes
+from vitrim.bench.model_cases import Case, parse_reducer
 from vitrim.bench.reference import check_timm_reference, timm_eager_forward
 from vitrim.bench.timing import interleaved_samples, percentile
 from vitrim.factory import create_model
@@ -47,59 +43,17 @@ from vitrim.factory import create_model
 DEFAULT_MATMUL = (197, 384, 1536)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "models",
-        help="throughput, latency, FLOPs, memory and efficiency of models, float32, this machine",
-        description="Benchmark models; the first row is the baseline of the speed-up column.",
-    )
-    parser.add_argument(
-        "models",
-        help="comma-separated registered model names (see vitrim.list_models()), each optionally with its own "
-        "settings: NAME[keep_ratio=R], NAME[reducer=tome:r=13], NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)'], "
-        "NAME[depth=6] (create_model overrides)",
-    )
-    parser.add_argument("--batch-size", type=int, default=32, help="batch of the throughput measurement")
-    parser.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed batches for throughput (median)")
-    parser.add_argument("--latency-repeats", type=int, default=30, help="timed batch-1 calls (p50, p95); 0: skip")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
-    parser.add_argument(
-        "--keep-ratio",
-        type=float,
-        action="append",
-        default=None,
-        help="DynamicViT keep ratio, passed as create_model(..., keep_ratio=R); repeat for several rows",
-    )
-    parser.add_argument(
-        "--reducer",
-        action="append",
-        default=None,
-        help="token reducer NAME[:key=value,...] (e.g. tome:r=13, evit:keep_rate=0.7, 'topk:keep_rate=(0.7,0.5)'); "
-        "'none' = dense; repeat for several rows",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=None,
-        metavar="KEY=VALUE[,KEY=VALUE]",
-        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
-    )
-    parser.add_argument(
-        "--timm-reference",
-        action="store_true",
-        help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
-    )
-    parser.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
-    parser.add_argument(
-        "--memory", action=argparse.BooleanOptionalAction, default=True, help="measure peak memory (fresh process)"
-    )
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
-    parser.set_defaults(func=run)
-    # Internal: measure one case's peak memory in this (fresh) process and print it as JSON.
-    parser.add_argument("--_memory-case", dest="memory_case", default=None, help=argparse.SUPPRESS)
+@dataclass(frozen=True)
+class BenchSettings:
+    """How ``measure_all`` measures (``vitrim bench models`` fills it from its options)."""
+
+    batch_size: int = 32  # batch of the throughput measurement
+    img_size: int | None = None  # image side; None: each model's own
+    repeats: int = 10  # timed batches for throughput (median)
+    latency_repeats: int = 30  # timed batch-1 calls (p50, p95); 0: skip
+    warmup: int = 3  # untimed calls before timing
+    compile: bool = False  # time torch.compile(model); FLOPs are counted on the eager model
+    memory: bool = True  # peak memory of one batch, in a fresh process
 
 
 # -- building ---------------------------------------------------------------------------------------------------
@@ -137,13 +91,11 @@ def forward_fn(case: Case, model: nn.Module, compile: bool) -> Callable[[Tensor]
 
 
 def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
-    import vitrim.reduce
-
     parsed = parse_reducer(spec)
     assert parsed is not None
     name, options = parsed
     try:
-        result = vitrim.reduce.apply(model, name, **options)
+        result = reduce.apply(model, name, **options)
     except (ValueError, TypeError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise ValueError(f"--reducer {spec!r}: {message}") from err
@@ -196,7 +148,7 @@ class _Row:
     matmul_shape: tuple[int, int, int]
 
 
-def _prepare(case: Case, model: nn.Module, args: argparse.Namespace) -> _Row:
+def _prepare(case: Case, model: nn.Module, args: BenchSettings) -> _Row:
     chans, h, w = _input_shape(model, args.img_size)
     flops = model_flops_per_image(model, (h, w), chans)
     if case.timm_reference:  # counted on the ops the row runs: a check that both do the same work
@@ -207,7 +159,7 @@ def _prepare(case: Case, model: nn.Module, args: argparse.Namespace) -> _Row:
     return _Row(case, model, forward_fn(case, model, args.compile), images, flops, mm_shape)
 
 
-def measure_all(built: list[tuple[Case, nn.Module]], args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> list[dict[str, Any]]:
     """Every row of the table (see the module doc for what each number means).
 
     The rows, and one matrix product per distinct shape, are timed in turn within each repeat, so that on a
@@ -254,42 +206,38 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: argparse.Namespace) -
     return results
 
 
-def _memory_here(args: argparse.Namespace) -> int:
-    """In a fresh process: build, warm up at batch 1, then one batch; print the peak-RSS growth as JSON."""
-    case = Case(**json.loads(args.memory_case))
-    model = build_model(case, args.img_size)
-    runner = forward_fn(case, model, args.compile)
-    chans, h, w = _input_shape(model, args.img_size)
-    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
+def batch_memory(case: dict[str, Any], batch_size: int, img_size: int | None, compile: bool) -> dict[str, float]:
+    """Build, warm up at batch 1, then run one batch: the peak-RSS growth (call it through a fresh process)."""
+    row = Case(**case)
+    model = build_model(row, img_size)
+    runner = forward_fn(row, model, compile)
+    chans, h, w = _input_shape(model, img_size)
+    images = torch.randn(batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         runner(images[:1].clone())  # load kernels (and compile) before the baseline is read
-        before = _peak_rss_bytes()
+        before = peak_rss_bytes()
         runner(images)
-        after = _peak_rss_bytes()
-    print(json.dumps({"peak_mem_mb": (after - before) / 2**20, "peak_rss_mb": after / 2**20}))
-    return 0
+        after = peak_rss_bytes()
+    return {"peak_mem_mb": (after - before) / 2**20, "peak_rss_mb": after / 2**20}
 
 
-def _measure_memory(case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "vitrim.cli", "bench", "models", case.model]
-    cmd += ["--_memory-case", json.dumps(asdict(case))]
-    cmd += ["--batch-size", str(args.batch_size), "--threads", str(args.threads)]
-    if args.img_size is not None:
-        cmd += ["--img-size", str(args.img_size)]
-    if args.compile:
-        cmd.append("--compile")
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"memory measurement of {case.label!r} failed:\n{result.stderr.strip()}")
-    values: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+def _measure_memory(case: Case, args: BenchSettings) -> dict[str, Any]:
+    values = measure_in_fresh_process(
+        "vitrim.bench.models:batch_memory",
+        case=asdict(case),
+        batch_size=args.batch_size,
+        img_size=args.img_size,
+        compile=args.compile,
+    )
     values["memory_method"] = "peak RSS growth (VmHWM), fresh process, after a batch-1 warm-up; weights excluded"
     return values
 
 
-# -- the command ------------------------------------------------------------------------------------------------
+# -- the table ---------------------------------------------------------------------------------------------------
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The rows as the command prints them."""
     width = max(len("model / setting"), *(len(r["setting"]) for r in rows))
     head = (
         f"{'model / setting':<{width}} {'GFLOPs':>7} {'params M':>8} {'img/s':>8} {'speed-up':>8} "
@@ -308,35 +256,3 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             f"{opt(r['latency_p95_ms'], '8.1f')} {r['achieved_gflop_s']:8.1f} {r['matmul_gflop_s']:10.1f} "
             f"{r['efficiency']:5.2f} {opt(r.get('peak_mem_mb'), '8.1f')}"
         )
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    if args.memory_case is not None:
-        return _memory_here(args)
-    cases = build_cases(args)
-    pin_malloc_threshold()
-    built: list[tuple[Case, nn.Module]] = []  # every option is checked before timing
-    for case in cases:
-        try:
-            built.append((case, build_model(case, args.img_size)))
-        except ValueError as err:
-            if not case.timm_reference:
-                raise
-            print(f"(no timm reference row for {case.model}: {err})")
-    print(
-        f"models, float32, eval, inference_mode, batch {args.batch_size}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}{', torch.compile' if args.compile else ''}"
-    )
-    rows = measure_all(built, args)
-    _print_table(rows)
-    print(
-        "img/s: median of repeats; p50/p95: batch-1 latency; eff: achieved GFLOP/s over the dense matmul "
-        "GFLOP/s (mm) timed in the same turns; peak MiB: peak-RSS growth of one batch (fresh process)"
-    )
-    if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("func", "memory_case")}
-        with open(args.json, "w") as f:
-            json.dump({"config": config | {"threads": torch.get_num_threads()}, "rows": rows}, f, indent=2)
-    return 0

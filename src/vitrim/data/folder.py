@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from vitrim.data.digits import MEAN, STD, split_indices
+from vitrim.data.digits import split_indices
+from vitrim.data.images import decode_image, normalise
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 TEST_FOLDER_NAMES = ("test", "val")
@@ -27,16 +28,6 @@ TEST_FOLDER_NAMES = ("test", "val")
 
 def _class_folders(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _load_image(path: Path, size: tuple[int, int], in_chans: int) -> np.ndarray:
-    """Decode one file to (in_chans, H, W) uint8; raises whatever Pillow raises on a bad file."""
-    from PIL import Image
-
-    with Image.open(path) as file:
-        img = file.convert("L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        array = np.asarray(img, dtype=np.uint8)
-    return array[None] if in_chans == 1 else array.transpose(2, 0, 1)
 
 
 class ImageFolder(Dataset):
@@ -49,7 +40,7 @@ class ImageFolder(Dataset):
         images, labels, skipped = [], [], 0
         for path, label in files:
             try:
-                images.append(_load_image(path, size, in_chans))
+                images.append(decode_image(path, size, in_chans))
             except Exception:  # (Pillow raises many kinds; a bad file must never stop a run)
                 skipped += 1
                 continue
@@ -67,7 +58,7 @@ class ImageFolder(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        image = self.images[index].float().div_(255.0).sub_(MEAN).div_(STD)  # (C, H, W)
+        image = normalise(self.images[index])  # (C, H, W)
         return image, int(self.labels[index])
 
 

@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import Tensor, nn
 
+from vitrim import reduce
+from vitrim.checkpoint import load_checkpoint, load_model
+from vitrim.losses import DynamicViTLoss
 from vitrim.models.vit import ViTOutput
 
 PREDICTOR_PREFIX = "score_predictor."
@@ -28,14 +32,23 @@ _ARCHITECTURE = (
 
 def teacher_architecture(path: str | Path) -> dict[str, Any]:
     """The ViT fields of a vitrim ``.safetensors`` checkpoint's config (empty for a file without one)."""
-    from safetensors import safe_open
-
     if Path(path).suffix != ".safetensors":
         return {}
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
     config = json.loads(metadata.get("vitrim.config", "{}"))
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in _ARCHITECTURE}
+
+
+def student_keep_ratio(student: nn.Module) -> float:
+    """ρ of a DynamicViT student: a dynamicvit_* model's config, or the ``dynamicvit`` reducer put on any ViT."""
+    keep_ratio = getattr(getattr(student, "config", None), "keep_ratio", None)
+    for spec in reduce.applied_reducers(student):
+        if spec["name"] == "dynamicvit":
+            keep_ratio = spec["options"].get("keep_ratio", 0.7)
+    if keep_ratio is None or not hasattr(student, "forward_detailed"):
+        raise TypeError(f"--teacher needs a DynamicViT student, got {type(student).__name__} without predictors")
+    return float(keep_ratio)
 
 
 class _Detailed(nn.Module):
@@ -67,14 +80,10 @@ class DistillObjective:
     @classmethod
     def from_teacher(cls, student: nn.Module, config: Any, device: torch.device) -> DistillObjective:
         """Load the dense checkpoint ``config.teacher`` into the student's backbone and as the frozen teacher."""
-        from vitrim.checkpoint import load_checkpoint, load_model
-        from vitrim.losses import DynamicViTLoss
-
-        if not hasattr(student, "forward_detailed") or not hasattr(student.config, "keep_ratio"):
-            raise TypeError(f"--teacher needs a DynamicViT student, got {type(student).__name__}")
+        keep_ratio = student_keep_ratio(student)
         load_checkpoint(student, config.teacher, strict=True)  # predictors are optional: they stay fresh
         teacher = load_model(config.teacher).to(device)
-        options = {"keep_ratio": student.config.keep_ratio, "label_smoothing": config.label_smoothing, **config.distill}
+        options = {"keep_ratio": keep_ratio, "label_smoothing": config.label_smoothing, **config.distill}
         return cls(
             teacher,
             DynamicViTLoss(**options),
@@ -88,8 +97,8 @@ class DistillObjective:
     def wrap(self, model: nn.Module) -> nn.Module:
         return _Detailed(model)
 
-    def __call__(self, train_model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
-        student: ViTOutput = train_model(images)
+    def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
+        student: ViTOutput = model(images)  # the wrapped student: forward_detailed
         with torch.no_grad():
             teacher = self.teacher.forward_detailed(images)  # type: ignore[operator]
         return self.loss(student, labels, teacher.logits.float(), teacher.tokens.float()).total

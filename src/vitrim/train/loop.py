@@ -10,23 +10,23 @@ ends with exactly the weights and metrics of an uninterrupted run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from vitrim.checkpoint import save_checkpoint
 from vitrim.data import DataSplits, build_datasets, dataset_classes
 from vitrim.factory import create_model
-from vitrim.models import list_models
+from vitrim.train.config import TrainConfig
+from vitrim.train.distill import DistillObjective, teacher_architecture
 from vitrim.train.distributed import (
     DistInfo,
     GlobalBatchSampler,
@@ -36,6 +36,7 @@ from vitrim.train.distributed import (
     setup_distributed,
 )
 from vitrim.train.evaluate import evaluate
+from vitrim.train.objective import CrossEntropyObjective, Objective
 from vitrim.train.optim import build_optimizer
 from vitrim.train.state import (
     capture_rng,
@@ -47,73 +48,6 @@ from vitrim.train.state import (
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
 METRICS = "metrics.jsonl"
-
-
-@dataclass
-class TrainConfig:
-    """Settings of one run; ``vitrim train`` fills it from the command line. Defaults suit a small ViT on digits."""
-
-    model: str
-    data: str = "digits"
-    out: str = "runs/train"
-    epochs: int = 10
-    overrides: dict[str, Any] = field(default_factory=dict)  # create_model(**overrides), timm's names
-    batch_size: int = 64  # global: split over ranks under torchrun
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    warmup_epochs: float = 1.0
-    min_lr_factor: float = 0.01  # the cosine ends at lr × this
-    label_smoothing: float = 0.1
-    clip_grad: float | None = 1.0  # max global gradient norm; None: no clipping
-    bf16: bool = False
-    seed: int = 0
-    resume: bool = False
-    quiet: bool = False
-    device: str = "auto"
-    eval_batch_size: int = 256
-    test_fraction: float = 0.2
-    clutter: int = 0  # digits only: fragments of other digits per image
-    noise: float = 0.0  # digits only: std of Gaussian pixel noise
-    align: int = 1  # digits only: the digit's corner on multiples of this many pixels
-    # DynamicViT fine-tuning from a dense checkpoint (see vitrim.train.distill)
-    teacher: str | None = None
-    backbone_lr_scale: float = 0.01
-    freeze_backbone_epochs: int = 1
-    distill: dict[str, Any] = field(default_factory=dict)  # keyword arguments of vitrim.losses.DynamicViTLoss
-
-    def validate(self) -> None:
-        """Raise ValueError / FileNotFoundError naming the bad setting, before anything is built."""
-        if self.model not in list_models():
-            create_model(self.model)  # raises the registry's error, with close matches
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name.replace('_', ' ')} must be a positive int, got {value!r}")
-        if "num_classes" in self.overrides:
-            raise ValueError("num_classes is set from the data's classes; remove it from --set")
-        if "keep_ratio" in self.overrides:
-            rho = self.overrides["keep_ratio"]
-            if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0 < rho <= 1:
-                raise ValueError(f"keep_ratio must be in (0, 1], got {rho!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        if self.clip_grad is not None and not self.clip_grad > 0:
-            raise ValueError(f"clip grad must be positive (or None), got {self.clip_grad!r}")
-        if not self.warmup_epochs >= 0:
-            raise ValueError(f"warmup epochs must be >= 0, got {self.warmup_epochs!r}")
-        if self.data != "digits" and not Path(self.data).is_dir():
-            raise FileNotFoundError(f"data folder {self.data!r} does not exist (expected 'digits' or a folder)")
-        if self.teacher is not None:
-            if not self.model.startswith("dynamicvit_"):
-                raise ValueError(f"--teacher needs a dynamicvit_* model, got {self.model!r}")
-            if not Path(self.teacher).is_file():
-                raise FileNotFoundError(f"teacher checkpoint {self.teacher!r} does not exist")
-
-    def run_record(self) -> dict[str, Any]:
-        """The settings as plain JSON-able values (stored with the checkpoints)."""
-        return dataclasses.asdict(self)
 
 
 def _seed_epoch(seed: int, epoch: int, rank: int) -> None:
@@ -145,19 +79,6 @@ def build_data(config: TrainConfig, img_size: tuple[int, int], in_chans: int) ->
     )
 
 
-class CrossEntropyObjective:
-    """Plain supervised training: cross-entropy with label smoothing on ``model(images)``."""
-
-    def __init__(self, label_smoothing: float) -> None:
-        self.label_smoothing = label_smoothing
-
-    def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
-        return F.cross_entropy(model(images), labels, label_smoothing=self.label_smoothing)
-
-    def after_backward(self, model: nn.Module, epoch: int) -> None:
-        """Hook between backward and the optimiser step (DynamicViT freezes its backbone here)."""
-
-
 def _progress(total: int, enabled: bool, desc: str) -> Any:
     if not enabled:
         return None
@@ -186,36 +107,39 @@ def train(config: TrainConfig) -> dict[str, Any]:
         cleanup_distributed()
 
 
-def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
-    out = Path(config.out)
-    if config.batch_size % info.world_size:
-        raise ValueError(f"batch size {config.batch_size} is not divisible by the world size {info.world_size}")
-    if not config.resume and (out / LAST).exists():
-        raise ValueError(f"run folder {str(out)!r} already holds {LAST}; pass --resume to continue it or pick --out")
+@dataclass
+class _Run:
+    """Everything one run trains with, built once (and restored on resume)."""
+
+    model: nn.Module
+    train_model: nn.Module  # what the loop calls: the objective's view of the model, DDP-wrapped under torchrun
+    objective: Objective
+    data: DataSplits
+    sampler: GlobalBatchSampler
+    loader: DataLoader
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    steps_per_epoch: int
+    record: dict[str, Any]  # the settings as stored next to the checkpoints
+
+
+def _build(config: TrainConfig, info: DistInfo) -> _Run:
     classes = dataset_classes(config.data)
     overrides = dict(config.overrides)
     if config.teacher is not None:
-        from vitrim.train.distill import teacher_architecture
-
         overrides = {**teacher_architecture(config.teacher), **overrides}  # the student is built like its teacher
     torch.manual_seed(config.seed)  # the same initial weights on every rank and in every repeat
     model = create_model(config.model, num_classes=len(classes), **overrides).to(info.device)
     data = build_data(config, *input_spec(model))
     overrides["num_classes"] = data.num_classes
-    run_record = {**config.run_record(), "overrides": overrides, "classes": data.classes}
-
-    objective: Any = CrossEntropyObjective(config.label_smoothing)
-    lr_multiplier = None
+    record = {**config.run_record(), "overrides": overrides, "classes": data.classes}
+    objective: Objective = CrossEntropyObjective(config.label_smoothing)
     if config.teacher is not None:
-        from vitrim.train.distill import DistillObjective
-
         objective = DistillObjective.from_teacher(model, config, info.device)
-        lr_multiplier = objective.lr_multiplier
-    train_model: nn.Module = objective.wrap(model) if hasattr(objective, "wrap") else model
+    train_model = objective.wrap(model)
     if info.enabled:
         ids = [info.device.index] if info.device.type == "cuda" else None
         train_model = nn.parallel.DistributedDataParallel(train_model, device_ids=ids)
-
     num_train = len(data.train)  # type: ignore[arg-type]
     sampler = GlobalBatchSampler(
         num_train, config.batch_size, rank=info.rank, world_size=info.world_size, seed=config.seed
@@ -223,69 +147,85 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
     steps_per_epoch = len(sampler) // sampler.local_batch
     if steps_per_epoch == 0:
         raise ValueError(f"batch size {config.batch_size} exceeds the {num_train} training images")
-    loader = DataLoader(data.train, batch_size=sampler.local_batch, sampler=sampler)
     total_steps = config.epochs * steps_per_epoch
-    warmup = min(total_steps, round(config.warmup_epochs * steps_per_epoch))
     optimizer, scheduler = build_optimizer(
         model,
         lr=config.lr,
         weight_decay=config.weight_decay,
-        warmup_steps=warmup,
+        warmup_steps=min(total_steps, round(config.warmup_epochs * steps_per_epoch)),
         total_steps=total_steps,
         min_lr_factor=config.min_lr_factor,
-        lr_multiplier=lr_multiplier,
+        lr_multiplier=objective.lr_multiplier,
     )
+    loader = DataLoader(data.train, batch_size=sampler.local_batch, sampler=sampler)
+    return _Run(model, train_model, objective, data, sampler, loader, optimizer, scheduler, steps_per_epoch, record)
 
-    start_epoch, best_top1 = 0, -1.0
-    if config.resume:
-        state = load_training_state(out / LAST)
-        _check_resumable(state.get("run", {}), config)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        restore_rng(state["rng"])
-        start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
-        if info.is_main:
-            _truncate_metrics(out / METRICS, start_epoch)
 
+def _resume(run: _Run, config: TrainConfig, info: DistInfo, out: Path) -> tuple[int, float]:
+    """Restore the state of ``out/last.pt``; returns (epochs done, best top-1 so far)."""
+    state = load_training_state(out / LAST)
+    _check_resumable(state.get("run", {}), config)
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    restore_rng(state["rng"])
     if info.is_main:
-        write_run_record(out, run_record)
+        _truncate_metrics(out / METRICS, int(state["epoch"]))
+    return int(state["epoch"]), float(state["best_top1"])
+
+
+def _train_epoch(run: _Run, config: TrainConfig, info: DistInfo, epoch: int, show_bar: bool) -> tuple[Tensor, float]:
+    """One epoch of optimiser steps; returns (loss × images summed, images) over every rank, and the seconds."""
+    _seed_epoch(config.seed, epoch, info.rank)
+    run.data.train.set_epoch(epoch)  # type: ignore[attr-defined]
+    run.sampler.set_epoch(epoch)
+    run.train_model.train()
+    bar = _progress(run.steps_per_epoch, show_bar, f"epoch {epoch + 1}/{config.epochs}")
+    loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+    seen, start = 0, time.perf_counter()
+    for images, labels in run.loader:
+        images, labels = images.to(info.device, non_blocking=True), labels.to(info.device, non_blocking=True)
+        with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+            loss = run.objective(run.train_model, images, labels, epoch)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.objective.after_backward(run.model, epoch)
+        if config.clip_grad is not None:
+            nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad)
+        run.optimizer.step()
+        run.scheduler.step()
+        loss_sum += loss.detach().double() * len(labels)
+        seen += len(labels)
+        if bar is not None:
+            elapsed = time.perf_counter() - start
+            bar.set_postfix(loss=f"{loss.item():.4f}", img_s=f"{seen * info.world_size / elapsed:.0f}")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - start
+    totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), device=info.device).double()]), info)
+    return totals, seconds
+
+
+def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
+    out = Path(config.out)
+    if config.batch_size % info.world_size:
+        raise ValueError(f"batch size {config.batch_size} is not divisible by the world size {info.world_size}")
+    if not config.resume and (out / LAST).exists():
+        raise ValueError(f"run folder {str(out)!r} already holds {LAST}; pass --resume to continue it or pick --out")
+    run = _build(config, info)
+    start_epoch, best_top1 = _resume(run, config, info, out) if config.resume else (0, -1.0)
+    if info.is_main:
+        write_run_record(out, run.record)
     writer = _tensorboard(out) if info.is_main else None
     show_bar = info.is_main and not config.quiet and sys.stderr.isatty()
     metrics: dict[str, Any] = {}
     for epoch in range(start_epoch, config.epochs):
-        _seed_epoch(config.seed, epoch, info.rank)
-        data.train.set_epoch(epoch)  # type: ignore[attr-defined]
-        sampler.set_epoch(epoch)
-        train_model.train()
-        bar = _progress(steps_per_epoch, show_bar, f"epoch {epoch + 1}/{config.epochs}")
-        loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
-        seen, start = 0, time.perf_counter()
-        for images, labels in loader:
-            images, labels = images.to(info.device, non_blocking=True), labels.to(info.device, non_blocking=True)
-            with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-                loss = objective(train_model, images, labels, epoch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            objective.after_backward(model, epoch)
-            if config.clip_grad is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
-            optimizer.step()
-            scheduler.step()
-            loss_sum += loss.detach().double() * len(labels)
-            seen += len(labels)
-            if bar is not None:
-                elapsed = time.perf_counter() - start
-                bar.set_postfix(loss=f"{loss.item():.4f}", img_s=f"{seen * info.world_size / elapsed:.0f}")
-                bar.update()
-        if bar is not None:
-            bar.close()
-        train_seconds = time.perf_counter() - start
-        totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), device=info.device).double()]), info)
+        totals, seconds = _train_epoch(run, config, info, epoch, show_bar)
         test = evaluate(
-            model,
-            data.test,
-            num_classes=data.num_classes,
+            run.model,
+            run.data.test,
+            num_classes=run.data.num_classes,
             batch_size=config.eval_batch_size,
             info=info,
             bf16=config.bf16,
@@ -293,45 +233,34 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
         metrics = {
             "epoch": epoch + 1,
             "train_loss": (totals[0] / totals[1]).item(),
-            "lr": max(scheduler.get_last_lr()),  # the largest group's (DynamicViT: the predictors')
-            "train_images_per_s": totals[1].item() / train_seconds,
+            "lr": max(run.scheduler.get_last_lr()),  # the largest group's (DynamicViT: the predictors')
+            "train_images_per_s": totals[1].item() / seconds,
             **{f"test_{k}": v for k, v in test.items()},
         }
         best_top1 = max(best_top1, metrics["test_top1"])
         if info.is_main:
-            _save_epoch(out, model, optimizer, scheduler, epoch, best_top1, metrics, run_record)
+            _save_epoch(out, run, epoch, best_top1, metrics)
             _log(out, metrics, writer, config.quiet)
     if writer is not None:
         writer.close()
     return {**metrics, "best_top1": best_top1, "out": str(out), "rank": info.rank}
 
 
-def _save_epoch(
-    out: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    epoch: int,
-    best_top1: float,
-    metrics: dict[str, Any],
-    run_record: dict[str, Any],
-) -> None:
+def _save_epoch(out: Path, run: _Run, epoch: int, best_top1: float, metrics: dict[str, Any]) -> None:
     """Weights first, resume state last: if a crash interrupts, last.pt still points at a consistent epoch."""
-    from vitrim.checkpoint import save_checkpoint
-
-    save_checkpoint(model, out / WEIGHTS)
+    save_checkpoint(run.model, out / WEIGHTS)
     if metrics["test_top1"] >= best_top1:
-        save_checkpoint(model, out / BEST)
+        save_checkpoint(run.model, out / BEST)
     state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
         "epoch": epoch + 1,  # epochs completed
         "best_top1": best_top1,
         "rng": capture_rng(),
-        "sampler": {"seed": run_record["seed"], "epoch": epoch + 1},
+        "sampler": {"seed": run.record["seed"], "epoch": epoch + 1},
         "metrics": {k: v for k, v in metrics.items() if k != "test_per_class"},
-        "run": run_record,
+        "run": run.record,
     }
     save_training_state(out / LAST, state)
 

@@ -15,38 +15,18 @@ Every file is written to a temporary name in the same folder, flushed to disk, t
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from vitrim.atomic import atomic_write
+from vitrim.checkpoint import load_model
+from vitrim.factory import create_model
+
 RUN_RECORD = "run.json"
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_path)``, fsync the file, then rename it to ``path``; on any error remove it and re-raise."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the result the usual permissions
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def capture_rng() -> dict[str, Any]:
@@ -108,8 +88,6 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".pt":
-        from vitrim.factory import create_model
-
         state = load_training_state(path)
         run = dict(state.get("run", {}))
         if "model" not in run:
@@ -118,6 +96,4 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         model = create_model(run["model"], **overrides)
         model.load_state_dict(state["model"], strict=True)
         return model.eval(), run
-    from vitrim.checkpoint import load_model
-
     return load_model(path), read_run_record(path)

@@ -16,16 +16,14 @@ softmax saturates (one weight near 1, the gradient near 0); var(q·k / √d) = 1
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from vitrim.viz.maps import colormap, new_figure, save_figure
+from vitrim.viz.maps import colormap, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -267,21 +265,3 @@ def plot_explanation(ex: Explanation) -> Figure:
 
 def _cells(matrix: Tensor) -> list[tuple[tuple[int, int], float]]:
     return [((i, j), float(v)) for i, row in enumerate(matrix.tolist()) for j, v in enumerate(row)]
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("explain", help="walk through one attention matrix by hand, and why we divide by √d")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the toy embeddings and weights")
-    parser.add_argument("--out", default=None, help="also draw every step into this PNG file")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.out and not Path(args.out).parent.is_dir():
-        raise FileNotFoundError(f"--out {args.out!r}: folder {str(Path(args.out).parent)!r} does not exist")
-    ex = explain_numbers(args.seed)
-    print(format_explanation(ex))
-    if args.out:
-        save_figure(plot_explanation(ex), args.out)
-        print(f"\nwrote {args.out}")
-    return 0

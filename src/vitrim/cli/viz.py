@@ -14,17 +14,20 @@ resized to its img_size, normalised with mean 0.5 and std 0.5 as vitrim's data p
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-import numpy as np
-import torch
 from torch import Tensor, nn
 
+import vitrim
+from vitrim.bench import rollout as rollout_bench
+from vitrim.bench.allocator import pin_malloc_threshold
+from vitrim.cli.common import add_threads_argument, check_output_file
+from vitrim.data import DigitsCanvas
+from vitrim.data.images import read_image
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
-
-NORMALISE_MEAN, NORMALISE_STD = 0.5, 0.5  # vitrim.data's: [0, 1] -> [-1, 1]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,9 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
             p.add_argument("--discard-ratio", type=float, default=0.0, help="weakest links dropped per block, [0, 1)")
         p.set_defaults(func=run)
-    from vitrim.bench import rollout as rollout_bench
-
-    rollout_bench.register(kinds)
+    p = kinds.add_parser("rollout-memory", help="peak memory of streaming vs all-at-once rollout")
+    p.add_argument("--model", default="vit_small_patch16_224", help="registered model (random weights)")
+    p.add_argument("--img-size", type=int, default=1024, help="square input side; N = (side / patch)² + 1")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--modes", default="stream", help="comma-separated: stream, all (all needs depth × N² RAM)")
+    add_threads_argument(p)
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    p.set_defaults(func=run_rollout_memory)
 
 
 def load_viz_model(args: argparse.Namespace) -> nn.Module:
@@ -60,12 +68,8 @@ def load_viz_model(args: argparse.Namespace) -> nn.Module:
         path = Path(args.checkpoint)
         if not path.exists():
             raise FileNotFoundError(f"--checkpoint {args.checkpoint!r} does not exist")
-        import vitrim
-
         model = vitrim.load_model(path)
     else:
-        import vitrim
-
         kwargs = {} if args.img_size is None else {"img_size": args.img_size}
         model = vitrim.create_model(args.model, **kwargs)
     model_config(model)  # a vitrim Vision Transformer, or a clear TypeError
@@ -78,8 +82,6 @@ def load_picture(args: argparse.Namespace, model: nn.Module) -> Tensor:
     height, width = config.img_size
     if args.image is not None:
         return read_image(args.image, (height, width), config.in_chans)
-    from vitrim.data import DigitsCanvas
-
     if height != width:
         raise ValueError(f"--digits needs a model with a square img_size, got {config.img_size}")
     dataset = DigitsCanvas("test", canvas_size=height, in_chans=config.in_chans)
@@ -89,28 +91,8 @@ def load_picture(args: argparse.Namespace, model: nn.Module) -> Tensor:
     return image
 
 
-def read_image(path: str | Path, size: tuple[int, int], in_chans: int) -> Tensor:
-    """A PNG/JPEG file -> (in_chans, H, W) float32 normalised to [-1, 1]; ``size`` is (H, W)."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"--image {str(path)!r} does not exist")
-    if in_chans not in (1, 3):
-        raise ValueError(f"images can be read for models with 1 or 3 input channels, not in_chans={in_chans}")
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as file:
-            img = file.convert("L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            array = np.asarray(img, dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"--image {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
-    chw = array[None] if in_chans == 1 else array.transpose(2, 0, 1)
-    return (torch.from_numpy(chw.copy()) - NORMALISE_MEAN) / NORMALISE_STD
-
-
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if not out.parent.exists():
-        raise FileNotFoundError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    out = check_output_file(args.out, "--out")
     if args.img_size is not None and args.checkpoint is not None:
         raise ValueError("--img-size applies to --model only; a checkpoint carries its own image size")
     if args.viz_kind == "rollout" and not 0.0 <= args.discard_ratio < 1.0:
@@ -143,3 +125,32 @@ def run(args: argparse.Namespace) -> int:
 
 def _top(logits: Tensor) -> str:
     return str(int(logits.argmax()))
+
+
+def run_rollout_memory(args: argparse.Namespace) -> int:
+    for name in ("img_size", "batch"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in rollout_bench.MODES]
+    if bad or not modes:
+        raise ValueError(f"--modes must be a comma-separated subset of {rollout_bench.MODES}, got {args.modes!r}")
+    pin_malloc_threshold()
+    _, c = rollout_bench.build(args.model, args.img_size)  # validates the name and the size before measuring
+    n = (args.img_size // c.patch_size) ** 2 + c.num_prefix
+    one_map = args.batch * c.num_heads * n * n * 4
+    print(f"rollout memory: {args.model}, {args.img_size}x{args.img_size}, B={args.batch}, N={n}, depth {c.depth}")
+    print(
+        f"  one block's attention map: {one_map / 2**20:9.1f} MiB; all {c.depth}: {c.depth * one_map / 2**20:9.1f} MiB"
+    )
+    results: dict[str, object] = {"config": {k: v for k, v in vars(args).items() if k != "func"}}
+    results["tokens"], results["one_map_mb"] = n, one_map / 2**20
+    for mode in modes:
+        measured = rollout_bench.measure(args.model, args.img_size, args.batch, mode)
+        mb = measured["peak_bytes"] / 2**20
+        results[mode] = {"peak_mb": mb, "seconds": measured["seconds"]}
+        print(f"  {mode:>6}: peak RSS growth {mb:9.1f} MiB, {measured['seconds']:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0

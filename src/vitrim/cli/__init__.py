@@ -1,0 +1,49 @@
+"""The ``vitrim`` command: every parser of the project lives in this package, one module per subcommand.
+
+A subcommand is a module here with ``register(subparsers)`` (its parser sets ``func(args) -> int``) and a line in
+``COMMANDS``. ``main`` applies ``--threads`` once, then runs the command. A user error (a bad value, a missing or
+unreadable file, a path that cannot be written) prints one line ``vitrim: error: …`` and exits with code 2; anything
+else is a bug and keeps its traceback. ``--debug`` shows the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from vitrim.cli import bench, demo, eval, explain, models, train, viz
+from vitrim.cli.common import apply_threads
+
+COMMANDS = {
+    "bench": bench,
+    "demo": demo,
+    "eval": eval,
+    "explain": explain,
+    "models": models,
+    "train": train,
+    "viz": viz,
+}
+USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitrim", description="Attention and Vision Transformers that trim tokens.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of errors in your arguments too")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS.values():
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        apply_threads(getattr(args, "threads", 0))
+        return int(args.func(args) or 0)
+    except USER_ERRORS as err:
+        if args.debug:
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"vitrim: error: {message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,170 @@
+"""``vitrim bench attention|models``: the benchmarks, with their options and printed tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch import nn
+
+from vitrim.bench import attention, models
+from vitrim.bench.allocator import pin_malloc_threshold
+from vitrim.bench.model_cases import Case, build_cases
+from vitrim.cli.common import add_threads_argument
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmark attention backends or models")
+    kinds = parser.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
+
+    p = kinds.add_parser("attention", help="auto vs math vs torch SDPA, float32, this machine")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--lengths", default="197,1024,4096", help="comma-separated sequence lengths N")
+    p.add_argument("--repeats", type=int, default=0, help="timed repeats per case (0: chosen per N)")
+    add_threads_argument(p)
+    p.add_argument("--memory-length", type=int, default=4096, help="N at which peak memory is measured (0: skip)")
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    p.set_defaults(func=run_attention)
+
+    s = models.BenchSettings()
+    p = kinds.add_parser(
+        "models",
+        help="throughput, latency, FLOPs, memory and efficiency of models, float32, this machine",
+        description="Benchmark models; the first row is the baseline of the speed-up column.",
+    )
+    p.add_argument(
+        "models",
+        help="comma-separated registered model names (see vitrim.list_models()), each optionally with its own "
+        "settings: NAME[keep_ratio=R], NAME[reducer=tome:r=13], NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)'], "
+        "NAME[depth=6] (create_model overrides)",
+    )
+    p.add_argument("--batch-size", type=int, default=s.batch_size, help="batch of the throughput measurement")
+    p.add_argument("--img-size", type=int, default=s.img_size, help="image side (default: each model's own)")
+    add_threads_argument(p)
+    p.add_argument("--repeats", type=int, default=s.repeats, help="timed batches for throughput (median)")
+    p.add_argument("--latency-repeats", type=int, default=s.latency_repeats, help="timed batch-1 calls; 0: skip")
+    p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls before timing")
+    p.add_argument(
+        "--keep-ratio",
+        type=float,
+        action="append",
+        default=None,
+        help="DynamicViT keep ratio, passed as create_model(..., keep_ratio=R); repeat for several rows",
+    )
+    p.add_argument(
+        "--reducer",
+        action="append",
+        default=None,
+        help="token reducer NAME[:key=value,...] (e.g. tome:r=13, evit:keep_rate=0.7, 'topk:keep_rate=(0.7,0.5)'); "
+        "'none' = dense; repeat for several rows",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
+    )
+    p.add_argument(
+        "--timm-reference",
+        action="store_true",
+        help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
+    )
+    p.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
+    p.add_argument(
+        "--memory", action=argparse.BooleanOptionalAction, default=s.memory, help="measure peak memory (fresh process)"
+    )
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.set_defaults(func=run_models)
+
+
+def run_attention(args: argparse.Namespace) -> int:
+    for name in ("batch", "heads", "head_dim"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    pin_malloc_threshold()
+    shape = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim)
+    print(f"attention, float32, B={args.batch}, H={args.heads}, d={args.head_dim}, {torch.get_num_threads()} threads")
+    print("median ms (ratio to torch SDPA)")
+    print(f"{'N':>6} " + " ".join(f"{name:>24}" for name in attention.CASES))
+    config = {key: value for key, value in vars(args).items() if key != "func"}
+    results: dict[str, dict] = {"config": config | {"threads": torch.get_num_threads()}, "times_ms": {}}
+    for length in lengths:
+        times = attention.time_cases(length=length, repeats=args.repeats, **shape)
+        base = times["torch_sdpa"]
+        results["times_ms"][length] = {name: t * 1e3 for name, t in times.items()}
+        print(f"{length:>6} " + " ".join(f"{t * 1e3:>14.2f} ({t / base:5.2f}x)" for t in times.values()))
+    if args.memory_length > 0:
+        print(f"peak memory growth at N={args.memory_length} (fresh process per case):")
+        results["peak_memory_mb"] = {}
+        for name in attention.CASES:
+            mb = attention.memory_mb(name, length=args.memory_length, **shape)
+            results["peak_memory_mb"][name] = mb
+            print(f"  {name:>24}: {mb:9.1f} MiB")
+        n = args.memory_length
+        matrix_mb = args.batch * args.heads * n * n * 4 / 2**20
+        print(f"  (one float32 N x N attention matrix for all heads: {matrix_mb:.1f} MiB)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    for name in ("batch_size", "repeats"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
+    for name in ("warmup", "latency_repeats"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.compile and args.warmup == 0:
+        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
+    cases = build_cases(
+        args.models,
+        overrides=args.overrides or (),
+        keep_ratios=args.keep_ratio or (),
+        reducers=args.reducer or (),
+        img_size=args.img_size,
+        timm_reference=args.timm_reference,
+    )
+    settings = models.BenchSettings(
+        batch_size=args.batch_size,
+        img_size=args.img_size,
+        repeats=args.repeats,
+        latency_repeats=args.latency_repeats,
+        warmup=args.warmup,
+        compile=args.compile,
+        memory=args.memory,
+    )
+    pin_malloc_threshold()
+    built: list[tuple[Case, nn.Module]] = []  # every option is checked before timing
+    for case in cases:
+        try:
+            built.append((case, models.build_model(case, args.img_size)))
+        except ValueError as err:
+            if not case.timm_reference:
+                raise
+            print(f"(no timm reference row for {case.model}: {err})")
+    print(
+        f"models, float32, eval, inference_mode, batch {args.batch_size}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}{', torch.compile' if args.compile else ''}"
+    )
+    rows = models.measure_all(built, settings)
+    models.print_table(rows)
+    print(
+        "img/s: median of repeats; p50/p95: batch-1 latency; eff: achieved GFLOP/s over the dense matmul "
+        "GFLOP/s (mm) timed in the same turns; peak MiB: peak-RSS growth of one batch (fresh process)"
+    )
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k != "func"}
+        with open(args.json, "w") as f:
+            json.dump({"config": config | {"threads": torch.get_num_threads()}, "rows": rows}, f, indent=2)
+    return 0

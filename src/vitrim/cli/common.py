@@ -1,0 +1,71 @@
+"""What several commands share: ``--threads``, the ``--set key=value`` grammar, the data options."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitrim.literals import parse_assignments
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``; :func:`vitrim.cli.main` applies it once, before the command runs."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (default: torch's choice). On a machine shared with other jobs, 1 can be many "
+        "times faster than 2: threads that wait for each other lose their cores",
+    )
+
+
+def apply_threads(threads: int) -> None:
+    """Apply ``--threads`` (0 keeps torch's default)."""
+    if not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"--threads must be an int >= 0, got {threads!r}")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def parse_set(items: list[str] | None, option: str = "--set") -> dict[str, Any]:
+    """Repeated ``--set depth=4 --set embed_dim=32,num_heads=2`` -> one dict (later values win)."""
+    values: dict[str, Any] = {}
+    for text in items or []:
+        values.update(parse_assignments(text, option))
+    return values
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
+    """``--data`` and the digits options; ``defaults`` (e.g. a TrainConfig's) fill them, None leaves them unset."""
+    d = defaults or {}
+    parser.add_argument("--data", default=d.get("data"), help="'digits' (bundled) or an image folder")
+    parser.add_argument("--test-fraction", type=float, default=d.get("test_fraction"), help="test share per class")
+    parser.add_argument("--clutter", type=int, default=d.get("clutter"), help="digits: fragments of other digits")
+    parser.add_argument("--noise", type=float, default=d.get("noise"), help="digits: std of Gaussian pixel noise")
+    parser.add_argument("--align", type=int, default=d.get("align"), help="digits: digits on multiples of N pixels")
+    parser.add_argument("--seed", type=int, default=d.get("seed"), help="seed of the split, placements and init")
+
+
+def check_output_file(path: str, option: str) -> Path:
+    """A file the command will write: its folder must exist and be a folder (checked before any work)."""
+    out = Path(path)
+    folder = out.parent
+    if not folder.exists():
+        raise FileNotFoundError(f"{option} {path!r}: folder {str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path!r}: {str(folder)!r} is a file, expected a folder")
+    if out.is_dir():
+        raise ValueError(f"{option} {path!r} is a folder, expected a file name")
+    return out
+
+
+def check_output_folder(path: str, option: str) -> Path:
+    """A folder the command will create or fill: nothing on its way may be a file (checked before any work)."""
+    out = Path(path)
+    for part in (out, *out.parents):  # e.g. --out notes.txt/run: mkdir would fail deep inside the run
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"{option} {path!r}: {str(part)!r} is a file, expected a folder")
+    return out

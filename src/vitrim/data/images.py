@@ -1,0 +1,48 @@
+"""Decoding one picture file: the one place vitrim turns a PNG/JPEG into the tensor a model sees.
+
+Images are converted to the model's channels (``L`` for 1, ``RGB`` for 3), resized to its (H, W) with bilinear
+filtering and normalised with mean 0.5 and std 0.5 to [−1, 1], as the image folders of ``vitrim train`` are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vitrim.data.digits import MEAN, STD  # the digits' normalisation: [0, 1] -> [-1, 1]
+
+
+def decode_image(path: str | Path, size: tuple[int, int], in_chans: int) -> np.ndarray:
+    """Decode one file to (in_chans, H, W) uint8; raises whatever Pillow raises on a bad file."""
+    from PIL import Image  # Pillow is optional (the viz and train extras): imported when a file is decoded
+
+    if in_chans not in (1, 3):
+        raise ValueError(f"images can be read for models with 1 or 3 input channels, not in_chans={in_chans}")
+    with Image.open(path) as file:
+        img = file.convert("L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        array = np.asarray(img, dtype=np.uint8)
+    return array[None] if in_chans == 1 else array.transpose(2, 0, 1)
+
+
+def normalise(pixels: Tensor) -> Tensor:
+    """uint8 pixels (…, C, H, W) -> float32 in [−1, 1]."""
+    return pixels.float().div_(255.0).sub_(MEAN).div_(STD)
+
+
+def read_image(path: str | Path, size: tuple[int, int], in_chans: int) -> Tensor:
+    """A PNG/JPEG file -> (in_chans, H, W) float32 normalised to [−1, 1]; ``size`` is (H, W).
+
+    A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--image {str(path)!r} does not exist")
+    try:
+        pixels = decode_image(path, size, in_chans)
+    except ValueError:
+        raise
+    except Exception as err:  # Pillow raises many kinds on a bad file
+        raise ValueError(f"--image {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
+    return normalise(torch.from_numpy(pixels.copy()))

@@ -1,0 +1,61 @@
+"""Evaluate a saved checkpoint on the test split its run held out (what ``vitrim eval`` runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vitrim.data import build_datasets
+from vitrim.train.config import TrainConfig
+from vitrim.train.distributed import barrier, cleanup_distributed, setup_distributed
+from vitrim.train.evaluate import evaluate
+from vitrim.train.loop import input_spec
+from vitrim.train.state import load_for_eval
+
+# the data options a run records; a checkpoint is evaluated on its own run's split unless told otherwise
+DATA_OPTIONS = ("data", "seed", "test_fraction", "clutter", "noise", "align")
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    *,
+    split: str = "test",
+    batch_size: int = 256,
+    bf16: bool = False,
+    device: str = "auto",
+    **data_options: Any,
+) -> dict[str, Any]:
+    """Metrics of a checkpoint (see :func:`vitrim.train.evaluate.evaluate`); data options default to the run's."""
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
+    model, run = load_for_eval(checkpoint)
+    defaults = TrainConfig.defaults()
+    options = {k: run.get(k, defaults[k]) for k in DATA_OPTIONS}
+    options.update({k: v for k, v in data_options.items() if v is not None})
+    data = options.pop("data")
+    if data != "digits":
+        for key in ("clutter", "noise", "align"):
+            options.pop(key)
+    if data != "digits" and not Path(data).is_dir():
+        raise FileNotFoundError(f"data folder {data!r} does not exist (expected 'digits' or a folder)")
+    info = setup_distributed(device)
+    try:
+        img_size, in_chans = input_spec(model)
+        splits = build_datasets(data, img_size=img_size, in_chans=in_chans, **options)
+        num_classes = int(getattr(model.config, "num_classes", splits.num_classes))
+        if num_classes != splits.num_classes:
+            raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {splits.num_classes}")
+        dataset = splits.test if split == "test" else splits.train
+        model = model.to(info.device)
+        metrics = evaluate(model, dataset, num_classes=num_classes, batch_size=batch_size, info=info, bf16=bf16)
+        barrier(info)
+    finally:
+        cleanup_distributed()
+    return {
+        "checkpoint": str(checkpoint),
+        "model": run.get("model", type(model).__name__),
+        "data": data,
+        "split": split,
+        "classes": splits.classes,
+        **metrics,
+    }

@@ -1,0 +1,84 @@
+"""The settings of one training run: defaults written once, here (``vitrim train`` reads its defaults from them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitrim.factory import create_model
+from vitrim.models import list_models
+from vitrim.reduce.dynamic import check_keep_ratio
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one run; ``vitrim train`` fills it from the command line. Defaults suit a small ViT on digits."""
+
+    model: str
+    data: str = "digits"
+    out: str = "runs/train"
+    epochs: int = 10
+    overrides: dict[str, Any] = field(default_factory=dict)  # create_model(**overrides), timm's names
+    batch_size: int = 64  # global: split over ranks under torchrun
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0
+    min_lr_factor: float = 0.01  # the cosine ends at lr × this
+    label_smoothing: float = 0.1
+    clip_grad: float | None = 1.0  # max global gradient norm; None: no clipping
+    bf16: bool = False
+    seed: int = 0
+    resume: bool = False
+    quiet: bool = False
+    device: str = "auto"
+    eval_batch_size: int = 256
+    test_fraction: float = 0.2
+    clutter: int = 0  # digits only: fragments of other digits per image
+    noise: float = 0.0  # digits only: std of Gaussian pixel noise
+    align: int = 1  # digits only: the digit's corner on multiples of this many pixels
+    # DynamicViT fine-tuning from a dense checkpoint (see vitrim.train.distill)
+    teacher: str | None = None
+    backbone_lr_scale: float = 0.01
+    freeze_backbone_epochs: int = 1
+    distill: dict[str, Any] = field(default_factory=dict)  # keyword arguments of vitrim.losses.DynamicViTLoss
+
+    def validate(self) -> None:
+        """Raise ValueError / FileNotFoundError naming the bad setting, before anything is built."""
+        if self.model not in list_models():
+            create_model(self.model)  # raises the registry's error, with close matches
+        for name in ("epochs", "batch_size", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name.replace('_', ' ')} must be a positive int, got {value!r}")
+        if "num_classes" in self.overrides:
+            raise ValueError("num_classes is set from the data's classes; remove it from --set")
+        if "keep_ratio" in self.overrides:
+            check_keep_ratio(self.overrides["keep_ratio"])
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if self.clip_grad is not None and not self.clip_grad > 0:
+            raise ValueError(f"clip grad must be positive (or None), got {self.clip_grad!r}")
+        if not self.warmup_epochs >= 0:
+            raise ValueError(f"warmup epochs must be >= 0, got {self.warmup_epochs!r}")
+        if self.data != "digits" and not Path(self.data).is_dir():
+            raise FileNotFoundError(f"data folder {self.data!r} does not exist (expected 'digits' or a folder)")
+        if self.teacher is not None:
+            if not self.model.startswith("dynamicvit_") and self.overrides.get("reducer") != "dynamicvit":
+                raise ValueError(
+                    f"--teacher needs a dynamicvit_* model (or --set reducer=dynamicvit on any ViT), got {self.model!r}"
+                )
+            if not Path(self.teacher).is_file():
+                raise FileNotFoundError(f"teacher checkpoint {self.teacher!r} does not exist")
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every field's default, by name (fields without one are left out)."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+    def run_record(self) -> dict[str, Any]:
+        """The settings as plain JSON-able values (stored with the checkpoints)."""
+        return dataclasses.asdict(self)
