@@ -78,8 +78,9 @@ class LoadResult:
     resampled_pos_embed: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
-def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> LoadResult:
-    """Load the weights at ``path`` (file, or Hugging Face directory) into ``model`` in place.
+def load_checkpoint(model: nn.Module, path: str | os.PathLike[str] | RawCheckpoint, strict: bool = True) -> LoadResult:
+    """Load the weights at ``path`` (file, or Hugging Face directory, or what ``read_checkpoint`` read from one)
+    into ``model`` in place.
 
     Raises FileNotFoundError (no such path), ValueError (not a checkpoint, or unsafe to unpickle) and, when
     ``strict``, CheckpointMismatchError (a ValueError) listing every key that does not fit.
@@ -88,7 +89,7 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {strict!r}")
-    return _load_raw(model, read_checkpoint(path), strict)
+    return _load_raw(model, path if isinstance(path, RawCheckpoint) else read_checkpoint(path), strict)
 
 
 def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
@@ -274,7 +275,7 @@ def _import_vitrim(name: str, what: str) -> Any:
     return obj
 
 
-def load_model(path: str | os.PathLike[str], **overrides: Any) -> nn.Module:
+def load_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides: Any) -> nn.Module:
     """Build the model a checkpoint describes and load its weights; returns it in eval mode.
 
     ``path``: a file written by :func:`save_checkpoint`, or a Hugging Face ViT directory (``config.json`` plus
@@ -282,7 +283,7 @@ def load_model(path: str | os.PathLike[str], **overrides: Any) -> nn.Module:
     ``img_size=384``: the position embedding is resampled; ``num_classes=10``: a fresh head). A bare timm/DeiT
     state dict has no config: use ``vitrim.create_model(name, checkpoint=path)``.
     """
-    raw = read_checkpoint(path)
+    raw = path if isinstance(path, RawCheckpoint) else read_checkpoint(path)
     fmt = detect_format(raw)
     model: nn.Module
     if fmt == "vitrim" and "vitrim.config" in raw.metadata:

@@ -10,15 +10,14 @@ to score tokens of a backbone that does not move under them.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import Tensor, nn
 
 from vitrim import reduce
 from vitrim.checkpoint import load_checkpoint, load_model
+from vitrim.checkpoint_formats import RawCheckpoint
 from vitrim.losses import DynamicViTLoss
 from vitrim.models.vit import ViTOutput
 
@@ -30,13 +29,9 @@ _ARCHITECTURE = (
 )  # fmt: skip
 
 
-def teacher_architecture(path: str | Path) -> dict[str, Any]:
-    """The ViT fields of a vitrim ``.safetensors`` checkpoint's config (empty for a file without one)."""
-    if Path(path).suffix != ".safetensors":
-        return {}
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-    config = json.loads(metadata.get("vitrim.config", "{}"))
+def teacher_architecture(teacher: RawCheckpoint) -> dict[str, Any]:
+    """The ViT fields of a vitrim checkpoint's config (empty for a file without one)."""
+    config = json.loads(teacher.metadata.get("vitrim.config", "{}"))
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in _ARCHITECTURE}
 
 
@@ -78,11 +73,13 @@ class DistillObjective:
         self.freeze_backbone_epochs = freeze_backbone_epochs
 
     @classmethod
-    def from_teacher(cls, student: nn.Module, config: Any, device: torch.device) -> DistillObjective:
-        """Load the dense checkpoint ``config.teacher`` into the student's backbone and as the frozen teacher."""
+    def from_teacher(
+        cls, student: nn.Module, checkpoint: RawCheckpoint, config: Any, device: torch.device
+    ) -> DistillObjective:
+        """Load the dense ``checkpoint`` (read once) into the student's backbone and as the frozen teacher."""
         keep_ratio = student_keep_ratio(student)
-        load_checkpoint(student, config.teacher, strict=True)  # predictors are optional: they stay fresh
-        teacher = load_model(config.teacher).to(device)
+        load_checkpoint(student, checkpoint, strict=True)  # predictors are optional: they stay fresh
+        teacher = load_model(checkpoint).to(device)
         options = {"keep_ratio": keep_ratio, "label_smoothing": config.label_smoothing, **config.distill}
         return cls(
             teacher,

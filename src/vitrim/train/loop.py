@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from vitrim.checkpoint import save_checkpoint
+from vitrim.checkpoint_formats import read_checkpoint
 from vitrim.data import DataSplits, build_datasets, dataset_classes
 from vitrim.factory import create_model
 from vitrim.train.config import TrainConfig
@@ -126,16 +127,17 @@ class _Run:
 def _build(config: TrainConfig, info: DistInfo) -> _Run:
     classes = dataset_classes(config.data)
     overrides = dict(config.overrides)
-    if config.teacher is not None:
-        overrides = {**teacher_architecture(config.teacher), **overrides}  # the student is built like its teacher
+    teacher = None if config.teacher is None else read_checkpoint(config.teacher)  # read once, used twice
+    if teacher is not None:
+        overrides = {**teacher_architecture(teacher), **overrides}  # the student is built like its teacher
     torch.manual_seed(config.seed)  # the same initial weights on every rank and in every repeat
     model = create_model(config.model, num_classes=len(classes), **overrides).to(info.device)
     data = build_data(config, *input_spec(model))
     overrides["num_classes"] = data.num_classes
     record = {**config.run_record(), "overrides": overrides, "classes": data.classes}
     objective: Objective = CrossEntropyObjective(config.label_smoothing)
-    if config.teacher is not None:
-        objective = DistillObjective.from_teacher(model, config, info.device)
+    if teacher is not None:
+        objective = DistillObjective.from_teacher(model, teacher, config, info.device)
     train_model = objective.wrap(model)
     if info.enabled:
         ids = [info.device.index] if info.device.type == "cuda" else None
