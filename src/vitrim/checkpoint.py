@@ -40,6 +40,7 @@ from vitrim.atomic import atomic_write
 from vitrim.checkpoint_formats import (
     RawCheckpoint,
     convert_hf,
+    convert_timm,
     detect_format,
     hf_config_to_vit_fields,
     read_checkpoint,
@@ -99,6 +100,8 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
     if fmt == "huggingface":
         state_dict, result.ignored = convert_hf(state_dict)
         _warn_on_hf_eps(model, raw)
+    else:
+        state_dict = convert_timm(state_dict)
     own = model.state_dict()
     _adapt_pos_embed(model, state_dict, own, _source_grid(raw, fmt), result)
     _adapt_head(state_dict, own, result)

@@ -222,6 +222,32 @@ def find_state_dict(obj: object, path: Path) -> dict[str, Tensor]:
     return state_dict
 
 
+# -- timm's EVA layout ---------------------------------------------------------------------------------------------
+
+_EVA_BIAS = re.compile(r"^(.*\.attn)\.q_bias$")
+
+
+def convert_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm's EVA names -> its ViT names (the rest passes through): ``attn.q_bias`` / ``attn.v_bias`` become one
+    ``attn.qkv.bias`` with a zero key bias (EVA has none; a key bias shifts every logit of a query by the same
+    amount, so softmax ignores it either way), and ``gamma_1`` / ``gamma_2`` become ``ls1.gamma`` / ``ls2.gamma``."""
+    out: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        if match := _EVA_BIAS.match(key):
+            prefix = match.group(1)
+            v_bias = state_dict.get(f"{prefix}.v_bias")
+            if v_bias is not None:
+                out[f"{prefix}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), v_bias])
+                continue
+        if key.endswith(".attn.v_bias") and f"{key[: -len('v_bias')]}q_bias" in state_dict:
+            continue
+        for old, new in ((".gamma_1", ".ls1.gamma"), (".gamma_2", ".ls2.gamma")):
+            if key.endswith(old):
+                key = key[: -len(old)] + new
+        out[key] = value
+    return out
+
+
 # -- Hugging Face ViT ------------------------------------------------------------------------------------------
 
 _HF_LAYER = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")

@@ -6,6 +6,7 @@ the checks that need ViT features (``forward_detailed``) run on every model that
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -27,8 +28,9 @@ B = 2
 
 def tiny_overrides(name: str) -> dict[str, Any]:
     overrides = dict(next(v for prefix, v in FAMILY_OVERRIDES.items() if name.startswith(prefix)))
-    if "patch32" in name:  # keep the model's own patch size: a 2x2 grid at 64 px
-        overrides["img_size"] = 64
+    if "patch" in name and "img_size" in overrides and not name.startswith("cnn_"):
+        # keep the model's own patch size: a 2x2 grid (64 px for patch 32, 28 px for patch 14)
+        overrides["img_size"] = 2 * int(re.search(r"patch(\d+)", name).group(1))  # type: ignore[union-attr]
     return overrides
 
 

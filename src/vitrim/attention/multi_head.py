@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrim.attention.functional import scaled_dot_product_attention
+from vitrim.attention.rotary import apply_rotary
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,18 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         keep_policy: Tensor | None = None,
         need_weights: bool = False,
+        rope: Tensor | None = None,
     ) -> AttentionResult:
-        """The same computation as :meth:`forward`, returning everything it made (an :class:`AttentionResult`)."""
+        """The same computation as :meth:`forward`, returning everything it made (an :class:`AttentionResult`).
+
+        ``rope`` (B or 1, 1, n, 2·hd): rotary sin ‖ cos rows (:mod:`vitrim.attention.rotary`) applied to the last n
+        tokens of q and k (prefix tokens come first and are not rotated), after qk-norm.
+        """
         q, k, v = self.project_qkv(x, context)
+        if rope is not None:
+            n = rope.shape[-2]
+            q = torch.cat([q[..., :-n, :], apply_rotary(q[..., -n:, :], rope)], dim=-2)
+            k = torch.cat([k[..., :-n, :], apply_rotary(k[..., -n:, :], rope)], dim=-2)
         out, weights = scaled_dot_product_attention(
             q,
             k,

@@ -1,6 +1,6 @@
 """Models: config, registry, layers, the ViT family (and, registered on import, the other families)."""
 
-from vitrim.models import cnn, dynamic_vit, vit_models  # noqa: F401  (register the CNN, DynamicViT and ViT/DeiT names)
+from vitrim.models import cnn, dynamic_vit, families, vit_models  # noqa: F401  (register their names)
 from vitrim.models.config import ViTConfig
 from vitrim.models.registry import build_model, list_models, register_model
 from vitrim.models.vit import VisionTransformer, ViTOutput

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from vitrim.attention import MultiHeadAttention
-from vitrim.models.layers import DropPath, LayerScale, Mlp
+from vitrim.models.layers import DropPath, GluMlp, LayerScale, Mlp, SwiGLU
 from vitrim.reduce import Reducer, TokenState
 
 
@@ -29,6 +29,8 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         init_values: float | None = None,
         norm_eps: float = 1e-6,
+        act: str = "gelu",
+        mlp: str = "mlp",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -38,7 +40,14 @@ class Block(nn.Module):
         self.ls1: nn.Module = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1: nn.Module = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        hidden = int(dim * mlp_ratio)
+        self.mlp: nn.Module
+        if mlp == "glu":  # SwiGLU, packed (EVA-02 S/Ti)
+            self.mlp = GluMlp(dim, hidden, drop=proj_drop)
+        elif mlp == "swiglu":  # SwiGLU with a norm (EVA-02 B/L)
+            self.mlp = SwiGLU(dim, hidden, drop=proj_drop, norm_eps=norm_eps)
+        else:
+            self.mlp = Mlp(dim, hidden, drop=proj_drop, act=act)
         self.ls2: nn.Module = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2: nn.Module = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.reducer: Reducer | None = None
@@ -54,6 +63,7 @@ class Block(nn.Module):
             mask=state.attention_bias(),  # (B, 1, 1, N) log-sizes, or None
             keep_policy=state.keep_policy,
             need_weights=need_weights,
+            rope=state.rotary(),  # (B, 1, n, 2·hd) by absolute position, or None
         )
         x = state.tokens + self.drop_path1(self.ls1(attention.out))
         if reducer is not None:

@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 
 from vitrim.models.layers import to_2tuple
 
-GLOBAL_POOLS = ("token", "avg")
+GLOBAL_POOLS = ("token", "avg", "map")
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
 
 T = TypeVar("T")
 
@@ -38,7 +39,17 @@ class ViTConfig:
     qk_norm: bool = False
     class_token: bool = True
     distilled: bool = False  # DeiT: a distillation token and a second head; logits are the mean of both heads
-    global_pool: str = "token"  # "token": the [CLS] output; "avg": mean over patches, then fc_norm (timm)
+    reg_tokens: int = 0  # register tokens after [CLS] (DINOv2-reg): prefix tokens without a position embedding
+    no_embed_class: bool = False  # the position embedding covers the patches only (DeiT-III, DINOv2-reg)
+    pre_norm: bool = False  # a LayerNorm before the blocks and no patch-embedding bias (CLIP)
+    global_pool: str = "token"  # "token": the [CLS] output; "avg": mean over patches; "map": attention pool (SigLIP)
+    fc_norm: bool | None = None  # norm after pooling instead of before (None: timm's default, on for "avg")
+    act_layer: str = "gelu"  # MLP activation: "gelu" (erf), "gelu_tanh" (SigLIP in HF), "quick_gelu" (OpenAI CLIP)
+    swiglu_mlp: bool = False  # SwiGLU MLP (EVA-02): SiLU(x W_g) * (x W_x), hidden width int(D * mlp_ratio)
+    scale_mlp: bool = False  # with swiglu_mlp: separate gate/value projections and a LayerNorm before fc2 (EVA-02 B/L)
+    use_rot_pos_emb: bool = False  # 2-D rotary position embedding on q and k of the patch tokens (EVA-02)
+    ref_feat_shape: tuple[int, int] | None = None  # RoPE: the grid its frequencies are scaled to (EVA-02: 16x16)
+    rope_temperature: float = 10000.0
     drop_rate: float = 0.0  # dropout before the head and inside blocks (timm's proj_drop)
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0  # stochastic depth, linearly increasing over the blocks
@@ -61,7 +72,15 @@ class ViTConfig:
         if self.global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' or 'map'")
+        if self.act_layer not in ACT_LAYERS:
+            raise ValueError(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
+        if not isinstance(self.reg_tokens, int) or isinstance(self.reg_tokens, bool) or self.reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
+        if self.use_rot_pos_emb and (self.embed_dim // self.num_heads) % 4:
+            raise ValueError(f"RoPE needs a head width divisible by 4, got {self.embed_dim // self.num_heads}")
+        if self.ref_feat_shape is not None:
+            object.__setattr__(self, "ref_feat_shape", to_2tuple(self.ref_feat_shape, "ref_feat_shape"))
         if self.distilled and not self.class_token:
             raise ValueError("distilled=True needs class_token=True")
         if not self.mlp_ratio > 0:
@@ -79,7 +98,18 @@ class ViTConfig:
 
     @property
     def num_prefix(self) -> int:
-        return int(self.class_token) + int(self.distilled)
+        """Prefix tokens before the patches: [CLS], DeiT's distillation token, registers (timm's num_prefix_tokens)."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def num_pos_prefix(self) -> int:
+        """Prefix tokens that have a position embedding (none with ``no_embed_class``)."""
+        return 0 if self.no_embed_class else self.num_prefix
+
+    @property
+    def use_fc_norm(self) -> bool:
+        """Norm after pooling (``fc_norm``) rather than on the tokens (``norm``), as timm decides it."""
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
 
     def replace(self, **changes: Any) -> ViTConfig:
         """A copy with some fields changed; unknown names raise a clear error."""
@@ -91,6 +121,7 @@ class ViTConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ViTConfig:
         values = dict(values)
-        if "img_size" in values:
-            values["img_size"] = tuple(values["img_size"])
+        for key in ("img_size", "ref_feat_shape"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
         return cls().replace(**values)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from vitrim.models.block import Block
 from vitrim.models.config import ViTConfig
+from vitrim.models.data_config import DEIT
 from vitrim.models.registry import register_model
 from vitrim.models.vit import VisionTransformer
 from vitrim.models.vit_models import BASE, SMALL, TINY
@@ -109,16 +110,16 @@ def build_dynamic_vit(defaults: dict[str, Any], overrides: dict[str, Any]) -> Dy
     return DynamicVisionTransformer(DynamicViTConfig().replace(**{**defaults, **overrides}))  # type: ignore[arg-type]
 
 
-@register_model
+@register_model(data=DEIT)
 def dynamicvit_tiny_patch16_224(**overrides: Any) -> DynamicVisionTransformer:
     return build_dynamic_vit(dict(TINY, patch_size=16), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def dynamicvit_small_patch16_224(**overrides: Any) -> DynamicVisionTransformer:
     return build_dynamic_vit(dict(SMALL, patch_size=16), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def dynamicvit_base_patch16_224(**overrides: Any) -> DynamicVisionTransformer:
     return build_dynamic_vit(dict(BASE, patch_size=16), overrides)

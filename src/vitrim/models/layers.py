@@ -1,4 +1,4 @@
-"""Layers of a Vision Transformer that know nothing of models: patch embedding, MLP, LayerScale, DropPath."""
+"""Layers of a Vision Transformer that know nothing of models: patch embedding, MLPs, LayerScale, DropPath."""
 
 from __future__ import annotations
 
@@ -28,14 +28,16 @@ class PatchEmbed(nn.Module):
     was trained for.
     """
 
-    def __init__(self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int) -> None:
+    def __init__(
+        self, img_size: tuple[int, int], patch_size: int, in_chans: int, embed_dim: int, bias: bool = True
+    ) -> None:
         super().__init__()
         self.img_size = img_size
         self.patch_size = patch_size
         self.in_chans = in_chans
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def check_input(self, x: Tensor) -> tuple[int, int]:
         """Raise a clear error for a wrong image batch (:func:`vitrim.models.inputs.check_images`); return its
@@ -46,19 +48,72 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, h, w) -> (B, h·w, D)
 
 
-class Mlp(nn.Module):
-    """fc1 -> GELU -> dropout -> fc2 -> dropout (timm's names)."""
+class QuickGELU(nn.Module):
+    """x · sigmoid(1.702 x): OpenAI CLIP's approximation of GELU."""
 
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def activation(name: str) -> nn.Module:
+    """The MLP activation a config names: "gelu" (erf), "gelu_tanh" (tanh approximation), "quick_gelu"."""
+    if name == "gelu":
+        return nn.GELU()
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    if name == "quick_gelu":
+        return QuickGELU()
+    raise ValueError(f"unknown activation {name!r}; expected 'gelu', 'gelu_tanh' or 'quick_gelu'")
+
+
+class Mlp(nn.Module):
+    """fc1 -> activation -> dropout -> fc2 -> dropout (timm's names)."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, act: str = "gelu") -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
+        self.act = activation(act)
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class GluMlp(nn.Module):
+    """SwiGLU with one packed input projection (timm's ``GluMlp`` as EVA-02 uses it): fc1 gives (gate, value),
+    out = fc2(SiLU(gate) · value). ``hidden_dim`` is the width of the gated product; fc1 is twice as wide."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden_dim)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, hidden) each
+        return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU with separate gate and value projections and a LayerNorm before fc2 (timm's ``SwiGLU``, EVA-02's
+    ``scale_mlp``): out = fc2(norm(SiLU(x W_g) · x W_x))."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0, norm_eps: float = 1e-6) -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden_dim)
+        self.fc1_x = nn.Linear(dim, hidden_dim)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.norm = nn.LayerNorm(hidden_dim, eps=norm_eps)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x)))))
 
 
 class LayerScale(nn.Module):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from vitrim.attention.rotary import rotary_table
+from vitrim.models.attention_pool import AttentionPool
 from vitrim.models.block import Block
 from vitrim.models.config import ViTConfig
 from vitrim.models.layers import PatchEmbed
@@ -54,12 +56,15 @@ class VisionTransformer(nn.Module):
         self.config = config
         c = config
         self.num_prefix = c.num_prefix
-        self.patch_embed = PatchEmbed(c.img_size, c.patch_size, c.in_chans, c.embed_dim)
+        self.patch_embed = PatchEmbed(c.img_size, c.patch_size, c.in_chans, c.embed_dim, bias=not c.pre_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.distilled else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.patch_embed.num_patches, c.embed_dim))
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim)) if c.reg_tokens else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_pos_prefix + self.patch_embed.num_patches, c.embed_dim))
         self.pos_drop = nn.Dropout(c.drop_rate)
+        self.norm_pre: nn.Module = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
         rates = torch.linspace(0, c.drop_path_rate, c.depth).tolist()
+        mlp = ("swiglu" if c.scale_mlp else "glu") if c.swiglu_mlp else "mlp"
         self.blocks = nn.ModuleList(
             Block(
                 c.embed_dim,
@@ -72,12 +77,18 @@ class VisionTransformer(nn.Module):
                 drop_path=rate,
                 init_values=c.init_values,
                 norm_eps=c.norm_eps,
+                act=c.act_layer,
+                mlp=mlp,
             )
             for rate in rates
         )
-        use_fc_norm = c.global_pool == "avg"
-        self.norm: nn.Module = nn.Identity() if use_fc_norm else nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
-        self.fc_norm: nn.Module = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if use_fc_norm else nn.Identity()
+        self.norm: nn.Module = nn.Identity() if c.use_fc_norm else nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.attn_pool: AttentionPool | None = None
+        if c.global_pool == "map":
+            self.attn_pool = AttentionPool(
+                c.embed_dim, c.num_heads, mlp_ratio=c.mlp_ratio, norm_eps=c.norm_eps, act=c.act_layer
+            )
+        self.fc_norm: nn.Module = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if c.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head: nn.Module = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.head_dist: nn.Module | None = None
@@ -89,7 +100,7 @@ class VisionTransformer(nn.Module):
     def reset_parameters(self) -> None:
         """timm's init: truncated normal (std 0.02) for linear weights and position embedding, zero biases."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        for token in (self.cls_token, self.dist_token):
+        for token in (self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
         for module in self.modules():
@@ -101,17 +112,27 @@ class VisionTransformer(nn.Module):
     # -- the forward pass, in the pieces timm names -------------------------------------------------------------
 
     def embed(self, images: Tensor) -> TokenState:
-        """Images (B, C, H, W) -> token state with (B, prefix + h·w, D) tokens."""
+        """Images (B, C, H, W) -> token state with (B, prefix + h·w, D) tokens (prefix: [CLS], dist, registers)."""
+        c = self.config
         grid = self.patch_embed.check_input(images)
         x = self.patch_embed(images)  # (B, h·w, D)
         B = x.shape[0]
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
-        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + h·w, D)
-        pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix)
-        x = self.pos_drop(x + pos)
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, c.num_pos_prefix)
+        if c.no_embed_class:  # the position embedding covers the patches only: add, then put the prefix in front
+            x = torch.cat([*prefix, x + pos], dim=1)
+        else:
+            x = torch.cat([*prefix, x], dim=1) + pos  # (B, prefix + h·w, D)
+        x = self.norm_pre(self.pos_drop(x))
         num_patches = grid[0] * grid[1]
         positions = patch_positions(B, num_patches, x.device)
-        return TokenState(x, self.num_prefix, positions, grid_patches=num_patches, training=self.training)
+        rope = None
+        if c.use_rot_pos_emb:
+            head_dim = c.embed_dim // c.num_heads
+            rope = rotary_table(
+                grid, head_dim, ref_grid=c.ref_feat_shape, temperature=c.rope_temperature, device=x.device
+            )
+        return TokenState(x, self.num_prefix, positions, grid_patches=num_patches, rope=rope, training=self.training)
 
     def forward_blocks(self, state: TokenState, need_weights: bool = False) -> tuple[TokenState, list[Tensor]]:
         """Run every block; return the final state (before the last norm) and the attention maps if asked."""
@@ -128,12 +149,18 @@ class VisionTransformer(nn.Module):
         return self.norm(state.tokens)
 
     def pool(self, tokens: Tensor, patch_weights: Tensor | None = None) -> Tensor:
-        """(B, N', D) -> (B, D): the [CLS] token, or the (weighted) mean of the patch tokens."""
+        """(B, N', D) -> (B, D): the [CLS] token, the (weighted) mean of the patch tokens, or the attention pool.
+
+        ``patch_weights`` (B, N' − prefix): how much each patch token counts (ToMe's sizes × DynamicViT's policy);
+        registers and other prefix tokens are never pooled into the mean or the attention pool.
+        """
+        patches = tokens[:, self.num_prefix :]  # (B, n, D)
+        if self.attn_pool is not None:
+            return self.attn_pool(patches, patch_weights)
         if self.config.global_pool == "avg":
-            patches = tokens[:, self.num_prefix :]
             if patch_weights is None:
                 return patches.mean(dim=1)
-            w = patch_weights.to(patches.dtype).unsqueeze(-1)  # (B, N'-prefix, 1)
+            w = patch_weights.to(patches.dtype).unsqueeze(-1)  # (B, n, 1)
             return (patches * w).sum(dim=1) / w.sum(dim=1).clamp_min(1e-12)
         return tokens[:, 0]
 
@@ -172,4 +199,4 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that AdamW should not decay (timm's convention)."""
-        return {"pos_embed", "cls_token", "dist_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token", "attn_pool.latent"}

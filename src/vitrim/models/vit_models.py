@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitrim.models.config import ViTConfig
+from vitrim.models.data_config import DEIT
 from vitrim.models.registry import register_model
 from vitrim.models.vit import VisionTransformer
 
@@ -50,31 +51,31 @@ def vit_base_patch16_384(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(BASE, patch_size=16, img_size=384), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def deit_tiny_patch16_224(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(TINY, patch_size=16), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def deit_small_patch16_224(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(SMALL, patch_size=16), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def deit_base_patch16_224(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(BASE, patch_size=16), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def deit_tiny_distilled_patch16_224(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(TINY, patch_size=16, distilled=True), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def deit_small_distilled_patch16_224(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(SMALL, patch_size=16, distilled=True), overrides)
 
 
-@register_model
+@register_model(data=DEIT)
 def deit_base_distilled_patch16_224(**overrides: Any) -> VisionTransformer:
     return build_vit(dict(BASE, patch_size=16, distilled=True), overrides)

@@ -10,6 +10,9 @@
   attention call receives it; tokens are masked, not removed.
 * ``grid_patches``: P, the number of patches in the input image's full grid (set by the model's ``embed``; None
   when unknown). Reducers that keep a fraction of the image (DynamicViT: int(P · ρ^s)) count from it.
+* ``rope`` (P, 2·hd) or None: the rotary table of the input's full grid (:mod:`vitrim.attention.rotary`); every
+  Block rotates the q and k of its patch tokens by the rows of their ``positions``, so a kept or merged token keeps
+  the phase of its absolute position.
 * ``training``: the model's mode, set by the model's ``embed``; reducers that behave differently in training
   (DynamicViT masks instead of gathering) read it here.
 * ``kept_indices``: one (B, k) long tensor per reduction that removed tokens, absolute patch positions, in the order
@@ -44,6 +47,7 @@ class TokenState:
     keep_masks: tuple[Tensor, ...] = ()
     grid_patches: int | None = None
     patch_to_token: tuple[Tensor, ...] = ()
+    rope: Tensor | None = None
     training: bool = False
     block_positions: tuple[Tensor, ...] = ()
     block_patch_to_token: tuple[Tensor | None, ...] = ()
@@ -62,6 +66,12 @@ class TokenState:
         if self.sizes is None:
             return None
         return self.sizes.log()[:, None, None, :].to(self.tokens.dtype)
+
+    def rotary(self) -> Tensor | None:
+        """(B, 1, n, 2·hd) rotary rows of the patch tokens (by their absolute positions), or None without RoPE."""
+        if self.rope is None:
+            return None
+        return self.rope[self.positions].unsqueeze(1)
 
     def patch_weights(self) -> Tensor | None:
         """(B, N - num_prefix) weight of each patch token in a mean over patches (sizes × policy), or None."""

@@ -1,0 +1,40 @@
+"""Attention pooling (the MAP head of SigLIP, timm's ``AttentionPoolLatent``): a learned query attends to the tokens.
+
+    q = latent W_q (one learned query),  k, v = tokens W_kv
+    x = proj(softmax(q kᵀ / √hd + log w) v)           cross-attention, through vitrim.scaled_dot_product_attention
+    out = x + MLP(LN(x))                               (B, D)
+
+``w`` are token weights: how many patches each token stands for after ToMe merged some (log w is added to the
+logits, so a merged token counts as its copies would: merging does not bias the pool). Without weights (or all
+ones) this is timm's head exactly. Parameter names are timm's (``latent``, ``q``, ``kv``, ``proj``, ``norm``,
+``mlp``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.attention import MultiHeadAttention
+from vitrim.models.layers import Mlp
+
+
+class AttentionPool(MultiHeadAttention):
+    """Pool (B, N, D) tokens into (B, D) with one learned query (module doc)."""
+
+    def __init__(
+        self, dim: int, num_heads: int, *, mlp_ratio: float = 4.0, norm_eps: float = 1e-6, act: str = "gelu"
+    ) -> None:
+        super().__init__(dim, num_heads, kv_dim=dim)
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act)
+        nn.init.trunc_normal_(self.latent, std=dim**-0.5)
+
+    def forward(self, tokens: Tensor, token_weights: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        """tokens (B, N, D), token_weights (B, N) or None -> pooled (B, D)."""
+        latent = self.latent.expand(tokens.shape[0], -1, -1)  # (B, 1, D)
+        bias = None if token_weights is None else token_weights.log()[:, None, None, :].to(tokens.dtype)
+        x, _ = super().forward(latent, tokens, mask=bias)  # (B, 1, D)
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0]
