@@ -28,7 +28,14 @@ DINO = dict(patch_size=14, init_values=1e-5, img_size=518)
 DINO_REG = dict(DINO, reg_tokens=4, no_embed_class=True)
 CLIP_VIT = dict(pre_norm=True, norm_eps=1e-5)
 SIGLIP_VIT = dict(patch_size=16, class_token=False, global_pool="map")
-EVA = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, use_rot_pos_emb=True, ref_feat_shape=(16, 16), global_pool="avg")
+EVA = dict(  # mean of the patches, then fc_norm, as EVA pools
+    patch_size=14,
+    mlp_ratio=4 * 2 / 3,
+    swiglu_mlp=True,
+    use_rot_pos_emb=True,
+    ref_feat_shape=(16, 16),
+    global_pool="avg",
+)
 
 
 @register_model(data=DEIT)
