@@ -37,14 +37,8 @@ from torch import Tensor, nn
 
 from vitrim import reduce
 from vitrim.atomic import atomic_write
-from vitrim.checkpoint_formats import (
-    RawCheckpoint,
-    convert_hf,
-    convert_timm,
-    detect_format,
-    hf_config_to_vit_fields,
-    read_checkpoint,
-)
+from vitrim.checkpoint_formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint
+from vitrim.checkpoint_hf import convert_hf, hf_config_to_vit_fields, vision_config
 from vitrim.models.config import ViTConfig
 from vitrim.models.pos_embed import resample_pos_embed
 from vitrim.models.vit import VisionTransformer
@@ -155,7 +149,8 @@ def _source_grid(raw: RawCheckpoint, fmt: str) -> tuple[int, int] | None:
             cfg = json.loads(raw.metadata["vitrim.config"])
             size, patch = cfg["img_size"], cfg["patch_size"]
         elif raw.hf_config is not None:
-            size, patch = raw.hf_config["image_size"], raw.hf_config["patch_size"]
+            hf = vision_config(raw.hf_config)
+            size, patch = hf["image_size"], hf["patch_size"]
         else:
             return None
         h, w = (size, size) if isinstance(size, int) else size
@@ -173,7 +168,7 @@ def _adapt_pos_embed(
 ) -> None:
     pos, target = state_dict.get("pos_embed"), own.get("pos_embed")
     patch_embed = getattr(model, "patch_embed", None)
-    num_prefix = getattr(model, "num_prefix", None)
+    num_prefix = getattr(getattr(model, "config", None), "num_pos_prefix", getattr(model, "num_prefix", None))
     if pos is None or target is None or patch_embed is None or num_prefix is None:
         return
     if pos.dim() != 3 or pos.shape[-1] != target.shape[-1] or pos.shape[1] <= num_prefix:
@@ -224,7 +219,7 @@ def _warn_on_hf_eps(model: nn.Module, raw: RawCheckpoint) -> None:
     model_eps = getattr(getattr(model, "config", None), "norm_eps", None)
     if raw.hf_config is None or model_eps is None:
         return
-    eps = float(raw.hf_config.get("layer_norm_eps", 1e-12))
+    eps = float(vision_config(raw.hf_config).get("layer_norm_eps", 1e-12))
     if eps != model_eps:
         warnings.warn(
             f"the checkpoint was trained with layer_norm_eps={eps:g}, the model uses norm_eps={model_eps:g}; "

@@ -34,6 +34,8 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from vitrim.checkpoint_hf import has_hf_keys
+
 # Harmless classes that training scripts pickle next to the weights; nothing else is unpickled.
 SAFE_GLOBALS: list[Any] = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
 try:  # numpy scalars (e.g. a best accuracy stored as np.float64); numpy 2 moved the module
@@ -52,7 +54,6 @@ HF_WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-HF_PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
 
 
 @dataclass
@@ -87,7 +88,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> RawCheckpoint:
     state_dict, metadata = _read_weights_file(source)
     config_file = source.parent / "config.json"
     hf_config = None
-    if _has_hf_keys(state_dict) and config_file.is_file():
+    if has_hf_keys(state_dict) and config_file.is_file():
         hf_config = _read_json(config_file)
     return RawCheckpoint(source, state_dict, metadata, hf_config)
 
@@ -248,124 +249,12 @@ def convert_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-# -- Hugging Face ViT ------------------------------------------------------------------------------------------
-
-_HF_LAYER = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
-# per-layer module, classic save_pretrained layout and transformers 5's in-memory layout -> timm's
-_HF_LAYER_MODULES = {
-    "attention.attention.query": "q",
-    "attention.attention.key": "k",
-    "attention.attention.value": "v",
-    "attention.q_proj": "q",
-    "attention.k_proj": "k",
-    "attention.v_proj": "v",
-    "attention.output.dense": "attn.proj",
-    "attention.o_proj": "attn.proj",
-    "layernorm_before": "norm1",
-    "layernorm_after": "norm2",
-    "intermediate.dense": "mlp.fc1",
-    "mlp.fc1": "mlp.fc1",
-    "output.dense": "mlp.fc2",
-    "mlp.fc2": "mlp.fc2",
-}
-_HF_TOP = {
-    "embeddings.cls_token": "cls_token",
-    "embeddings.position_embeddings": "pos_embed",
-    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
-    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
-    "layernorm.weight": "norm.weight",
-    "layernorm.bias": "norm.bias",
-}
-_HF_IGNORED = ("pooler.", "embeddings.mask_token")  # HF's tanh pooler and MAE mask token: vitrim's ViT has neither
-
-
-def _has_hf_keys(state_dict: dict[str, Tensor]) -> bool:
-    return any(key.endswith(HF_PATCH_KEY) for key in state_dict)
-
-
 def detect_format(raw: RawCheckpoint) -> str:
-    """'vitrim', 'huggingface', 'dynamicvit' (timm names + score predictors) or 'timm' (timm / DeiT names)."""
+    """'vitrim', 'huggingface', 'dynamicvit' (timm names + score predictors) or 'timm' (timm / DeiT / EVA names)."""
     if "vitrim.class" in raw.metadata:
         return "vitrim"
-    if _has_hf_keys(raw.state_dict):
+    if has_hf_keys(raw.state_dict):
         return "huggingface"
     if any(key.startswith("score_predictor.") for key in raw.state_dict):
         return "dynamicvit"
     return "timm"
-
-
-def convert_hf(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """Hugging Face ViT names -> timm names. Returns (converted state dict, HF keys dropped on purpose).
-
-    Keys this function does not know keep their names, so a strict load reports them as unexpected.
-    """
-    patch_key = next(key for key in state_dict if key.endswith(HF_PATCH_KEY))
-    base = patch_key[: -len(HF_PATCH_KEY)]  # "vit." for *ForImageClassification, "" for ViTModel
-    out: dict[str, Tensor] = {}
-    ignored: list[str] = []
-    qkv: dict[tuple[str, str], dict[str, Tensor]] = {}  # (layer, param) -> {"q": …, "k": …, "v": …}
-    for key, value in state_dict.items():
-        if key.startswith("classifier."):
-            out["head." + key.removeprefix("classifier.")] = value
-            continue
-        name = key.removeprefix(base) if key.startswith(base) else key
-        if name.startswith(_HF_IGNORED):
-            ignored.append(key)
-        elif name in _HF_TOP:
-            out[_HF_TOP[name]] = value
-        elif (match := _HF_LAYER.match(name)) and match.group(2) in _HF_LAYER_MODULES:
-            layer, module, param = match.groups()
-            target = _HF_LAYER_MODULES[module]
-            if target in ("q", "k", "v"):
-                qkv.setdefault((layer, param), {})[target] = value
-            else:
-                out[f"blocks.{layer}.{target}.{param}"] = value
-        else:
-            out[key] = value
-    for (layer, param), parts in qkv.items():
-        if set(parts) == {"q", "k", "v"}:
-            out[f"blocks.{layer}.attn.qkv.{param}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
-        else:  # incomplete: keep under readable names so the strict check lists them
-            out.update({f"blocks.{layer}.attn.{p}.{param}": t for p, t in parts.items()})
-    return out, ignored
-
-
-def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Tensor]) -> dict[str, Any]:
-    """A Hugging Face ``config.json`` -> ViTConfig fields (timm names). ``state_dict`` (converted) gives the head.
-
-    num_classes is the classifier's size when the weights have one, else 0 (ViTModel: features only).
-    """
-    model_type = hf_config.get("model_type")
-    if model_type != "vit":
-        raise ValueError(f"config.json has model_type {model_type!r}; vitrim reads Hugging Face ViT ('vit') only")
-    act = hf_config.get("hidden_act", "gelu")
-    if act != "gelu":
-        raise ValueError(f"config.json has hidden_act {act!r}; vitrim's ViT uses exact GELU ('gelu')")
-    try:
-        dim = int(hf_config["hidden_size"])
-        hidden = int(hf_config["intermediate_size"])
-        fields: dict[str, Any] = dict(
-            embed_dim=dim,
-            depth=int(hf_config["num_hidden_layers"]),
-            num_heads=int(hf_config["num_attention_heads"]),
-            img_size=hf_config["image_size"],
-            patch_size=int(hf_config["patch_size"]),
-        )
-    except KeyError as err:
-        raise ValueError(f"config.json lacks {err.args[0]!r}, which a Hugging Face ViT config has") from None
-    size = fields["img_size"]
-    fields["img_size"] = (size, size) if isinstance(size, int) else tuple(size)
-    mlp_ratio = hidden / dim
-    if int(dim * mlp_ratio) != hidden:
-        raise ValueError(f"intermediate_size {hidden} is not representable as hidden_size {dim} x mlp_ratio")
-    head = state_dict.get("head.weight")
-    fields.update(
-        mlp_ratio=mlp_ratio,
-        in_chans=int(hf_config.get("num_channels", 3)),
-        qkv_bias=bool(hf_config.get("qkv_bias", True)),
-        norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
-        num_classes=int(head.shape[0]) if head is not None else 0,
-        drop_rate=float(hf_config.get("hidden_dropout_prob", 0.0)),
-        attn_drop_rate=float(hf_config.get("attention_probs_dropout_prob", 0.0)),
-    )
-    return fields
