@@ -27,13 +27,23 @@ def decode_image(path: str | Path, size: tuple[int, int], in_chans: int) -> np.n
     return array[None] if in_chans == 1 else array.transpose(2, 0, 1)
 
 
-def normalise(pixels: Tensor) -> Tensor:
-    """uint8 pixels (…, C, H, W) -> float32 in [−1, 1]."""
-    return pixels.float().div_(255.0).sub_(MEAN).div_(STD)
+def normalise(pixels: Tensor, mean: tuple[float, ...] | float = MEAN, std: tuple[float, ...] | float = STD) -> Tensor:
+    """uint8 pixels (…, C, H, W) -> float32 (pixels / 255 − mean) / std, per channel; default: [−1, 1]."""
+    shape = (-1, 1, 1)
+    m = torch.tensor(mean, dtype=torch.float32).reshape(shape) if isinstance(mean, tuple) else mean
+    s = torch.tensor(std, dtype=torch.float32).reshape(shape) if isinstance(std, tuple) else std
+    return pixels.float().div_(255.0).sub_(m).div_(s)
 
 
-def read_image(path: str | Path, size: tuple[int, int], in_chans: int) -> Tensor:
-    """A PNG/JPEG file -> (in_chans, H, W) float32 normalised to [−1, 1]; ``size`` is (H, W).
+def read_image(
+    path: str | Path,
+    size: tuple[int, int],
+    in_chans: int,
+    mean: tuple[float, ...] | float = MEAN,
+    std: tuple[float, ...] | float = STD,
+) -> Tensor:
+    """A PNG/JPEG file -> (in_chans, H, W) float32 normalised with ``mean``/``std`` (a model's ``data_config``;
+    default: vitrim's [−1, 1]); ``size`` is (H, W).
 
     A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file.
     """
@@ -45,4 +55,4 @@ def read_image(path: str | Path, size: tuple[int, int], in_chans: int) -> Tensor
         raise
     except Exception as err:  # Pillow raises many kinds on a bad file
         raise ValueError(f"--image {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
-    return normalise(torch.from_numpy(pixels.copy()))
+    return normalise(torch.from_numpy(pixels.copy()), mean, std)
