@@ -73,8 +73,11 @@ def apply(model: nn.Module, name: str, *, layers: Sequence[int] | int | None = N
     missing = sorted(k for k, p in _options(name).items() if p.default is p.empty and k not in options)
     if missing:
         raise ValueError(f"reducer {name!r} needs option(s) {missing}, e.g. {cls.example_options}")
-    if cls.needs_cls_token and getattr(model, "num_prefix", 1) < 1:
-        raise ValueError(f"reducer {name!r} ranks tokens by [CLS] attention, but the model has no [CLS] token")
+    if cls.needs_cls_token and not _has_class_token(model):
+        raise ValueError(
+            f"reducer {name!r} ranks tokens by [CLS] attention, but the model has no [CLS] token "
+            "(a GAP or attention-pool model: use 'tome' or 'dynamicvit')"
+        )
     chosen = cls.default_layers(len(blocks)) if layers is None else check_layers(layers, len(blocks))
     reducers = {i: r for i, r in cls.for_model(model, chosen, **options).items() if r is not None}
     taken = [i for i in reducers if blocks[i].reducer is not None]
@@ -136,6 +139,14 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         except (ValueError, SyntaxError):
             raise ValueError(f"reducer option {key}={value!r} in {spec!r} is not a number or tuple") from None
     return name, options
+
+
+def _has_class_token(model: nn.Module) -> bool:
+    """Whether token 0 is a [CLS] token (registers are prefix tokens too, but no [CLS])."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "class_token"):
+        return bool(config.class_token)
+    return int(getattr(model, "num_prefix", 1)) >= 1
 
 
 def _blocks(model: nn.Module) -> list[Any]:
