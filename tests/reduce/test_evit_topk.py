@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from evit_reference import evit_forward
 from reduce_models import attention_info, images, states_per_block, tiny
 
 import vitrim
@@ -56,11 +57,11 @@ def test_cls_row_reuses_weights_when_the_block_returned_them() -> None:
     assert torch.equal(cls_attention(info), weights[:, :, 0])
 
 
-@pytest.mark.parametrize("keep_rate", [0.3, 0.7, 0.95])
+@pytest.mark.parametrize("keep_rate", [0.3, 0.7, 0.85])
 def test_evit_keeps_top_tokens_and_fuses_the_rest_by_attention(keep_rate: float) -> None:
     state, info = random_block()
     n = 10
-    k = math.floor(n * keep_rate)
+    k = math.ceil(keep_rate * n)  # EViT's evit.py: math.ceil(keep_rate * (N - 1))
     out = EViT(keep_rate).after_attention(state, info)
     scores = hand_cls_attention(info).mean(1)[:, 1:]  # (B, n)
     for s in range(2):
@@ -95,9 +96,13 @@ def test_topk_keeps_top_tokens_and_drops_the_rest() -> None:
         assert out.patch_to_token[-1][s, state.positions[s, dropped]].tolist() == [-1] * 5
 
 
-def test_num_keep_is_floor_of_rate_with_round_off_tolerance() -> None:
-    assert num_keep(196, 0.7) == 137  # 137.2
-    assert num_keep(100, 0.29) == 29  # 0.29 * 100 = 28.999999999999996 in floats
+def test_num_keep_is_the_authors_ceil_in_floats() -> None:
+    """EViT's evit.py: left_tokens = math.ceil(keep_rate * (N - 1)), N - 1 = every token but [CLS]."""
+    assert num_keep(196, 0.7) == 138  # ceil(137.2)
+    assert num_keep(139, 0.7) == 98 and num_keep(99, 0.7) == 70  # DeiT-S 0.7 with fusion: 140/100/72 with [CLS]
+    assert num_keep(138, 0.7) == 97 and num_keep(97, 0.7) == 68  # top-k: 139/98/69
+    assert num_keep(100, 0.07) == 8  # 0.07 * 100 = 7.000000000000001 in floats, as the authors' code computes it
+    assert num_keep(100, 0.29) == 29  # 28.999999999999996
     assert num_keep(10, 0.01) == 1
     assert num_keep(10, 1.0) == 10
 
@@ -111,12 +116,12 @@ def test_token_counts_per_layer(method: str, distilled: bool) -> None:
     for layer in range(4):
         expected.append(p + n)
         if layer in (1, 2):
-            n = math.floor(n * 0.6) + (method == "evit")  # k kept, plus one fused token for EViT
+            n = math.ceil(0.6 * n) + (method == "evit")  # k kept, plus one fused token for EViT
     with torch.no_grad():
         out = model.forward_detailed(images(), need_weights=True)
     assert [a.shape[-1] for a in out.attentions] == expected
     assert out.tokens.shape[1] == p + n
-    assert [t.shape[1] for t in out.kept_indices] == [9, 5 if method == "topk" else 6]
+    assert [t.shape[1] for t in out.kept_indices] == [10, 6 if method == "topk" else 7]  # ceil(0.6 n)
 
 
 @pytest.mark.parametrize("method", ["evit", "topk"])
@@ -139,8 +144,8 @@ def test_evit_after_tome_carries_sizes_into_the_fused_token() -> None:
         out = model.forward_detailed(images())
     assert out.token_sizes is not None
     torch.testing.assert_close(out.token_sizes.sum(1), torch.full((2,), 17.0))
-    assert out.tokens.shape[1] == 1 + 6 + 1  # 16 - 3 = 13 patches, keep 6, fuse 7
-    assert bool((out.patch_to_token[-1] >= 0).all()) and int(out.patch_to_token[-1].max()) == 6
+    assert out.tokens.shape[1] == 1 + 7 + 1  # 16 - 3 = 13 patches, keep ceil(6.5) = 7, fuse 6
+    assert bool((out.patch_to_token[-1] >= 0).all()) and int(out.patch_to_token[-1].max()) == 7
 
 
 def test_keep_rate_errors() -> None:
@@ -149,3 +154,45 @@ def test_keep_rate_errors() -> None:
             EViT(bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="keep_rate must be a number in"):
             TopK(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("keep_rate", [0.7, 0.5])
+@pytest.mark.parametrize("method", ["evit", "topk"])
+def test_agrees_with_the_authors_forward(method: str, keep_rate: float) -> None:
+    """EViT with fuse_token (method 'evit') and without ('topk'), float64, same weights: same logits and counts."""
+    torch.manual_seed(3)
+    model = (
+        vitrim.create_model(
+            "deit_tiny_patch16_224", embed_dim=32, depth=4, num_heads=2, img_size=64, patch_size=8, num_classes=5
+        )
+        .double()
+        .eval()
+    )
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)  # peaky attention: ranks that matter
+    sd = model.state_dict()
+    vitrim.reduce.apply(model, method, keep_rate=keep_rate, layers=(1, 2, 3))
+    x = torch.randn(3, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    rates = dict.fromkeys((1, 2, 3), keep_rate)
+    with torch.no_grad():
+        expected, counts = evit_forward(sd, x, depth=4, heads=2, patch=8, keep_rates=rates, fuse=method == "evit")
+        out = model.forward_detailed(x)
+    torch.testing.assert_close(out.logits, expected, rtol=1e-10, atol=1e-10)
+    assert out.tokens.shape[1] == counts[-1]
+
+
+def test_a_kept_fused_token_is_listed_as_minus_one_and_drawn_as_no_kept_patch() -> None:
+    torch.manual_seed(5)
+    model = vitrim.reduce.apply(tiny(), "evit", keep_rate=0.9, layers=(1, 2, 3))  # fused tokens are often kept
+    with torch.no_grad():
+        out = model.forward_detailed(images(batch=8))
+    later = torch.cat([k for k in out.kept_indices[1:]], dim=1)
+    assert bool((later == -1).any())  # some later stage kept an earlier stage's fused token
+    for kept in out.kept_indices:
+        real = kept[kept >= 0]
+        assert bool((real < 16).all())
+    from vitrim.viz import kept_masks
+
+    masks = kept_masks(out.kept_indices, (4, 4), sample=int((later == -1).any(1).nonzero()[0]))
+    assert masks.shape == (3, 4, 4)  # −1 is skipped, not an error and not a kept patch

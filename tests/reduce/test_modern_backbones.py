@@ -67,7 +67,7 @@ def test_prefix_tokens_are_never_reduced_and_counts_follow(name: str, reducer: s
         dense_prefix = model.embed(x).tokens[:, :prefix]
         out = model.forward_detailed(x)
     # 16 patches; ToMe: -3 per block; EViT/top-k at block 1, 2, 3: 8 kept (+1 fused), ...; DynamicViT: 8, 4, 2
-    expected = {"tome": 16 - 3 * 4, "evit": 3, "topk": 2, "dynamicvit": 2}[reducer]
+    expected = {"tome": 16 - 3 * 4, "evit": 4, "topk": 2, "dynamicvit": 2}[reducer]  # EViT: ceil(n / 2) + 1
     assert out.tokens.shape[1] == prefix + expected
     assert out.block_positions[0].shape[1] == 16
     if reducer == "tome":

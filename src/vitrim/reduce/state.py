@@ -5,7 +5,11 @@
 * ``positions`` (B, N - num_prefix) long: for every patch token, its absolute position 0 … P−1 in the full patch
   grid of the input image (for a merged token, the position of the token it was merged into).
 * ``sizes`` (B, N) float or None: how many patches each token stands for (ToMe); None means all ones. When present
-  the Block adds log(size) to the attention logits (proportional attention).
+  and ``size_bias`` is True the Block adds log(size) to the attention logits (proportional attention; ToMe's
+  ``prop_attn=False`` keeps the sizes for merging and pooling but turns the bias off).
+* ``fused`` (B, N − num_prefix) bool or None: True for an EViT fused token (it stands for patches that were not
+  kept). Its ``positions`` entry is the most attentive fused patch (a real position, for RoPE); when a later stage
+  keeps it, ``kept_indices`` lists −1 for it, since no patch of its own was kept.
 * ``keep_policy`` (B, N) float or None: DynamicViT's training-time decisions, 1 = kept; prefix entries are 1. Every
   attention call receives it; tokens are masked, not removed.
 * ``grid_patches``: P, the number of patches in the input image's full grid (set by the model's ``embed``; None
@@ -16,10 +20,13 @@
 * ``training``: the model's mode, set by the model's ``embed``; reducers that behave differently in training
   (DynamicViT masks instead of gathering) read it here.
 * ``kept_indices``: one (B, k) long tensor per reduction that removed tokens, absolute patch positions, in the order
-  the tokens now stand; ``keep_masks``: one (B, P) tensor per training-time decision (1 = kept) over the full grid.
+  the tokens now stand (−1 for a kept EViT fused token); ``keep_masks``: one (B, P) tensor per training-time
+  decision (1 = kept) over the full grid.
 * ``patch_to_token``: one (B, P) long tensor per reduction that changed which tokens exist: for every patch of the
   full grid, the index (0 … N'−num_prefix−1) of the patch token that stands for it after that reduction, −1 for a
   patch that was dropped. Merged regions are drawn from it without any bookkeeping.
+* ``trace``: False once a reducer was told not to trace sources (ToMe's ``trace_source=False``): from then on no
+  ``patch_to_token`` map is recorded (pictures of such a model refuse rather than guess).
 * ``block_positions`` / ``block_patch_to_token``: provenance recorded by each Block as its attention runs: the
   ``positions`` of the tokens that block's attention saw, and the ``patch_to_token`` map in force then (None before
   any tracked reduction). Pictures and rollout zip them with the block's attention map; nothing is inferred.
@@ -42,6 +49,8 @@ class TokenState:
     num_prefix: int
     positions: Tensor
     sizes: Tensor | None = None
+    size_bias: bool = True
+    fused: Tensor | None = None
     keep_policy: Tensor | None = None
     kept_indices: tuple[Tensor, ...] = ()
     keep_masks: tuple[Tensor, ...] = ()
@@ -49,6 +58,7 @@ class TokenState:
     patch_to_token: tuple[Tensor, ...] = ()
     rope: Tensor | None = None
     training: bool = False
+    trace: bool = True
     block_positions: tuple[Tensor, ...] = ()
     block_patch_to_token: tuple[Tensor | None, ...] = ()
 
@@ -63,7 +73,7 @@ class TokenState:
 
     def attention_bias(self) -> Tensor | None:
         """(B, 1, 1, N) float mask adding log(size) to the logits (proportional attention), or None."""
-        if self.sizes is None:
+        if self.sizes is None or not self.size_bias:
             return None
         return self.sizes.log()[:, None, None, :].to(self.tokens.dtype)
 
@@ -87,7 +97,10 @@ class TokenState:
         """This state with the provenance of one more block's attention appended (see module doc)."""
         return self.replace(
             block_positions=(*self.block_positions, self.positions),
-            block_patch_to_token=(*self.block_patch_to_token, self.patch_to_token[-1] if self.patch_to_token else None),
+            block_patch_to_token=(
+                *self.block_patch_to_token,
+                self.patch_to_token[-1] if self.patch_to_token and self.trace else None,
+            ),
         )
 
 

@@ -73,8 +73,11 @@ def current_patch_to_token(state: TokenState) -> Tensor | None:
 def record_reduction(state: TokenState, dest: Tensor) -> tuple[Tensor, ...]:
     """The state's ``patch_to_token`` with one more map, after a reduction that sent patch token j to ``dest[:, j]``.
 
-    dest: (B, n) long, n = the patch tokens before the reduction; −1 = dropped.
+    dest: (B, n) long, n = the patch tokens before the reduction; −1 = dropped. Nothing is recorded once
+    ``state.trace`` is off.
     """
+    if not state.trace:
+        return state.patch_to_token
     before = current_patch_to_token(state)  # (B, P)
     if before is None:
         return state.patch_to_token
@@ -88,12 +91,13 @@ def keep_tokens(
 ) -> TokenState:
     """The state with only the prefix and the patch tokens ``keep`` (B, k) (indices among the n patch tokens).
 
-    Tokens, positions, sizes and the keep policy follow the kept tokens, in the order of ``keep``; the kept absolute
-    positions are appended to ``kept_indices`` and the reduction to ``patch_to_token``.
+    Tokens, positions, sizes, fused flags and the keep policy follow the kept tokens, in the order of ``keep``; the
+    kept absolute positions are appended to ``kept_indices`` (−1 for a kept fused token) and the reduction to
+    ``patch_to_token``.
 
     With ``fused`` (B, 1, C), that token is appended after the kept ones and stands for every patch token not kept
     (EViT): its position is ``fused_position`` (B, 1), its size the sum of theirs, and ``patch_to_token`` sends their
-    patches to it; ``kept_indices`` lists the real kept tokens only.
+    patches to it; it is flagged in ``TokenState.fused``.
     """
     p = state.num_prefix
     x = state.tokens  # (B, N, C)
@@ -102,13 +106,18 @@ def keep_tokens(
     tokens = take_rows(x, index)  # (B, p + k, C), one pass over the kept rows
     kept_positions = state.positions.gather(1, keep)  # (B, k)
     positions = kept_positions
+    was_fused = None if state.fused is None else state.fused.gather(1, keep)  # (B, k)
+    if was_fused is not None:
+        kept_positions = kept_positions.masked_fill(was_fused, -1)  # a fused token is no kept patch
     sizes = None if state.sizes is None else state.sizes.gather(1, index)
     keep_policy = None if state.keep_policy is None else state.keep_policy.gather(1, index)
     if fused is not None:
         if fused_position is None:
             raise ValueError("keep_tokens: a fused token needs its fused_position (B, 1)")
         tokens = torch.cat([tokens, fused.to(tokens.dtype)], dim=1)
-        positions = torch.cat([kept_positions, fused_position], dim=1)
+        positions = torch.cat([positions, fused_position], dim=1)
+        flags = torch.zeros_like(keep, dtype=torch.bool) if was_fused is None else was_fused
+        was_fused = torch.cat([flags, flags.new_ones(flags.shape[0], 1)], dim=1)
         if state.sizes is not None and sizes is not None:
             fused_size = state.sizes[:, p:].sum(1, keepdim=True) - sizes[:, p:].sum(1, keepdim=True)
             sizes = torch.cat([sizes, fused_size], dim=1)
@@ -119,6 +128,7 @@ def keep_tokens(
         tokens=tokens,
         positions=positions,
         sizes=sizes,
+        fused=was_fused,
         keep_policy=keep_policy,
         kept_indices=(*state.kept_indices, kept_positions),
         patch_to_token=record_reduction(state, keep_destinations(keep, n, rest)),

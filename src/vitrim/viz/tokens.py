@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 def kept_masks(kept_indices: Sequence[Tensor], grid: tuple[int, int], sample: int = 0) -> np.ndarray:
     """(S, gh, gw) bool: True where stage s kept the patch, for one ``sample`` of the batch.
 
-    Raises a ValueError for an index outside the grid or a repeated index (a stage keeps each patch once).
+    An entry −1 is an EViT fused token that a later stage kept: it stands for patches fused earlier, none of its own
+    was kept, so it marks none. Raises a ValueError for an index outside the grid or a repeated index (a stage keeps
+    each patch once).
     """
     gh, gw = grid
     P = gh * gw
@@ -38,6 +40,7 @@ def kept_masks(kept_indices: Sequence[Tensor], grid: tuple[int, int], sample: in
         if not 0 <= sample < kept.shape[0]:
             raise ValueError(f"sample {sample} is out of range for a batch of {kept.shape[0]}")
         row = kept[sample].cpu().numpy()
+        row = row[row != -1]
         if row.size and (row.min() < 0 or row.max() >= P):
             raise ValueError(f"kept_indices[{s}] holds positions {row.min()} … {row.max()}, outside the {gh}x{gw} grid")
         if np.unique(row).size != row.size:
