@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from reduce_models import attention_info, images, states_per_block, tiny
+from tome_model_reference import tome_forward
 from tome_reference import reference_merge
 
 import vitrim
 from vitrim.reduce import TokenState
-from vitrim.reduce.tome import ToMe, bipartite_soft_matching, merge_wavg, token_destinations
+from vitrim.reduce.tome import ToMe, bipartite_soft_matching, merge_wavg, parse_r, token_destinations
 
 
 def random_case(B: int, N: int, seed: int, integer_sizes: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,3 +142,51 @@ def test_reducer_argument_errors() -> None:
         ToMe(-1)
     with pytest.raises(ValueError, match="r must be an int"):
         ToMe(True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("r", "prop_attn"),
+    [(3, False), ((3, -1.0), True), ((2, 0.5), False), ([4, 2], True), ([1, 3, 0, 2], True)],
+    ids=["int-no-prop-attn", "decreasing", "inflection-0.5", "short-list", "list"],
+)
+def test_agrees_with_the_authors_forward(r: object, prop_attn: bool) -> None:
+    """ToMe's own option forms against an independent copy of the authors' timm patch, float64, same weights."""
+    torch.manual_seed(7)
+    model = (
+        vitrim.create_model(
+            "vit_tiny_patch16_224", embed_dim=32, depth=4, num_heads=2, img_size=64, patch_size=8, num_classes=5
+        )
+        .double()
+        .eval()
+    )
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    sd = model.state_dict()
+    vitrim.reduce.apply(model, "tome", r=r, prop_attn=prop_attn)
+    x = torch.randn(3, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        expected = tome_forward(sd, x, depth=4, heads=2, patch=8, r=r, prop_attn=prop_attn)
+        ours = model(x)
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_parse_r_reads_the_authors_forms() -> None:
+    assert parse_r(4, 3) == [3, 3, 3, 3]
+    assert parse_r(12, (16, -1)) == [int(32 - 32 / 11 * i) for i in range(12)]  # min 32, max 0: decreasing
+    assert parse_r(4, (4, 0.5)) == [2, 3, 4, 6]  # min int(4 · 0.5) = 2, max 6, step 4/3
+    assert parse_r(4, [5, 1]) == [5, 1, 0, 0]  # a short list is padded with 0
+    with pytest.raises(ValueError, match=r"\(r, inflection\)"):
+        parse_r(4, (1, 2, 3))
+    with pytest.raises(ValueError, match="inflection"):
+        parse_r(4, (4, 2.0))
+
+
+def test_trace_source_off_records_no_maps_and_changes_nothing_else() -> None:
+    x = images()
+    with torch.no_grad():
+        traced = vitrim.reduce.apply(tiny(), "tome", r=2).forward_detailed(x)
+        untraced = vitrim.reduce.apply(tiny(), "tome", r=2, trace_source=False).forward_detailed(x)
+    assert len(traced.patch_to_token) == 4 and untraced.patch_to_token == []
+    assert all(m is None for m in untraced.block_patch_to_token)
+    assert torch.equal(untraced.logits, traced.logits)

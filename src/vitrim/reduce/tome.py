@@ -20,7 +20,6 @@ The algorithm is a set of pure functions of tensors (:func:`bipartite_soft_match
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -132,37 +131,74 @@ def token_destinations(m: Matching, num_tokens: int) -> Tensor:
     return dest
 
 
+def parse_r(num_layers: int, r: object) -> list[int]:
+    """ToMe's ``r`` forms, read exactly as ``tome.utils.parse_r`` reads them, one value per block:
+
+    * an int: that many merges in every block;
+    * a tuple ``(r, inflection)``: min = int(r · (1 − inflection)), max = 2r − min, block i merges
+      int(min + (max − min) / (L − 1) · i) (inflection −1 is the paper's decreasing schedule; 0 is constant);
+    * a list: one int per block; a shorter list is padded with 0.
+    """
+    if isinstance(r, list):
+        if len(r) > num_layers:
+            raise ValueError(f"r as a list needs at most one value per block ({num_layers}), got {len(r)} values: {r}")
+        values = r + [0] * (num_layers - len(r))
+    else:
+        inflection = 0.0
+        if isinstance(r, tuple):
+            if len(r) != 2:
+                raise ValueError(f"r as a tuple must be (r, inflection), got {r!r}; give a list for one r per block")
+            r, inflection = r
+            if isinstance(inflection, bool) or not isinstance(inflection, (int, float)) or not -1 <= inflection <= 1:
+                raise ValueError(f"the inflection of r=(r, inflection) must be a number in [-1, 1], got {inflection!r}")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"r must be an int >= 0 (tokens merged per block), (r, inflection) or a list, got {r!r}")
+        low = int(r * (1.0 - inflection))
+        high = 2 * r - low
+        step = (high - low) / max(1, num_layers - 1)  # (ToMe divides by L - 1; one block has no slope)
+        values = [int(low + step * i) for i in range(num_layers)]
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"r must be an int >= 0 (tokens merged per block) or a list of them, got {r!r}")
+    return values
+
+
 @register("tome")
 class ToMe(Reducer):
     """Merge ``r`` tokens in this block by bipartite soft matching on the keys (see module doc).
 
-    Option ``r``: an int for every block, or (through ``apply``) one int per block in ``layers``; 0 = off.
+    Options (ToMe's names): ``r`` in any form :func:`parse_r` reads, over the blocks of ``layers`` (default: every
+    block); ``prop_attn`` (default True, as ToMe's timm patch): add log(size) to the attention logits after a merge
+    (ToMe recommends False for MAE checkpoints and for training); ``trace_source`` (default True): keep the
+    ``patch_to_token`` record that pictures need; False saves its cost at batch 1.
     """
 
     example_options: ClassVar[dict[str, Any]] = {"r": 3}
     identity_options: ClassVar[dict[str, Any]] = {"r": 0}
 
-    def __init__(self, r: int) -> None:
+    def __init__(self, r: int, prop_attn: bool = True, trace_source: bool = True) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise ValueError(f"r must be an int >= 0 (tokens merged per block), got {r!r}")
+        for name, value in (("prop_attn", prop_attn), ("trace_source", trace_source)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
         self.r = r
+        self.prop_attn = prop_attn
+        self.trace_source = trace_source
 
     @classmethod
     def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
-        cls, layers: tuple[int, ...], *, r: int | Sequence[int]
+        cls,
+        layers: tuple[int, ...],
+        *,
+        r: int | tuple[int, float] | list[int],
+        prop_attn: bool = True,
+        trace_source: bool = True,
     ) -> dict[int, Reducer | None]:
-        if isinstance(r, Sequence) and not isinstance(r, str):
-            if len(r) != len(layers):
-                raise ValueError(
-                    f"r must be one int or one int per block ({len(layers)}), got {len(r)} values: {list(r)}"
-                )
-            schedule = list(r)
-        else:
-            schedule = [r] * len(layers)
-        for value in schedule:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"r must be an int >= 0 (tokens merged per block) or a list of them, got {r!r}")
-        return {layer: cls(value) if value > 0 else None for layer, value in zip(layers, schedule)}
+        schedule = parse_r(len(layers), r)
+        return {
+            layer: cls(value, prop_attn, trace_source) if value > 0 else None for layer, value in zip(layers, schedule)
+        }
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         x = state.tokens  # (B, N, C)
@@ -172,20 +208,23 @@ class ToMe(Reducer):
             return state
         if state.keep_policy is not None:
             raise ValueError("ToMe cannot follow a training-time keep_policy (DynamicViT training); got one")
+        state = state.replace(size_bias=self.prop_attn, trace=state.trace and self.trace_source)
         # The mean of the keys over heads; summed, as only its direction counts (cosine), and torch's sum over a
         # strided dim is many times faster than its mean on CPU.
         m = bipartite_soft_matching(attention.k.sum(dim=1), self.r, p)  # keys (B, H, N, hd) -> metric (B, N, hd)
         sizes = state.sizes if state.sizes is not None else x.new_ones(B, N)
         tokens, sizes = merge_wavg(x, sizes, m)
         dest = token_destinations(m, N)  # (B, N)
-        # A merged token keeps its b token's position (the token it continues).
-        positions = state.positions.gather(1, kept_tokens(m, N)[:, p:] - p)  # (B, N − r − p)
+        # A merged token keeps its b token's position (the token it continues), and its fused flag (EViT).
+        continued = kept_tokens(m, N)[:, p:] - p  # (B, N − r − p)
         return state.replace(
             tokens=tokens,
-            positions=positions,
+            positions=state.positions.gather(1, continued),
+            fused=None if state.fused is None else state.fused.gather(1, continued),
             sizes=sizes,
             patch_to_token=record_reduction(state, dest[:, p:] - p),
         )
 
     def extra_repr(self) -> str:
-        return f"r={self.r}"
+        flags = "" if self.prop_attn else ", prop_attn=False"
+        return f"r={self.r}{flags}" + ("" if self.trace_source else ", trace_source=False")
