@@ -11,9 +11,11 @@ ends with exactly the weights and metrics of an uninterrupted run.
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,11 @@ from vitrim.train.state import (
 )
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
+LARGE_GRADIENT = 1e4  # a gradient norm above this is clipped with a warning: training is close to diverging
+
+
+class TrainingDiverged(ValueError):
+    """The loss or the gradients became NaN or infinite; the checkpoints of the last finished epoch are kept."""
 METRICS = "metrics.jsonl"
 
 
@@ -122,6 +129,7 @@ class _Run:
     scheduler: Any
     steps_per_epoch: int
     record: dict[str, Any]  # the settings as stored next to the checkpoints
+    warned: bool = False  # a large gradient norm was reported
 
 
 def _build(config: TrainConfig, info: DistInfo) -> _Run:
@@ -189,11 +197,23 @@ def _train_epoch(run: _Run, config: TrainConfig, info: DistInfo, epoch: int, sho
         images, labels = images.to(info.device, non_blocking=True), labels.to(info.device, non_blocking=True)
         with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=config.bf16):
             loss = run.objective(run.train_model, images, labels, epoch)
+        where = f"epoch {epoch + 1}, step {seen // run.sampler.local_batch + 1}"
+        if not bool(torch.isfinite(loss)):  # before any weight changes: the saved epochs stay good
+            raise TrainingDiverged(f"training stopped: the loss is {loss.item()} at {where}; {_kept(config)}")
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         run.objective.after_backward(run.model, epoch)
         if config.clip_grad is not None:
-            nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad)
+            norm = float(nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad))
+            if not math.isfinite(norm):
+                raise TrainingDiverged(f"training stopped: the gradient norm is {norm} at {where}; {_kept(config)}")
+            if norm > LARGE_GRADIENT and not run.warned:
+                run.warned = True  # once a run: the point is to say it, not to flood the log
+                warnings.warn(
+                    f"gradient norm {norm:.3g} at {where} was clipped to {config.clip_grad}; training is close to "
+                    "diverging (DynamicViT: a dropped token that was an attention sink, see docs/reliability.md)",
+                    stacklevel=2,
+                )
         run.optimizer.step()
         run.scheduler.step()
         loss_sum += loss.detach().double() * len(labels)
@@ -246,6 +266,10 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
     if writer is not None:
         writer.close()
     return {**metrics, "best_top1": best_top1, "out": str(out), "rank": info.rank}
+
+
+def _kept(config: TrainConfig) -> str:
+    return f"the checkpoints of the last finished epoch in {config.out!r} are kept (lower --lr, or --clip-grad)"
 
 
 def _save_epoch(out: Path, run: _Run, epoch: int, best_top1: float, metrics: dict[str, Any]) -> None:

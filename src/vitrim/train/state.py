@@ -15,6 +15,7 @@ Every file is written to a temporary name in the same folder, flushed to disk, t
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,20 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no training state at {str(path)!r}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "Unsupported" in line), "")
+        raise ValueError(
+            f"refusing to load {str(path)!r}: it stores Python objects that could run code when unpickled "
+            f"(torch.load weights_only=True; {detail or 'not a plain training state'})"
+        ) from None
+    except Exception as err:  # a truncated or corrupted file raises anything from zipfile or pickle
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"{str(path)!r} is truncated or corrupt ({detail}); nothing was changed in {str(path.parent)!r}: "
+            "restore the file, or start a new run in another --out"
+        ) from None
     if not isinstance(state, dict) or "model" not in state or "epoch" not in state:
         raise ValueError(f"{str(path)!r} is not a vitrim training state (no 'model' / 'epoch' entries)")
     return state
