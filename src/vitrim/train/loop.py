@@ -50,12 +50,12 @@ from vitrim.train.state import (
 )
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
+METRICS = "metrics.jsonl"
 LARGE_GRADIENT = 1e4  # a gradient norm above this is clipped with a warning: training is close to diverging
 
 
 class TrainingDiverged(ValueError):
     """The loss or the gradients became NaN or infinite; the checkpoints of the last finished epoch are kept."""
-METRICS = "metrics.jsonl"
 
 
 def _seed_epoch(seed: int, epoch: int, rank: int) -> None:
