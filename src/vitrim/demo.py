@@ -60,6 +60,7 @@ class DemoPlan:
     digits: dict[str, Any] = field(default_factory=lambda: {"clutter": 0, "noise": 0.0, "align": 1})
     distill: dict[str, Any] = field(default_factory=dict)  # DynamicViTLoss weights (default: the paper's)
     prune_layers: tuple[int, ...] | None = None  # DynamicViT's scored blocks (None: a quarter, half, 3/4 deep)
+    reg_tokens: int = 0  # > 0: also train the dense ViT and DynamicViT with this many register tokens
 
 
 # 48x48 canvas, 8x8 patches: 36 tokens; a 24x24 digit on 8-pixel steps covers exactly 9 of them (4x4 places), so
@@ -81,6 +82,7 @@ FULL = DemoPlan(
     digits={"clutter": 0, "noise": 0.0, "align": 8},
     prune_layers=(1, 2, 3),  # prune early: the default for depth 6 is (1, 3, 4)
     backbone_lr_scale=0.1,  # on this teacher (96.9%), 1 thread: 0.1 gave 97.2%, the paper's 0.01 94.7%
+    reg_tokens=4,  # Darcet et al. 2024: sinks the model can use that pruning never drops
     # the paper's loss (logit and token distillation 0.5, 0.5): with the [CLS] teacher (95.5%, 40 epochs) it gave
     # 95.5% (digit patches kept 97/95/74%), classification + keep ratio alone 95.3%
 )  # fmt: skip
@@ -95,10 +97,12 @@ QUICK = DemoPlan(
     bench_repeats=3,
     freeze_backbone_epochs=0,
     digits={"clutter": 0, "noise": 0.0, "align": 4},
+    reg_tokens=2,
 )  # fmt: skip
 
 DENSE_MODEL, DYNAMIC_MODEL, CNN_MODEL = "vit_tiny_patch16_224", "dynamicvit_tiny_patch16_224", "cnn_small"
-NAMES = ("dense", "dynamicvit", "cnn")
+NAMES = ("dense", "dynamicvit", "dense_reg", "dynamicvit_reg", "cnn")
+PRUNED = {"dynamicvit": "dense", "dynamicvit_reg": "dense_reg"}  # each DynamicViT and the dense model it came from
 
 
 def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -> dict[str, Any]:
@@ -110,22 +114,35 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
     dynamic_overrides: dict[str, Any] = {"keep_ratio": KEEP_RATIO}
     if plan.prune_layers is not None:
         dynamic_overrides["prune_layers"] = plan.prune_layers
-    configs = {
-        "dense": TrainConfig(
-            model=DENSE_MODEL, out=str(out / "dense"), epochs=plan.dense_epochs, lr=plan.dense_lr,
-            overrides=plan.vit, **common,
-        ),
-        "dynamicvit": TrainConfig(
-            model=DYNAMIC_MODEL, out=str(out / "dynamicvit"), epochs=plan.dynamicvit_epochs, lr=plan.dynamicvit_lr,
-            overrides=dynamic_overrides, teacher=str(out / "dense" / "last.safetensors"),
-            freeze_backbone_epochs=plan.freeze_backbone_epochs, backbone_lr_scale=plan.backbone_lr_scale,
-            warmup_epochs=0.0, distill=plan.distill, **common,
-        ),
-        "cnn": TrainConfig(
-            model=CNN_MODEL, out=str(out / "cnn"), epochs=plan.cnn_epochs, lr=plan.cnn_lr, overrides=plan.cnn,
+    configs: dict[str, TrainConfig] = {}
+    for suffix, registers in (("", {}), ("_reg", {"reg_tokens": plan.reg_tokens})):
+        if suffix and not plan.reg_tokens:
+            continue
+        dense = f"dense{suffix}"
+        configs[dense] = TrainConfig(
+            model=DENSE_MODEL,
+            out=str(out / dense),
+            epochs=plan.dense_epochs,
+            lr=plan.dense_lr,
+            overrides={**plan.vit, **registers},
             **common,
-        ),
-    }  # fmt: skip
+        )
+        configs[f"dynamicvit{suffix}"] = TrainConfig(
+            model=DYNAMIC_MODEL,
+            out=str(out / f"dynamicvit{suffix}"),
+            epochs=plan.dynamicvit_epochs,
+            lr=plan.dynamicvit_lr,
+            overrides=dynamic_overrides,
+            teacher=str(out / dense / "last.safetensors"),
+            freeze_backbone_epochs=plan.freeze_backbone_epochs,
+            backbone_lr_scale=plan.backbone_lr_scale,
+            warmup_epochs=0.0,
+            distill=plan.distill,
+            **common,
+        )
+    configs["cnn"] = TrainConfig(
+        model=CNN_MODEL, out=str(out / "cnn"), epochs=plan.cnn_epochs, lr=plan.cnn_lr, overrides=plan.cnn, **common
+    )  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
     for name, config in configs.items():
         if not quiet:
@@ -134,7 +151,7 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
         result = train(config)
         results[name] = {"top1": result["test_top1"], "train_seconds": time.perf_counter() - start}
 
-    models = {name: load_for_eval(out / name / "last.safetensors")[0] for name in NAMES}
+    models = {name: load_for_eval(out / name / "last.safetensors")[0] for name in configs}
     test_images = _test_batch(models["dense"], plan, seed)
     speed = _throughput(models, test_images, plan.bench_repeats)
     summary: dict[str, Any] = {}
@@ -149,7 +166,9 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -
             "params": sum(p.numel() for p in model.parameters()),
             "train_seconds": results[name]["train_seconds"],
         }
-    summary["dynamicvit"]["kept_per_stage"] = _kept_digit_patches(models["dynamicvit"], test_images)
+    for name in PRUNED:
+        if name in summary:
+            summary[name]["kept_per_stage"] = _kept_digit_patches(models[name], test_images)
     summary["targets"] = _targets(summary)
     pictures = _pictures(out, models, test_images, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -191,28 +210,46 @@ def _kept_digit_patches(model: nn.Module, images: torch.Tensor) -> dict[str, lis
     return {"digit": digit, "background": background}
 
 
+TARGET_DIGIT_KEPT = 0.9  # with registers: at least 90% of the digit's patches kept at the last stage
+
+
 def _targets(summary: dict[str, Any]) -> dict[str, Any]:
     dense, dyn = summary["dense"], summary["dynamicvit"]
-    return {
+    targets = {
         "dense_top1_at_least_0.97": dense["top1"] >= TARGET_DENSE_TOP1,
         "dynamicvit_within_1_point": dense["top1"] - dyn["top1"] <= TARGET_MAX_DROP,
         "dynamicvit_speedup_at_least_1.4": dyn["speedup"] >= TARGET_SPEEDUP,
     }
+    if "dynamicvit_reg" in summary:
+        reg, dense_reg = summary["dynamicvit_reg"], summary["dense_reg"]
+        targets.update(
+            {
+                "registers_digit_kept_last_stage_at_least_0.9": reg["kept_per_stage"]["digit"][-1] >= TARGET_DIGIT_KEPT,
+                "registers_within_1_point_of_dense": dense["top1"] - reg["top1"] <= TARGET_MAX_DROP,
+                "registers_within_1_point_of_dense_reg": dense_reg["top1"] - reg["top1"] <= TARGET_MAX_DROP,
+                "registers_speedup_at_least_1.4": reg["speedup"] >= TARGET_SPEEDUP,
+            }
+        )
+    return targets
 
 
 def _pictures(out: Path, models: dict[str, nn.Module], images: torch.Tensor, summary: dict[str, Any]) -> list[str]:
     """Kept tokens per stage on a few test digits, and accuracy vs speed; returns the file names written."""
     names = []
-    dynamic = models["dynamicvit"].eval()
-    for i in range(min(4, len(images))):
-        kept, grid = model_kept_indices(dynamic, images[i])
-        fig, _ = plot_kept_tokens(images[i], kept, grid, title=f"DynamicViT (keep ratio {KEEP_RATIO}): test digit {i}")
-        save_figure(fig, out / f"kept_tokens_{i}.png")
-        names.append(f"kept_tokens_{i}.png")
+    for name in (n for n in PRUNED if n in models):
+        registers = int(getattr(getattr(models[name], "config", None), "reg_tokens", 0))
+        label = "DynamicViT" + (f" + {registers} registers" if registers else "")
+        for i in range(min(4, len(images))):
+            kept, grid = model_kept_indices(models[name].eval(), images[i])
+            title = f"{label} (keep ratio {KEEP_RATIO}): test digit {i}"
+            fig, _ = plot_kept_tokens(images[i], kept, grid, title=title)
+            file = f"kept_tokens_{i}.png" if name == "dynamicvit" else f"kept_tokens_reg_{i}.png"
+            save_figure(fig, out / file)
+            names.append(file)
 
     fig = new_figure((5.0, 3.6))
     ax = fig.subplots()
-    for name in NAMES:
+    for name in (n for n in NAMES if n in summary):
         row = summary[name]
         ax.scatter(row["images_per_s"], 100 * row["top1"], s=60)
         ax.annotate(f"{name}\n{row['gflops'] * 1e3:.1f} MFLOPs", (row["images_per_s"], 100 * row["top1"]), fontsize=8)
@@ -237,7 +274,7 @@ def _report(summary: dict[str, Any], pictures: list[str], plan: DemoPlan, config
         "| model | top-1 | GFLOPs / image | images/s | speed-up vs dense | params | train s |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in NAMES:
+    for name in (n for n in NAMES if n in summary):
         r = summary[name]
         lines.append(
             f"| {name} (`{r['model']}`) | {100 * r['top1']:.2f}% | {r['gflops']:.4f} | {r['images_per_s']:.0f} |"
@@ -245,22 +282,29 @@ def _report(summary: dict[str, Any], pictures: list[str], plan: DemoPlan, config
         )
     targets = summary["targets"]
     lines += ["", "Targets: " + "; ".join(f"{k}: {'reached' if v else 'NOT reached'}" for k, v in targets.items())]
-    kept = summary["dynamicvit"]["kept_per_stage"]
-    lines += [
-        "",
-        "DynamicViT kept, per stage, " + ", ".join(f"{100 * d:.0f}%" for d in kept["digit"]) + " of the digit patches"
-        " (any ink) and " + ", ".join(f"{100 * b:.0f}%" for b in kept["background"]) + " of the background patches"
-        " of these test images.",
-    ]
+    for name in (n for n in PRUNED if n in summary):
+        kept = summary[name]["kept_per_stage"]
+        lines += [
+            "",
+            f"{name} kept, per stage, " + ", ".join(f"{100 * d:.0f}%" for d in kept["digit"]) + " of the digit"
+            " patches (any ink) and " + ", ".join(f"{100 * b:.0f}%" for b in kept["background"]) + " of the"
+            " background patches of these test images.",
+        ]
     lines += [
         "",
         "Images/s: one batch of test images, the three models timed in turns (median), so they share the load of"
         " the machine; on a busy machine the absolute numbers are low but the ratios hold better.",
         "",
-        "## Kept tokens (DynamicViT, per stage; pruned patches washed out)",
+        "## Kept tokens per stage (pruned patches washed out): without and with registers, side by side",
         "",
+        "| without registers | with registers |",
+        "|---|---|",
     ]
-    lines += [f"![{p}]({p})" for p in pictures if p.startswith("kept_tokens")]
+    plain = [p for p in pictures if p.startswith("kept_tokens_") and not p.startswith("kept_tokens_reg_")]
+    with_reg = [p for p in pictures if p.startswith("kept_tokens_reg_")]
+    for i, a in enumerate(plain):
+        b = with_reg[i] if i < len(with_reg) else ""
+        lines.append(f"| ![{a}]({a}) | {f'![{b}]({b})' if b else ''} |")
     lines += ["", "## Accuracy vs speed", "", "![accuracy vs speed](accuracy_vs_speed.png)", "", "## Reproduce", ""]
     for c in configs.values():
         sets = " ".join(f"--set {k}={_literal(v)}" for k, v in c.overrides.items())

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_folder(args.out, "--out"), QUICK if args.quick else FULL, seed=args.seed, quiet=args.quiet
     )
     print(f"report: {Path(args.out) / 'report.md'}")
-    for name in NAMES:
+    for name in (n for n in NAMES if n in summary):
         row = summary[name]
         print(
             f"  {name:<10} top-1 {row['top1']:.4f}  {row['gflops']:.4f} GFLOPs  {row['images_per_s']:.0f} images/s"

@@ -25,7 +25,8 @@ PREDICTOR_PREFIX = "score_predictor."
 # architecture fields a student copies from its teacher's config (all but the head size and regularisation)
 _ARCHITECTURE = (
     "img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qk_norm",
-    "class_token", "global_pool", "init_values", "norm_eps",
+    "class_token", "global_pool", "init_values", "norm_eps", "reg_tokens", "no_embed_class", "pre_norm", "fc_norm",
+    "act_layer", "swiglu_mlp", "scale_mlp", "use_rot_pos_emb", "ref_feat_shape", "rope_temperature",
 )  # fmt: skip
 
 
