@@ -6,6 +6,8 @@
   grid of the input image (for a merged token, the position of the token it was merged into).
 * ``sizes`` (B, N) float or None: how many patches each token stands for (ToMe); None means all ones. When present
   the Block adds log(size) to the attention logits (proportional attention).
+* ``proportional_attention``: whether the Block adds log(size) to the logits (True, ToMe's default). A merging
+  method whose authors keep sizes only for the weighted average (PiToMe's timm/DeiT code) sets it False.
 * ``keep_policy`` (B, N) float or None: DynamicViT's training-time decisions, 1 = kept; prefix entries are 1. Every
   attention call receives it; tokens are masked, not removed.
 * ``grid_patches``: P, the number of patches in the input image's full grid (set by the model's ``embed``; None
@@ -47,6 +49,7 @@ class TokenState:
     training: bool = False
     block_positions: tuple[Tensor, ...] = ()
     block_patch_to_token: tuple[Tensor | None, ...] = ()
+    proportional_attention: bool = True
 
     def replace(self, **changes: object) -> TokenState:
         """A copy with some fields changed."""
@@ -59,7 +62,7 @@ class TokenState:
 
     def attention_bias(self) -> Tensor | None:
         """(B, 1, 1, N) float mask adding log(size) to the logits (proportional attention), or None."""
-        if self.sizes is None:
+        if self.sizes is None or not self.proportional_attention:
             return None
         return self.sizes.log()[:, None, None, :].to(self.tokens.dtype)
 
