@@ -15,9 +15,9 @@ Conventions, read from the authors' code (xjwu1024/PPT, ``ppt_deit.py`` ``PPTAtt
 * Counts: r = min(``r``, ⌊n / 2⌋) tokens removed per reducing block (``--r_tokens``, 50 in the authors' DeiT-S
   command), n = the patch tokens entering it; both branches leave n − r patch tokens.
 * Prune: keep the n − r highest-scoring patch tokens, in descending score order (``torch.sort``); their sizes stay.
-* Pool: ToMe's bipartite soft matching on the keys averaged over heads
-  (:func:`vitrim.reduce.tome.bipartite_soft_matching`, ToMe's layout), size-weighted merge written with gathers
-  and a dense assignment product (:mod:`vitrim.reduce.assign`).
+* Pool: ToMe's bipartite soft matching on the keys averaged over heads (even/odd split, prefix protected, ToMe's
+  layout; :func:`pooling_matching`, masked rather than sliced so it exports), size-weighted merge written with
+  gathers and a dense assignment product (:mod:`vitrim.reduce.assign`).
 * Batches: both branches are computed for the whole batch and each image takes its own with ``torch.where`` (the
   authors split the batch into two sub-batches; the result per image is the same, and this form traces and exports).
 * Proportional attention: on (``prop_attn=True``, the authors' default, ``--prop_attn`` is store_false).
@@ -42,7 +42,6 @@ from vitrim.reduce.cls_ranking import cls_attention
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
 from vitrim.reduce.tokens import keep_tokens
-from vitrim.reduce.tome import bipartite_soft_matching, kept_tokens, token_destinations
 
 
 def significance_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
@@ -55,14 +54,28 @@ def significance_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
     return scores / scores.sum(dim=1, keepdim=True)
 
 
-def pool_tokens(state: TokenState, metric: Tensor, r: int) -> TokenState:
-    """ToMe's bipartite merge of r tokens on ``metric`` (B, N, C), as a merge by assignment."""
-    p, N = state.num_prefix, state.tokens.shape[1]
-    m = bipartite_soft_matching(metric, r, p)
-    keep = kept_tokens(m, N)[:, p:] - p  # (B, n − r) the anchors, in ToMe's layout
-    src = 2 * m.src_idx - p  # (B, r) patch-token indices of the a tokens merged away
-    src_dest = token_destinations(m, N).gather(1, 2 * m.src_idx) - p  # (B, r)
-    return merge_tokens(state, keep, src, src_dest)
+@torch.no_grad()
+def pooling_matching(metric: Tensor, r: int, num_prefix: int) -> tuple[Tensor, Tensor, Tensor]:
+    """ToMe's bipartite soft matching (a = even tokens, b = odd, prefix protected) as keep, src, src_dest in patch-token
+    indices with ToMe's layout [unmerged a, b] (see :mod:`vitrim.reduce.assign`). Prefix rows and columns are masked
+    rather than sliced, so the traced graph has no empty tensors (ONNX)."""
+    B, N, _ = metric.shape
+    p = num_prefix
+    pa, pb = (p + 1) // 2, p // 2
+    metric = metric / metric.norm(dim=-1, keepdim=True)
+    scores = metric[:, ::2] @ metric[:, 1::2].transpose(1, 2)  # (B, Na, Nb) cosine similarities
+    Na, Nb = scores.shape[1], scores.shape[2]
+    a_prefix = torch.arange(Na, device=metric.device) * 2 < p  # (Na,)
+    b_prefix = torch.arange(Nb, device=metric.device) * 2 + 1 < p  # (Nb,)
+    scores = scores.masked_fill(a_prefix[:, None] | b_prefix[None, :], float("-inf"))
+    node_max, node_idx = scores.max(dim=-1)  # (B, Na)
+    edge_idx = node_max.argsort(dim=-1, descending=True)  # (B, Na)
+    unm = edge_idx[:, r:].sort(dim=-1).values[:, pa:]  # (B, Na − r − pa) prefix a tokens sort first
+    src = edge_idx[:, :r]  # (B, r)
+    b_tokens = torch.arange(2 * pb + 1, N, 2, device=metric.device).expand(B, -1)  # (B, Nb − pb)
+    keep = torch.cat([2 * unm, b_tokens], dim=1) - p
+    src_dest = unm.shape[1] + node_idx.gather(1, src) - pb
+    return keep, 2 * src - p, src_dest
 
 
 @register("ppt")
@@ -108,7 +121,7 @@ class PPT(Reducer):
         pool = scores.var(dim=1) < self.threshold  # (B,) flat scores: duplicative tokens
         order = torch.sort(scores, dim=1, descending=True).indices  # (B, n)
         pruned = keep_tokens(state, order[:, : n - r])
-        pooled = pool_tokens(state, attention.k.mean(dim=1), r)
+        pooled = merge_tokens(state, *pooling_matching(attention.k.mean(dim=1), r, p))
         ones = state.tokens.new_ones(state.tokens.shape[0], n - r + p)
         pruned_sizes = pruned.sizes if pruned.sizes is not None else ones
         assert pooled.sizes is not None
