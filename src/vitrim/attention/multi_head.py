@@ -32,6 +32,7 @@ class AttentionResult:
     scale: float
     mask: Tensor | None = None
     keep_policy: Tensor | None = None
+    v: Tensor | None = None  # (B, H, Lk, hd): the values, for reducers that score tokens by ‖v‖ (PPT, Zero-TPrune)
 
 
 class MultiHeadAttention(nn.Module):
@@ -137,7 +138,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.attn_drop if self.training else 0.0,
             need_weights=need_weights,
         )
-        return AttentionResult(self.project_out(out), weights, q, k, self.head_dim**-0.5, mask, keep_policy)
+        return AttentionResult(self.project_out(out), weights, q, k, self.head_dim**-0.5, mask, keep_policy, v)
 
     def project_qkv(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Project and split into heads: q (B, H, Lq, hd), k and v (B, H, Lk, hd)."""

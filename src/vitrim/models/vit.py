@@ -15,6 +15,7 @@ from vitrim.models.layers import PatchEmbed
 from vitrim.models.pos_embed import resample_pos_embed
 from vitrim.reduce import TokenState
 from vitrim.reduce.state import patch_positions
+from vitrim.reduce.unmerge import tokens_on_grid
 
 
 @dataclass
@@ -42,6 +43,15 @@ class ViTOutput:
     patch_to_token: list[Tensor] = field(default_factory=list)
     block_positions: list[Tensor] = field(default_factory=list)
     block_patch_to_token: list[Tensor | None] = field(default_factory=list)
+
+    def tokens_on_grid(self) -> Tensor:
+        """(B, P, D) the final patch tokens on the input's full grid (zeros for dropped patches); see
+        :func:`vitrim.reduce.unmerge.tokens_on_grid`. The prefix count is read off the provenance."""
+        if self.patch_to_token:
+            n = int(self.patch_to_token[-1].max()) + 1  # every surviving patch token stands for at least one patch
+        else:
+            n = self.block_positions[-1].shape[1]  # nothing was reduced: the last block saw every patch token
+        return tokens_on_grid(self.tokens, self.patch_to_token, self.tokens.shape[1] - n)
 
 
 class VisionTransformer(nn.Module):

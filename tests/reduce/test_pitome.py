@@ -1,0 +1,40 @@
+"""PiToMe against an independent re-implementation of the authors' DeiT forward, on the same weights in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pitome_reference import pitome_forward
+from reduce_models import images, tiny
+from vit_reference import grid_sources
+
+import vitrim
+from vitrim.reduce.pitome import merge_count, pitome_margins
+
+
+@pytest.mark.parametrize(("ratio", "depth"), [(0.9, 4), (0.8, 4), (0.6, 5)])
+def test_matches_the_authors_forward(ratio: float, depth: int) -> None:
+    model = tiny(depth=depth).double()
+    x = images(batch=3).double()
+    sd = model.state_dict()
+    with torch.no_grad():
+        expected, source = pitome_forward(x, sd, heads=2, depth=depth, ratio=ratio)
+        out = vitrim.reduce.apply(model, "pitome", ratio=ratio).forward_detailed(x)
+    assert (out.logits - expected).abs().max() <= 1e-5
+    assert out.tokens.shape[1] == source.shape[1]
+    assert torch.equal(grid_sources(out.patch_to_token[-1], out.tokens.shape[1] - 1), source[:, 1:])
+    sizes = source[:, 1:].sum(-1)
+    assert out.token_sizes is not None and torch.equal(out.token_sizes[:, 1:], sizes)
+
+
+def test_counts_margins_and_no_proportional_attention_by_default() -> None:
+    assert merge_count(196, 0.9) == 19 and merge_count(16, 1.0) == 0 and merge_count(16, 0.5) == 8
+    assert pitome_margins(4) == [0.75, 0.5625, 0.375, 0.1875]
+    model = vitrim.reduce.apply(tiny(), "pitome", ratio=0.8, prop_attn=True)
+    with torch.no_grad():
+        with_bias = model(images())
+        vitrim.reduce.remove(model)
+        without = vitrim.reduce.apply(model, "pitome", ratio=0.8)(images())
+    assert not torch.allclose(with_bias, without)
+    with pytest.raises(ValueError, match=r"ratio must be a number in \[0.5, 1\].*0.4"):
+        vitrim.reduce.apply(tiny(), "pitome", ratio=0.4)
