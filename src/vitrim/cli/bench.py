@@ -11,7 +11,9 @@ from torch import nn
 from vitrim.bench import attention, models
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
-from vitrim.cli.common import add_threads_argument
+from vitrim.cli.common import add_threads_argument, parse_set
+
+SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="overrides",
         action="append",
         default=None,
-        metavar="KEY=VALUE[,KEY=VALUE]",
+        metavar=SET_FORM,
         help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
     )
     p.add_argument(
@@ -129,7 +131,7 @@ def run_models(args: argparse.Namespace) -> int:
         raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
     cases = build_cases(
         args.models,
-        overrides=args.overrides or (),
+        overrides=parse_set(args.overrides, "--set", SET_FORM),
         keep_ratios=args.keep_ratio or (),
         reducers=args.reducer or (),
         img_size=args.img_size,

@@ -30,11 +30,14 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def parse_set(items: list[str] | None, option: str = "--set") -> dict[str, Any]:
-    """Repeated ``--set depth=4 --set embed_dim=32,num_heads=2`` -> one dict (later values win)."""
+def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]:
+    """Repeated ``--set depth=4 --set embed_dim=32,num_heads=2`` -> one dict (later values win).
+
+    ``form`` is the option's metavar: an error shows the form ``--help`` shows (``vitrim.literals`` reads the text).
+    """
     values: dict[str, Any] = {}
     for text in items or []:
-        values.update(parse_assignments(text, option))
+        values.update(parse_assignments(text, option, form))
     return values
 
 
