@@ -83,7 +83,7 @@ def load_picture(args: argparse.Namespace, model: nn.Module) -> Tensor:
     if args.image is not None:
         data = getattr(model, "data_config", None)  # the normalisation its weights expect; vitrim's own otherwise
         norm = {} if data is None else {"mean": data.mean, "std": data.std}
-        return read_image(args.image, (height, width), config.in_chans, **norm)
+        return read_image(args.image, (height, width), config.in_chans, **norm, name="--image")
     if height != width:
         raise ValueError(f"--digits needs a model with a square img_size, got {config.img_size}")
     dataset = DigitsCanvas("test", canvas_size=height, in_chans=config.in_chans)
