@@ -11,7 +11,7 @@ from torch import nn
 from vitrim.bench import attention, models
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
-from vitrim.cli.common import add_threads_argument, parse_set
+from vitrim.cli.common import add_threads_argument, check_counts, parse_set
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
 
@@ -85,9 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    for name in ("batch", "heads", "head_dim"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check_counts(args, ("batch", "heads", "head_dim"), minimum=1, expected="positive")
     try:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:
@@ -121,12 +119,8 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    for name in ("batch_size", "repeats"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
-    for name in ("warmup", "latency_repeats"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    check_counts(args, ("batch_size", "repeats"), minimum=1, expected="a positive int")
+    check_counts(args, ("warmup", "latency_repeats"), minimum=0, expected=">= 0")
     if args.compile and args.warmup == 0:
         raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
     cases = build_cases(
