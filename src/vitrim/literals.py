@@ -37,11 +37,10 @@ def parse_value(text: str) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def parse_assignments(text: str, option: str) -> dict[str, Any]:
+def parse_assignments(text: str, option: str, form: str = "key=value[,key=value...]") -> dict[str, Any]:
     """``"embed_dim=32,depth=2"`` -> ``{"embed_dim": 32, "depth": 2}``: the one ``--set`` grammar.
 
-    Errors name ``option``.
-
+    Errors name ``option`` and show ``form``, the way the option is written in its ``--help`` (its metavar).
     Values are read by :func:`parse_value`; commas inside brackets and quotes do not split.
     """
     values: dict[str, Any] = {}
@@ -49,8 +48,6 @@ def parse_assignments(text: str, option: str) -> dict[str, Any]:
         key, sep, raw = part.partition("=")
         key = key.strip()
         if not sep or not key.isidentifier() or not raw.strip():
-            raise ValueError(
-                f"{option} expects key=value[,key=value...] with a Python name as key, got {text!r} (bad part {part!r})"
-            )
+            raise ValueError(f"{option} expects {form} with a Python name as key, got {text!r} (bad part {part!r})")
         values[key] = parse_value(raw.strip())
     return values

@@ -124,7 +124,7 @@ def test_keep_ratio_rows(capsys, tmp_path):
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--keep-ratio", "0.5"], "does not take keep_ratio"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--reducer", "tomato:r=2"], "unknown reducer 'tomato'"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--reducer", "tome:q=2"], "unknown option(s) ['q']"),
-        (["vit_tiny_patch16_224", "--set", "embed_dim"], "--set expects key=value"),  # the one --set grammar
+        (["vit_tiny_patch16_224", "--set", "embed_dim"], "--set expects KEY=VALUE"),
         (["vit_tiny_patch16_224", "--set", "depht=2"], "unknown config option(s) ['depht']"),
         (["vit_tiny_patch16_224", "--set", "img_size=32", "--img-size", "32"], "--img-size or --set img_size"),
         (["vit_tiny_patch16_224[depth=2", "--set", TINY_SET], "must look like name or name[key=value,...]"),

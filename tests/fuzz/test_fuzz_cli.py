@@ -78,21 +78,23 @@ def test_every_subcommand_with_one_bad_value(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], command: str, position: int, bad: str
 ) -> None:
     tmp = tmp_path_factory.mktemp("cli")
-    argv = commands(tmp)[command]
-    if command == "eval":  # something to evaluate
-        assert main(commands(tmp)["train"]) == 0
-        capsys.readouterr()
-    argv = list(argv)
-    index = 1 + position % (len(argv) - 1)
-    argv[index] = bad.format(file=tmp / "a_file", missing=tmp / "no" / "such")
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse: a usage error (2) or --help (0)
-        code = int(exit_.code or 0)
-        assert code in (0, 2)
-        return
-    err = capsys.readouterr().err
-    assert code in (0, 2), (argv, err)
-    if code == 2:
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert lines and lines[-1].startswith("vitrim: error: ") and "Traceback" not in err, (argv, err)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp)  # a generated value such as "nan" may become an output path: written here, not in the repo
+        argv = commands(tmp)[command]
+        if command == "eval":  # something to evaluate
+            assert main(commands(tmp)["train"]) == 0
+            capsys.readouterr()
+        argv = list(argv)
+        index = 1 + position % (len(argv) - 1)
+        argv[index] = bad.format(file=tmp / "a_file", missing=tmp / "no" / "such")
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse: a usage error (2) or --help (0)
+            code = int(exit_.code or 0)
+            assert code in (0, 2)
+            return
+        err = capsys.readouterr().err
+        assert code in (0, 2), (argv, err)
+        if code == 2:
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert lines and lines[-1].startswith("vitrim: error: ") and "Traceback" not in err, (argv, err)

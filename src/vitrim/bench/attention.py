@@ -52,4 +52,4 @@ def case_memory(case: str, batch: int, heads: int, head_dim: int, length: int) -
 def memory_mb(case: str, batch: int, heads: int, head_dim: int, length: int) -> float:
     """Peak-RSS growth of one case in MiB, in a fresh process."""
     args = dict(case=case, batch=batch, heads=heads, head_dim=head_dim, length=length)
-    return measure_in_fresh_process("vitrim.bench.attention:case_memory", **args)["peak_bytes"] / 2**20
+    return measure_in_fresh_process(case_memory, **args)["peak_bytes"] / 2**20

@@ -1,10 +1,11 @@
 """Peak memory of one measurement, in a fresh process: the one probe every memory benchmark uses.
 
-``measure_in_fresh_process("vitrim.bench.models:batch_memory", case=..., batch_size=...)`` starts
-``python -m vitrim.bench.memory`` with the function's name and its keyword arguments as JSON; the child calls it
-and prints its result, a JSON object. A fresh process is needed because the peak resident set only grows: in the
-parent, an earlier case's high-water mark would hide this one's. Only functions in ``vitrim.bench`` modules are
-ever called, and the arguments are plain JSON, so nothing the caller passes can run other code.
+``measure_in_fresh_process(batch_memory, case=..., batch_size=...)`` starts ``python -m vitrim.bench.memory``
+with the function's name and its keyword arguments as JSON; the child calls it and prints its result, a JSON object.
+Callers pass the function itself, not a name in a string, so mypy and the import graph see what runs. A fresh
+process is needed because the peak resident set only grows: in the parent, an earlier case's high-water mark would
+hide this one's. Only functions in ``vitrim.bench`` modules are ever called, and the arguments are plain JSON, so
+nothing the caller passes can run other code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,14 +38,19 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def measure_in_fresh_process(function: str, **kwargs: Any) -> dict[str, Any]:
-    """Run ``function`` ("vitrim.bench.<module>:<name>") with ``kwargs`` in a new Python process; its JSON result."""
-    _resolve(function)  # a bad name fails here, not in the child
-    cmd = [sys.executable, "-m", "vitrim.bench.memory", function, json.dumps(kwargs), str(torch.get_num_threads())]
+def measure_in_fresh_process(function: Callable[..., dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+    """Run ``function`` (a top-level function of a ``vitrim.bench`` module) with ``kwargs`` in a new Python process.
+
+    ``kwargs`` must be JSON values; returns the function's result (a JSON object) as the child printed it.
+    """
+    name = f"{function.__module__}:{function.__qualname__}"
+    if _resolve(name) is not function:  # a bad name fails here, not in the child
+        raise ValueError(f"a memory probe must be a top-level function of a vitrim.bench module, got {name!r}")
+    cmd = [sys.executable, "-m", "vitrim.bench.memory", name, json.dumps(kwargs), str(torch.get_num_threads())]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"memory measurement {function}({kwargs}) failed (exit {done.returncode}): {tail[0]}")
+        raise RuntimeError(f"memory measurement {name}({kwargs}) failed (exit {done.returncode}): {tail[0]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 

@@ -9,7 +9,7 @@ to every item. Values are Python literals read with :func:`ast.literal_eval` (ne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,7 @@ def parse_reducer(spec: str) -> tuple[str, dict[str, Any]] | None:
 def build_cases(
     models: str,
     *,
-    overrides: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
     keep_ratios: Sequence[float] = (),
     reducers: Sequence[str] = (),
     img_size: int | None = None,
@@ -69,18 +69,16 @@ def build_cases(
 ) -> list[Case]:
     """Check every setting and expand models × keep ratios × reducers into rows, before any compute.
 
-    ``models``: the MODEL list (module doc); ``overrides``: ``--set`` texts; ``keep_ratios`` / ``reducers``: one row
-    per value for the items without a setting of their own; ``timm_reference``: add timm's eager ops after each
-    dense row.
+    ``models``: the MODEL list (module doc); ``overrides``: create_model keywords for every item (``--set``);
+    ``keep_ratios`` / ``reducers``: one row per value for the items without a setting of their own;
+    ``timm_reference``: add timm's eager ops after each dense row.
     """
     if img_size is not None and img_size <= 0:
         raise ValueError(f"--img-size must be a positive int, got {img_size}")
     items = [parse_model_item(item) for item in split_top_level(models)]
     if not items:
         raise ValueError(f"MODEL must name at least one model, got {models!r}")
-    shared: dict[str, Any] = {}
-    for text in overrides:
-        shared.update(parse_assignments(text, "--set"))
+    shared = dict(overrides or {})
     if img_size is not None and any("img_size" in o for o in [shared, *(i[1] for i in items)]):
         raise ValueError("give the image size once: --img-size or --set img_size=..., not both")
     ratios: list[float | None] = list(keep_ratios) if keep_ratios else [None]

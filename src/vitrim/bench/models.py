@@ -223,7 +223,7 @@ def batch_memory(case: dict[str, Any], batch_size: int, img_size: int | None, co
 
 def _measure_memory(case: Case, args: BenchSettings) -> dict[str, Any]:
     values = measure_in_fresh_process(
-        "vitrim.bench.models:batch_memory",
+        batch_memory,
         case=asdict(case),
         batch_size=args.batch_size,
         img_size=args.img_size,

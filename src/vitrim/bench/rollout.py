@@ -57,4 +57,4 @@ def rollout_memory(model: str, img_size: int, batch: int, mode: str) -> dict[str
 def measure(model: str, img_size: int, batch: int, mode: str) -> dict[str, float]:
     """:func:`rollout_memory` in a fresh process."""
     args = dict(model=model, img_size=img_size, batch=batch, mode=mode)
-    return measure_in_fresh_process("vitrim.bench.rollout:rollout_memory", **args)
+    return measure_in_fresh_process(rollout_memory, **args)

@@ -11,7 +11,9 @@ from torch import nn
 from vitrim.bench import attention, models
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
-from vitrim.cli.common import add_threads_argument
+from vitrim.cli.common import add_threads_argument, check_counts, parse_set
+
+SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="overrides",
         action="append",
         default=None,
-        metavar="KEY=VALUE[,KEY=VALUE]",
+        metavar=SET_FORM,
         help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
     )
     p.add_argument(
@@ -83,9 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    for name in ("batch", "heads", "head_dim"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check_counts(args, ("batch", "heads", "head_dim"), minimum=1, expected="positive")
     try:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:
@@ -119,17 +119,13 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    for name in ("batch_size", "repeats"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive int, got {getattr(args, name)}")
-    for name in ("warmup", "latency_repeats"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    check_counts(args, ("batch_size", "repeats"), minimum=1, expected="a positive int")
+    check_counts(args, ("warmup", "latency_repeats"), minimum=0, expected=">= 0")
     if args.compile and args.warmup == 0:
         raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
     cases = build_cases(
         args.models,
-        overrides=args.overrides or (),
+        overrides=parse_set(args.overrides, "--set", SET_FORM),
         keep_ratios=args.keep_ratio or (),
         reducers=args.reducer or (),
         img_size=args.img_size,

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 from vitrim.cli.common import add_data_arguments
-from vitrim.train.checkpoint_eval import evaluate_checkpoint
+from vitrim.train import TrainConfig, evaluate_checkpoint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    d = TrainConfig.defaults()  # evaluation batch and device as a run evaluates its epochs
     p = subparsers.add_parser(
         "eval",
         help="evaluate a checkpoint on digits or an image folder",
@@ -20,9 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="a .safetensors written by vitrim (best/last) or a run's last.pt")
     add_data_arguments(p)  # no defaults: the run's own
     p.add_argument("--split", choices=("test", "train"), default="test")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=d["eval_batch_size"])
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default=d["device"], choices=("auto", "cpu", "cuda"))
     p.add_argument("--json", dest="json_path", metavar="FILE", help="also write the metrics to FILE as JSON")
     p.set_defaults(func=run)
 

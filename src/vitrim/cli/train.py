@@ -7,6 +7,8 @@ import argparse
 from vitrim.cli.common import add_data_arguments, add_threads_argument, check_output_folder, parse_set
 from vitrim.train import TrainConfig, train
 
+SET_FORM = "key=value[,key=value...]"  # --set and --distill (errors show it as --help does)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     d = TrainConfig.defaults()  # every default is TrainConfig's, written once there
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_data_arguments(p, d)
     p.add_argument("--epochs", type=int, default=d["epochs"])
     p.add_argument("--out", default=d["out"], help="run folder: checkpoints and metrics.jsonl")
-    p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="model override, repeatable")
+    p.add_argument("--set", dest="overrides", action="append", metavar=SET_FORM, help="model override, repeatable")
     p.add_argument("--batch-size", type=int, default=d["batch_size"], help="global batch size (split over ranks)")
     p.add_argument("--lr", type=float, default=d["lr"], help="peak AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=d["weight_decay"])
@@ -43,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DynamicViT: epochs with a frozen backbone",
     )
     p.add_argument(
-        "--distill", action="append", metavar="KEY=VALUE", help="DynamicViT: DynamicViTLoss keyword, repeatable"
+        "--distill", action="append", metavar=SET_FORM, help="DynamicViT: DynamicViTLoss keyword, repeatable"
     )
     p.set_defaults(func=run)
 
@@ -54,7 +56,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         data=args.data,
         out=str(check_output_folder(args.out, "--out")),
         epochs=args.epochs,
-        overrides=parse_set(args.overrides),
+        overrides=parse_set(args.overrides, "--set", SET_FORM),
         batch_size=args.batch_size,
         lr=args.lr,
         weight_decay=args.weight_decay,
@@ -74,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         teacher=args.teacher,
         backbone_lr_scale=args.backbone_lr_scale,
         freeze_backbone_epochs=args.freeze_backbone_epochs,
-        distill=parse_set(args.distill, "--distill"),
+        distill=parse_set(args.distill, "--distill", SET_FORM),
     )
 
 

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 import vitrim
 from vitrim.bench import rollout as rollout_bench
 from vitrim.bench.allocator import pin_malloc_threshold
-from vitrim.cli.common import add_threads_argument, check_output_file
+from vitrim.cli.common import add_threads_argument, check_counts, check_output_file
 from vitrim.data import DigitsCanvas
 from vitrim.data.images import read_image
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
@@ -83,7 +83,7 @@ def load_picture(args: argparse.Namespace, model: nn.Module) -> Tensor:
     if args.image is not None:
         data = getattr(model, "data_config", None)  # the normalisation its weights expect; vitrim's own otherwise
         norm = {} if data is None else {"mean": data.mean, "std": data.std}
-        return read_image(args.image, (height, width), config.in_chans, **norm)
+        return read_image(args.image, (height, width), config.in_chans, **norm, name="--image")
     if height != width:
         raise ValueError(f"--digits needs a model with a square img_size, got {config.img_size}")
     dataset = DigitsCanvas("test", canvas_size=height, in_chans=config.in_chans)
@@ -130,9 +130,7 @@ def _top(logits: Tensor) -> str:
 
 
 def run_rollout_memory(args: argparse.Namespace) -> int:
-    for name in ("img_size", "batch"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check_counts(args, ("img_size", "batch"), minimum=1, expected="positive")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in rollout_bench.MODES]
     if bad or not modes:

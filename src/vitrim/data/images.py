@@ -41,18 +41,21 @@ def read_image(
     in_chans: int,
     mean: tuple[float, ...] | float = MEAN,
     std: tuple[float, ...] | float = STD,
+    *,
+    name: str = "image",
 ) -> Tensor:
     """A PNG/JPEG file -> (in_chans, H, W) float32 normalised with ``mean``/``std`` (a model's ``data_config``;
     default: vitrim's [−1, 1]); ``size`` is (H, W).
 
-    A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file.
+    A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file as ``name``
+    (the command line passes its option, ``--image``).
     """
     if not Path(path).is_file():
-        raise FileNotFoundError(f"--image {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
     try:
         pixels = decode_image(path, size, in_chans)
     except ValueError:
         raise
     except Exception as err:  # Pillow raises many kinds on a bad file
-        raise ValueError(f"--image {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
+        raise ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
     return normalise(torch.from_numpy(pixels.copy()), mean, std)
