@@ -103,3 +103,11 @@ def test_vit_small_is_4_6_gmacs():
     hand = vit_flops_by_hand(img=224, patch=16, dim=384, depth=12, heads=6, classes=1000)
     assert flops == hand
     assert flops / 2 / 1e9 == pytest.approx(4.6, rel=0.01)
+
+
+@pytest.mark.parametrize("name", [n for n in vitrim.list_models() if not n.startswith("cnn")])
+def test_flops_are_counted_for_every_registered_vit(name: str) -> None:
+    """The counter follows every family's modules (SigLIP's attention pool, EVA's RoPE and SwiGLU, registers)."""
+    model = vitrim.create_model(name, depth=1, embed_dim=32, num_heads=2, num_classes=3).eval()
+    size = model.config.patch_size * 2
+    assert model_flops_per_image(model, (size, size), 3) > 0

@@ -33,7 +33,9 @@ class AttentionPool(MultiHeadAttention):
 
     def forward(self, tokens: Tensor, token_weights: Tensor | None = None) -> Tensor:  # type: ignore[override]
         """tokens (B, N, D), token_weights (B, N) or None -> pooled (B, D)."""
-        latent = self.latent.expand(tokens.shape[0], -1, -1)  # (B, 1, D)
+        # repeat, not expand: a no-grad view of a parameter claims requires_grad without a grad_fn, which torch's
+        # module tracker (FLOP counting) cannot follow; the copy is one (B, 1, D) row
+        latent = self.latent.repeat(tokens.shape[0], 1, 1)  # (B, 1, D)
         bias = None if token_weights is None else token_weights.log()[:, None, None, :].to(tokens.dtype)
         x, _ = super().forward(latent, tokens, mask=bias)  # (B, 1, D)
         x = x + self.mlp(self.norm(x))
