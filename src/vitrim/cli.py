@@ -19,6 +19,7 @@ COMMANDS = {
     "eval": "vitrim.train.eval_cli",
     "viz": "vitrim.viz.cli",
     "explain": "vitrim.viz.explain",
+    "translate": "vitrim.translate_cli",  # after demo and explain: adds `demo translate` and `explain --cross`
 }
 
 

@@ -193,6 +193,31 @@ def build_pairs(numbers: Iterable[int], languages: Sequence[str] = LANGUAGES) ->
     return pairs
 
 
+_UNITS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_TEENS = ["ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_VALUES = {**{w: i + 1 for i, w in enumerate(_UNITS)}, **{w: i + 10 for i, w in enumerate(_TEENS)},
+           **{w: 10 * (i + 2) for i, w in enumerate(_TENS)}}  # fmt: skip
+
+
+def number_of(source: Sequence[str]) -> int | None:
+    """The number 1 … 9999 whose English tokens are exactly ``source``, or None (then no alignment is known)."""
+    total = group = 0
+    for token in source:
+        if token in _VALUES:
+            group += _VALUES[token]
+        elif token == "hundred":
+            group *= 100
+        elif token == "thousand":
+            total, group = total + group * 1000, 0
+        elif token not in ("-", ",", "and"):
+            return None
+    number = total + group
+    if not 1 <= number <= 9999 or tokenize(words(number, SOURCE_LANGUAGE), SOURCE_LANGUAGE) != list(source):
+        return None
+    return number
+
+
 def split_numbers(max_number: int, test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """A fixed, seeded split of 1 … ``max_number`` into train and test numbers (sorted; no number in both).
 
