@@ -131,6 +131,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         f"{100 * summary['alignment_accuracy']:.2f}% (decoder layer {summary['alignment_layer']})  "
         f"{summary['seconds']:.0f} s on {summary['threads']} thread(s)"
     )
+    if summary["train"]["stopped_early"]:
+        print(f"  training stopped early by its time limit, after {summary['train']['steps']} steps: see report.md")
     return 0
 
 

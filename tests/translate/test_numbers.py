@@ -104,6 +104,6 @@ def test_vocab_names_an_unknown_word() -> None:
     assert vocab.encode(["two", "one"]) == [2, 1]
     assert vocab.decode([1, 2]) == ["one", "two"]
     with pytest.raises(
-        ValueError, match="word 'tree' is out of vocabulary for the English source; known words: one, two"
+        ValueError, match="word 'tree' is out of vocabulary for the English source; known words: 'one' 'two'"
     ):
         vocab.id("tree")

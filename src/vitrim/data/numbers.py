@@ -252,7 +252,7 @@ class Vocab:
 
     def id(self, token: str) -> int:
         if token not in self.index:
-            known = ", ".join(self.tokens[self.num_specials :])
+            known = " ".join(repr(tok) for tok in self.tokens[self.num_specials :])
             raise ValueError(f"word {token!r} is out of vocabulary for the {self.name}; known words: {known}")
         return self.index[token]
 

@@ -57,7 +57,7 @@ def english_tokens(text: str, source_vocab: Vocab) -> list[str]:
     tokens = tokenize(cleaned, SOURCE_LANGUAGE)
     for token in tokens:
         if token not in source_vocab:
-            known = ", ".join(source_vocab.tokens[source_vocab.num_specials :])
+            known = " ".join(repr(tok) for tok in source_vocab.tokens[source_vocab.num_specials :])
             raise ValueError(f"word {token!r} in {text!r} is out of vocabulary (the model knows: {known})")
     return tokens
 
