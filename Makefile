@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint bench clean
+.PHONY: test demo demo-translate lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/vitrim demo
+	$(VENV)/bin/vitrim demo translate
+
+demo-translate: $(STAMP)
+	$(VENV)/bin/vitrim demo translate
 
 bench: $(STAMP)
 	$(VENV)/bin/vitrim bench attention

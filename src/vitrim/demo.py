@@ -321,6 +321,8 @@ def _report(summary: dict[str, Any], pictures: list[str], plan: DemoPlan, config
             f" --warmup-epochs {c.warmup_epochs} --seed {c.seed}{data} --out {c.out}{extra} {sets}"
         )
     lines += ["    vitrim eval <run>/last.safetensors --json eval.json", ""]
+    lines += ["Cross-attention on a translation task: `vitrim demo translate` (`make demo` runs it next) writes"
+              " [runs/translate/report.md](../translate/report.md).", ""]  # fmt: skip
     return "\n".join(lines)
 
 

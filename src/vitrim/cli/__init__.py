@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitrim.cli import bench, demo, eval, explain, models, train, viz
+from vitrim.cli import bench, demo, eval, explain, models, train, translate, viz
 from vitrim.cli.common import apply_threads
 
 COMMANDS = {
@@ -23,6 +23,7 @@ COMMANDS = {
     "models": models,
     "train": train,
     "viz": viz,
+    "translate": translate,  # last: it also adds `vitrim demo translate` and `vitrim explain --cross`
 }
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
 

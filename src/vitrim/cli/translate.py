@@ -1,0 +1,160 @@
+"""Parsers of the translation feature: ``vitrim translate``, ``vitrim demo translate``, ``vitrim explain --cross``.
+
+:func:`register` adds the ``translate`` command and extends two commands registered before it (``vitrim.cli``
+registers in the order of its COMMANDS dict): ``demo`` gets an optional mode, ``translate`` (plain ``vitrim demo``
+and ``vitrim demo --quick`` still run the ViT demo), and ``explain`` gets ``--cross``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from vitrim.cli.common import add_threads_argument, check_output_file
+from vitrim.data.numbers import make_pair, number_of
+from vitrim.translate.demo import FULL, QUICK, run_translate_demo
+from vitrim.translate.inference import load_run, row_labels, translate_text
+from vitrim.viz.cross import plot_cross_attention
+from vitrim.viz.explain import format_matrix
+from vitrim.viz.explain_cross import explain_cross_numbers, format_cross_explanation, plot_cross_explanation
+from vitrim.viz.maps import save_figure
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_translate(subparsers)
+    _register_demo_mode(_registered(subparsers, "demo"))
+    _register_explain_cross(_registered(subparsers, "explain"))
+
+
+def _registered(subparsers: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        raise RuntimeError(f"vitrim.translate_cli must be registered after the {name!r} command (vitrim.cli COMMANDS)")
+    return parser
+
+
+# -- vitrim translate ------------------------------------------------------------------------------------------------
+
+
+def _register_translate(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "translate",
+        help="translate English number words with a trained run (vitrim demo translate), show its cross-attention",
+        description="Translate English number words (or digits) into German or French with the model that "
+        "`vitrim demo translate` trained, and print the cross-attention of the decoder layer that aligns best.",
+    )
+    p.add_argument("text", help='English number words, e.g. "twenty-one" or "two thousand, three hundred"; or digits')
+    p.add_argument(
+        "--run", default="runs/translate", help="run folder of `vitrim demo translate` (default: %(default)s)"
+    )
+    p.add_argument("--to", default="de", help="target language: de or fr (default: %(default)s)")
+    p.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
+    p.add_argument("--layer", type=int, default=None, help="decoder layer to show (default: the run's best-aligned)")
+    p.add_argument("--show-attention", default=None, metavar="PNG", help="draw the cross-attention into this file")
+    add_threads_argument(p)
+    p.set_defaults(func=_run_translate)
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    if args.show_attention:
+        check_output_file(args.show_attention, "--show-attention")
+    run = load_run(args.run)
+    result = translate_text(run, args.text, args.to, beam_size=args.beam)
+    depth = result.cross_attention.shape[0]
+    layer = run.alignment_layer if args.layer is None else args.layer
+    if not 0 <= layer < depth:
+        raise ValueError(f"--layer must be in [0, {depth}) (decoder layers of this model), got {layer}")
+    heads = result.cross_attention.shape[1]
+    weights = result.cross_attention[layer].mean(0)  # (Lt + 1, Ls)
+    print(f"{' '.join(result.source)}  ->  {result.text}   ({args.to}: {' '.join(result.target)})")
+    title = f"cross-attention, decoder layer {layer}, mean of {heads} heads (rows: output, columns: English)"
+    print(format_matrix("A", title, weights, row_labels(result.target), result.source))
+    if args.show_attention:
+        number = number_of(result.source)
+        alignment = None
+        if number is not None:
+            reference = make_pair(number, args.to)
+            if list(reference.target) == result.target:  # the known alignment applies to the reference only
+                alignment = [*reference.alignment, None]
+        fig = plot_cross_attention(weights, result.source, row_labels(result.target), alignment,
+                                   title=f"{args.text!r} -> {result.text!r} ({args.to}), layer {layer}")  # fmt: skip
+        save_figure(fig, args.show_attention)
+        print(f"wrote {args.show_attention}")
+    return 0
+
+
+# -- vitrim demo translate -------------------------------------------------------------------------------------------
+
+
+def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
+    modes = demo.add_subparsers(dest="demo_mode", metavar="MODE", required=False)
+    p = modes.add_parser(
+        "translate",
+        help="train an encoder-decoder that translates number words (en -> de, fr) and score its cross-attention",
+        description="Train a small encoder-decoder on English -> German/French number words (num2words), 1 ... "
+        "9999, a seeded 80/20 split of the numbers; write summary.json (exact_match, chrf, alignment_accuracy, "
+        "seconds), report.md, cross-attention pictures and the model for `vitrim translate`. A few minutes on 2 "
+        "CPU cores, no download.",
+    )
+    p.add_argument("--out", default="runs/translate", help="run folder (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="tiny model, 30 steps, numbers up to 120: checks the plumbing")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the plan's, 700)")
+    p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (default 1: this model's matrices are too small to share; on the shared 2-core "
+        "machine 700 steps took 63 s on 1 thread and 561 s on 2)",
+    )
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ValueError(f"--steps must be an int >= 1, got {args.steps}")
+        plan = replace(
+            plan, train=replace(plan.train, steps=args.steps, warmup_steps=min(plan.train.warmup_steps, args.steps))
+        )
+    summary = run_translate_demo(Path(args.out), plan, seed=args.seed, quiet=args.quiet)
+    print(f"report: {Path(args.out) / 'report.md'}")
+    print(
+        f"  exact match {100 * summary['exact_match']:.2f}%  chrF {summary['chrf']:.2f}  alignment accuracy "
+        f"{100 * summary['alignment_accuracy']:.2f}% (decoder layer {summary['alignment_layer']})  "
+        f"{summary['seconds']:.0f} s on {summary['threads']} thread(s)"
+    )
+    if summary["train"]["stopped_early"]:
+        print(f"  training stopped early by its time limit, after {summary['train']['steps']} steps: see report.md")
+    return 0
+
+
+# -- vitrim explain --cross ------------------------------------------------------------------------------------------
+
+
+def _register_explain_cross(explain: argparse.ArgumentParser) -> None:
+    explain.add_argument(
+        "--cross",
+        action="store_true",
+        help="cross-attention instead: queries from the target sentence, keys and values from the source",
+    )
+    self_attention = explain.get_default("func")
+
+    def run(args: argparse.Namespace) -> int:
+        return _run_explain_cross(args) if args.cross else int(self_attention(args) or 0)
+
+    explain.set_defaults(func=run)
+
+
+def _run_explain_cross(args: argparse.Namespace) -> int:
+    if args.out:
+        check_output_file(args.out, "--out")
+    ex = explain_cross_numbers(args.seed)
+    print(format_cross_explanation(ex))
+    if args.out:
+        save_figure(plot_cross_explanation(ex), args.out)
+        print(f"\nwrote {args.out}")
+    return 0
