@@ -90,6 +90,8 @@ def run_attention(args: argparse.Namespace) -> int:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:
         raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    if not lengths or min(lengths) <= 0:
+        raise ValueError(f"--lengths must be positive sequence lengths, got {args.lengths!r}")
     pin_malloc_threshold()
     shape = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim)
     print(f"attention, float32, B={args.batch}, H={args.heads}, d={args.head_dim}, {torch.get_num_threads()} threads")
