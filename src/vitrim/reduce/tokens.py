@@ -15,13 +15,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vitrim.reduce.index_cache import batch_offsets, cached_arange
 from vitrim.reduce.state import TokenState
 
 
 def flat_index(index: Tensor, rows_per_batch: int) -> Tensor:
     """(B, K) row indices within each batch element -> (B·K,) indices into the flattened (B·rows, …) tensor."""
-    offsets = torch.arange(index.shape[0], device=index.device)[:, None] * rows_per_batch
-    return (index + offsets).flatten()
+    if index.shape[0] == 1 and not torch.compiler.is_compiling():
+        return index.reshape(-1)  # batch 1: no offsets to add (a traced graph keeps one form for every batch)
+    return (index + batch_offsets(index.shape[0], rows_per_batch, device=index.device)).flatten()
 
 
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
@@ -39,14 +41,14 @@ def add_rows_(out: Tensor, index: Tensor, rows: Tensor) -> Tensor:
 
 def with_prefix(keep: Tensor, num_prefix: int) -> Tensor:
     """Patch-token indices (B, k) -> token indices (B, num_prefix + k) with the prefix tokens first."""
-    prefix = torch.arange(num_prefix, device=keep.device).expand(keep.shape[0], num_prefix)
+    prefix = cached_arange(0, num_prefix, device=keep.device).expand(keep.shape[0], num_prefix)
     return torch.cat([prefix, keep + num_prefix], dim=1)
 
 
 def keep_destinations(keep: Tensor, n: int, rest: int) -> Tensor:
     """(B, n) new patch-token index of each old one: keep[:, j] -> j, every other token -> ``rest`` (−1: dropped)."""
     B, k = keep.shape
-    new = torch.arange(k, device=keep.device).expand(B, k)
+    new = cached_arange(0, k, device=keep.device).expand(B, k)
     return torch.full((B, n), rest, dtype=torch.long, device=keep.device).scatter_(1, keep, new)
 
 
@@ -66,7 +68,7 @@ def current_patch_to_token(state: TokenState) -> Tensor | None:
         if state.kept_indices:
             return None
         P = n
-    tokens = torch.arange(n, device=positions.device).expand(B, n)
+    tokens = cached_arange(0, n, device=positions.device).expand(B, n)
     return torch.full((B, P), -1, dtype=torch.long, device=positions.device).scatter_(1, positions, tokens)
 
 
