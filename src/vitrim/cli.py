@@ -19,6 +19,7 @@ COMMANDS = {
     "eval": "vitrim.train.eval_cli",
     "viz": "vitrim.viz.cli",
     "explain": "vitrim.viz.explain",
+    "export": "vitrim.export_cli",
 }
 
 
