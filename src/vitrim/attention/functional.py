@@ -122,8 +122,10 @@ def _validate(
         raise ValueError(f"k and v must share the length Lk: k {tuple(k.shape)} vs v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    lead = q.shape[:-2]
     try:
-        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        if k.shape[:-2] != lead or v.shape[:-2] != lead:  # torch.broadcast_shapes costs more than the rest here
+            lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"leading dims of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not broadcast"
@@ -219,6 +221,8 @@ def _open_mask(allowed: Tensor | None, bias: Tensor | None) -> tuple[Tensor | No
     if bias is not None:
         if allowed is not None:
             bias = bias.masked_fill(~allowed, float("-inf"))
+        elif _is_eager_cpu(bias) and not bool(torch.isneginf(bias).any()):
+            return bias, None  # no −∞ at all (e.g. ToMe's log-sizes): nothing to open (one op instead of four)
         empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
         return bias.masked_fill(empty_rows, 0.0), empty_rows
     if allowed is not None:
@@ -237,9 +241,14 @@ def _zero_empty_rows(t: Tensor, empty_rows: Tensor | None) -> Tensor:
     """
     if empty_rows is None:
         return t
-    if t.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(empty_rows.any()):
+    if _is_eager_cpu(t) and not bool(empty_rows.any()):
         return t
     return t.masked_fill(empty_rows, 0.0)
+
+
+def _is_eager_cpu(t: Tensor) -> bool:
+    """True where reading a tensor's value on the host is free: eager mode (no graph to break) on CPU (no sync)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def _math_attention(

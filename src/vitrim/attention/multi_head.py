@@ -157,7 +157,8 @@ class MultiHeadAttention(nn.Module):
     def project_out(self, out: Tensor) -> Tensor:
         """Concatenate heads and project: (B, H, Lq, hd) -> (B, Lq, D)."""
         B, _, Lq, _ = out.shape
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, Lq, self.dim)))
+        out = self.proj(out.transpose(1, 2).reshape(B, Lq, self.dim))
+        return self.proj_drop(out) if self.training else out  # dropout is the identity in evaluation
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -21,19 +21,26 @@ from vitrim.reduce.state import TokenState
 
 def flat_index(index: Tensor, rows_per_batch: int) -> Tensor:
     """(B, K) row indices within each batch element -> (B·K,) indices into the flattened (B·rows, …) tensor."""
-    if index.shape[0] == 1 and not torch.compiler.is_compiling():
-        return index.reshape(-1)  # batch 1: no offsets to add (a traced graph keeps one form for every batch)
     return (index + batch_offsets(index.shape[0], rows_per_batch, device=index.device)).flatten()
+
+
+def _single_image(index: Tensor) -> bool:
+    """Batch 1 in eager mode: rows move along dim 1 directly (fewer ops); a traced graph keeps one form for any B."""
+    return index.shape[0] == 1 and not torch.compiler.is_compiling()
 
 
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
     """x (B, N, C), index (B, K) long in [0, N) -> (B, K, C) with out[b, j] = x[b, index[b, j]]."""
+    if _single_image(index):
+        return x.index_select(1, index.view(-1))
     B, N, C = x.shape
     return x.reshape(B * N, C).index_select(0, flat_index(index, N)).view(B, index.shape[1], C)
 
 
 def add_rows_(out: Tensor, index: Tensor, rows: Tensor) -> Tensor:
     """In place: out[b, index[b, j]] += rows[b, j] (repeated indices accumulate). out (B, N, C) contiguous."""
+    if _single_image(index):
+        return out.index_add_(1, index.view(-1), rows)
     B, N, C = out.shape
     out.view(B * N, C).index_add_(0, flat_index(index, N), rows.reshape(-1, C))
     return out

@@ -63,14 +63,14 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> Matching
     """Match the r most similar (a, b) pairs of ``metric`` (B, N, C); r is capped by :func:`max_merges`."""
     N = metric.shape[1]
     r = min(r, max_merges(N, num_prefix))
-    metric = metric / metric.norm(dim=-1, keepdim=True)
+    metric = metric / torch.linalg.vector_norm(metric, dim=-1, keepdim=True)
     a, b = metric[:, ::2], metric[:, 1::2]  # (B, Na, C), (B, Nb, C)
     scores = a @ b.transpose(1, 2)  # (B, Na, Nb) cosine similarities
     pa, pb = (num_prefix + 1) // 2, num_prefix // 2  # prefix tokens in a (indices 0, 2, …) and in b (1, 3, …)
     if pa:
-        scores[:, :pa, :] = float("-inf")
+        scores[:, :pa].fill_(float("-inf"))
     if pb:
-        scores[:, :, :pb] = float("-inf")
+        scores[:, :, :pb].fill_(float("-inf"))
     node_max, node_idx = scores.max(dim=-1)  # (B, Na): each a token's best b partner
     # Stable: equal similarities (identical patches) rank in token order on every device and in ONNX (TopK's rule).
     edge_idx = node_max.argsort(dim=-1, descending=True, stable=True)  # (B, Na) most similar first
@@ -99,9 +99,12 @@ def merge_plan(m: Matching, num_tokens: int) -> MergePlan:
     p, r = m.num_prefix, m.r
     pa, pb = (p + 1) // 2, p // 2
     B, device = m.unm_idx.shape[0], m.unm_idx.device
-    prefix = cached_arange(0, p, device=device).expand(B, p)
     b_tokens = cached_arange(2 * pb + 1, num_tokens, 2, device=device).expand(B, -1)  # non-prefix b tokens
-    keep = torch.cat([prefix, 2 * m.unm_idx[:, pa:], b_tokens], dim=1)  # (B, N − r)
+    if pb == 0:  # no prefix token among the b tokens: the a tokens (prefix first, as unm_idx is sorted) lead
+        keep = torch.cat([2 * m.unm_idx, b_tokens], dim=1)  # (B, N − r)
+    else:
+        prefix = cached_arange(0, p, device=device).expand(B, p)
+        keep = torch.cat([prefix, 2 * m.unm_idx[:, pa:], b_tokens], dim=1)  # (B, N − r)
     first_b = p + (num_tokens + 1) // 2 - r - pa  # where the first non-prefix b token stands in the output
     return MergePlan(keep, 2 * m.src_idx, 2 * m.dst_idx + 1, m.dst_idx + (first_b - pb))
 
@@ -126,9 +129,11 @@ def merge_wavg(x: Tensor, sizes: Tensor, m: Matching | MergePlan) -> tuple[Tenso
         return out, out_sizes
     src_sizes = sizes.gather(1, plan.src)  # (B, r)
     out_sizes = out_sizes.scatter_add(1, plan.dst_out, src_sizes)
-    weight = (src_sizes / out_sizes.gather(1, plan.dst_out)).to(x.dtype)  # (B, r) s_i / S_j
+    weight = src_sizes / out_sizes.gather(1, plan.dst_out)  # (B, r) s_i / S_j
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
     x_src, x_dst = take_rows(x, torch.cat([plan.src, plan.dst], dim=1)).split(r, dim=1)  # (B, r, C) each
-    add_rows_(out, plan.dst_out, (x_src - x_dst) * weight[..., None])
+    add_rows_(out, plan.dst_out, (x_src - x_dst) * weight.unsqueeze(-1))
     return out, out_sizes
 
 
