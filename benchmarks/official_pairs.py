@@ -5,11 +5,16 @@
 
 Pairs (random weights shared by both sides; eval, float32, ``torch.inference_mode``):
 
-* ``tome``: DeiT-S + ToMe r = 13 against ``tests/reduce/tome_official.py`` (the authors' timm patch: explicit
-  softmax with the log-size bias, ``bipartite_soft_matching`` and ``merge_wavg`` as their ``merge.py``);
-* ``dynamicvit``: DynamicViT-S at ρ = 0.7 against ``tests/dynamicvit/dynamicvit_reference.py`` (their
-  ``VisionTransformerDiffPruning.forward``: explicit softmax, argsort and ``batch_index_select``);
-* ``dense``: DeiT-S against timm's eager ops on the same weights (``vitrim.bench.reference``).
+* ``tome``: DeiT-S + ToMe r = 13 against ``tests/reduce/tome_official.py``: the authors' timm patch with timm's
+  modules (explicit softmax with the log-size bias, ``bipartite_soft_matching`` and ``merge_wavg`` as their
+  ``merge.py``);
+* ``dynamicvit``: DynamicViT-S at ρ = 0.7 against ``tests/dynamicvit/dynamicvit_official_model.py``: their
+  ``VisionTransformerDiffPruning`` evaluation forward with their modules (explicit softmax, argsort,
+  ``batch_index_select``);
+* ``dense``: DeiT-S against timm's eager ops on the same weights (``vitrim.bench.reference``);
+* ``tome_functional``, ``dynamicvit_functional`` (not run by default): the same forwards written as plain functions of
+  the state dict, with no module calls at all: a stricter baseline than the authors' code, whose per-call overhead
+  is part of what an eager forward costs at batch 1.
 
 The official repositories cannot be imported here (they patch or import timm), so their forwards are re-implemented
 independently in the test folder, and checked against vitrim's logits before anything is timed. Method: after
@@ -40,7 +45,8 @@ import vitrim  # noqa: E402
 from vitrim.bench.allocator import pin_malloc_threshold  # noqa: E402
 from vitrim.bench.reference import timm_eager_forward  # noqa: E402
 
-PAIRS = ("tome", "dynamicvit", "dense")
+PAIRS = ("tome", "dynamicvit", "dense", "tome_functional", "dynamicvit_functional")
+DEFAULT_PAIRS = ("tome", "dynamicvit", "dense")
 Forward = Callable[[Tensor], Tensor]
 
 
@@ -48,12 +54,23 @@ def build_pair(name: str, seed: int = 0) -> tuple[Forward, Forward]:
     """(vitrim forward, official forward) on the same random weights."""
     torch.manual_seed(seed)
     if name == "tome":
-        from tome_official import official_tome_forward
+        from tome_official import official_tome_model
+
+        model = vitrim.create_model("deit_small_patch16_224", reducer="tome", r=13).eval()
+        return model, official_tome_model(model.state_dict(), depth=12, heads=6, patch=16, r=13)
+    if name == "dynamicvit":
+        from dynamicvit_official_model import official_dynamicvit_model
+
+        model = vitrim.create_model("dynamicvit_small_patch16_224", keep_ratio=0.7).eval()
+        sd = model.state_dict()
+        return model, official_dynamicvit_model(sd, depth=12, heads=6, patch=16, pruning_loc=(3, 6, 9), keep_ratio=0.7)
+    if name == "tome_functional":
+        from tome_functional import functional_tome_forward
 
         model = vitrim.create_model("deit_small_patch16_224", reducer="tome", r=13).eval()
         sd = model.state_dict()
-        return model, lambda x: official_tome_forward(sd, x, depth=12, heads=6, patch=16, r=13)
-    if name == "dynamicvit":
+        return model, lambda x: functional_tome_forward(sd, x, depth=12, heads=6, patch=16, r=13)
+    if name == "dynamicvit_functional":
         from dynamicvit_reference import official_forward
 
         model = vitrim.create_model("dynamicvit_small_patch16_224", keep_ratio=0.7).eval()
@@ -103,7 +120,7 @@ def paired_ratios(ours: Forward, theirs: Forward, images: Tensor, rounds: int, w
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, from {PAIRS}")
+    parser.add_argument("--pairs", default=",".join(DEFAULT_PAIRS), help=f"comma-separated, from {PAIRS}")
     parser.add_argument("--batch-sizes", default="1,32")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 40 at batch 1, 10 above)")
     parser.add_argument("--warmup", type=int, default=3)

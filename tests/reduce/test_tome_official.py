@@ -1,10 +1,11 @@
-"""vitrim's ToMe against an independent re-implementation of the authors' timm-patched forward (same weights)."""
+"""vitrim's ToMe against independent re-implementations of the authors' timm-patched forward (same weights)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from tome_official import official_tome_forward
+from tome_functional import functional_tome_forward
+from tome_official import official_tome_model
 
 import vitrim
 
@@ -22,8 +23,13 @@ def test_tome_logits_match_the_official_forward(name: str, distilled: bool, r: i
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    sd = model.state_dict()
+    official = official_tome_model(model.state_dict(), depth=4, heads=3, patch=8, r=r)
+    assert official.distilled == distilled
     with torch.no_grad():
-        expected = official_tome_forward(sd, images, depth=4, heads=3, patch=8, r=r, distill_token=distilled)
+        expected = official(images)
+        functional = functional_tome_forward(
+            model.state_dict(), images, depth=4, heads=3, patch=8, r=r, distill_token=distilled
+        )
         got = model(images)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(functional, expected, rtol=0, atol=1e-5)

@@ -17,6 +17,10 @@ machine every row sees the same load. What is measured:
 * peak memory: the growth of the peak resident set (``VmHWM``) of a fresh process while it runs one batch, from
   after the model is built and a batch-1 forward has loaded torch's kernels; it excludes the weights (params × 4
   bytes) and so about one image's activations. ``peak_rss_mb`` is that process's whole peak.
+
+``--device cuda`` runs every row and the reference product on a GPU (each timed call waits for the device; peak
+memory is then ``torch.cuda.max_memory_allocated`` growth over one batch, in-process); ``--bf16`` runs them under
+bfloat16 autocast (the reference product in bfloat16).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ DEFAULT_MATMUL = (197, 384, 1536)
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "models",
-        help="throughput, latency, FLOPs, memory and efficiency of models, float32, this machine",
+        help="throughput, latency, FLOPs, memory and efficiency of models (float32 or bf16, CPU or GPU)",
         description="Benchmark models; the first row is the baseline of the speed-up column.",
     )
     parser.add_argument(
@@ -93,6 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
     )
     parser.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (timings synchronise the device)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights stay float32)")
     parser.add_argument(
         "--memory", action=argparse.BooleanOptionalAction, default=True, help="measure peak memory (fresh process)"
     )
@@ -128,12 +134,29 @@ def build_model(case: Case, img_size: int | None) -> nn.Module:
     return model.eval()
 
 
-def forward_fn(case: Case, model: nn.Module, compile: bool) -> Callable[[Tensor], Tensor]:
-    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked."""
+def forward_fn(case: Case, model: nn.Module, compile: bool, bf16: bool = False) -> Callable[[Tensor], Tensor]:
+    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked.
+
+    On an accelerator the call waits for the device (so that wall time is the work's time); with ``bf16`` it runs
+    under bfloat16 autocast.
+    """
     fn: Callable[[Tensor], Tensor] = model
     if case.timm_reference:
         fn = functools.partial(timm_eager_forward, check_timm_reference(model))
-    return torch.compile(fn, dynamic=False) if compile else fn
+    if compile:
+        fn = torch.compile(fn, dynamic=False)
+    device = next(model.parameters()).device
+    if not bf16 and device.type == "cpu":
+        return fn
+    return functools.partial(_on_device, fn, device, bf16)
+
+
+def _on_device(fn: Callable[[Tensor], Tensor], device: torch.device, bf16: bool, images: Tensor) -> Tensor:
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = fn(images)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out
 
 
 def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
@@ -173,12 +196,25 @@ def _matmul_shape(model: nn.Module, hw: tuple[int, int], batch_size: int) -> tup
     return batch_size * tokens, dim, hidden
 
 
-def _matmul(shape: tuple[int, int, int]) -> Callable[[], Tensor]:
-    """A float32 ``F.linear`` (M, K) @ (K, N)ᵀ + bias, as nn.Linear runs it, on fixed random inputs."""
+def _matmul(
+    shape: tuple[int, int, int], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Callable[[], Tensor]:
+    """An ``F.linear`` (M, K) @ (K, N)ᵀ + bias, as nn.Linear runs it, on fixed random inputs (waits for the device)."""
     M, K, N = shape
     g = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
-    return functools.partial(F.linear, x, w, b)
+    x, w, b = (
+        t.to(device, dtype)
+        for t in (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g))
+    )
+    if x.device.type != "cuda":
+        return functools.partial(F.linear, x, w, b)
+
+    def product() -> Tensor:
+        out = F.linear(x, w, b)
+        torch.cuda.synchronize(x.device)
+        return out
+
+    return product
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
@@ -200,11 +236,11 @@ def _prepare(case: Case, model: nn.Module, args: argparse.Namespace) -> _Row:
     chans, h, w = _input_shape(model, args.img_size)
     flops = model_flops_per_image(model, (h, w), chans)
     if case.timm_reference:  # counted on the ops the row runs: a check that both do the same work
-        one_image = torch.randn(1, chans, h, w)
+        one_image = torch.randn(1, chans, h, w).to(args.device)
         flops = count_flops(lambda: timm_eager_forward(check_timm_reference(model), one_image))
-    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
+    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0)).to(args.device)
     mm_shape = _matmul_shape(model, (h, w), args.batch_size)
-    return _Row(case, model, forward_fn(case, model, args.compile), images, flops, mm_shape)
+    return _Row(case, model, forward_fn(case, model, args.compile, args.bf16), images, flops, mm_shape)
 
 
 def measure_all(built: list[tuple[Case, nn.Module]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -216,7 +252,9 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: argparse.Namespace) -
     rows = [_prepare(case, model, args) for case, model in built]
     shapes = sorted({row.matmul_shape for row in rows})
     batch_fns = [functools.partial(row.runner, row.images) for row in rows]
-    samples = interleaved_samples([*batch_fns, *(_matmul(shape) for shape in shapes)], args.repeats, args.warmup)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    products = [_matmul(shape, args.device, dtype) for shape in shapes]
+    samples = interleaved_samples([*batch_fns, *products], args.repeats, args.warmup)
     times, mm_times = samples[: len(rows)], dict(zip(shapes, samples[len(rows) :]))
     latencies: list[list[float]] = [[] for _ in rows]
     if args.latency_repeats:
@@ -248,7 +286,9 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: argparse.Namespace) -
             "efficiency": achieved / mm_gflops,
         }
         result["speedup"] = throughput / (args.batch_size / statistics.median(times[0]))
-        if args.memory:
+        if args.memory and torch.device(args.device).type == "cuda":
+            result.update(_cuda_memory(row))
+        elif args.memory:
             result.update(_measure_memory(row.case, args))
         results.append(result)
     return results
@@ -268,6 +308,21 @@ def _memory_here(args: argparse.Namespace) -> int:
         after = _peak_rss_bytes()
     print(json.dumps({"peak_mem_mb": (after - before) / 2**20, "peak_rss_mb": after / 2**20}))
     return 0
+
+
+def _cuda_memory(row: _Row) -> dict[str, Any]:
+    """Peak device memory of one batch above what was allocated before it (weights and inputs excluded)."""
+    device = row.images.device
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    with torch.inference_mode():
+        row.runner(row.images)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {
+        "peak_mem_mb": (peak - before) / 2**20,
+        "memory_method": "torch.cuda.max_memory_allocated growth over one batch; weights and inputs excluded",
+    }
 
 
 def _measure_memory(case: Case, args: argparse.Namespace) -> dict[str, Any]:
@@ -318,16 +373,20 @@ def run(args: argparse.Namespace) -> int:
     cases = build_cases(args)
     pin_malloc_threshold()
     built: list[tuple[Case, nn.Module]] = []  # every option is checked before timing
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: torch sees no CUDA device here")
     for case in cases:
         try:
-            built.append((case, build_model(case, args.img_size)))
+            built.append((case, build_model(case, args.img_size).to(device)))
         except ValueError as err:
             if not case.timm_reference:
                 raise
             print(f"(no timm reference row for {case.model}: {err})")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(
-        f"models, float32, eval, inference_mode, batch {args.batch_size}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}{', torch.compile' if args.compile else ''}"
+        f"models, {'bfloat16 autocast' if args.bf16 else 'float32'}, eval, inference_mode, batch {args.batch_size}, "
+        f"{where}, torch {torch.__version__}{', torch.compile' if args.compile else ''}"
     )
     rows = measure_all(built, args)
     _print_table(rows)
