@@ -80,12 +80,12 @@ def test_attention_masks_and_policies_under_autocast() -> None:
     policy = (torch.rand(2, 7, device="cuda", generator=g) > 0.3).float()
     bias = torch.rand(2, 1, 1, 7, device="cuda", generator=g).log()
     bias[1] = float("-inf")  # every key closed for the second image: its rows come out as zeros
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        for backend in ("fused", "math"):
+    ref, _ = vitrim.scaled_dot_product_attention(q, k, v, bias, keep_policy=policy, backend="math")  # float32
+    for backend in ("fused", "math"):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
             out, _ = vitrim.scaled_dot_product_attention(
                 q.bfloat16(), k.bfloat16(), v.bfloat16(), bias, keep_policy=policy, backend=backend
             )
-            ref, _ = vitrim.scaled_dot_product_attention(q, k, v, bias, keep_policy=policy, backend="math")
             assert out.dtype == torch.bfloat16
             torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-2)
             assert torch.equal(out[1], torch.zeros_like(out[1]))
