@@ -152,6 +152,8 @@ class MultiHeadAttention(nn.Module):
             Lk = context.shape[1]
             q = q.reshape(B, Lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, hd)
             k, v = kv.reshape(context.shape[0], Lk, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
+            return q, k, v  # no qk-norm: skip two identity calls
         return self.q_norm(q), self.k_norm(k), v
 
     def project_out(self, out: Tensor) -> Tensor:
