@@ -54,7 +54,9 @@ def scaled_dot_product_attention(
         dropout_p: probability of dropping an attention weight; pass 0 in evaluation.
         need_weights: also return the attention matrix A.
         backend: "math" (explicit matrix), "fused" (torch's kernel) or "auto" (fused unless the weights are needed
-            or the policy needs a gradient, which the fused kernel cannot give).
+            or the policy needs a gradient, which the fused kernel cannot give). The fused kernel stays the choice
+            for short rows too: on the development CPU (2-core EPYC) the explicit matrix made ViT-S forwards at
+            batch 1 slower by 1-4 % in paired runs, though a Xeon favoured it (docs/performance.md).
 
     Returns:
         out (…, Lq, Ev), and A (…, Lq, Lk) when ``need_weights`` else None. With dropout, A is the matrix that
@@ -66,9 +68,8 @@ def scaled_dot_product_attention(
     policy_needs_grad = keep_policy is not None and keep_policy.requires_grad and torch.is_grad_enabled()
     if backend == "fused" and policy_needs_grad:
         raise ValueError("backend='fused' cannot differentiate through keep_policy; use backend='math' or 'auto'")
-    use_math = backend == "math" or (backend == "auto" and (need_weights or policy_needs_grad))
-
     Lq, Lk = q.shape[-2], k.shape[-2]
+    use_math = backend == "math" or (backend == "auto" and (need_weights or policy_needs_grad))
     allowed, bias = _split_mask(mask, is_causal, Lq, Lk, q.device)
     if use_math:
         return _math_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p, need_weights)
@@ -122,8 +123,10 @@ def _validate(
         raise ValueError(f"k and v must share the length Lk: k {tuple(k.shape)} vs v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    lead = q.shape[:-2]
     try:
-        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        if k.shape[:-2] != lead or v.shape[:-2] != lead:  # torch.broadcast_shapes costs more than the rest here
+            lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"leading dims of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not broadcast"
@@ -162,7 +165,9 @@ def _validate_policy(keep_policy: Tensor, q: Tensor, lead: torch.Size, Lk: int) 
     B = lead[0]
     if keep_policy.dim() != 2 or keep_policy.shape[1] != Lk or keep_policy.shape[0] not in (1, B):
         raise ValueError(f"keep_policy must have shape (B, Lk) = ({B}, {Lk}), got {tuple(keep_policy.shape)}")
-    if keep_policy.is_floating_point():
+    # The value check reads the tensor on the host: free on CPU in eager mode, a graph break under torch.compile /
+    # torch.export and a device sync on an accelerator, where it is skipped (the policies vitrim makes are in range).
+    if keep_policy.is_floating_point() and keep_policy.device.type == "cpu" and not torch.compiler.is_compiling():
         bad = (keep_policy < 0) | (keep_policy > 1) | keep_policy.isnan()
         if bool(bad.any()):
             raise ValueError(
@@ -206,6 +211,47 @@ def _policy_gate(keep_policy: Tensor, ndim: int, Lq: int, Lk: int, dtype: torch.
     return gate
 
 
+def _open_mask(allowed: Tensor | None, bias: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """The mask a kernel can take without 0/0, and the rows that must come out as zeros.
+
+    Returns (attn_mask, empty_rows): attn_mask is bool (True = may attend) or float (added to the logits), with every
+    row that allows no key opened (all True / all 0) so that no kernel divides 0 by 0; empty_rows (…, Lq or 1, 1)
+    bool marks those rows, whose output :func:`_zero_empty_rows` sets to 0. Both are computed on the mask, before
+    any broadcast against the logits, so they cost O(mask), not O(Lq·Lk) per head.
+    """
+    if bias is not None:
+        if allowed is not None:
+            bias = bias.masked_fill(~allowed, float("-inf"))
+        elif _is_eager_cpu(bias) and not bool(torch.isneginf(bias).any()):
+            return bias, None  # no −∞ at all (e.g. ToMe's log-sizes): nothing to open (one op instead of four)
+        empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
+        return bias.masked_fill(empty_rows, 0.0), empty_rows
+    if allowed is not None:
+        empty_rows = ~allowed.any(dim=-1, keepdim=True)
+        return allowed | empty_rows, empty_rows
+    return None, None
+
+
+def _zero_empty_rows(t: Tensor, empty_rows: Tensor | None) -> Tensor:
+    """``t`` (…, Lq, ·) with the rows of queries that may see no key set to 0 (the convention at the top).
+
+    Branch-free under torch.compile / torch.export and on accelerators (a Python test of a tensor would break the
+    graph or wait for the device; there the fill is fused or costs a fraction of the kernel). In eager mode on CPU,
+    reading a few bools costs nothing while a fill of the whole output costs a pass over it (measured 5-10 % of the
+    attention kernel at batch 32), so the fill runs only when some row is empty.
+    """
+    if empty_rows is None:
+        return t
+    if _is_eager_cpu(t) and not bool(empty_rows.any()):
+        return t
+    return t.masked_fill(empty_rows, 0.0)
+
+
+def _is_eager_cpu(t: Tensor) -> bool:
+    """True where reading a tensor's value on the host is free: eager mode (no graph to break) on CPU (no sync)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _math_attention(
     q: Tensor,
     k: Tensor,
@@ -218,38 +264,42 @@ def _math_attention(
     dropout_p: float,
     need_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """The explicit matrix: logits, max-subtraction, exp, gate, normalise; softmax in float32 for half inputs."""
+    """The explicit matrix: logits, mask, softmax (float32 for half inputs), weights · V.
+
+    Without a policy the mask is opened as for the fused kernel (:func:`_open_mask`), so an empty row costs one fill
+    of its output row (or of its weights, when they are returned), never a pass over the whole logits.
+    """
     Lq, Lk = q.shape[-2], k.shape[-2]
     acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     logits = (q * scale) @ k.transpose(-2, -1)  # (…, Lq, Lk)
-    if bias is not None:
-        logits = logits + bias
+    empty_rows: Tensor | None = None
     if keep_policy is None:
-        weights = _masked_softmax(logits, allowed, bias is not None, acc)
+        attn_mask, empty_rows = _open_mask(allowed, bias)
+        # In place where shapes and dtypes allow: the logits are a fresh product that nothing else holds (matmul
+        # saves q and k for backward, not its output).
+        in_place = attn_mask is not None and _broadcasts_to(attn_mask.shape, logits.shape)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            logits = (
+                logits.masked_fill_(~attn_mask, float("-inf"))
+                if in_place
+                else logits.masked_fill(~attn_mask, float("-inf"))
+            )
+        elif attn_mask is not None:
+            logits = logits.add_(attn_mask) if in_place and attn_mask.dtype == logits.dtype else logits + attn_mask
+        weights = torch.softmax(logits, dim=-1, dtype=acc)
+        if need_weights:
+            weights = _zero_empty_rows(weights, empty_rows)
+            empty_rows = None  # the weights carry the zeros into the output
     else:
+        if bias is not None:
+            logits = logits + bias
         gate = _policy_gate(keep_policy, len(lead) + 2, Lq, Lk, acc)
-        weights = _gated_softmax(logits.to(acc), allowed, gate)
+        weights = _gated_softmax(logits.to(acc), allowed, gate)  # empty rows come out as zeros
     weights = weights.to(q.dtype)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
-    out = weights @ v  # (…, Lq, Ev)
+    out = _zero_empty_rows(weights @ v, empty_rows)  # (…, Lq, Ev)
     return out, (weights if need_weights else None)
-
-
-def _masked_softmax(logits: Tensor, allowed: Tensor | None, has_bias: bool, acc: torch.dtype) -> Tensor:
-    """Row softmax of (…, Lq, Lk) logits with −∞ where not allowed; a row with no allowed key gives zeros."""
-    empty_rows: Tensor | None = None
-    if allowed is not None:
-        empty_rows = ~allowed.any(dim=-1, keepdim=True)
-        logits = logits.masked_fill(~(allowed | empty_rows), float("-inf"))
-    if has_bias:  # a float mask may also close whole rows with −∞
-        closed = torch.isneginf(logits).all(dim=-1, keepdim=True)
-        empty_rows = closed if empty_rows is None else empty_rows | closed
-        logits = logits.masked_fill(closed, 0.0)
-    weights = torch.softmax(logits, dim=-1, dtype=acc)
-    if empty_rows is not None:
-        weights = weights.masked_fill(empty_rows, 0.0)
-    return weights
 
 
 def _gated_softmax(logits: Tensor, allowed: Tensor | None, gate: Tensor) -> Tensor:
@@ -290,22 +340,10 @@ def _fused_attention(
     if keep_policy is not None:
         log_gate = _policy_gate(keep_policy.detach(), ndim, Lq, Lk, q.dtype).log()
         bias = log_gate if bias is None else bias + log_gate
-    attn_mask: Tensor | None = None
-    empty_rows: Tensor | None = None
-    if bias is not None:
-        if allowed is not None:
-            bias = bias.masked_fill(~allowed, float("-inf"))
-        # A row with no allowed key: open it to avoid 0/0 in any kernel, and zero its output afterwards.
-        empty_rows = torch.isneginf(bias).all(dim=-1, keepdim=True)
-        attn_mask = bias.masked_fill(empty_rows, 0.0).to(q.dtype)
-    elif allowed is not None:
-        empty_rows = ~allowed.any(dim=-1, keepdim=True)
-        attn_mask = allowed | empty_rows
+    attn_mask, empty_rows = _open_mask(allowed, bias)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.to(q.dtype)
     if q.shape[:-2] != lead or k.shape[:-2] != lead or v.shape[:-2] != lead:
         q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
-    # Checked on the (small) mask, so that the common case (no empty row, e.g. ToMe's log-size bias) skips a pass
-    # over the whole output.
-    if empty_rows is not None and bool(empty_rows.any()):
-        out = out.masked_fill(empty_rows, 0.0)
-    return out
+    return _zero_empty_rows(out, empty_rows)

@@ -163,12 +163,15 @@ class MultiHeadAttention(nn.Module):
             Lk = context.shape[1]
             q = q.reshape(B, Lq, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, Lq, hd)
             k, v = kv.reshape(context.shape[0], Lk, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
+            return q, k, v  # no qk-norm: skip two identity calls
         return self.q_norm(q), self.k_norm(k), v
 
     def project_out(self, out: Tensor) -> Tensor:
         """Concatenate heads and project: (B, H, Lq, hd) -> (B, Lq, D)."""
         B, _, Lq, _ = out.shape
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, Lq, self.dim)))
+        out = self.proj(out.transpose(1, 2).reshape(B, Lq, self.dim))
+        return self.proj_drop(out) if self.training else out  # dropout is the identity in evaluation
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -17,6 +17,10 @@ machine every row sees the same load. What is measured:
 * peak memory: the growth of the peak resident set (``VmHWM``) of a fresh process while it runs one batch, from
   after the model is built and a batch-1 forward has loaded torch's kernels; it excludes the weights (params × 4
   bytes) and so about one image's activations. ``peak_rss_mb`` is that process's whole peak.
+
+With ``device="cuda"`` every row and the reference product run on a GPU (each timed call waits for the device; peak
+memory is then the growth of ``torch.cuda.max_memory_allocated`` over one batch, in-process); with ``bf16`` they run
+under bfloat16 autocast (the reference product in bfloat16).
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ class BenchSettings:
     latency_repeats: int = 30  # timed batch-1 calls (p50, p95); 0: skip
     warmup: int = 3  # untimed calls before timing
     compile: bool = False  # time torch.compile(model); FLOPs are counted on the eager model
-    memory: bool = True  # peak memory of one batch, in a fresh process
+    memory: bool = True  # peak memory of one batch, in a fresh process (in-process on a GPU)
+    device: str = "cpu"  # cpu, cuda or cuda:N; the models must already be there
+    bf16: bool = False  # bfloat16 autocast (weights stay float32)
 
 
 # -- building ---------------------------------------------------------------------------------------------------
@@ -82,12 +88,29 @@ def build_model(case: Case, img_size: int | None) -> nn.Module:
     return model.eval()
 
 
-def forward_fn(case: Case, model: nn.Module, compile: bool) -> Callable[[Tensor], Tensor]:
-    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked."""
+def forward_fn(case: Case, model: nn.Module, compile: bool, bf16: bool = False) -> Callable[[Tensor], Tensor]:
+    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked.
+
+    On an accelerator the call waits for the device (so that wall time is the work's time); with ``bf16`` it runs
+    under bfloat16 autocast.
+    """
     fn: Callable[[Tensor], Tensor] = model
     if case.timm_reference:
         fn = functools.partial(timm_eager_forward, check_timm_reference(model))
-    return torch.compile(fn, dynamic=False) if compile else fn
+    if compile:
+        fn = torch.compile(fn, dynamic=False)
+    device = next(model.parameters()).device
+    if not bf16 and device.type == "cpu":
+        return fn
+    return functools.partial(_on_device, fn, device, bf16)
+
+
+def _on_device(fn: Callable[[Tensor], Tensor], device: torch.device, bf16: bool, images: Tensor) -> Tensor:
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = fn(images)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out
 
 
 def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
@@ -125,12 +148,25 @@ def _matmul_shape(model: nn.Module, hw: tuple[int, int], batch_size: int) -> tup
     return batch_size * tokens, dim, hidden
 
 
-def _matmul(shape: tuple[int, int, int]) -> Callable[[], Tensor]:
-    """A float32 ``F.linear`` (M, K) @ (K, N)ᵀ + bias, as nn.Linear runs it, on fixed random inputs."""
+def _matmul(
+    shape: tuple[int, int, int], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Callable[[], Tensor]:
+    """An ``F.linear`` (M, K) @ (K, N)ᵀ + bias, as nn.Linear runs it, on fixed random inputs (waits for the device)."""
     M, K, N = shape
     g = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
-    return functools.partial(F.linear, x, w, b)
+    x, w, b = (
+        t.to(device, dtype)
+        for t in (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g))
+    )
+    if x.device.type != "cuda":
+        return functools.partial(F.linear, x, w, b)
+
+    def product() -> Tensor:
+        out = F.linear(x, w, b)
+        torch.cuda.synchronize(x.device)
+        return out
+
+    return product
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
@@ -152,11 +188,11 @@ def _prepare(case: Case, model: nn.Module, args: BenchSettings) -> _Row:
     chans, h, w = _input_shape(model, args.img_size)
     flops = model_flops_per_image(model, (h, w), chans)
     if case.timm_reference:  # counted on the ops the row runs: a check that both do the same work
-        one_image = torch.randn(1, chans, h, w)
+        one_image = torch.randn(1, chans, h, w, device=args.device)
         flops = count_flops(lambda: timm_eager_forward(check_timm_reference(model), one_image))
-    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
+    images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0)).to(args.device)
     mm_shape = _matmul_shape(model, (h, w), args.batch_size)
-    return _Row(case, model, forward_fn(case, model, args.compile), images, flops, mm_shape)
+    return _Row(case, model, forward_fn(case, model, args.compile, args.bf16), images, flops, mm_shape)
 
 
 def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> list[dict[str, Any]]:
@@ -168,7 +204,9 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> lis
     rows = [_prepare(case, model, args) for case, model in built]
     shapes = sorted({row.matmul_shape for row in rows})
     batch_fns = [functools.partial(row.runner, row.images) for row in rows]
-    samples = interleaved_samples([*batch_fns, *(_matmul(shape) for shape in shapes)], args.repeats, args.warmup)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    products = [_matmul(shape, args.device, dtype) for shape in shapes]
+    samples = interleaved_samples([*batch_fns, *products], args.repeats, args.warmup)
     times, mm_times = samples[: len(rows)], dict(zip(shapes, samples[len(rows) :]))
     latencies: list[list[float]] = [[] for _ in rows]
     if args.latency_repeats:
@@ -188,6 +226,8 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> lis
             "img_size": [h, w],
             "threads": torch.get_num_threads(),
             "compile": bool(args.compile),
+            "device": str(row.images.device),
+            "bf16": bool(args.bf16),
             "params_m": sum(p.numel() for p in row.model.parameters()) / 1e6,
             "gflops_per_image": row.flops / 1e9,
             "throughput_img_s": throughput,
@@ -200,7 +240,9 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> lis
             "efficiency": achieved / mm_gflops,
         }
         result["speedup"] = throughput / (args.batch_size / statistics.median(times[0]))
-        if args.memory:
+        if args.memory and row.images.device.type == "cuda":
+            result.update(_cuda_memory(row))
+        elif args.memory:
             result.update(_measure_memory(row.case, args))
         results.append(result)
     return results
@@ -219,6 +261,21 @@ def batch_memory(case: dict[str, Any], batch_size: int, img_size: int | None, co
         runner(images)
         after = peak_rss_bytes()
     return {"peak_mem_mb": (after - before) / 2**20, "peak_rss_mb": after / 2**20}
+
+
+def _cuda_memory(row: _Row) -> dict[str, Any]:
+    """Peak device memory of one batch above what was allocated before it (weights and inputs excluded)."""
+    device = row.images.device
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    with torch.inference_mode():
+        row.runner(row.images)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {
+        "peak_mem_mb": (peak - before) / 2**20,
+        "memory_method": "torch.cuda.max_memory_allocated growth over one batch; weights and inputs excluded",
+    }
 
 
 def _measure_memory(case: Case, args: BenchSettings) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitrim.cli import bench, demo, eval, explain, models, train, translate, viz
+from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz
 from vitrim.cli.common import apply_threads
 
 COMMANDS = {
@@ -20,6 +20,7 @@ COMMANDS = {
     "demo": demo,
     "eval": eval,
     "explain": explain,
+    "export": export,
     "models": models,
     "train": train,
     "viz": viz,

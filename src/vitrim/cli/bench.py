@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = models.BenchSettings()
     p = kinds.add_parser(
         "models",
-        help="throughput, latency, FLOPs, memory and efficiency of models, float32, this machine",
+        help="throughput, latency, FLOPs, memory and efficiency of models (float32 or bf16, CPU or GPU)",
         description="Benchmark models; the first row is the baseline of the speed-up column.",
     )
     p.add_argument(
@@ -77,6 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
     )
     p.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
+    p.add_argument("--device", default=s.device, help="cpu, cuda or cuda:N (timings wait for the device)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights stay float32)")
     p.add_argument(
         "--memory", action=argparse.BooleanOptionalAction, default=s.memory, help="measure peak memory (fresh process)"
     )
@@ -141,19 +143,23 @@ def run_models(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         compile=args.compile,
         memory=args.memory,
+        device=args.device,
+        bf16=args.bf16,
     )
+    device = _check_device(args.device)
     pin_malloc_threshold()
     built: list[tuple[Case, nn.Module]] = []  # every option is checked before timing
     for case in cases:
         try:
-            built.append((case, models.build_model(case, args.img_size)))
+            built.append((case, models.build_model(case, args.img_size).to(device)))
         except ValueError as err:
             if not case.timm_reference:
                 raise
             print(f"(no timm reference row for {case.model}: {err})")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(
-        f"models, float32, eval, inference_mode, batch {args.batch_size}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}{', torch.compile' if args.compile else ''}"
+        f"models, {'bfloat16 autocast' if args.bf16 else 'float32'}, eval, inference_mode, batch {args.batch_size}, "
+        f"{where}, torch {torch.__version__}{', torch.compile' if args.compile else ''}"
     )
     rows = models.measure_all(built, settings)
     models.print_table(rows)
@@ -166,3 +172,16 @@ def run_models(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"config": config | {"threads": torch.get_num_threads()}, "rows": rows}, f, indent=2)
     return 0
+
+
+def _check_device(name: str) -> torch.device:
+    """``--device``: a device torch knows and can reach here (cpu, cuda, cuda:N)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r}: torch sees no CUDA device here")
+    return device

@@ -65,12 +65,19 @@ class Block(nn.Module):
             need_weights=need_weights,
             rope=state.rotary(),  # (B, 1, n, 2·hd) by absolute position, or None
         )
-        x = state.tokens + self.drop_path1(self.ls1(attention.out))
+        x = state.tokens + _residual(self.drop_path1, self.ls1, attention.out)
         if reducer is not None:
             state = reducer.after_attention(state.replace(tokens=x), attention)
             x = state.tokens
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = x + _residual(self.drop_path2, self.ls2, self.mlp(self.norm2(x)))
         return state.replace(tokens=x), attention.weights
 
     def extra_repr(self) -> str:
         return f"reducer={self.reducer!r}" if self.reducer is not None else ""
+
+
+def _residual(drop_path: nn.Module, layer_scale: nn.Module, x: Tensor) -> Tensor:
+    """drop_path(layer_scale(x)), without calling the modules that are identities (a call costs more than the check)."""
+    if not isinstance(layer_scale, nn.Identity):
+        x = layer_scale(x)
+    return x if isinstance(drop_path, nn.Identity) else drop_path(x)

@@ -15,23 +15,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vitrim.reduce.index_cache import batch_offsets, cached_arange
 from vitrim.reduce.state import TokenState
 
 
 def flat_index(index: Tensor, rows_per_batch: int) -> Tensor:
     """(B, K) row indices within each batch element -> (B·K,) indices into the flattened (B·rows, …) tensor."""
-    offsets = torch.arange(index.shape[0], device=index.device)[:, None] * rows_per_batch
-    return (index + offsets).flatten()
+    return (index + batch_offsets(index.shape[0], rows_per_batch, device=index.device)).flatten()
+
+
+def _single_image(index: Tensor) -> bool:
+    """Batch 1 in eager mode: rows move along dim 1 directly (fewer ops); a traced graph keeps one form for any B."""
+    return index.shape[0] == 1 and not torch.compiler.is_compiling()
 
 
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
     """x (B, N, C), index (B, K) long in [0, N) -> (B, K, C) with out[b, j] = x[b, index[b, j]]."""
+    if _single_image(index):
+        return x.index_select(1, index.view(-1))
     B, N, C = x.shape
     return x.reshape(B * N, C).index_select(0, flat_index(index, N)).view(B, index.shape[1], C)
 
 
 def add_rows_(out: Tensor, index: Tensor, rows: Tensor) -> Tensor:
     """In place: out[b, index[b, j]] += rows[b, j] (repeated indices accumulate). out (B, N, C) contiguous."""
+    if _single_image(index):
+        return out.index_add_(1, index.view(-1), rows)
     B, N, C = out.shape
     out.view(B * N, C).index_add_(0, flat_index(index, N), rows.reshape(-1, C))
     return out
@@ -39,14 +48,14 @@ def add_rows_(out: Tensor, index: Tensor, rows: Tensor) -> Tensor:
 
 def with_prefix(keep: Tensor, num_prefix: int) -> Tensor:
     """Patch-token indices (B, k) -> token indices (B, num_prefix + k) with the prefix tokens first."""
-    prefix = torch.arange(num_prefix, device=keep.device).expand(keep.shape[0], num_prefix)
+    prefix = cached_arange(0, num_prefix, device=keep.device).expand(keep.shape[0], num_prefix)
     return torch.cat([prefix, keep + num_prefix], dim=1)
 
 
 def keep_destinations(keep: Tensor, n: int, rest: int) -> Tensor:
     """(B, n) new patch-token index of each old one: keep[:, j] -> j, every other token -> ``rest`` (−1: dropped)."""
     B, k = keep.shape
-    new = torch.arange(k, device=keep.device).expand(B, k)
+    new = cached_arange(0, k, device=keep.device).expand(B, k)
     return torch.full((B, n), rest, dtype=torch.long, device=keep.device).scatter_(1, keep, new)
 
 
@@ -66,7 +75,7 @@ def current_patch_to_token(state: TokenState) -> Tensor | None:
         if state.kept_indices:
             return None
         P = n
-    tokens = torch.arange(n, device=positions.device).expand(B, n)
+    tokens = cached_arange(0, n, device=positions.device).expand(B, n)
     return torch.full((B, P), -1, dtype=torch.long, device=positions.device).scatter_(1, positions, tokens)
 
 

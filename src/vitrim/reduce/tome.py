@@ -15,7 +15,7 @@ log(size) to the logits through ``TokenState.attention_bias``. The matching itse
 merge is differentiable in the tokens.
 
 The algorithm is a set of pure functions of tensors (:func:`bipartite_soft_matching`, :func:`merge_wavg`,
-:func:`kept_tokens`, :func:`token_destinations`); :class:`ToMe` is the thin adapter that a Block calls.
+:func:`merge_plan`, :func:`token_destinations`); :class:`ToMe` is the thin adapter that a Block calls.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer
+from vitrim.reduce.index_cache import cached_arange
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
 from vitrim.reduce.tokens import add_rows_, record_reduction, take_rows
@@ -61,74 +62,82 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> Matching
     """Match the r most similar (a, b) pairs of ``metric`` (B, N, C); r is capped by :func:`max_merges`."""
     N = metric.shape[1]
     r = min(r, max_merges(N, num_prefix))
-    metric = metric / metric.norm(dim=-1, keepdim=True)
+    metric = metric / torch.linalg.vector_norm(metric, dim=-1, keepdim=True)
     a, b = metric[:, ::2], metric[:, 1::2]  # (B, Na, C), (B, Nb, C)
     scores = a @ b.transpose(1, 2)  # (B, Na, Nb) cosine similarities
     pa, pb = (num_prefix + 1) // 2, num_prefix // 2  # prefix tokens in a (indices 0, 2, …) and in b (1, 3, …)
-    if pa or pb:
-        scores[:, :pa, :] = float("-inf")
-        scores[:, :, :pb] = float("-inf")
+    if pa:
+        scores[:, :pa].fill_(float("-inf"))
+    if pb:
+        scores[:, :, :pb].fill_(float("-inf"))
     node_max, node_idx = scores.max(dim=-1)  # (B, Na): each a token's best b partner
-    edge_idx = node_max.argsort(dim=-1, descending=True)  # (B, Na) most similar first
+    # Stable: equal similarities (identical patches) rank in token order on every device and in ONNX (TopK's rule).
+    edge_idx = node_max.argsort(dim=-1, descending=True, stable=True)  # (B, Na) most similar first
     unm_idx = edge_idx[:, r:].sort(dim=-1).values  # (B, Na − r): prefix a tokens come first
     src_idx = edge_idx[:, :r]  # (B, r)
     dst_idx = node_idx.gather(1, src_idx)  # (B, r)
     return Matching(unm_idx, src_idx, dst_idx, num_prefix)
 
 
-def kept_tokens(m: Matching, num_tokens: int) -> Tensor:
-    """(B, N − r) long: for each token of the merged sequence, the index of the token it continues (see layout)."""
-    p = m.num_prefix
+@dataclass(frozen=True)
+class MergePlan:
+    """Token-index form of a :class:`Matching` on N tokens, computed once and shared by the merge and the bookkeeping.
+
+    keep: (B, N − r) the token each merged-sequence token continues (the module layout); src: (B, r) the tokens that
+    merge away; dst: (B, r) the token each merges into; dst_out: (B, r) where that token stands in the output.
+    """
+
+    keep: Tensor
+    src: Tensor
+    dst: Tensor
+    dst_out: Tensor
+
+
+def merge_plan(m: Matching, num_tokens: int) -> MergePlan:
+    """The token indices of matching ``m`` on ``num_tokens`` tokens (constant parts built once per shape)."""
+    p, r = m.num_prefix, m.r
     pa, pb = (p + 1) // 2, p // 2
     B, device = m.unm_idx.shape[0], m.unm_idx.device
-    prefix = torch.arange(p, device=device).expand(B, p)
-    b_tokens = torch.arange(2 * pb + 1, num_tokens, 2, device=device).expand(B, -1)  # non-prefix b tokens
-    return torch.cat([prefix, 2 * m.unm_idx[:, pa:], b_tokens], dim=1)
+    b_tokens = cached_arange(2 * pb + 1, num_tokens, 2, device=device).expand(B, -1)  # non-prefix b tokens
+    if pb == 0:  # no prefix token among the b tokens: the a tokens (prefix first, as unm_idx is sorted) lead
+        keep = torch.cat([2 * m.unm_idx, b_tokens], dim=1)  # (B, N − r)
+    else:
+        prefix = cached_arange(0, p, device=device).expand(B, p)
+        keep = torch.cat([prefix, 2 * m.unm_idx[:, pa:], b_tokens], dim=1)  # (B, N − r)
+    first_b = p + (num_tokens + 1) // 2 - r - pa  # where the first non-prefix b token stands in the output
+    return MergePlan(keep, 2 * m.src_idx, 2 * m.dst_idx + 1, m.dst_idx + (first_b - pb))
 
 
-def merge_wavg(x: Tensor, sizes: Tensor, m: Matching) -> tuple[Tensor, Tensor]:
+def merge_wavg(x: Tensor, sizes: Tensor, m: Matching | MergePlan) -> tuple[Tensor, Tensor]:
     """Size-weighted merge: x (B, N, C), sizes (B, N) -> x (B, N − r, C) = Σ x·size / Σ size, sizes (B, N − r).
 
     Written as b_j + Σ_i s_i (x_i − b_j) / S_j (S_j the merged size) so that only the r merged rows are touched
     after one gather of the N − r kept rows: the hot path reads x about once, instead of scaling and dividing all
     of it. Tokens that take part in no merge are copied exactly.
     """
-    p = m.num_prefix
-    pa, pb = (p + 1) // 2, p // 2
-    N = x.shape[1]
-    Na = (N + 1) // 2
-    keep = kept_tokens(m, N)  # (B, N − r)
-    out = take_rows(x, keep)  # (B, N − r, C)
-    out_sizes = sizes.gather(1, keep)  # (B, N − r)
-    if m.r == 0:
+    plan = m if isinstance(m, MergePlan) else merge_plan(m, x.shape[1])
+    out = take_rows(x, plan.keep)  # (B, N − r, C)
+    out_sizes = sizes.gather(1, plan.keep)  # (B, N − r)
+    r = plan.src.shape[1]
+    if r == 0:
         return out, out_sizes
-    src, dst = 2 * m.src_idx, 2 * m.dst_idx + 1  # (B, r) token indices
-    dst_out = p + (Na - m.r - pa) + m.dst_idx - pb  # (B, r) where each destination stands in the output
-    src_sizes = sizes.gather(1, src)
-    out_sizes = out_sizes.scatter_add(1, dst_out, src_sizes)
-    weight = (src_sizes / out_sizes.gather(1, dst_out)).to(x.dtype)  # (B, r) s_i / S_j
-    x_src, x_dst = take_rows(x, torch.cat([src, dst], dim=1)).split(m.r, dim=1)  # (B, r, C) each
-    add_rows_(out, dst_out, (x_src - x_dst) * weight[..., None])
+    src_sizes = sizes.gather(1, plan.src)  # (B, r)
+    out_sizes = out_sizes.scatter_add(1, plan.dst_out, src_sizes)
+    weight = src_sizes / out_sizes.gather(1, plan.dst_out)  # (B, r) s_i / S_j
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    x_src, x_dst = take_rows(x, torch.cat([plan.src, plan.dst], dim=1)).split(r, dim=1)  # (B, r, C) each
+    add_rows_(out, plan.dst_out, (x_src - x_dst) * weight.unsqueeze(-1))
     return out, out_sizes
 
 
-def token_destinations(m: Matching, num_tokens: int) -> Tensor:
+def token_destinations(m: Matching | MergePlan, num_tokens: int) -> Tensor:
     """(B, N) long: the index in the merged sequence of every token that entered the merge (see module layout)."""
-    p, r = m.num_prefix, m.r
-    pa, pb = (p + 1) // 2, p // 2
-    B, device = m.unm_idx.shape[0], m.unm_idx.device
-    Na, Nb = (num_tokens + 1) // 2, num_tokens // 2
-    j = torch.arange(Na - r, device=device)
-    unm_new = torch.where(j < pa, 2 * j, p + j - pa)  # prefix a tokens keep their place
-    i = torch.arange(Nb, device=device)
-    b_new = torch.where(i < pb, 2 * i + 1, p + (Na - r - pa) + i - pb)
-    a_new = torch.empty(B, Na, dtype=torch.long, device=device)
-    a_new.scatter_(1, m.unm_idx, unm_new.expand(B, -1))
-    a_new.scatter_(1, m.src_idx, b_new[m.dst_idx])
-    dest = torch.empty(B, num_tokens, dtype=torch.long, device=device)
-    dest[:, ::2] = a_new
-    dest[:, 1::2] = b_new
-    return dest
+    plan = m if isinstance(m, MergePlan) else merge_plan(m, num_tokens)
+    B, kept = plan.keep.shape
+    slots = cached_arange(0, kept, device=plan.keep.device).expand(B, kept)
+    dest = torch.empty(B, num_tokens, dtype=torch.long, device=plan.keep.device)
+    return dest.scatter_(1, plan.keep, slots).scatter_(1, plan.src, plan.dst_out)  # kept tokens, then merged ones
 
 
 def parse_r(num_layers: int, r: object) -> list[int]:
@@ -212,17 +221,18 @@ class ToMe(Reducer):
         # The mean of the keys over heads; summed, as only its direction counts (cosine), and torch's sum over a
         # strided dim is many times faster than its mean on CPU.
         m = bipartite_soft_matching(attention.k.sum(dim=1), self.r, p)  # keys (B, H, N, hd) -> metric (B, N, hd)
+        plan = merge_plan(m, N)
         sizes = state.sizes if state.sizes is not None else x.new_ones(B, N)
-        tokens, sizes = merge_wavg(x, sizes, m)
-        dest = token_destinations(m, N)  # (B, N)
+        tokens, sizes = merge_wavg(x, sizes, plan)
         # A merged token keeps its b token's position (the token it continues), and its fused flag (EViT).
-        continued = kept_tokens(m, N)[:, p:] - p  # (B, N − r − p)
+        continued = plan.keep[:, p:] - p  # (B, N − r − p)
+        patch_to_token = record_reduction(state, token_destinations(plan, N)[:, p:] - p) if state.trace else None
         return state.replace(
             tokens=tokens,
             positions=state.positions.gather(1, continued),
             fused=None if state.fused is None else state.fused.gather(1, continued),
             sizes=sizes,
-            patch_to_token=record_reduction(state, dest[:, p:] - p),
+            patch_to_token=state.patch_to_token if patch_to_token is None else patch_to_token,
         )
 
     def extra_repr(self) -> str:

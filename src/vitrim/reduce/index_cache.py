@@ -1,0 +1,60 @@
+"""Index tensors that depend only on shapes, built once per (shape, device) and reused by every forward.
+
+A reducer's bookkeeping needs small constant tensors (``arange`` of the kept slots, batch offsets for flat row
+indices). Building them costs an allocation and a kernel each, on every block of every forward: at batch 1 that was a
+few percent of a ToMe forward (268 ``arange`` calls). Here each is built once and returned again, read-only: callers
+must never write into a cached tensor.
+
+Under ``torch.compile`` and ``torch.export`` (``torch.compiler.is_compiling()``), nothing is cached: the tensor is built
+in the traced graph, where it is a constant folded for free, and a cached tensor would be a module-external input (and
+with a dynamic batch, its key would be symbolic). Cached tensors are made outside inference mode, so that a tensor first
+built under ``torch.inference_mode`` can later be saved for backward in training.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import Tensor
+
+MAX_ENTRIES = 512  # a few shapes per block and batch size; bounded so a sweep over sizes cannot grow it forever
+
+_cache: OrderedDict[tuple[object, ...], Tensor] = OrderedDict()
+
+
+def cached_arange(start: int, end: int, step: int = 1, *, device: torch.device) -> Tensor:
+    """``torch.arange(start, end, step)`` (long) on ``device``, built once per arguments. Read-only."""
+    if torch.compiler.is_compiling():
+        return torch.arange(start, end, step, device=device)
+    key = ("arange", start, end, step, device)
+    found = _cache.get(key)
+    if found is None:
+        with torch.inference_mode(False):
+            found = torch.arange(start, end, step, device=device)
+        _store(key, found)
+    return found
+
+
+def batch_offsets(batch: int, rows_per_batch: int, *, device: torch.device) -> Tensor:
+    """(B, 1) long ``[0, R, 2R, …]``: added to per-batch row indices, it makes them indices into (B·R, …). Read-only."""
+    if torch.compiler.is_compiling():
+        return torch.arange(batch, device=device)[:, None] * rows_per_batch
+    key = ("offsets", batch, rows_per_batch, device)
+    found = _cache.get(key)
+    if found is None:
+        with torch.inference_mode(False):
+            found = torch.arange(batch, device=device)[:, None] * rows_per_batch
+        _store(key, found)
+    return found
+
+
+def _store(key: tuple[object, ...], value: Tensor) -> None:
+    _cache[key] = value
+    if len(_cache) > MAX_ENTRIES:
+        _cache.popitem(last=False)
+
+
+def clear() -> None:
+    """Forget every cached tensor (e.g. to free device memory)."""
+    _cache.clear()

@@ -1,0 +1,91 @@
+"""On a GPU: every model kind runs on CUDA as on CPU, under bf16 autocast, and its forward never waits for the host.
+
+Marked ``gpu`` and skipped where torch sees no CUDA device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from deploy_models import KINDS, build, images
+
+import vitrim
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(autouse=True)
+def exact_float32() -> Iterator[None]:
+    """float32 means float32 here: no TF32 in convolutions or matrix products (CPU has none)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def tensors(value: object) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors(item)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_on_cuda_equals_cpu_and_stays_on_the_device(kind: str) -> None:
+    model = build(kind, gumbel_noise=False)
+    x = images(3)
+    with torch.no_grad():
+        expected = model(x)
+        model.cuda()
+        out = model.forward_detailed(x.cuda())
+    torch.testing.assert_close(out.logits.cpu(), expected, rtol=0, atol=1e-4)
+    for field in ("logits", "tokens", "kept_indices", "keep_masks", "token_sizes", "patch_to_token"):
+        for t in tensors(getattr(out, field)):
+            assert t.is_cuda, field
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_never_synchronises_with_the_host(kind: str) -> None:
+    model = build(kind).cuda()
+    x = images(4).cuda()
+    with torch.no_grad():
+        model(x)  # warm up: kernels load, index caches fill
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_autocast_runs_every_path(kind: str) -> None:
+    model = build(kind).cuda()
+    x = images(4).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(x)
+    assert logits.shape == (4, 5) and torch.isfinite(logits).all()
+    if model.training:
+        logits.float().sum().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_attention_masks_and_policies_under_autocast() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8, device="cuda", generator=g) for _ in range(3))
+    policy = (torch.rand(2, 7, device="cuda", generator=g) > 0.3).float()
+    bias = torch.rand(2, 1, 1, 7, device="cuda", generator=g).log()
+    bias[1] = float("-inf")  # every key closed for the second image: its rows come out as zeros
+    ref, _ = vitrim.scaled_dot_product_attention(q, k, v, bias, keep_policy=policy, backend="math")  # float32
+    for backend in ("fused", "math"):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, _ = vitrim.scaled_dot_product_attention(
+                q.bfloat16(), k.bfloat16(), v.bfloat16(), bias, keep_policy=policy, backend=backend
+            )
+            assert out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-2)
+            assert torch.equal(out[1], torch.zeros_like(out[1]))

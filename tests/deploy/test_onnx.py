@@ -1,0 +1,88 @@
+"""ONNX: every model kind exports with the dynamo exporter and onnxruntime computes PyTorch's logits, any batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from deploy_models import KINDS, build, images
+
+import vitrim
+from vitrim.cli import main
+from vitrim.export import INPUT_NAME, OUTPUT_NAME, compare_with_onnxruntime, export_onnx
+
+onnxruntime = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+EVAL_KINDS = [kind for kind in KINDS if kind != "dynamicvit_train"]  # a deployment graph is an eval graph
+
+
+@pytest.mark.parametrize("kind", EVAL_KINDS)
+def test_export_runs_in_onnxruntime_with_a_dynamic_batch(kind: str, tmp_path: Path) -> None:
+    model = build(kind)
+    path = export_onnx(model, tmp_path / f"{kind}.onnx", batch_size=2)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (input_meta,) = session.get_inputs()
+    assert input_meta.name == INPUT_NAME and not isinstance(input_meta.shape[0], int)  # a symbolic batch
+    for batch in (1, 2, 5):
+        x = images(batch, seed=batch)
+        with torch.no_grad():
+            expected = model(x)
+        (got,) = session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})
+        torch.testing.assert_close(torch.from_numpy(got), expected, rtol=0, atol=1e-4)
+    assert not model.training
+
+
+def test_a_training_model_is_exported_in_eval_mode_and_left_training(tmp_path: Path) -> None:
+    model = build("dynamicvit_train")
+    path = export_onnx(model, tmp_path / "dyn.onnx")
+    assert model.training
+    model.eval()
+    assert compare_with_onnxruntime(model, path, batch_sizes=(3,)) < 1e-4
+
+
+@pytest.mark.parametrize("descending", [True, False])
+def test_stable_sort_translation_keeps_ties_in_index_order(descending: bool, tmp_path: Path) -> None:
+    # EViT, top-k and ToMe rank with torch.sort(stable=True), which the exporter lacks; vitrim maps it to TopK.
+    class Sort(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.sort(x * 1.0, dim=1, descending=descending, stable=True)
+
+    x = torch.tensor([[0.5, 1.0, 0.5, 0.25, 1.0, 0.5, 0.25, 1.0]]).repeat(3, 1)
+    x[1] = x[1].flip(0)
+    x[2] = 0.0
+    from vitrim.export import _translations
+
+    program = torch.onnx.export(
+        Sort().eval(), (x,), dynamo=True, custom_translation_table=_translations(), verbose=False
+    )
+    assert program is not None
+    program.save(str(tmp_path / "sort.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "sort.onnx"), providers=["CPUExecutionProvider"])
+    values, indices = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    expected = torch.sort(x, dim=1, descending=descending, stable=True)
+    assert torch.equal(torch.from_numpy(indices), expected.indices)
+    assert torch.equal(torch.from_numpy(values), expected.values)
+
+
+def test_cli_exports_a_checkpoint_with_a_reducer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = build("dense")
+    checkpoint = vitrim.save_checkpoint(model, tmp_path / "model.safetensors")
+    out = tmp_path / "out" / "model.onnx"
+    assert main(["export", str(checkpoint), "--onnx", str(out), "--reducer", "tome:r=3", "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert out.is_file() and "wrote" in printed
+    diff = float(printed.rsplit("difference|", 1)[1].split()[0])
+    assert diff < 1e-4
+    vitrim.reduce.apply(model, "tome", r=3)
+    assert compare_with_onnxruntime(model.eval(), out, batch_sizes=(4,)) < 1e-4
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path / "missing.safetensors"), "--onnx", str(tmp_path / "x.onnx")]) == 2
+    assert "missing.safetensors" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="batch_size"):
+        export_onnx(build("dense"), tmp_path / "x.onnx", batch_size=0)
+    with pytest.raises(ValueError, match="divisible by the patch size"):
+        export_onnx(build("dense"), tmp_path / "x.onnx", img_size=30)
