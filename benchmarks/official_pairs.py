@@ -7,7 +7,9 @@ Pairs (random weights shared by both sides; eval, float32, ``torch.inference_mod
 
 * ``tome``: DeiT-S + ToMe r = 13 against ``tests/reduce/tome_official.py``: the authors' timm patch with timm's
   modules (explicit softmax with the log-size bias, ``bipartite_soft_matching`` and ``merge_wavg`` as their
-  ``merge.py``);
+  ``merge.py``), with its default ``trace_source=False``, while vitrim keeps its default record of which patch went
+  where (``trace_source=True``, for pictures and ``tokens_on_grid``);
+* ``tome_untraced``: the same with vitrim's ``trace_source=False``: the same work on both sides;
 * ``dynamicvit``: DynamicViT-S at ρ = 0.7 against ``tests/dynamicvit/dynamicvit_official_model.py``: their
   ``VisionTransformerDiffPruning`` evaluation forward with their modules (explicit softmax, argsort,
   ``batch_index_select``);
@@ -45,18 +47,19 @@ import vitrim  # noqa: E402
 from vitrim.bench.allocator import pin_malloc_threshold  # noqa: E402
 from vitrim.bench.reference import timm_eager_forward  # noqa: E402
 
-PAIRS = ("tome", "dynamicvit", "dense", "tome_functional", "dynamicvit_functional")
-DEFAULT_PAIRS = ("tome", "dynamicvit", "dense")
+PAIRS = ("tome", "tome_untraced", "dynamicvit", "dense", "tome_functional", "dynamicvit_functional")
+DEFAULT_PAIRS = ("tome", "tome_untraced", "dynamicvit", "dense")
 Forward = Callable[[Tensor], Tensor]
 
 
 def build_pair(name: str, seed: int = 0) -> tuple[Forward, Forward]:
     """(vitrim forward, official forward) on the same random weights."""
     torch.manual_seed(seed)
-    if name == "tome":
+    if name in ("tome", "tome_untraced"):
         from tome_official import official_tome_model
 
-        model = vitrim.create_model("deit_small_patch16_224", reducer="tome", r=13).eval()
+        trace = name == "tome"  # the authors' default is trace_source=False; vitrim's keeps the record pictures need
+        model = vitrim.create_model("deit_small_patch16_224", reducer="tome", r=13, trace_source=trace).eval()
         return model, official_tome_model(model.state_dict(), depth=12, heads=6, patch=16, r=13)
     if name == "dynamicvit":
         from dynamicvit_official_model import official_dynamicvit_model
