@@ -25,6 +25,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 
 
@@ -104,6 +105,7 @@ class ClsRankingReducer(Reducer):
     patch tokens kept, exactly (capped at those entering; one int, or one per reducing block), which overrides it.
     """
 
+    appends_tokens: ClassVar[int] = 0  # tokens a reduction adds after the kept ones (EViT's fused token: 1)
     needs_cls_token = True
     example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
     identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
@@ -127,6 +129,13 @@ class ClsRankingReducer(Reducer):
         rates = per_layer("keep_rate", keep_rate, layers)
         counts = per_layer("keep_count", keep_count, layers)
         return {layer: cls(rate, count) for layer, rate, count in zip(layers, rates, counts)}
+
+    @classmethod
+    def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """The reducing blocks of the schedule, each keeping the patch tokens that leave its count."""
+        steps = schedule.reductions()
+        counts = [after - schedule.num_prefix - cls.appends_tokens for _, _, after in steps]
+        return tuple(i for i, _, _ in steps), {"keep_count": counts}
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n = state.num_patch_tokens

@@ -21,7 +21,8 @@ open or where its text could not be checked here, the choice made is marked *ado
   that all heads find mildly important; the exact formula could not be checked against a source here); ``"mean"``:
   the average. The paper's variance-based head filter is not implemented.
 * Counts (static per block, from the n patch tokens entering it): k = ⌈keep_rate · n⌉ kept (EViT's rule, in floats
-  as :func:`vitrim.reduce.cls_ranking.num_keep`), or ``keep_count`` exactly (capped at n); r = n − k removed, of which
+  as :func:`vitrim.reduce.cls_ranking.num_keep`), or ``keep_count`` exactly (capped at n; a DiffRate ``schedule``
+  sets it per block: :mod:`vitrim.reduce.schedule`); r = n − k removed, of which
   r_S = min(⌊similarity_share · r⌋, k) by the S-stage and r_I = r − r_S by the I-stage (*adopted*: the paper sets the
   split per configuration; ``similarity_share`` 0 is importance-only pruning).
 * I-stage pruning: the r_I patch tokens with the lowest score go.
@@ -49,6 +50,7 @@ from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, quarter_layers
 from vitrim.reduce.cls_ranking import check_keep_count, check_keep_rate, num_keep, per_layer, rank_by_score
 from vitrim.reduce.registry import register
+from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 from vitrim.reduce.tokens import take_rows
 
@@ -166,6 +168,12 @@ class ZeroTPrune(Reducer):
             layer: cls(rate, count, similarity_share, iterations, head_aggregation)
             for layer, rate, count in zip(layers, rates, counts)
         }
+
+    @classmethod
+    def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """The reducing blocks of the schedule, each keeping the patch tokens that leave its count."""
+        steps = schedule.reductions()
+        return tuple(i for i, _, _ in steps), {"keep_count": [after - schedule.num_prefix for _, _, after in steps]}
 
     def num_kept(self, n: int) -> int:
         """Patch tokens kept of the n entering: ``keep_count`` (capped at n), else ⌈keep_rate · n⌉."""
