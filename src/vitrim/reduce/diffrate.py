@@ -15,7 +15,8 @@ evaluation branch and ``DiffRateAttention``; ``DiffRate/merge.py`` ``get_merge_f
 * Counts: ``prune_kept`` / ``merge_kept`` are tokens *including* the prefix, one per block of ``layers`` (or one for
   all), as in DiffRate's ``compression_rate.json``; a count at or above the tokens present does nothing. The DiffRate
   presets (:mod:`vitrim.reduce.schedule`) give them with ``schedule="diffrate_deit_s_2.9"``.
-* Proportional attention: on (the authors' attention always adds log(size)).
+* Proportional attention: on (the authors' attention always adds log(size)); so a model that merges exports to ONNX
+  only as far as the attention's float-mask path does (pruning alone exports, tested).
 * Layout: [prefix, the first merge_kept − prefix patch tokens in descending [CLS] attention]. DiffRate also reorders
   blocks that reduce nothing; here they are left alone (the same outputs: attention does not see order).
 * Protected: every prefix token; the authors protect [CLS] (a DeiT distillation token would be pruned there).
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer
-from vitrim.reduce.cls_ranking import cls_attention_to_patches, per_layer, rank_by_score
+from vitrim.reduce.cls_ranking import cls_attention_to_patches, per_layer
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
@@ -97,7 +98,8 @@ class DiffRate(Reducer):
             return state
         if state.keep_policy is not None:
             raise ValueError("DiffRate cannot follow a training-time keep_policy (DynamicViT training); got one")
-        order = rank_by_score(cls_attention_to_patches(attention, p))  # (B, n) most attended first
+        # argsort as the authors' torch.sort (not stable): it exports to ONNX
+        order = cls_attention_to_patches(attention, p).argsort(dim=1, descending=True)  # (B, n) most attended first
         state = self.keep(state, order[:, :pruned])
         if merged == pruned:
             return state

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, quarter_layers
-from vitrim.reduce.cls_ranking import check_keep_count, check_keep_rate, num_keep, per_layer, rank_by_score
+from vitrim.reduce.cls_ranking import check_keep_count, check_keep_rate, num_keep, per_layer
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
@@ -96,14 +96,15 @@ def zero_tprune_keep(importance: Tensor, metric: Tensor, k: int, similarity_shar
     r = n - k
     r_s = min(math.floor(similarity_share * r), k)
     m = n - (r - r_s)  # survivors of the I-stage
-    survivors = rank_by_score(importance)[:, :m]  # (B, m) most important first
+    # topk, not a stable sort: it exports to ONNX (ties, which float scores do not produce, may stand either way)
+    survivors = importance.topk(m, dim=1).indices  # (B, m) most important first
     if r_s == 0:
         return survivors
     keepers, candidates = survivors[:, : m // 2], survivors[:, m // 2 :]  # (B, ⌊m/2⌋), (B, ⌈m/2⌉)
     metric = F.normalize(metric, dim=-1)
     sim = take_rows(metric, candidates) @ take_rows(metric, keepers).transpose(1, 2)  # (B, ⌈m/2⌉, ⌊m/2⌋) cosine
     redundancy = sim.max(dim=-1).values  # (B, ⌈m/2⌉)
-    stay = torch.sort(redundancy, dim=1, stable=True).indices[:, : candidates.shape[1] - r_s]  # least similar
+    stay = (-redundancy).topk(candidates.shape[1] - r_s, dim=1).indices  # (B, ⌈m/2⌉ − r_S) least similar
     stay = stay.sort(dim=1).values  # back to importance order
     return torch.cat([keepers, candidates.gather(1, stay)], dim=1)
 
