@@ -19,6 +19,9 @@ import vitrim
         # proportional attention off: the float-mask path of the attention function is the deploy issue's to export
         ("ppt", {"r": 4, "layers": (1, 2), "threshold": 1.0, "prop_attn": False}),  # every image pools
         ("ppt", {"r": 4, "layers": (1, 2), "threshold": 0.0, "prop_attn": False}),  # every image prunes
+        ("zero_tprune", {"keep_rate": 0.6, "layers": (1, 2)}),  # WPR iterations and the S-stage, static counts
+        # pruning only: DiffRate's merges always bring proportional attention (the float-mask path, as above)
+        ("diffrate", {"prune_kept": [17, 15, 12, 9], "merge_kept": [17, 15, 12, 9]}),
     ],
 )
 def test_onnx_export_matches_eager(name: str, options: dict[str, object]) -> None:

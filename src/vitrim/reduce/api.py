@@ -6,7 +6,9 @@ module whose ``blocks`` hold a ``reducer`` slot (every vitrim ViT, with weights 
 
 ``apply(model, name, layers=None, **options)``: ``layers`` (block indices) says which blocks get an instance, by
 default the reducer's own choice (every block for ToMe; a quarter, half and three quarters deep for EViT and
-top-k); the other options go to the reducer (``vitrim.reduce.reducer_options(name)`` lists them).
+top-k); the other options go to the reducer (``vitrim.reduce.reducer_options(name)`` lists them). A count-based
+reducer also takes ``schedule="diffrate_deit_s_2.9"`` (:mod:`vitrim.reduce.schedule`): the preset sets the blocks
+and the per-block counts.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from torch import nn
 
 from vitrim.literals import split_top_level
 from vitrim.reduce.registry import get_reducer
+from vitrim.reduce.schedule import schedule_options
 
 
 def reducer_options(name: str) -> tuple[str, ...]:
     """The options of reducer ``name`` (e.g. ``("layers", "r")`` for ToMe); raises ValueError for an unknown name."""
-    alias = get_reducer(name).layers_alias
-    return ("layers", *((alias,) if alias else ()), *_options(name))
+    cls = get_reducer(name)
+    alias = cls.layers_alias
+    return ("layers", *((alias,) if alias else ()), *(("schedule",) if cls.takes_schedule() else ()), *_options(name))
 
 
 def _options(name: str) -> dict[str, inspect.Parameter]:
@@ -67,6 +71,15 @@ def apply(model: nn.Module, name: str, *, layers: Sequence[int] | int | None = N
             raise ValueError(f"pass layers or {cls.layers_alias}, not both")
         layers = options.pop(cls.layers_alias)
     allowed = reducer_options(name)
+    if "schedule" in options:
+        schedule = options.pop("schedule")
+        if layers is not None:
+            raise ValueError(f"pass schedule or layers, not both: schedule {schedule!r} sets the blocks itself")
+        layers, scheduled = schedule_options(cls, model, schedule)
+        clash = sorted(set(scheduled) & set(options))
+        if clash:
+            raise ValueError(f"schedule {schedule!r} sets {clash} itself; pass one or the other")
+        options = {**options, **scheduled}
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for reducer {name!r}; expected some of {list(allowed)}")

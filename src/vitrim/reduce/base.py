@@ -20,13 +20,16 @@ instance (built from ``options``) on each block in ``layers``, and the reducer t
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.state import TokenState
 from vitrim.reduce.tokens import keep_tokens
+
+if TYPE_CHECKING:
+    from vitrim.reduce.schedule import Schedule
 
 
 def quarter_layers(depth: int) -> tuple[int, ...]:
@@ -75,6 +78,17 @@ class Reducer:
     def for_model(cls, model: nn.Module, layers: tuple[int, ...], **options: Any) -> dict[int, Reducer | None]:
         """Like :meth:`for_layers`, for reducers that need the model: a learned reducer adds its modules here."""
         return cls.for_layers(layers, **options)
+
+    @classmethod
+    def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """The blocks and options that leave the tokens a per-block schedule (:mod:`vitrim.reduce.schedule`) states
+        after each block. Count-based reducers override this; the default refuses."""
+        raise ValueError(f"reducer {cls.name!r} takes no schedule (it has no per-block token counts)")
+
+    @classmethod
+    def takes_schedule(cls) -> bool:
+        """Whether ``apply(model, name, schedule=...)`` works for this reducer."""
+        return cls.options_for_schedule.__func__ is not Reducer.options_for_schedule.__func__  # type: ignore[attr-defined]
 
     def before_attention(self, state: TokenState) -> TokenState:
         """Called with the tokens entering the block, before its attention. Default: unchanged."""

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 
 
@@ -71,6 +72,25 @@ def check_keep_rate(keep_rate: object) -> float:
     return float(keep_rate)
 
 
+def check_keep_count(keep_count: object) -> int | None:
+    """Validate a count of kept patch tokens: an int >= 1, or None."""
+    if keep_count is not None and (isinstance(keep_count, bool) or not isinstance(keep_count, int) or keep_count < 1):
+        raise ValueError(f"keep_count must be an int >= 1 (patch tokens kept) or None, got {keep_count!r}")
+    return keep_count
+
+
+def per_layer(name: str, value: object, layers: tuple[int, ...]) -> list[Any]:
+    """One value for each block of ``layers``: a sequence of that length as it is, anything else repeated."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != len(layers):
+            raise ValueError(
+                f"{name} must be one value or one per reducing block ({len(layers)}: layers {layers}), "
+                f"got {len(value)} values: {list(value)}"
+            )
+        return list(value)
+    return [value] * len(layers)
+
+
 def num_keep(num_tokens: int, keep_rate: float) -> int:
     """k = ⌈keep_rate · n⌉ of n non-prefix tokens, in floats as EViT's code computes it (module doc); n if rate 1."""
     if keep_rate >= 1.0:
@@ -81,15 +101,18 @@ def num_keep(num_tokens: int, keep_rate: float) -> int:
 class ClsRankingReducer(Reducer):
     """A reducer that keeps the k patch tokens [CLS] attends to most; subclasses decide what happens to the rest.
 
-    Option ``keep_rate`` in (0, 1]: one number, or (through ``apply``) one per reducing block.
+    Option ``keep_rate`` in (0, 1]: one number, or (through ``apply``) one per reducing block; or ``keep_count``: the
+    patch tokens kept, exactly (capped at those entering; one int, or one per reducing block), which overrides it.
     """
 
+    appends_tokens: ClassVar[int] = 0  # tokens a reduction adds after the kept ones (EViT's fused token: 1)
     needs_cls_token = True
     example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
     identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
 
-    def __init__(self, keep_rate: float = 0.7) -> None:
+    def __init__(self, keep_rate: float = 0.7, keep_count: int | None = None) -> None:
         self.keep_rate = check_keep_rate(keep_rate)
+        self.keep_count = check_keep_count(keep_count)
 
     @classmethod
     def default_layers(cls, depth: int) -> tuple[int, ...]:
@@ -97,22 +120,26 @@ class ClsRankingReducer(Reducer):
 
     @classmethod
     def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
-        cls, layers: tuple[int, ...], *, keep_rate: float | Sequence[float] = 0.7
+        cls,
+        layers: tuple[int, ...],
+        *,
+        keep_rate: float | Sequence[float] = 0.7,
+        keep_count: int | Sequence[int] | None = None,
     ) -> dict[int, Reducer | None]:
-        if isinstance(keep_rate, Sequence) and not isinstance(keep_rate, str):
-            if len(keep_rate) != len(layers):
-                raise ValueError(
-                    f"keep_rate must be one number or one per reducing block ({len(layers)}: layers {layers}), "
-                    f"got {len(keep_rate)} values: {list(keep_rate)}"
-                )
-            rates = dict(zip(layers, keep_rate))
-        else:
-            rates = dict.fromkeys(layers, keep_rate)
-        return {layer: cls(rate) for layer, rate in rates.items()}
+        rates = per_layer("keep_rate", keep_rate, layers)
+        counts = per_layer("keep_count", keep_count, layers)
+        return {layer: cls(rate, count) for layer, rate, count in zip(layers, rates, counts)}
+
+    @classmethod
+    def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """The reducing blocks of the schedule, each keeping the patch tokens that leave its count."""
+        steps = schedule.reductions()
+        counts = [after - schedule.num_prefix - cls.appends_tokens for _, _, after in steps]
+        return tuple(i for i, _, _ in steps), {"keep_count": counts}
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n = state.num_patch_tokens
-        k = num_keep(n, self.keep_rate)
+        k = num_keep(n, self.keep_rate) if self.keep_count is None else min(n, self.keep_count)
         if k >= n:
             return state
         if state.keep_policy is not None:
@@ -125,4 +152,4 @@ class ClsRankingReducer(Reducer):
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return f"keep_rate={self.keep_rate}"
+        return f"keep_rate={self.keep_rate}" if self.keep_count is None else f"keep_count={self.keep_count}"

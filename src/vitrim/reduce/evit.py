@@ -35,6 +35,8 @@ def fuse_inattentive(x: Tensor, scores: Tensor, keep: Tensor) -> Tensor:
 class EViT(ClsRankingReducer):
     """Keep the top-k patch tokens by [CLS] attention and fuse the rest into one token. See module doc."""
 
+    appends_tokens = 1
+
     def reduce(self, state: TokenState, scores: Tensor, order: Tensor, k: int) -> TokenState:
         keep = order[:, :k]  # (B, k)
         fused = fuse_inattentive(state.tokens[:, state.num_prefix :], scores, keep)

@@ -30,6 +30,7 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer
 from vitrim.reduce.index_cache import cached_arange
 from vitrim.reduce.registry import register
+from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 from vitrim.reduce.tokens import add_rows_, record_reduction, take_rows
 
@@ -208,6 +209,12 @@ class ToMe(Reducer):
         return {
             layer: cls(value, prop_attn, trace_source) if value > 0 else None for layer, value in zip(layers, schedule)
         }
+
+    @classmethod
+    def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """Every block, merging as many tokens as the schedule removes there."""
+        before = (schedule.num_tokens, *schedule.tokens_after()[:-1])
+        return tuple(range(schedule.depth)), {"r": [b - a for b, a in zip(before, schedule.tokens_after())]}
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         x = state.tokens  # (B, N, C)
