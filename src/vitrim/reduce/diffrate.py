@@ -15,8 +15,8 @@ evaluation branch and ``DiffRateAttention``; ``DiffRate/merge.py`` ``get_merge_f
 * Counts: ``prune_kept`` / ``merge_kept`` are tokens *including* the prefix, one per block of ``layers`` (or one for
   all), as in DiffRate's ``compression_rate.json``; a count at or above the tokens present does nothing. The DiffRate
   presets (:mod:`vitrim.reduce.schedule`) give them with ``schedule="diffrate_deit_s_2.9"``.
-* Proportional attention: on (the authors' attention always adds log(size)); so a model that merges exports to ONNX
-  only as far as the attention's float-mask path does (pruning alone exports, tested).
+* Proportional attention: on (the authors' attention always adds log(size)). Counts are static, so a model with it
+  exports to ONNX (tested with merging).
 * Layout: [prefix, the first merge_kept − prefix patch tokens in descending [CLS] attention]. DiffRate also reorders
   blocks that reduce nothing; here they are left alone (the same outputs: attention does not see order).
 * Protected: every prefix token; the authors protect [CLS] (a DeiT distillation token would be pruned there).
