@@ -207,7 +207,7 @@ def test_every_registered_reducer_appears_or_is_skipped_with_a_reason(monkeypatc
     monkeypatch.setattr(NoStrength, "name", "")
     registry.register("no_strength_test")(NoStrength)
     settings = ReducerBenchSettings(
-        targets=(Target(0.7, relative=True),), batch_sizes=(1,), repeats=1, warmup=0, overrides=dict(TINY)
+        targets=(Target(0.7, relative=True),), batch_sizes=(1,), repeats=(1,), warmup=0, overrides=dict(TINY)
     )
     # the second model has no [CLS]: the [CLS]-ranking reducers must say they refuse it
     results = bench_reducers(["vit_tiny_patch16_224", "vit_medium_patch16_gap_256"], settings)
@@ -309,6 +309,7 @@ def test_cli_without_accuracy_writes_the_speed_picture(capsys, tmp_path):
         (["--batch-sizes", "0"], "--batch-sizes"),
         (["--batch-sizes", "2,-4"], "--batch-sizes"),
         (["--repeats", "0"], "--repeats"),
+        (["--repeats", "1,2,3"], "one per batch size"),
         (["--accuracy-model", "/no/such/run"], "--accuracy-model"),
     ],
 )

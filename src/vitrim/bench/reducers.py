@@ -86,7 +86,7 @@ class ReducerBenchSettings:
 
     targets: tuple[Target, ...] = (Target(2.9), Target(2.6))
     batch_sizes: tuple[int, ...] = (1, 32)
-    repeats: int = 10  # timed calls per row and batch size (median)
+    repeats: tuple[int, ...] = (10,)  # timed calls per row (median): one count, or one per batch size
     warmup: int = 2  # untimed calls per row and batch size
     img_size: int | None = None  # None: each model's own
     overrides: dict[str, Any] = field(default_factory=dict)  # create_model keywords for every model (--set)
@@ -94,13 +94,22 @@ class ReducerBenchSettings:
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError("--targets must name at least one target")
-        for name, values in (("--batch-sizes", self.batch_sizes), ("--repeats", (self.repeats,))):
+        for name, values in (("--batch-sizes", self.batch_sizes), ("--repeats", self.repeats)):
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in values):
-                raise ValueError(f"{name} must be positive ints, got {values}")
+                raise ValueError(f"{name} must be positive ints, got {list(values)}")
+        if len(self.repeats) not in (1, len(self.batch_sizes)):
+            raise ValueError(
+                f"--repeats must be one count or one per batch size ({len(self.batch_sizes)}), got {list(self.repeats)}"
+            )
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"--warmup must be an int >= 0, got {self.warmup!r}")
         if self.img_size is not None and self.img_size <= 0:
             raise ValueError(f"--img-size must be a positive int, got {self.img_size}")
+
+    @property
+    def repeats_per_batch(self) -> tuple[int, ...]:
+        """The repeat count of each batch size."""
+        return self.repeats * len(self.batch_sizes) if len(self.repeats) == 1 else self.repeats
 
 
 def tunable_reducers() -> tuple[list[str], list[dict[str, str | None]]]:
@@ -282,10 +291,10 @@ def bench_reducers(
             model_rows += [_row(name, hw, dense[name], method, t, m) for t, m in zip(settings.targets, matches)]
         runners = [with_reducer(model, r["method"] if r["method"] != "dense" else None, r["value"]) for r in model_rows]
         chans = input_spec(model)[1]
-        for batch in settings.batch_sizes:
-            _progress(f"{name}: timing {len(runners)} rows at batch {batch}")
+        for batch, repeats in zip(settings.batch_sizes, settings.repeats_per_batch):
+            _progress(f"{name}: timing {len(runners)} rows at batch {batch}, {repeats} repeats")
             images = torch.randn(batch, chans, *hw, generator=torch.Generator().manual_seed(0))
-            for row, speed in zip(model_rows, time_rows(runners, images, settings.repeats, settings.warmup)):
+            for row, speed in zip(model_rows, time_rows(runners, images, repeats, settings.warmup)):
                 row["speed"][str(batch)] = speed
         if accuracy is not None:
             for row in model_rows:

@@ -109,7 +109,11 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
         "count (63%%)",
     )
     p.add_argument("--batch-sizes", default=",".join(map(str, s.batch_sizes)), help="comma-separated batch sizes")
-    p.add_argument("--repeats", type=int, default=s.repeats, help="timed calls per row and batch size (median)")
+    p.add_argument(
+        "--repeats",
+        default=",".join(map(str, s.repeats)),
+        help="timed calls per row (median): one count, or one per batch size (10,5)",
+    )
     p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls per row and batch size")
     p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
     p.add_argument(
@@ -216,17 +220,21 @@ def run_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_reducers(args: argparse.Namespace) -> int:
+def _positive_ints(text: str, option: str) -> tuple[int, ...]:
     try:
-        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+        values = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ValueError(f"--batch-sizes must be comma-separated ints, got {args.batch_sizes!r}") from None
-    if min(batch_sizes) <= 0:
-        raise ValueError(f"--batch-sizes must be positive, got {args.batch_sizes!r}")
+        raise ValueError(f"{option} must be comma-separated ints, got {text!r}") from None
+    if min(values) <= 0:
+        raise ValueError(f"{option} must be positive, got {text!r}")
+    return values
+
+
+def run_reducers(args: argparse.Namespace) -> int:
     settings = reducers.ReducerBenchSettings(
         targets=reducers.parse_targets(args.targets),
-        batch_sizes=batch_sizes,
-        repeats=args.repeats,
+        batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
+        repeats=_positive_ints(args.repeats, "--repeats"),
         warmup=args.warmup,
         img_size=args.img_size,
         overrides=parse_set(args.overrides, "--set", SET_FORM),
@@ -239,8 +247,9 @@ def run_reducers(args: argparse.Namespace) -> int:
     results["config"] = {k: v for k, v in vars(args).items() if k != "func"} | {"threads": torch.get_num_threads()}
     print(
         f"reducers at matched GMACs: float32, eval, inference_mode, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; {settings.repeats} repeats per batch size, rows timed in turns; speed-up = "
-        "median over repeats of dense time / row time"
+        f"torch {torch.__version__}; repeats {'/'.join(map(str, settings.repeats_per_batch))} at batch "
+        f"{'/'.join(map(str, settings.batch_sizes))}, rows timed in turns; speed-up = median over repeats of dense "
+        "time / row time"
     )
     print()
     print(reducers_report.markdown(results), end="")
