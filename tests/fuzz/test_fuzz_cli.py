@@ -66,6 +66,24 @@ def commands(tmp: Path) -> dict[str, list[str]]:
             "--no-memory",
         ],
         "bench-attention": ["bench", "attention", "--lengths", "8", "--repeats", "1", "--memory-length", "0"],
+        "bench-reducers": [
+            "bench",
+            "reducers",
+            "--models",
+            "vit_tiny_patch16_224",
+            "--set",
+            TINY,
+            "--targets",
+            "60%",
+            "--batch-sizes",
+            "1",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            str(tmp / "bench_reducers"),
+        ],
     }
 
 

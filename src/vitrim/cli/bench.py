@@ -1,17 +1,18 @@
-"""``vitrim bench attention|models``: the benchmarks, with their options and printed tables."""
+"""``vitrim bench attention|models|reducers``: the benchmarks, with their options and printed tables."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from vitrim.bench import attention, models
+from vitrim.bench import attention, models, reducers, reducers_report
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
-from vitrim.cli.common import add_threads_argument, check_counts, parse_set
+from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
 
@@ -84,6 +85,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_models)
+    register_reducers(kinds)
+
+
+def register_reducers(kinds: argparse._SubParsersAction) -> None:
+    s = reducers.ReducerBenchSettings()
+    p = kinds.add_parser(
+        "reducers",
+        help="every registered token reducer at matched GMACs: speed against dense, and accuracy off the shelf",
+        description="Tune every registered reducer that declares a strength option to each compute target (by "
+        "counting FLOPs, no timing), then time all of them against dense in turns (paired, median). GMACs count "
+        "multiply-adds: the papers' 'GFLOPs' (DeiT-S/16 at 224: 4.6).",
+    )
+    p.add_argument(
+        "--models",
+        "--model",
+        dest="models",
+        default="deit_small_patch16_224",
+        help="comma-separated registered model names (random weights: speed and FLOPs do not depend on them)",
+    )
+    p.add_argument(
+        "--targets",
+        default=",".join(t.label for t in s.targets),
+        help="comma-separated compute targets in GMACs (the papers' GFLOPs), or percentages of each model's dense "
+        "count (63%%)",
+    )
+    p.add_argument("--batch-sizes", default=",".join(map(str, s.batch_sizes)), help="comma-separated batch sizes")
+    p.add_argument(
+        "--repeats",
+        default=",".join(map(str, s.repeats)),
+        help="timed calls per row (median): one count, or one per batch size (10,5)",
+    )
+    p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls per row and batch size")
+    p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar=SET_FORM,
+        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
+    )
+    p.add_argument(
+        "--accuracy-model",
+        default=None,
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a trained classifier (e.g. runs/demo/dense from vitrim demo): top-1 off the shelf of each reducer at "
+        "the same fraction of its dense GMACs, on its run's held-out split",
+    )
+    add_threads_argument(p)
+    p.add_argument("--out", default=None, help="write results.json and the pictures to this folder")
+    p.set_defaults(func=run_reducers)
 
 
 def run_attention(args: argparse.Namespace) -> int:
@@ -185,3 +237,48 @@ def _check_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name!r}: torch sees no CUDA device here")
     return device
+
+
+def _positive_ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option} must be comma-separated ints, got {text!r}") from None
+    if min(values) <= 0:
+        raise ValueError(f"{option} must be positive, got {text!r}")
+    return values
+
+
+def run_reducers(args: argparse.Namespace) -> int:
+    settings = reducers.ReducerBenchSettings(
+        targets=reducers.parse_targets(args.targets),
+        batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
+        repeats=_positive_ints(args.repeats, "--repeats"),
+        warmup=args.warmup,
+        img_size=args.img_size,
+        overrides=parse_set(args.overrides, "--set", SET_FORM),
+    )
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    out = None if args.out is None else check_output_folder(args.out, "--out")
+    accuracy = None if args.accuracy_model is None else reducers.AccuracyModel(args.accuracy_model)
+    pin_malloc_threshold()
+    results = reducers.bench_reducers(names, settings, accuracy)
+    results["config"] = {k: v for k, v in vars(args).items() if k != "func"} | {"threads": torch.get_num_threads()}
+    print(
+        f"reducers at matched GMACs: float32, eval, inference_mode, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; repeats {'/'.join(map(str, settings.repeats_per_batch))} at batch "
+        f"{'/'.join(map(str, settings.batch_sizes))}, rows timed in turns; speed-up = median over repeats of dense "
+        "time / row time"
+    )
+    print()
+    print(reducers_report.markdown(results), end="")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        reducers_report.plot_speedup(results, out / "gmacs_vs_speedup.png")
+        written = ["results.json", "gmacs_vs_speedup.png"]
+        if accuracy is not None:
+            reducers_report.plot_accuracy(results, out / "accuracy_vs_gmacs.png")
+            written.append("accuracy_vs_gmacs.png")
+        print(f"\nwrote {', '.join(str(Path(out) / w) for w in written)}")
+    return 0

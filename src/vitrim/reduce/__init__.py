@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 
 from vitrim.reduce.api import applied_reducers, apply, check_layers, parse_spec, reducer_options, remove
-from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.registry import get_reducer, list_reducers, register
 from vitrim.reduce.state import TokenState
 
@@ -28,6 +28,7 @@ from vitrim.reduce.topk import TopK  # noqa: E402
 __all__ = [
     "EViT",
     "Reducer",
+    "StrengthOption",
     "ToMe",
     "TokenState",
     "TopK",

@@ -20,6 +20,7 @@ instance (built from ``options``) on each block in ``layers``, and the reducer t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
@@ -40,6 +41,52 @@ def quarter_layers(depth: int) -> tuple[int, ...]:
     return tuple(sorted({depth * k // 4 for k in (1, 2, 3)}))
 
 
+@dataclass(frozen=True)
+class StrengthOption:
+    """The one numeric option that sets how much a reducer removes, so a benchmark can tune it to a compute budget.
+
+    ``vitrim bench reducers`` tries the values ``weakest``, ``weakest ± step``, … up to ``strongest`` (the sign
+    goes from weakest towards strongest) and bisects over them for the value whose FLOPs come closest to a target,
+    so FLOPs must not grow as the value moves towards ``strongest``. ``strongest`` None means no upper limit (an
+    int option that counts tokens removed, like ToMe's ``r``): the search doubles it until FLOPs stop falling.
+
+    Examples: ToMe ``StrengthOption("r", weakest=0, strongest=None, step=1)``; EViT
+    ``StrengthOption("keep_rate", weakest=1.0, strongest=0.001, step=0.001)``.
+    """
+
+    name: str
+    weakest: float  # the value that leaves the model dense (or closest to it)
+    strongest: float | None  # the strongest value the option accepts; None: unbounded (int options only)
+    step: float = 1  # the search's resolution; an int step with int ends makes an int option
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"StrengthOption name must be an option name like 'r', got {self.name!r}")
+        if not self.step > 0:
+            raise ValueError(f"StrengthOption step must be positive, got {self.step!r}")
+        if self.strongest is None and not self.integer:
+            raise ValueError(f"an unbounded StrengthOption ({self.name}) must be an int option (int weakest and step)")
+
+    @property
+    def integer(self) -> bool:
+        """Whether the option takes ints (int ends and step)."""
+        ends = (self.weakest, self.step) if self.strongest is None else (self.weakest, self.strongest, self.step)
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in ends)
+
+    def value(self, index: int) -> float:
+        """The ``index``-th value tried: ``weakest + index · step`` towards ``strongest`` (floats rounded to 1e-9)."""
+        sign = 1 if self.strongest is None or self.strongest >= self.weakest else -1
+        value = self.weakest + sign * index * self.step
+        return int(value) if self.integer else round(value, 9)
+
+    @property
+    def last_index(self) -> int | None:
+        """The index of ``strongest`` (None if unbounded)."""
+        if self.strongest is None:
+            return None
+        return round(abs(self.strongest - self.weakest) / self.step)
+
+
 class Reducer:
     """Base class of token reducers (see module doc). Subclasses override one or both hooks.
 
@@ -50,6 +97,8 @@ class Reducer:
         needs_cls_token: True if it ranks tokens by the [CLS] row; ``apply`` refuses models without [CLS].
         adds_modules: names of the modules ``for_model`` adds to the model (learned reducers); ``remove`` deletes them.
         layers_alias: another name ``apply`` accepts for ``layers`` (DynamicViT's ``prune_layers``).
+        strength_option: the one numeric option that sets how many tokens go (:class:`StrengthOption`), so that
+            ``vitrim bench reducers`` can match reducers at equal FLOPs; None: the benchmark lists it as skipped.
     """
 
     name: ClassVar[str] = ""
@@ -58,6 +107,7 @@ class Reducer:
     needs_cls_token: ClassVar[bool] = False
     adds_modules: ClassVar[tuple[str, ...]] = ()
     layers_alias: ClassVar[str | None] = None
+    strength_option: ClassVar[StrengthOption | None] = None
     applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
 
     @classmethod

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
-from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 
@@ -109,6 +109,7 @@ class ClsRankingReducer(Reducer):
     needs_cls_token = True
     example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
     identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
+    strength_option: ClassVar[StrengthOption | None] = StrengthOption("keep_rate", 1.0, 0.001, step=0.001)
 
     def __init__(self, keep_rate: float = 0.7, keep_count: int | None = None) -> None:
         self.keep_rate = check_keep_rate(keep_rate)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.registry import register
 from vitrim.reduce.score_predictor import ScorePredictor
 from vitrim.reduce.state import TokenState
@@ -93,6 +93,7 @@ class DynamicViTPruning(Reducer):
 
     example_options: ClassVar[dict[str, Any]] = {"keep_ratio": 0.5}
     identity_options: ClassVar[dict[str, Any]] = {"keep_ratio": 1.0}
+    strength_option: ClassVar[StrengthOption | None] = StrengthOption("keep_ratio", 1.0, 0.001, step=0.001)
     adds_modules: ClassVar[tuple[str, ...]] = (PREDICTORS,)
     layers_alias = "prune_layers"
 

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.assign import merge_tokens
-from vitrim.reduce.base import Reducer
+from vitrim.reduce.base import Reducer, StrengthOption
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
 
@@ -112,6 +112,7 @@ class PiToMe(Reducer):
 
     example_options: ClassVar[dict[str, Any]] = {"ratio": 0.8}
     identity_options: ClassVar[dict[str, Any]] = {"ratio": 1.0}
+    strength_option: ClassVar[StrengthOption | None] = StrengthOption("ratio", 1.0, 0.5, step=0.001)
 
     def __init__(
         self, ratio: float, margin: float = 0.5, alpha: float = 1.0, prop_attn: bool = False, bipartite: bool = False

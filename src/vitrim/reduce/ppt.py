@@ -37,7 +37,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.assign import merge_tokens
-from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.cls_ranking import cls_attention
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
@@ -85,6 +85,7 @@ class PPT(Reducer):
     needs_cls_token = True
     example_options: ClassVar[dict[str, Any]] = {"r": 4, "layers": (1, 2)}
     identity_options: ClassVar[dict[str, Any]] = {"r": 0}
+    strength_option: ClassVar[StrengthOption | None] = StrengthOption("r", weakest=0, strongest=None)
 
     def __init__(self, r: int, threshold: float = 7e-5, prop_attn: bool = True) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from vitrim.attention import AttentionResult
-from vitrim.reduce.base import Reducer
+from vitrim.reduce.base import Reducer, StrengthOption
 from vitrim.reduce.index_cache import cached_arange
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
@@ -185,6 +185,7 @@ class ToMe(Reducer):
 
     example_options: ClassVar[dict[str, Any]] = {"r": 3}
     identity_options: ClassVar[dict[str, Any]] = {"r": 0}
+    strength_option: ClassVar[StrengthOption | None] = StrengthOption("r", weakest=0, strongest=None)
 
     def __init__(self, r: int, prop_attn: bool = True, trace_source: bool = True) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:

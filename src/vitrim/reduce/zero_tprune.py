@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
-from vitrim.reduce.base import Reducer, quarter_layers
+from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.cls_ranking import check_keep_count, check_keep_rate, num_keep, per_layer
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
@@ -120,6 +120,7 @@ class ZeroTPrune(Reducer):
 
     example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
     identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
+    strength_option: ClassVar[StrengthOption | None] = StrengthOption("keep_rate", 1.0, 0.001, step=0.001)
 
     def __init__(
         self,

@@ -1,0 +1,343 @@
+"""``vitrim bench reducers``: every registered token reducer at matched FLOPs, timed against dense in one run.
+
+For each model and each compute target, every reducer that declares a strength option
+(:class:`~vitrim.reduce.base.StrengthOption`) is tuned to the FLOPs closest to the target
+(:mod:`vitrim.bench.matched`), at its own default blocks; reducers that declare none, or that refuse the model (a
+[CLS]-ranking reducer on a model without [CLS]), are listed as skipped with the reason. Then:
+
+* speed: every row (dense first) is timed in turns within each repeat
+  (:func:`~vitrim.bench.timing.interleaved_samples`), float32, eval, ``torch.inference_mode``, on random images, at
+  each batch size: images/s from the median time, speed-up = the median over repeats of (dense time / row time) in
+  the same repeat (paired, so a change of load on a shared machine hits both sides of each ratio);
+* accuracy (optional): on a trained classifier (the demo's dense digits ViT), each reducer is tuned again to the
+  same *fraction* of that model's dense FLOPs as the row's target is of its own model's, and its top-1 off the shelf (no
+  retraining) on the run's held-out split is reported with the drop against the dense top-1. Learned reducers
+  (those that add modules, e.g. DynamicViT's predictors) get no accuracy: their modules are untrained here.
+
+Units: targets and the GMACs column count multiply-adds (1e9 per GMAC), which is what the papers call "GFLOPs"
+(fvcore's count: DeiT-S/16 at 224 is 4.6); ``vitrim bench models`` counts 2 FLOPs per multiply-add.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim import reduce
+from vitrim.bench.flops import model_flops_per_image
+from vitrim.bench.matched import Match, match_reducer
+from vitrim.bench.timing import interleaved_samples
+from vitrim.factory import create_model
+from vitrim.train.checkpoint_eval import load_checkpoint_split
+from vitrim.train.evaluate import evaluate
+from vitrim.train.loop import input_spec
+
+FLOPS_PER_GMAC = 2e9  # FLOPs (2 per multiply-add, vitrim's count) in one GMAC (the papers' "GFLOP")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compute target: ``value`` GMACs, or (``relative``) that fraction of each model's dense GMACs."""
+
+    value: float
+    relative: bool = False
+
+    def flops(self, dense_flops: float) -> float:
+        """The target in FLOPs per image for a model whose dense count is ``dense_flops``."""
+        return self.value * dense_flops if self.relative else self.value * FLOPS_PER_GMAC
+
+    @property
+    def label(self) -> str:
+        return f"{100 * self.value:g}%" if self.relative else f"{self.value:g}"
+
+
+def parse_targets(text: str) -> tuple[Target, ...]:
+    """``"2.9,2.6"`` (GMACs) or ``"63%,56%"`` (of each model's dense GMACs), or a mix -> targets."""
+    targets = []
+    for item in str(text).split(","):
+        item = item.strip()
+        relative = item.endswith("%")
+        try:
+            value = float(item[:-1] if relative else item)
+        except ValueError:
+            expected = "comma-separated GMACs (2.9) or percentages (63%)"
+            raise ValueError(f"--targets must be {expected}, got {text!r}") from None
+        if not (value > 0 and value < float("inf")):
+            raise ValueError(f"--targets must be positive, got {item!r} in {text!r}")
+        if relative and value > 100:
+            raise ValueError(f"--targets {item!r} is above 100% of dense")
+        targets.append(Target(value / 100 if relative else value, relative))
+    return tuple(targets)
+
+
+@dataclass(frozen=True)
+class ReducerBenchSettings:
+    """What ``vitrim bench reducers`` measures (its options)."""
+
+    targets: tuple[Target, ...] = (Target(2.9), Target(2.6))
+    batch_sizes: tuple[int, ...] = (1, 32)
+    repeats: tuple[int, ...] = (10,)  # timed calls per row (median): one count, or one per batch size
+    warmup: int = 2  # untimed calls per row and batch size
+    img_size: int | None = None  # None: each model's own
+    overrides: dict[str, Any] = field(default_factory=dict)  # create_model keywords for every model (--set)
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError("--targets must name at least one target")
+        for name, values in (("--batch-sizes", self.batch_sizes), ("--repeats", self.repeats)):
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in values):
+                raise ValueError(f"{name} must be positive ints, got {list(values)}")
+        if len(self.repeats) not in (1, len(self.batch_sizes)):
+            raise ValueError(
+                f"--repeats must be one count or one per batch size ({len(self.batch_sizes)}), got {list(self.repeats)}"
+            )
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"--warmup must be an int >= 0, got {self.warmup!r}")
+        if self.img_size is not None and self.img_size <= 0:
+            raise ValueError(f"--img-size must be a positive int, got {self.img_size}")
+
+    @property
+    def repeats_per_batch(self) -> tuple[int, ...]:
+        """The repeat count of each batch size."""
+        return self.repeats * len(self.batch_sizes) if len(self.repeats) == 1 else self.repeats
+
+
+def tunable_reducers() -> tuple[list[str], list[dict[str, str | None]]]:
+    """Registered reducers that declare a strength option, and the others as skipped entries with the reason."""
+    tunable, skipped = [], []
+    for name in reduce.list_reducers():
+        if reduce.get_reducer(name).strength_option is None:
+            reason = "declares no strength_option (the one numeric option to tune; vitrim.reduce.StrengthOption)"
+            skipped.append({"method": name, "model": None, "reason": reason})
+        else:
+            tunable.append(name)
+    return tunable, skipped
+
+
+def is_learned(name: str) -> bool:
+    """Whether reducer ``name`` adds modules to the model (they need training: no off-the-shelf accuracy)."""
+    return bool(reduce.get_reducer(name).adds_modules)
+
+
+def setting(name: str, value: float) -> str:
+    """``"r=13"``, ``"keep_rate=0.652"``: the strength option of reducer ``name`` at ``value``."""
+    option = reduce.get_reducer(name).strength_option
+    assert option is not None
+    return f"{option.name}={value:g}"
+
+
+def with_reducer(model: nn.Module, name: str | None, value: float | None) -> nn.Module:
+    """A copy of ``model`` (eval) with reducer ``name`` at strength ``value``; the model itself for dense (None)."""
+    if name is None:
+        return model
+    option = reduce.get_reducer(name).strength_option
+    assert option is not None and value is not None
+    options: dict[str, Any] = {option.name: value}
+    return reduce.apply(copy.deepcopy(model), name, **options).eval()
+
+
+def image_size(model: nn.Module) -> tuple[int, int]:
+    """(H, W) the model was built for."""
+    return input_spec(model)[0]
+
+
+# -- accuracy ---------------------------------------------------------------------------------------------------
+
+
+class AccuracyModel:
+    """A trained classifier and its run's held-out split: top-1 off the shelf with a reducer at a FLOP fraction.
+
+    ``path``: a run folder (its ``last.safetensors``, as ``vitrim demo`` and ``vitrim train`` write) or a checkpoint.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        checkpoint = Path(path)
+        if checkpoint.is_dir():
+            checkpoint = checkpoint / "last.safetensors"
+        if not checkpoint.is_file():
+            raise FileNotFoundError(f"--accuracy-model {str(path)!r}: no checkpoint (a run folder or a .safetensors)")
+        loaded = load_checkpoint_split(checkpoint)
+        self.checkpoint = str(checkpoint)
+        self.model = loaded.model.eval()
+        self.dataset = loaded.dataset
+        self.num_classes = loaded.num_classes
+        self.data = loaded.data
+        self.img_size = image_size(self.model)
+        self.dense_flops = model_flops_per_image(self.model, self.img_size, input_spec(self.model)[1])
+        self.dense_top1 = self.top1(self.model)
+        self._matches: dict[tuple[str, float], Match] = {}
+        self._counted: dict[str, dict[float, float]] = {}
+
+    def top1(self, model: nn.Module) -> float:
+        """Top-1 of ``model`` on the held-out split."""
+        return float(evaluate(model, self.dataset, num_classes=self.num_classes, batch_size=256)["top1"])
+
+    def at_fraction(self, name: str, fraction: float) -> dict[str, Any]:
+        """Reducer ``name`` tuned to ``fraction`` of this model's dense FLOPs: its setting, GMACs and top-1."""
+        if is_learned(name):
+            return {"note": "learned (its modules are untrained here)"}
+        key = (name, round(fraction, 12))
+        try:
+            if key not in self._matches:
+                counted = self._counted.setdefault(name, {})
+                target = fraction * self.dense_flops
+                self._matches[key] = match_reducer(self.model, name, [target], self.img_size, counted)[0]
+        except ValueError as err:
+            return {"note": f"refused by the accuracy model: {err}"}
+        match = self._matches[key]
+        top1 = self.top1(with_reducer(self.model, name, match.value))
+        return {
+            "setting": setting(name, match.value),
+            "value": match.value,
+            "gmacs": match.flops / FLOPS_PER_GMAC,
+            "fraction_of_dense": match.flops / self.dense_flops,
+            "reachable": match.reachable,
+            "top1": top1,
+            "drop_points": 100 * (self.dense_top1 - top1),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "data": self.data,
+            "test_images": len(self.dataset),  # type: ignore[arg-type]
+            "img_size": list(self.img_size),
+            "dense_gmacs": self.dense_flops / FLOPS_PER_GMAC,
+            "dense_top1": self.dense_top1,
+        }
+
+
+# -- the benchmark ----------------------------------------------------------------------------------------------
+
+
+def build(name: str, settings: ReducerBenchSettings) -> nn.Module:
+    """Registered model ``name`` with the shared overrides and image size, in eval mode."""
+    kwargs = dict(settings.overrides)
+    if settings.img_size is not None:
+        if "img_size" in kwargs:
+            raise ValueError("give the image size once: --img-size or --set img_size=..., not both")
+        kwargs["img_size"] = settings.img_size
+    return create_model(name, **kwargs).eval()
+
+
+def check_targets(name: str, dense_flops: float, targets: Sequence[Target]) -> None:
+    """Every target must lie at or below the model's dense FLOPs (a reducer cannot add compute)."""
+    for target in targets:
+        if target.flops(dense_flops) > dense_flops * (1 + 1e-9):
+            raise ValueError(
+                f"--targets {target.label} GMACs is above the dense count of {name} "
+                f"({dense_flops / FLOPS_PER_GMAC:.4g} GMACs); give targets at or below it (or as a percentage)"
+            )
+
+
+def paired_speedup(base: Sequence[float], times: Sequence[float]) -> float:
+    """The median over repeats of base time / row time, each ratio from the same repeat (same machine load)."""
+    if len(base) != len(times) or not base:
+        raise ValueError(f"paired timings need equal, non-empty lists, got {len(base)} and {len(times)}")
+    return statistics.median(b / t for b, t in zip(base, times))
+
+
+def time_rows(models: Sequence[nn.Module], images: Tensor, repeats: int, warmup: int) -> list[dict[str, float]]:
+    """Images/s, median ms and paired speed-up over ``models[0]`` of each model on ``images`` (B, C, H, W)."""
+    samples = interleaved_samples([functools.partial(m, images) for m in models], repeats, warmup)
+    batch = images.shape[0]
+    return [
+        {
+            "img_s": batch / statistics.median(times),
+            "median_ms": 1e3 * statistics.median(times),
+            "speedup": paired_speedup(samples[0], times),
+        }
+        for times in samples
+    ]
+
+
+def bench_reducers(
+    model_names: Sequence[str], settings: ReducerBenchSettings, accuracy: AccuracyModel | None = None
+) -> dict[str, Any]:
+    """Run the benchmark (module doc) and return ``{"rows", "skipped", "models", "accuracy_model"}``.
+
+    Every model is built and every target checked before anything is tuned or timed.
+    """
+    if not model_names:
+        raise ValueError("--models must name at least one model")
+    models = {name: build(name, settings) for name in model_names}
+    dense: dict[str, float] = {}
+    for name, model in models.items():
+        dense[name] = model_flops_per_image(model, image_size(model), input_spec(model)[1])
+        check_targets(name, dense[name], settings.targets)
+    tunable, skipped = tunable_reducers()
+    rows: list[dict[str, Any]] = []
+    for name, model in models.items():
+        hw = image_size(model)
+        targets = [t.flops(dense[name]) for t in settings.targets]
+        model_rows = [_row(name, hw, dense[name], None, None, None)]
+        for method in tunable:
+            _progress(f"{name}: tuning {method}")
+            try:
+                matches = match_reducer(model, method, targets, hw)
+            except ValueError as err:
+                skipped.append({"method": method, "model": name, "reason": f"refused: {err}"})
+                continue
+            model_rows += [_row(name, hw, dense[name], method, t, m) for t, m in zip(settings.targets, matches)]
+        runners = [with_reducer(model, r["method"] if r["method"] != "dense" else None, r["value"]) for r in model_rows]
+        chans = input_spec(model)[1]
+        for batch, repeats in zip(settings.batch_sizes, settings.repeats_per_batch):
+            _progress(f"{name}: timing {len(runners)} rows at batch {batch}, {repeats} repeats")
+            images = torch.randn(batch, chans, *hw, generator=torch.Generator().manual_seed(0))
+            for row, speed in zip(model_rows, time_rows(runners, images, repeats, settings.warmup)):
+                row["speed"][str(batch)] = speed
+        if accuracy is not None:
+            for row in model_rows:
+                if row["method"] == "dense":
+                    row["accuracy"] = {"gmacs": accuracy.dense_flops / FLOPS_PER_GMAC, "top1": accuracy.dense_top1}
+                else:
+                    _progress(f"accuracy: {row['method']} at {row['target_fraction']:.3f} of dense")
+                    row["accuracy"] = accuracy.at_fraction(row["method"], row["target_fraction"])
+        rows += model_rows
+    return {
+        "rows": rows,
+        "skipped": skipped,
+        "models": {
+            name: {"img_size": list(image_size(m)), "dense_gmacs": dense[name] / FLOPS_PER_GMAC}
+            for name, m in models.items()
+        },
+        "accuracy_model": None if accuracy is None else accuracy.describe(),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _row(
+    model: str, hw: tuple[int, int], dense_flops: float, method: str | None, target: Target | None, match: Match | None
+) -> dict[str, Any]:
+    flops = dense_flops if match is None else match.flops
+    return {
+        "model": model,
+        "img_size": list(hw),
+        "method": "dense" if method is None else method,
+        "setting": "-" if method is None or match is None else setting(method, match.value),
+        "value": None if match is None else match.value,
+        "target": None if target is None else target.label,
+        "target_gmacs": None if target is None else target.flops(dense_flops) / FLOPS_PER_GMAC,
+        "target_fraction": None if target is None else target.flops(dense_flops) / dense_flops,
+        "gmacs": flops / FLOPS_PER_GMAC,
+        "flops": flops,
+        "fraction_of_dense": flops / dense_flops,
+        "reachable": True if match is None else match.reachable,
+        "learned": False if method is None else is_learned(method),
+        "speed": {},
+        "accuracy": None,
+    }
+
+
+def _progress(message: str) -> None:
+    print(f"[bench reducers] {message}", file=sys.stderr, flush=True)
