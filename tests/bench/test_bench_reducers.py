@@ -14,12 +14,21 @@ import torch
 
 import vitrim
 from vitrim import reduce
+from vitrim.bench import reducers as bench_reducers_module
 from vitrim.bench.flops import model_flops_per_image
 from vitrim.bench.matched import match_flops, match_reducer, reducer_flops
-from vitrim.bench.reducers import ReducerBenchSettings, Target, bench_reducers, paired_speedup, parse_targets
+from vitrim.bench.reducers import (
+    ReducerBenchSettings,
+    Target,
+    bench_reducers,
+    nearest_preset,
+    paired_speedup,
+    parse_targets,
+)
 from vitrim.cli import main
 from vitrim.reduce import registry
 from vitrim.reduce.base import Reducer, StrengthOption
+from vitrim.reduce.schedule import SCHEDULES
 
 # 32×32 image, 8×8 patches: 16 patch tokens + [CLS]; 4 blocks, so EViT / top-k reduce in blocks 1, 2, 3.
 TINY = dict(embed_dim=32, depth=4, num_heads=2, img_size=32, patch_size=8, num_classes=5)
@@ -320,3 +329,37 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, args, message):
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2
     assert len(lines) == 1 and lines[0].startswith("vitrim: error: ") and message in lines[0], err
+
+
+# -- schedule presets (DiffRate) ----------------------------------------------------------------------------------
+
+# DeiT-S's token counts and depth (197 tokens, 12 blocks: what DiffRate's presets were searched for), narrow blocks
+DEIT_S_SHAPE = dict(embed_dim=32, num_heads=2, num_classes=5)
+
+
+def test_a_schedule_reducer_runs_the_preset_nearest_to_each_target(monkeypatch):
+    torch.manual_seed(0)
+    model = vitrim.create_model("deit_small_patch16_224", **DEIT_S_SHAPE).eval()
+    hw = (224, 224)
+    presets = {name: reducer_flops(model, "diffrate", {"schedule": name}, hw) for name in SCHEDULES}
+    assert len(set(presets.values())) == len(presets)  # every preset has its own count: the nearest is unique
+    # a target at one preset's FLOPs picks that preset
+    for name in ("diffrate_deit_s_2.3", "diffrate_deit_b_10.0"):
+        assert nearest_preset(model, "diffrate", presets[name], hw) == (name, presets[name])
+    # nothing within 5 %: no row rather than a row at another compute
+    lowest = min(presets.values())
+    assert nearest_preset(model, "diffrate", 0.9 * lowest, hw) is None
+    # presets searched for another depth or token count never stand in
+    assert nearest_preset(tiny_model(), "diffrate", 1e6, (32, 32)) is None
+
+    target = presets["diffrate_deit_s_2.9"] / 2e9
+    settings = ReducerBenchSettings(
+        targets=(Target(target, relative=False),), batch_sizes=(1,), repeats=(1,), warmup=0, overrides=DEIT_S_SHAPE
+    )
+    # only the schedule path (tuning every other reducer on 12 blocks of 197 tokens costs half a minute)
+    monkeypatch.setattr(bench_reducers_module, "tunable_reducers", lambda: ([], ["diffrate"], []))
+    results = bench_reducers(["deit_small_patch16_224"], settings)
+    assert {r["method"] for r in results["rows"]} == {"dense", "diffrate"}
+    (row,) = [r for r in results["rows"] if r["method"] == "diffrate"]
+    assert row["setting"] == "schedule=diffrate_deit_s_2.9" and row["value"] is None
+    assert row["flops"] == presets["diffrate_deit_s_2.9"] and row["speed"]["1"]["img_s"] > 0

@@ -2,8 +2,11 @@
 
 For each model and each compute target, every reducer that declares a strength option
 (:class:`~vitrim.reduce.base.StrengthOption`) is tuned to the FLOPs closest to the target
-(:mod:`vitrim.bench.matched`), at its own default blocks; reducers that declare none, or that refuse the model (a
-[CLS]-ranking reducer on a model without [CLS]), are listed as skipped with the reason. Then:
+(:mod:`vitrim.bench.matched`), at its own default blocks. A reducer that declares none but follows per-block
+schedules (DiffRate) runs, for each target, the schedule preset (:mod:`vitrim.reduce.schedule`) whose token counts
+fit the model and whose FLOPs come closest to the target, if one lies within ``PRESET_TOLERANCE`` of it. Reducers
+that have neither, or that refuse the model (a [CLS]-ranking reducer on a model without [CLS]), are listed as
+skipped with the reason. Then:
 
 * speed: every row (dense first) is timed in turns within each repeat
   (:func:`~vitrim.bench.timing.interleaved_samples`), float32, eval, ``torch.inference_mode``, on random images, at
@@ -12,7 +15,8 @@ For each model and each compute target, every reducer that declares a strength o
 * accuracy (optional): on a trained classifier (the demo's dense digits ViT), each reducer is tuned again to the
   same *fraction* of that model's dense FLOPs as the row's target is of its own model's, and its top-1 off the shelf (no
   retraining) on the run's held-out split is reported with the drop against the dense top-1. Learned reducers
-  (those that add modules, e.g. DynamicViT's predictors) get no accuracy: their modules are untrained here.
+  (those that add modules, e.g. DynamicViT's predictors) get no accuracy: their modules are untrained here, nor do
+  schedule presets, whose token counts fit only the model they were searched for.
 
 Units: targets and the GMACs column count multiply-adds (1e9 per GMAC), which is what the papers call "GFLOPs"
 (fvcore's count: DeiT-S/16 at 224 is 4.6); ``vitrim bench models`` counts 2 FLOPs per multiply-add.
@@ -35,14 +39,16 @@ from torch import Tensor, nn
 
 from vitrim import reduce
 from vitrim.bench.flops import model_flops_per_image
-from vitrim.bench.matched import Match, match_reducer
+from vitrim.bench.matched import Match, match_reducer, reducer_flops
 from vitrim.bench.timing import interleaved_samples
 from vitrim.factory import create_model
+from vitrim.reduce.schedule import SCHEDULES
 from vitrim.train.checkpoint_eval import load_checkpoint_split
 from vitrim.train.evaluate import evaluate
 from vitrim.train.loop import input_spec
 
 FLOPS_PER_GMAC = 2e9  # FLOPs (2 per multiply-add, vitrim's count) in one GMAC (the papers' "GFLOP")
+PRESET_TOLERANCE = 0.05  # a schedule preset stands in for a target only within 5 % of its FLOPs
 
 
 @dataclass(frozen=True)
@@ -112,16 +118,36 @@ class ReducerBenchSettings:
         return self.repeats * len(self.batch_sizes) if len(self.repeats) == 1 else self.repeats
 
 
-def tunable_reducers() -> tuple[list[str], list[dict[str, str | None]]]:
-    """Registered reducers that declare a strength option, and the others as skipped entries with the reason."""
-    tunable, skipped = [], []
+def tunable_reducers() -> tuple[list[str], list[str], list[dict[str, str | None]]]:
+    """Registered reducers that declare a strength option; those that instead follow schedule presets; the others
+    as skipped entries with the reason."""
+    tunable, scheduled, skipped = [], [], []
     for name in reduce.list_reducers():
-        if reduce.get_reducer(name).strength_option is None:
+        cls = reduce.get_reducer(name)
+        if cls.strength_option is not None:
+            tunable.append(name)
+        elif cls.takes_schedule():
+            scheduled.append(name)
+        else:
             reason = "declares no strength_option (the one numeric option to tune; vitrim.reduce.StrengthOption)"
             skipped.append({"method": name, "model": None, "reason": reason})
-        else:
-            tunable.append(name)
-    return tunable, skipped
+    return tunable, scheduled, skipped
+
+
+def nearest_preset(model: nn.Module, name: str, target: float, img_size: tuple[int, int]) -> tuple[str, float] | None:
+    """The schedule preset that fits ``model`` (depth, token count) with which reducer ``name`` comes closest to
+    ``target`` FLOPs, and its FLOPs; None if no preset fits or none lies within ``PRESET_TOLERANCE`` of the target."""
+    counted = []
+    for preset, schedule in SCHEDULES.items():
+        try:
+            schedule.check(model)
+        except ValueError:
+            continue  # searched for another model (depth, token count)
+        counted.append((preset, reducer_flops(model, name, {"schedule": preset}, img_size)))
+    if not counted:
+        return None
+    preset, flops = min(counted, key=lambda pf: abs(pf[1] - target))
+    return (preset, flops) if abs(flops - target) <= PRESET_TOLERANCE * target else None
 
 
 def is_learned(name: str) -> bool:
@@ -129,20 +155,22 @@ def is_learned(name: str) -> bool:
     return bool(reduce.get_reducer(name).adds_modules)
 
 
-def setting(name: str, value: float) -> str:
-    """``"r=13"``, ``"keep_rate=0.652"``: the strength option of reducer ``name`` at ``value``."""
+def strength(name: str, value: float) -> dict[str, Any]:
+    """``{"r": 13}``: the options that set reducer ``name``'s strength option to ``value``."""
     option = reduce.get_reducer(name).strength_option
     assert option is not None
-    return f"{option.name}={value:g}"
+    return {option.name: value}
 
 
-def with_reducer(model: nn.Module, name: str | None, value: float | None) -> nn.Module:
-    """A copy of ``model`` (eval) with reducer ``name`` at strength ``value``; the model itself for dense (None)."""
+def setting(options: dict[str, Any]) -> str:
+    """``"r=13"``, ``"keep_rate=0.652"``, ``"schedule=diffrate_deit_s_2.9"``: a row's options as text."""
+    return ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in options.items())
+
+
+def with_reducer(model: nn.Module, name: str | None, options: dict[str, Any]) -> nn.Module:
+    """A copy of ``model`` (eval) with reducer ``name`` and ``options``; the model itself for dense (None)."""
     if name is None:
         return model
-    option = reduce.get_reducer(name).strength_option
-    assert option is not None and value is not None
-    options: dict[str, Any] = {option.name: value}
     return reduce.apply(copy.deepcopy(model), name, **options).eval()
 
 
@@ -186,6 +214,8 @@ class AccuracyModel:
         """Reducer ``name`` tuned to ``fraction`` of this model's dense FLOPs: its setting, GMACs and top-1."""
         if is_learned(name):
             return {"note": "learned (its modules are untrained here)"}
+        if reduce.get_reducer(name).strength_option is None:
+            return {"note": "schedule presets fit only the model they were searched for"}
         key = (name, round(fraction, 12))
         try:
             if key not in self._matches:
@@ -195,9 +225,10 @@ class AccuracyModel:
         except ValueError as err:
             return {"note": f"refused by the accuracy model: {err}"}
         match = self._matches[key]
-        top1 = self.top1(with_reducer(self.model, name, match.value))
+        options = strength(name, match.value)
+        top1 = self.top1(with_reducer(self.model, name, options))
         return {
-            "setting": setting(name, match.value),
+            "setting": setting(options),
             "value": match.value,
             "gmacs": match.flops / FLOPS_PER_GMAC,
             "fraction_of_dense": match.flops / self.dense_flops,
@@ -275,12 +306,12 @@ def bench_reducers(
     for name, model in models.items():
         dense[name] = model_flops_per_image(model, image_size(model), input_spec(model)[1])
         check_targets(name, dense[name], settings.targets)
-    tunable, skipped = tunable_reducers()
+    tunable, scheduled, skipped = tunable_reducers()
     rows: list[dict[str, Any]] = []
     for name, model in models.items():
         hw = image_size(model)
         targets = [t.flops(dense[name]) for t in settings.targets]
-        model_rows = [_row(name, hw, dense[name], None, None, None)]
+        model_rows = [_row(name, hw, dense[name], None, None, {}, dense[name])]
         for method in tunable:
             _progress(f"{name}: tuning {method}")
             try:
@@ -288,8 +319,21 @@ def bench_reducers(
             except ValueError as err:
                 skipped.append({"method": method, "model": name, "reason": f"refused: {err}"})
                 continue
-            model_rows += [_row(name, hw, dense[name], method, t, m) for t, m in zip(settings.targets, matches)]
-        runners = [with_reducer(model, r["method"] if r["method"] != "dense" else None, r["value"]) for r in model_rows]
+            model_rows += [
+                _row(name, hw, dense[name], method, t, strength(method, m.value), m.flops, m.reachable)
+                for t, m in zip(settings.targets, matches)
+            ]
+        for method in scheduled:
+            _progress(f"{name}: {method}'s schedule presets")
+            for target, flops in zip(settings.targets, targets):
+                found = nearest_preset(model, method, flops, hw)
+                if found is None:
+                    reason = f"no schedule preset for this model within {PRESET_TOLERANCE:.0%} of {target.label}"
+                    skipped.append({"method": method, "model": name, "reason": reason})
+                    continue
+                preset, preset_flops = found
+                model_rows.append(_row(name, hw, dense[name], method, target, {"schedule": preset}, preset_flops))
+        runners = [with_reducer(model, _method(r), r["options"]) for r in model_rows]
         chans = input_spec(model)[1]
         for batch, repeats in zip(settings.batch_sizes, settings.repeats_per_batch):
             _progress(f"{name}: timing {len(runners)} rows at batch {batch}, {repeats} repeats")
@@ -317,26 +361,39 @@ def bench_reducers(
 
 
 def _row(
-    model: str, hw: tuple[int, int], dense_flops: float, method: str | None, target: Target | None, match: Match | None
+    model: str,
+    hw: tuple[int, int],
+    dense_flops: float,
+    method: str | None,
+    target: Target | None,
+    options: dict[str, Any],
+    flops: float,
+    reachable: bool = True,
 ) -> dict[str, Any]:
-    flops = dense_flops if match is None else match.flops
+    """One table row: ``method`` (None: dense) with ``options`` on ``model``, at ``flops`` per image."""
+    option = None if method is None else reduce.get_reducer(method).strength_option
     return {
         "model": model,
         "img_size": list(hw),
         "method": "dense" if method is None else method,
-        "setting": "-" if method is None or match is None else setting(method, match.value),
-        "value": None if match is None else match.value,
+        "setting": setting(options) or "-",
+        "options": options,
+        "value": None if option is None else options[option.name],  # the strength option's value
         "target": None if target is None else target.label,
         "target_gmacs": None if target is None else target.flops(dense_flops) / FLOPS_PER_GMAC,
         "target_fraction": None if target is None else target.flops(dense_flops) / dense_flops,
         "gmacs": flops / FLOPS_PER_GMAC,
         "flops": flops,
         "fraction_of_dense": flops / dense_flops,
-        "reachable": True if match is None else match.reachable,
+        "reachable": reachable,
         "learned": False if method is None else is_learned(method),
         "speed": {},
         "accuracy": None,
     }
+
+
+def _method(row: dict[str, Any]) -> str | None:
+    return None if row["method"] == "dense" else row["method"]
 
 
 def _progress(message: str) -> None:
