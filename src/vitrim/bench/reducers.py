@@ -3,8 +3,9 @@
 For each model and each compute target, every reducer that declares a strength option
 (:class:`~vitrim.reduce.base.StrengthOption`) is tuned to the FLOPs closest to the target
 (:mod:`vitrim.bench.matched`), at its own default blocks. A reducer that declares none but follows per-block
-schedules (DiffRate) runs, for each target, the schedule preset (:mod:`vitrim.reduce.schedule`) whose token counts
-fit the model and whose FLOPs come closest to the target, if one lies within ``PRESET_TOLERANCE`` of it. Reducers
+schedules (DiffRate) runs, for each target, the schedule preset (:mod:`vitrim.reduce.schedule`) searched for a model
+of this shape (depth, tokens, width) whose FLOPs come closest to the target, if one lies within ``PRESET_TOLERANCE``
+of it. Reducers
 that have neither, or that refuse the model (a [CLS]-ranking reducer on a model without [CLS]), are listed as
 skipped with the reason. Then:
 
@@ -135,14 +136,19 @@ def tunable_reducers() -> tuple[list[str], list[str], list[dict[str, str | None]
 
 
 def nearest_preset(model: nn.Module, name: str, target: float, img_size: tuple[int, int]) -> tuple[str, float] | None:
-    """The schedule preset that fits ``model`` (depth, token count) with which reducer ``name`` comes closest to
-    ``target`` FLOPs, and its FLOPs; None if no preset fits or none lies within ``PRESET_TOLERANCE`` of the target."""
+    """The schedule preset searched for a model of ``model``'s shape (depth, token count, width) with which reducer
+    ``name`` comes closest to ``target`` FLOPs, and its FLOPs; None if no preset was searched for this shape or none
+    lies within ``PRESET_TOLERANCE`` of the target. (A preset runs on any model with its depth and token count, but
+    one searched for DeiT-B is not DiffRate's answer for DeiT-S.)"""
+    width = getattr(getattr(model, "config", None), "embed_dim", None)
     counted = []
     for preset, schedule in SCHEDULES.items():
         try:
             schedule.check(model)
         except ValueError:
-            continue  # searched for another model (depth, token count)
+            continue  # another depth or token count: the counts do not apply
+        if schedule.embed_dim != width:
+            continue
         counted.append((preset, reducer_flops(model, name, {"schedule": preset}, img_size)))
     if not counted:
         return None

@@ -38,6 +38,7 @@ class Schedule:
     merge_kept: tuple[int, ...]
     num_tokens: int = 197  # entering block 0: [CLS] + 14 × 14 patches
     num_prefix: int = 1  # [CLS]
+    embed_dim: int = 384  # the width of the model it was searched for (DeiT-S 384, DeiT-B 768)
 
     @property
     def depth(self) -> int:
@@ -98,9 +99,15 @@ _QUOTED = {
         "[197,196,194,190,176,160,145,131,115,68,47,3]",
     ),
 }
+_WIDTHS = {"DeiT-S": 384, "DeiT-B": 768}
 _PRESETS = [
     Schedule(
-        f"diffrate_deit_{model[-1].lower()}_{gflops}", f"DiffRate {model}", float(gflops), _numbers(p), _numbers(m)
+        f"diffrate_deit_{model[-1].lower()}_{gflops}",
+        f"DiffRate {model}",
+        float(gflops),
+        _numbers(p),
+        _numbers(m),
+        embed_dim=_WIDTHS[model],
     )
     for (model, gflops), (p, m) in _QUOTED.items()
 ]
