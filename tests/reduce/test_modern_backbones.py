@@ -53,7 +53,7 @@ def test_identity_settings_are_the_dense_model(name: str, reducer: str, options:
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))
-@pytest.mark.parametrize("reducer", ["tome", "evit", "topk", "dynamicvit"])
+@pytest.mark.parametrize("reducer", ["tome", "mctf", "evit", "topk", "dynamicvit"])
 def test_prefix_tokens_are_never_reduced_and_counts_follow(name: str, reducer: str) -> None:
     if not usable(reducer, name):
         with pytest.raises(ValueError, match=r"no \[CLS\] token"):
@@ -61,16 +61,18 @@ def test_prefix_tokens_are_never_reduced_and_counts_follow(name: str, reducer: s
         return
     model, x = build(name), images(name)
     prefix = BACKBONES[name][1]
-    options = {"tome": {"r": 3}, "evit": {"keep_rate": 0.5}, "topk": {"keep_rate": 0.5}}.get(reducer, {})
+    options = {"tome": {"r": 3}, "mctf": {"r": 2}, "evit": {"keep_rate": 0.5}, "topk": {"keep_rate": 0.5}}
+    options = options.get(reducer, {})
     vitrim.reduce.apply(model, reducer, **{**options, **({"keep_ratio": 0.5} if reducer == "dynamicvit" else {})})
     with torch.no_grad():
         dense_prefix = model.embed(x).tokens[:, :prefix]
         out = model.forward_detailed(x)
-    # 16 patches; ToMe: -3 per block; EViT/top-k at block 1, 2, 3: 8 kept (+1 fused), ...; DynamicViT: 8, 4, 2
-    expected = {"tome": 16 - 3 * 4, "evit": 4, "topk": 2, "dynamicvit": 2}[reducer]  # EViT: ceil(n / 2) + 1
+    # 16 patches; ToMe: -3 per block; MCTF: -2 in blocks 1-3; EViT/top-k at block 1, 2, 3: 8 kept (+1 fused), ...;
+    # DynamicViT: 8, 4, 2
+    expected = {"tome": 16 - 3 * 4, "mctf": 16 - 2 * 3, "evit": 4, "topk": 2, "dynamicvit": 2}[reducer]  # EViT: ⌈n/2⌉+1
     assert out.tokens.shape[1] == prefix + expected
     assert out.block_positions[0].shape[1] == 16
-    if reducer == "tome":
+    if reducer in ("tome", "mctf"):
         assert out.token_sizes is not None and torch.equal(out.token_sizes[:, :prefix], torch.ones(2, prefix))
         torch.testing.assert_close(out.token_sizes.sum(1), torch.full((2,), 16.0 + prefix))
     assert dense_prefix.shape[1] == prefix  # what was protected is exactly the prefix the model has

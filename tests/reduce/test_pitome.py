@@ -20,7 +20,7 @@ def test_matches_the_authors_forward(ratio: float, depth: int) -> None:
     with torch.no_grad():
         expected, source = pitome_forward(x, sd, heads=2, depth=depth, ratio=ratio)
         out = vitrim.reduce.apply(model, "pitome", ratio=ratio).forward_detailed(x)
-    assert (out.logits - expected).abs().max() <= 1e-5
+    assert (out.logits - expected).abs().max() <= 1e-10  # float64
     assert out.tokens.shape[1] == source.shape[1]
     assert torch.equal(grid_sources(out.patch_to_token[-1], out.tokens.shape[1] - 1), source[:, 1:])
     sizes = source[:, 1:].sum(-1)

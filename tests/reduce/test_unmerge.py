@@ -24,7 +24,12 @@ def test_tokens_on_grid_by_hand() -> None:
 
 @pytest.mark.parametrize(
     ("name", "options"),
-    [("tome", {"r": 3}), ("evit", {"keep_rate": 0.5, "layers": (1, 3)}), ("topk", {"keep_rate": 0.5})],
+    [
+        ("tome", {"r": 3}),
+        ("mctf", {"r": 2}),
+        ("evit", {"keep_rate": 0.5, "layers": (1, 3)}),
+        ("topk", {"keep_rate": 0.5}),
+    ],
 )
 @pytest.mark.parametrize("distilled", [False, True])
 def test_tokens_on_grid_of_a_reduced_model(name: str, options: dict[str, object], distilled: bool) -> None:

@@ -21,8 +21,9 @@ class AttentionResult:
     """What one multi-head attention call computed, so that a token reducer never has to compute it again.
 
     out: (B, Lq, D) after the output projection; weights: (B, H, Lq, Lk) when asked, else None; q (B, H, Lq, hd) and
-    k (B, H, Lk, hd) as they entered the dot product (after qk-norm); scale: the logit scale; mask and keep_policy:
-    what the call received (see :func:`vitrim.scaled_dot_product_attention`).
+    k (B, H, Lk, hd) as they entered the dot product (after qk-norm and RoPE; for weights computed ahead and then
+    merged, MCTF, those of the tokens before the merge); scale: the logit scale; mask and keep_policy: what the call
+    received (see :func:`vitrim.scaled_dot_product_attention`).
     """
 
     out: Tensor
@@ -118,17 +119,21 @@ class MultiHeadAttention(nn.Module):
         keep_policy: Tensor | None = None,
         need_weights: bool = False,
         rope: Tensor | None = None,
+        ahead: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> AttentionResult:
         """The same computation as :meth:`forward`, returning everything it made (an :class:`AttentionResult`).
 
         ``rope`` (B or 1, 1, n, 2·hd): rotary sin ‖ cos rows (:mod:`vitrim.attention.rotary`) applied to the last n
         tokens of q and k (prefix tokens come first and are not rotated), after qk-norm.
+
+        ``ahead`` (weights (B, H, Lq, Lk), q, k): attention weights computed ahead by :meth:`attention_weights` and
+        then merged with the tokens (MCTF's one-step-ahead attention). They replace softmax(q kᵀ): only the values of
+        ``x`` are projected, and the result's q and k are the ones that made the weights (before the merge).
         """
+        if ahead is not None:
+            return self._attend_ahead(x, ahead, need_weights)
         q, k, v = self.project_qkv(x, context)
-        if rope is not None:
-            n = rope.shape[-2]
-            q = torch.cat([q[..., :-n, :], apply_rotary(q[..., -n:, :], rope)], dim=-2)
-            k = torch.cat([k[..., :-n, :], apply_rotary(k[..., -n:, :], rope)], dim=-2)
+        q, k = _rotate(q, k, rope)
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -139,6 +144,37 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights,
         )
         return AttentionResult(self.project_out(out), weights, q, k, self.head_dim**-0.5, mask, keep_policy, v)
+
+    def attention_weights(
+        self, x: Tensor, *, mask: Tensor | None = None, rope: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Only the self-attention weights of ``x`` (B, N, D): softmax(q kᵀ · scale + mask) (B, H, N, N), with the q
+        and k (B, H, N, hd) that made them. No values, no output: what MCTF's one-step-ahead attention looks at before
+        it merges (only the q and k rows of ``qkv`` are applied, as the authors do)."""
+        if x.dim() != 3 or x.shape[-1] != self.dim or self.kv_dim is not None:
+            raise ValueError(f"attention_weights takes x of shape (B, N, {self.dim}) on a self-attention module")
+        B, N, _ = x.shape
+        bias = None if self.qkv.bias is None else self.qkv.bias[: 2 * self.dim]
+        qk = F.linear(x, self.qkv.weight[: 2 * self.dim], bias).reshape(B, N, 2, self.num_heads, self.head_dim)
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, hd)
+        q, k = _rotate(self.q_norm(q), self.k_norm(k), rope)
+        logits = (q @ k.transpose(-1, -2)) * self.head_dim**-0.5  # (B, H, N, N)
+        if mask is not None:
+            logits = logits + mask
+        return logits.softmax(dim=-1), q, k
+
+    def _attend_ahead(self, x: Tensor, ahead: tuple[Tensor, Tensor, Tensor], need_weights: bool) -> AttentionResult:
+        """Apply weights computed ahead (see :meth:`attend`) to the values of ``x``."""
+        weights, q, k = ahead
+        B, N, _ = x.shape
+        if weights.shape != (B, self.num_heads, N, N):
+            raise ValueError(f"ahead weights must have shape {(B, self.num_heads, N, N)}, got {tuple(weights.shape)}")
+        bias = None if self.qkv.bias is None else self.qkv.bias[2 * self.dim :]
+        v = F.linear(x, self.qkv.weight[2 * self.dim :], bias).reshape(B, N, self.num_heads, self.head_dim)
+        v = v.transpose(1, 2)  # (B, H, N, hd)
+        applied = F.dropout(weights, self.attn_drop) if self.training and self.attn_drop > 0 else weights
+        out = self.project_out(applied @ v)
+        return AttentionResult(out, applied if need_weights else None, q, k, self.head_dim**-0.5, None, None, v)
 
     def project_qkv(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Project and split into heads: q (B, H, Lq, hd), k and v (B, H, Lk, hd)."""
@@ -216,3 +252,13 @@ class MultiHeadAttention(nn.Module):
             if module.out_proj.bias is not None:
                 new.proj.bias.copy_(module.out_proj.bias)
         return new.train(module.training)
+
+
+def _rotate(q: Tensor, k: Tensor, rope: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Rotate the last n tokens of q and k by ``rope`` (B or 1, 1, n, 2·hd); prefix tokens come first, unrotated."""
+    if rope is None:
+        return q, k
+    n = rope.shape[-2]
+    q = torch.cat([q[..., :-n, :], apply_rotary(q[..., -n:, :], rope)], dim=-2)
+    k = torch.cat([k[..., :-n, :], apply_rotary(k[..., -n:, :], rope)], dim=-2)
+    return q, k

@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--distill", action="append", metavar=SET_FORM, help="DynamicViT: DynamicViTLoss keyword, repeatable"
     )
+    p.add_argument(
+        "--mctf",
+        action="append",
+        metavar=SET_FORM,
+        help="MCTF models: teacher_r, teacher_weight, consistency_weight, confidence (defaults 8, 1, 3, 0.4)",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,6 +83,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         backbone_lr_scale=args.backbone_lr_scale,
         freeze_backbone_epochs=args.freeze_backbone_epochs,
         distill=parse_set(args.distill, "--distill", SET_FORM),
+        mctf=parse_set(args.mctf, "--mctf", SET_FORM),
     )
 
 

@@ -1,4 +1,8 @@
-"""The pre-norm Transformer block: [reducer before], x + Attn(LN(x)), [reducer after], x + MLP(LN(x))."""
+"""The pre-norm Transformer block: [reducer before], x + Attn(LN(x)), [reducer after], x + MLP(LN(x)).
+
+A reducer that looks ahead (MCTF) reduces between the first two steps, by the attention of the tokens entering the
+block, and the block then applies that attention, merged, instead of computing it again.
+"""
 
 from __future__ import annotations
 
@@ -55,8 +59,15 @@ class Block(nn.Module):
     def forward(self, state: TokenState, *, need_weights: bool = False) -> tuple[TokenState, Tensor | None]:
         """Run the block on a token state. Returns the new state and the attention weights (B, H, N, N) if asked."""
         reducer = self.reducer
+        ahead = None
         if reducer is not None:
             state = reducer.before_attention(state)
+            if reducer.looks_ahead:  # MCTF: reduce by this block's own attention, then reuse it, merged
+                weights, q, k = self.attn.attention_weights(
+                    self.norm1(state.tokens), mask=state.attention_bias(), rope=state.rotary()
+                )
+                state, merged = reducer.reduce_ahead(state, weights)
+                ahead = None if merged is None else (merged, q, k)
         state = state.record_block()  # provenance: the tokens this block's attention sees
         attention = self.attn.attend(
             self.norm1(state.tokens),  # (B, N, D)
@@ -64,6 +75,7 @@ class Block(nn.Module):
             keep_policy=state.keep_policy,
             need_weights=need_weights,
             rope=state.rotary(),  # (B, 1, n, 2·hd) by absolute position, or None
+            ahead=ahead,  # (B, H, N, N) weights computed ahead and merged, or None
         )
         x = state.tokens + _residual(self.drop_path1, self.ls1, attention.out)
         if reducer is not None:

@@ -1,11 +1,16 @@
-"""The token-reduction interface every Block understands: a reducer with two hooks around the block's attention.
+"""The token-reduction interface every Block understands: a reducer with hooks around the block's attention.
 
 A Block runs, for the reducer it holds (``block.reducer``, or None)::
 
     state = reducer.before_attention(state)              # e.g. DynamicViT scores the tokens entering the block
-    attention = block.attn.attend(norm1(state.tokens))   # one call: out, weights, q, k, scale (AttentionResult)
+    state, ahead = reducer.reduce_ahead(state, softmax(q kᵀ))   # only if reducer.looks_ahead (MCTF)
+    attention = block.attn.attend(norm1(state.tokens), ahead=ahead)   # out, weights, q, k, scale (AttentionResult)
     state = reducer.after_attention(state + attention.out, attention)   # e.g. ToMe, EViT, top-k, using q and k
     state = state + MLP(norm2(state))
+
+``reduce_ahead`` receives the attention weights (B, H, N, N) of the tokens entering the block (only q and k are
+projected) and returns the reduced state and those weights merged alike (B, H, N', N'), which the block applies to
+the values of the reduced tokens instead of computing its attention again (None: compute it again).
 
 Each hook returns a new :class:`~vitrim.reduce.state.TokenState` (conventions there); nothing is mutated in place,
 so a model with reducers stays a plain function of its input. A reducer is a plain object, not an ``nn.Module``: it
@@ -99,6 +104,7 @@ class Reducer:
         layers_alias: another name ``apply`` accepts for ``layers`` (DynamicViT's ``prune_layers``).
         strength_option: the one numeric option that sets how many tokens go (:class:`StrengthOption`), so that
             ``vitrim bench reducers`` can match reducers at equal FLOPs; None: the benchmark lists it as skipped.
+        looks_ahead: True if the block calls :meth:`reduce_ahead` (MCTF's one-step-ahead attention).
     """
 
     name: ClassVar[str] = ""
@@ -108,6 +114,7 @@ class Reducer:
     adds_modules: ClassVar[tuple[str, ...]] = ()
     layers_alias: ClassVar[str | None] = None
     strength_option: ClassVar[StrengthOption | None] = None
+    looks_ahead: ClassVar[bool] = False
     applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
 
     @classmethod
@@ -143,6 +150,11 @@ class Reducer:
     def before_attention(self, state: TokenState) -> TokenState:
         """Called with the tokens entering the block, before its attention. Default: unchanged."""
         return state
+
+    def reduce_ahead(self, state: TokenState, weights: Tensor) -> tuple[TokenState, Tensor | None]:
+        """Called, if ``looks_ahead``, with the tokens entering the block and their attention weights (B, H, N, N);
+        returns the reduced state and the weights merged alike (B, H, N', N'), or None to have them computed again."""
+        return state, None
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         """Called after the attention residual (``state.tokens`` = x + attn(x)), before the MLP. Default: unchanged."""

@@ -39,6 +39,7 @@ from vitrim.train.distributed import (
     setup_distributed,
 )
 from vitrim.train.evaluate import evaluate
+from vitrim.train.mctf import MCTFObjective, mctf_reducers
 from vitrim.train.objective import CrossEntropyObjective, Objective
 from vitrim.train.optim import build_optimizer
 from vitrim.train.state import (
@@ -146,6 +147,10 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
     objective: Objective = CrossEntropyObjective(config.label_smoothing)
     if teacher is not None:
         objective = DistillObjective.from_teacher(model, teacher, config, info.device)
+    elif mctf_reducers(model):  # the authors' recipe: a second pass at a smaller r, and consistency
+        objective = MCTFObjective.from_options(config.label_smoothing, config.mctf)
+    elif config.mctf:
+        raise ValueError(f"--mctf needs a model with MCTF reducers (--set reducer=mctf), got {config.model!r} without")
     train_model = objective.wrap(model)
     if info.enabled:
         ids = [info.device.index] if info.device.type == "cuda" else None
