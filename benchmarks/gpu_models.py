@@ -52,6 +52,11 @@ def build(name: str, **options: Any) -> torch.nn.Module:
     return vitrim.create_model(name, **options).eval()
 
 
+def compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile`` of the model on the GPU (default mode); compiled on first call, during the warm-up."""
+    return torch.compile(model.to(DEVICE))  # type: ignore[return-value]
+
+
 def main(path: str) -> None:
     results: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     base = build("vit_base_patch16_224")
@@ -60,6 +65,9 @@ def main(path: str) -> None:
             "dense": base,
             "ToMe r=13": vitrim.reduce.apply(build("vit_base_patch16_224"), "tome", r=13),
             "DynamicViT 0.7": build("dynamicvit_base_patch16_224", keep_ratio=0.7),
+            "MCTF r=16": build("vit_base_patch16_224", reducer="mctf", r=16),
+            "dense, torch.compile": compiled(build("vit_base_patch16_224")),
+            "ToMe r=13, torch.compile": compiled(build("vit_base_patch16_224", reducer="tome", r=13)),
         },
         "DINOv2-S/14-reg4 @224": {
             "dense": build("vit_small_patch14_reg4_dinov2", img_size=224),
@@ -88,10 +96,14 @@ def main(path: str) -> None:
             if name.startswith("timm"):
                 flops[name] = flops["dense"]
                 continue
+            if name.endswith(", torch.compile"):  # the same computation as the eager row
+                flops[name] = flops[name.removesuffix(", torch.compile")]
+                continue
             size = model.config.img_size
             flops[name] = model_flops_per_image(model.cpu(), size, 3) / 1e9
             model.to(DEVICE)
-        cases = {name: (model, tuple(getattr(model, "config", base.config).img_size)) for name, model in models.items()}
+        cases = {name: (model, tuple(base.config.img_size if group.startswith("ViT-B") else model.config.img_size))
+                 for name, model in models.items()}  # fmt: skip
         rows: dict[str, Any] = {name: {"gflops": flops[name]} for name in models}
         for batch, repeats in ((1, 50), (256, 10)):
             timing = measure(cases, batch, repeats)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from reduce_models import images, tiny
 from vit_reference import grid_sources
 
 import vitrim
-from vitrim.reduce.mctf import mctf_count, merge_rows
+from vitrim.reduce.mctf import mctf_count, merge_columns, merge_rows
 
 SETTINGS = [
     dict(r=4),  # the authors' defaults: bidirectional, one-step-ahead, attention pooling
@@ -49,6 +49,9 @@ def test_merged_rows_are_sums_by_hand() -> None:
     keep, src, dest = torch.tensor([[0, 2]]), torch.tensor([[1, 3]]), torch.tensor([[1, 1]])
     expected = torch.stack([t[0, 0], t[0, 2] + t[0, 1] + t[0, 3]])[None]
     assert torch.equal(merge_rows(t, keep, src, dest), expected)
+    assert torch.equal(merge_columns(t.transpose(1, 2), keep, src, dest), expected.transpose(1, 2))
+    heads = torch.stack([t, 10 * t], dim=1)  # (1, 2, 4, 3): the same grouping in every head
+    assert torch.equal(merge_rows(heads, keep, src, dest), torch.stack([expected, 10 * expected], dim=1))
 
 
 def test_one_step_ahead_weights_still_sum_to_one_and_gradients_flow() -> None:

@@ -124,16 +124,29 @@ def mctf_matching(scores: Tensor, r: int, num_prefix: int, bidirection: bool) ->
 def merge_rows(t: Tensor, keep: Tensor, src: Tensor, src_dest: Tensor) -> Tensor:
     """Sum the rows (dim −2) of t (B, …, N, C) into N' groups: out_j = t[keep_j] + Σ_{src_dest_i = j} t[src_i].
 
-    keep (B, N'), src and src_dest (B, r): gathers and one assignment product (no scatter_reduce).
+    keep (B, N'), src and src_dest (B, r): row selections and one assignment product (no scatter_reduce).
     """
-    lead, C = t.shape[1:-2], t.shape[-1]
-    view = (t.shape[0],) + (1,) * len(lead)
+    B, N, C = t.shape[0], t.shape[-2], t.shape[-1]
+    lead = t.shape[1:-2]
+    flat = t.reshape(-1, C)  # (B · L · N, C), L = the middle dims (heads)
+    base = (torch.arange(flat.shape[0] // N, device=t.device) * N).view(B, -1, 1)  # (B, L, 1) first row of each
 
-    def rows(index: Tensor) -> Tensor:
-        return t.gather(-2, index.view(*view, -1, 1).expand(t.shape[0], *lead, index.shape[1], C))
+    def rows(index: Tensor) -> Tensor:  # (B, k) -> (B, …, k, C); one index_select, cheaper than a strided gather
+        return flat.index_select(0, (index[:, None, :] + base).reshape(-1)).view(B, *lead, index.shape[1], C)
 
     assign = F.one_hot(src_dest, keep.shape[1]).to(t.dtype).transpose(1, 2)  # (B, N', r)
-    return rows(keep) + assign.view(*view, *assign.shape[1:]) @ rows(src)
+    return rows(keep) + assign.view(B, *(1,) * len(lead), *assign.shape[1:]) @ rows(src)
+
+
+def merge_columns(t: Tensor, keep: Tensor, src: Tensor, src_dest: Tensor) -> Tensor:
+    """Sum the columns (dim −1) of t (B, …, M, N) into N' groups, as :func:`merge_rows` does the rows."""
+    middle = (1,) * (t.dim() - 2)
+
+    def columns(index: Tensor) -> Tensor:  # (B, k) -> (B, …, M, k)
+        return t.gather(-1, index.view(t.shape[0], *middle, -1).expand(*t.shape[:-1], index.shape[1]))
+
+    assign = F.one_hot(src_dest, keep.shape[1]).to(t.dtype)  # (B, r, N')
+    return columns(keep) + columns(src) @ assign.view(t.shape[0], *middle[1:], *assign.shape[1:])
 
 
 @register("mctf")
@@ -216,7 +229,7 @@ class MCTF(Reducer):
         )
         if self.one_step_ahead == 2:
             return merged, None
-        by_key = merge_rows(weights.transpose(-1, -2), keep, src, src_dest).transpose(-1, -2)  # (B, H, N, N')
+        by_key = merge_columns(weights, keep, src, src_dest)  # (B, H, N, N')
         rows = merge_rows(by_key * pool[:, None, :, None], keep, src, src_dest)  # (B, H, N', N')
         norm = merge_rows(pool[..., None], keep, src, src_dest)  # (B, N', 1)
         return merged, rows / norm[:, None]
