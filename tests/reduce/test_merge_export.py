@@ -1,4 +1,7 @@
-"""The merging methods export to ONNX (gathers and dense assignment products, no scatter_reduce mean)."""
+"""The merging methods export to ONNX (gathers and dense assignment products, no scatter_reduce mean).
+
+MCTF is exported by the sweep of every reducer in tests/deploy/test_onnx.py (its default, one-step-ahead setting).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +18,6 @@ from vitrim.export import compare_with_onnxruntime, export_onnx
     ("name", "options"),
     [
         ("pitome", {"ratio": 0.8}),
-        ("mctf", {"r": 2}),  # one-step-ahead: the attention weights are merged too
-        ("mctf", {"r": 2, "one_step_ahead": 2, "bidirection": False}),
         ("ppt", {"r": 4, "layers": (1, 2), "threshold": 1.0}),  # every image pools (proportional attention on)
         ("ppt", {"r": 4, "layers": (1, 2), "threshold": 0.0}),  # every image prunes
         ("zero_tprune", {"keep_rate": 0.6, "layers": (1, 2)}),  # WPR iterations and the S-stage, static counts
