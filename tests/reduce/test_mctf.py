@@ -83,3 +83,9 @@ def test_refuses_bad_options() -> None:
         vitrim.reduce.apply(tiny(), "mctf", r=2, pooling="max")
     with pytest.raises(ValueError, match=r"r must be an int >= 0 .* got -1"):
         vitrim.reduce.apply(tiny(), "mctf", r=-1)
+    attn = tiny().blocks[0].attn
+    weights = attn.attention_weights(torch.randn(1, 17, 32))
+    with pytest.raises(ValueError, match=r"ahead weights must have shape \(1, 2, 5, 5\), got \(1, 2, 17, 17\)"):
+        attn.attend(torch.randn(1, 5, 32), ahead=weights)
+    with pytest.raises(ValueError, match=r"attend\(x, ahead=\.\.\.\) takes no context"):
+        attn.attend(torch.randn(1, 17, 32), torch.randn(1, 3, 32), ahead=weights)

@@ -131,6 +131,8 @@ class MultiHeadAttention(nn.Module):
         ``x`` are projected, and the result's q and k are the ones that made the weights (before the merge).
         """
         if ahead is not None:
+            if context is not None or self.kv_dim is not None:
+                raise ValueError("ahead weights are self-attention weights: attend(x, ahead=...) takes no context")
             return self._attend_ahead(x, ahead, need_weights)
         q, k, v = self.project_qkv(x, context)
         q, k = _rotate(q, k, rope)

@@ -64,14 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="token reducer NAME[:key=value,...] (e.g. tome:r=13, evit:keep_rate=0.7, 'topk:keep_rate=(0.7,0.5)'); "
         "'none' = dense; repeat for several rows",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=None,
-        metavar=SET_FORM,
-        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
-    )
+    _add_set_argument(p)
     p.add_argument(
         "--timm-reference",
         action="store_true",
@@ -86,6 +79,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_models)
     register_reducers(kinds)
+
+
+def _add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE[,KEY=VALUE]``, repeatable: create_model overrides for every benchmarked model."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar=SET_FORM,
+        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
+    )
 
 
 def register_reducers(kinds: argparse._SubParsersAction) -> None:
@@ -118,14 +123,7 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls per row and batch size")
     p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=None,
-        metavar=SET_FORM,
-        help="create_model overrides for every model, e.g. embed_dim=32,depth=2",
-    )
+    _add_set_argument(p)
     p.add_argument(
         "--accuracy-model",
         default=None,
