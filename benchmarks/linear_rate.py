@@ -38,14 +38,15 @@ def main() -> None:
         torch.testing.assert_close(
             torch.ops.mkl._mkl_linear(x, packed, w, b, m), F.linear(x, w, b), rtol=1e-4, atol=1e-3
         )
-        plain, fast = interleaved_samples(
-            [lambda: F.linear(x, w, b), lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, m)], args.repeats
-        )
+        calls = [
+            lambda x=x, w=w, b=b: F.linear(x, w, b),
+            lambda x=x, w=w, b=b, packed=packed: torch.ops.mkl._mkl_linear(x, packed, w, b, m),
+        ]
+        plain, fast = interleaved_samples(calls, args.repeats)
         ratio = statistics.median(p / q for q, p in zip(plain, fast))
         t_plain, t_fast = statistics.median(plain), statistics.median(fast)
-        print(
-            f"| {name} {k}→{n} | {t_plain * 1e6:.0f} | {2 * m * k * n / t_plain / 1e9:.0f} | {t_fast * 1e6:.0f} | {ratio:.3f} |"
-        )
+        rate = 2 * m * k * n / t_plain / 1e9
+        print(f"| {name} {k}→{n} | {t_plain * 1e6:.0f} | {rate:.0f} | {t_fast * 1e6:.0f} | {ratio:.3f} |")
 
 
 if __name__ == "__main__":
