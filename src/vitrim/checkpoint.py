@@ -7,6 +7,8 @@ adapts them to the model:
 * a position embedding learned for another patch grid is resampled (bicubic, antialiased, as timm does);
 * a classifier head of another size (or none at all) leaves the model's fresh head in place, with a warning,
   so a checkpoint can be fine-tuned on another label set; a model with ``num_classes=0`` ignores the head;
+* register tokens the checkpoint lacks (a model built with ``reg_tokens`` loading weights trained without them)
+  stay fresh, with a warning; the position embedding's trained [CLS] and patch rows load around them;
 * a model may declare parameters that a checkpoint need not carry, by prefix, in the class attribute
   ``checkpoint_optional_prefixes`` (DynamicViT sets ``("score_predictor.",)``: a dense DeiT checkpoint loads
   into it and the predictors keep their fresh initialisation). Such keys are reported as ``fresh``, never as
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -97,6 +100,7 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
     else:
         state_dict = convert_timm(state_dict)
     own = model.state_dict()
+    _adapt_registers(model, state_dict, own, result)
     _adapt_pos_embed(model, state_dict, own, _source_grid(raw, fmt), result)
     _adapt_head(state_dict, own, result)
     optional = tuple(getattr(model, "checkpoint_optional_prefixes", ()))
@@ -186,6 +190,34 @@ def _adapt_pos_embed(
         return  # (a 4x8 grid loaded into an 8x4 model has the same shape, but must still be resampled)
     state_dict["pos_embed"] = resample_pos_embed(pos, new_grid, source_grid, num_prefix)
     result.resampled_pos_embed = (source_grid, new_grid)
+
+
+def _adapt_registers(model: nn.Module, state_dict: dict[str, Tensor], own: dict[str, Tensor], result: LoadResult) -> None:
+    """Registers added to a model trained without them (Darcet et al. 2024 add them to trained ViTs) start fresh.
+
+    The model's own ``reg_token`` is kept; when the position embedding covers the prefix (timm's layout: [CLS],
+    distillation token, registers, then the patches), the checkpoint's rows are split around the registers' rows,
+    which keep the model's initialisation. Everything else loads as usual.
+    """
+    config = getattr(model, "config", None)
+    registers = int(getattr(config, "reg_tokens", 0) or 0)
+    if not registers or "reg_token" not in own or "reg_token" in state_dict:
+        return
+    pos, target = state_dict.get("pos_embed"), own.get("pos_embed")
+    num_pos_prefix = int(getattr(config, "num_pos_prefix", 0))
+    if num_pos_prefix and pos is not None and target is not None:
+        before = num_pos_prefix - registers  # [CLS] and distillation rows, which the checkpoint has
+        if pos.dim() != 3 or pos.shape[1] <= before or pos.shape[-1] != target.shape[-1]:
+            return  # another layout or width: the strict check reports it
+        fresh_rows = target[:, before:num_pos_prefix].to(pos.dtype)
+        state_dict["pos_embed"] = torch.cat([pos[:, :before], fresh_rows, pos[:, before:]], dim=1)
+    warnings.warn(
+        f"the checkpoint has no register tokens; the model's {registers} register(s) (reg_token"
+        + (" and their position-embedding rows" if num_pos_prefix else "")
+        + ") are freshly initialised",
+        stacklevel=4,
+    )
+    result.fresh.append("reg_token")
 
 
 def _adapt_head(state_dict: dict[str, Tensor], own: dict[str, Tensor], result: LoadResult) -> None:

@@ -324,6 +324,40 @@ def test_non_square_grid_from_the_vitrim_config(tmp_path: Path) -> None:
         torch.testing.assert_close(target(x), source(x), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "changes, before",  # before: position-embedding rows of the prefix ahead of the registers
+    [({}, 1), ({"distilled": True}, 2), ({"img_size": 64}, 1), ({"no_embed_class": True}, 0)],
+    ids=["cls", "cls+dist", "cls+new-grid", "no-embed-class"],
+)
+def test_registers_added_to_a_checkpoint_without_them_start_fresh(
+    tmp_path: Path, changes: dict[str, object], before: int
+) -> None:
+    source = tiny(seed=14, **{k: v for k, v in changes.items() if k != "img_size"})
+    path = vitrim.save_checkpoint(source, tmp_path / "m.safetensors")
+    target = tiny(seed=15, reg_tokens=3, **changes)
+    fresh_token, fresh_pos = target.reg_token.detach().clone(), target.pos_embed.detach().clone()
+    with pytest.warns(UserWarning, match=r"no register tokens; the model's 3 register\(s\) \(reg_token"):
+        result = vitrim.load_checkpoint(target, path)
+    assert result.fresh == ["reg_token"] and not result.missing and not result.mismatched
+    torch.testing.assert_close(target.reg_token, fresh_token, rtol=0, atol=0)
+    # by hand: the checkpoint's prefix rows, then the registers' own rows, then the checkpoint's patch rows
+    patch_rows = source.pos_embed[:, before:]
+    if "img_size" in changes:
+        grid = patch_rows.reshape(1, 4, 4, 32).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(8, 8), mode="bicubic", antialias=True, align_corners=False)
+        patch_rows = grid.permute(0, 2, 3, 1).reshape(1, 64, 32)
+        assert result.resampled_pos_embed == ((4, 4), (8, 8))
+    registers = fresh_pos[:, :0] if changes.get("no_embed_class") else fresh_pos[:, before : before + 3]
+    expected = torch.cat([source.pos_embed[:, :before], registers, patch_rows], dim=1)
+    torch.testing.assert_close(target.pos_embed, expected, rtol=0, atol=1e-7)
+    for key, value in source.state_dict().items():
+        if key != "pos_embed":
+            torch.testing.assert_close(target.state_dict()[key], value, rtol=0, atol=0)
+    # the other way round is not a known adaptation: the registers are reported, and strict loading refuses
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected key\(s\): reg_token"):
+        vitrim.load_checkpoint(tiny(**changes), vitrim.save_checkpoint(target, tmp_path / "reg.safetensors"))
+
+
 class WithExtras(nn.Module):
     """A model that declares parameters a checkpoint may lack (as DynamicViT does for its predictors)."""
 
