@@ -192,8 +192,10 @@ def _adapt_pos_embed(
     result.resampled_pos_embed = (source_grid, new_grid)
 
 
-def _adapt_registers(model: nn.Module, state_dict: dict[str, Tensor], own: dict[str, Tensor], result: LoadResult) -> None:
-    """Registers added to a model trained without them (Darcet et al. 2024 add them to trained ViTs) start fresh.
+def _adapt_registers(
+    model: nn.Module, state_dict: dict[str, Tensor], own: dict[str, Tensor], result: LoadResult
+) -> None:
+    """Register tokens added to a model trained without them start fresh, to be fine-tuned in.
 
     The model's own ``reg_token`` is kept; when the position embedding covers the prefix (timm's layout: [CLS],
     distillation token, registers, then the patches), the checkpoint's rows are split around the registers' rows,
