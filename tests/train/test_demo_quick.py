@@ -26,6 +26,10 @@ def test_quick_demo_writes_report_and_summary(tmp_path: Path) -> None:
     cnn = 2 * 9 * (1 * 8 + 8 * 8) * 256 + 2 * 9 * (8 * 16 + 16 * 16) * 64 + 2 * 16 * C
     assert summary["cnn"]["gflops"] == pytest.approx(cnn / 1e9)
     assert summary["dynamicvit"]["gflops"] < summary["dense"]["gflops"]  # pruned tokens are really gone
+    # the registered ViT is the trained dense ViT with registers added, not a second ViT from scratch
+    record = json.loads((tmp_path / "dense_reg" / "run.json").read_text())
+    assert record["overrides"]["checkpoint"] == str(tmp_path / "dense" / "last.safetensors")
+    assert record["overrides"]["reg_tokens"] == 2 and "kept_per_stage" in summary["dynamicvit_reg"]
     report = (tmp_path / "report.md").read_text()
     assert "| model | top-1 | GFLOPs / image | images/s | speed-up vs dense |" in report
     for picture in ("kept_tokens_0.png", "accuracy_vs_speed.png"):
