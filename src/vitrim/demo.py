@@ -6,8 +6,8 @@
    register tokens to the dense ViT (``--set reg_tokens=4 --set checkpoint=...``), fine-tune it, and fine-tune a
    second DynamicViT from that;
 3. train ``cnn_small`` on the same data (convolutions: local filters; attention: global relations);
-4. evaluate and benchmark all three (top-1 on the held-out split, GFLOPs, images/s measured in turns so the
-   three see the same machine load);
+4. evaluate and benchmark all five (top-1 on the held-out split, GFLOPs, images/s measured in turns so the
+   five see the same machine load);
 5. write ``report.md`` (table, kept-token pictures, accuracy vs speed) and ``summary.json`` to the run folder.
 
 Every step is also a command of its own; the report lists them so each number can be reproduced.
@@ -116,7 +116,7 @@ PRUNED = {"dynamicvit": "dense", "dynamicvit_reg": "dense_reg"}  # each DynamicV
 
 
 def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False) -> dict[str, Any]:
-    """Train, evaluate and benchmark the three models; write report.md and summary.json; return the summary."""
+    """Train, evaluate and benchmark the five models; write report.md and summary.json; return the summary."""
     for name in NAMES:
         shutil.rmtree(out / name, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -308,7 +308,7 @@ def _report(summary: dict[str, Any], pictures: list[str], plan: DemoPlan, config
         ]
     lines += [
         "",
-        "Images/s: one batch of test images, the three models timed in turns (median), so they share the load of"
+        "Images/s: one batch of test images, the models timed in turns (median), so they share the load of"
         " the machine; on a busy machine the absolute numbers are low but the ratios hold better.",
         "",
         "## Kept tokens per stage (pruned patches washed out): without and with registers, side by side",
