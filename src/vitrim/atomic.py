@@ -1,22 +1,29 @@
 """Write a file whole or not at all: a temporary file in the same folder, flushed to disk, then ``os.replace``.
 
 ``os.replace`` is atomic on POSIX, so a crash (or a kill) mid-write leaves the previous file whole; checkpoints, the
-resume state and the run record are all written this way.
+resume state and the run record are all written this way. A kill mid-write cannot remove its temporary file
+(``.NAME.XXXXXXXX.tmp``); ``remove_stale_temps`` clears those when the next run starts.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _temp_prefix(name: str) -> str:
+    return f".{name}."
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)``, fsync the file, then rename it to ``path``; on any error remove it and re-raise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -31,3 +38,16 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def remove_stale_temps(folder: str | Path, names: Iterable[str]) -> list[Path]:
+    """Remove the temporary files that ``atomic_write`` left for ``names`` in ``folder``; return them.
+
+    Only a writer killed mid-write (SIGKILL, power loss: nothing runs to clean up) leaves one, and the file it
+    would have replaced is whole; call this when a run starts, before anything is written into ``folder``.
+    """
+    folder = Path(folder)
+    stale = [p for name in names for p in folder.glob(f"{_temp_prefix(name)}*{TEMP_SUFFIX}") if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale

@@ -1,5 +1,6 @@
-"""Faults: a training run killed at random moments resumes to the same weights; a torn resume file or a NaN loss
-stops with a clear error and leaves the last good checkpoints as they were."""
+"""Faults: a training run killed at random moments resumes to the same weights (and the next run clears the torn
+temporary files a kill leaves); a torn resume file or a NaN loss stops with a clear error and leaves the last good
+checkpoints as they were."""
 
 from __future__ import annotations
 
@@ -85,3 +86,15 @@ def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_epoch
     assert state["epoch"] == 1 and all(torch.isfinite(v).all() for v in state["model"].values())
     weights = load_file(str(tmp_path / "last.safetensors"))
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_a_run_starts_by_removing_the_torn_temporary_files_of_a_killed_writer(tmp_path: Path) -> None:
+    # what a SIGKILL during atomic_write leaves: the temporary file, half written; nothing ran to remove it
+    torn = [tmp_path / ".last.pt.k1ll3d00.tmp", tmp_path / ".best.safetensors.ab12cd34.tmp"]
+    kept = [tmp_path / ".notes.txt.ab12cd34.tmp", tmp_path / "last.pt.tmp"]  # not atomic_write's, for these names
+    for path in torn + kept:
+        path.write_bytes(b"half a checkpoint")
+    overrides = dict(img_size=16, patch_size=4, in_chans=1, embed_dim=16, depth=1, num_heads=2)
+    train(TrainConfig("vit_tiny_patch16_224", out=str(tmp_path), epochs=1, overrides=overrides, quiet=True))
+    assert not any(path.exists() for path in torn) and all(path.exists() for path in kept)
+    assert (tmp_path / "last.pt").stat().st_size > 1000  # the run itself went on to write its checkpoints

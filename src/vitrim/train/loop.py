@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from vitrim.atomic import remove_stale_temps
 from vitrim.checkpoint import save_checkpoint
 from vitrim.checkpoint_formats import read_checkpoint
 from vitrim.data import DataSplits, build_datasets, dataset_classes
@@ -43,6 +44,7 @@ from vitrim.train.mctf import MCTFObjective, mctf_reducers
 from vitrim.train.objective import CrossEntropyObjective, Objective
 from vitrim.train.optim import build_optimizer
 from vitrim.train.state import (
+    RUN_RECORD,
     capture_rng,
     load_training_state,
     restore_rng,
@@ -242,7 +244,8 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
         raise ValueError(f"run folder {str(out)!r} already holds {LAST}; pass --resume to continue it or pick --out")
     run = _build(config, info)
     start_epoch, best_top1 = _resume(run, config, info, out) if config.resume else (0, -1.0)
-    if info.is_main:
+    if info.is_main:  # a run killed mid-write (SIGKILL) left a torn temporary file; the file it was replacing is whole
+        remove_stale_temps(out, (LAST, BEST, WEIGHTS, RUN_RECORD))
         write_run_record(out, run.record)
     writer = _tensorboard(out) if info.is_main else None
     show_bar = info.is_main and not config.quiet and sys.stderr.isatty()
