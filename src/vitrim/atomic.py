@@ -40,14 +40,13 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
-def remove_stale_temps(folder: str | Path, names: Iterable[str]) -> list[Path]:
-    """Remove the temporary files that ``atomic_write`` left for ``names`` in ``folder``; return them.
+def remove_stale_temps(folder: str | Path, names: Iterable[str]) -> None:
+    """Remove the temporary files that ``atomic_write`` left for ``names`` in ``folder``.
 
     Only a writer killed mid-write (SIGKILL, power loss: nothing runs to clean up) leaves one, and the file it
     would have replaced is whole; call this when a run starts, before anything is written into ``folder``.
     """
-    folder = Path(folder)
-    stale = [p for name in names for p in folder.glob(f"{_temp_prefix(name)}*{TEMP_SUFFIX}") if p.is_file()]
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return stale
+    for name in names:
+        for path in Path(folder).glob(f"{_temp_prefix(name)}*{TEMP_SUFFIX}"):
+            if path.is_file():
+                path.unlink(missing_ok=True)

@@ -201,12 +201,12 @@ def _adapt_registers(
     distillation token, registers, then the patches), the checkpoint's rows are split around the registers' rows,
     which keep the model's initialisation. Everything else loads as usual.
     """
-    config = getattr(model, "config", None)
-    registers = int(getattr(config, "reg_tokens", 0) or 0)
-    if not registers or "reg_token" not in own or "reg_token" in state_dict:
+    token = own.get("reg_token")  # (1, registers, D)
+    if token is None or "reg_token" in state_dict:
         return
+    registers = token.shape[1]
     pos, target = state_dict.get("pos_embed"), own.get("pos_embed")
-    num_pos_prefix = int(getattr(config, "num_pos_prefix", 0))
+    num_pos_prefix = int(getattr(getattr(model, "config", None), "num_pos_prefix", 0))
     if num_pos_prefix and pos is not None and target is not None:
         before = num_pos_prefix - registers  # [CLS] and distillation rows, which the checkpoint has
         if pos.dim() != 3 or pos.shape[1] <= before or pos.shape[-1] != target.shape[-1]:
