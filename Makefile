@@ -1,11 +1,12 @@
-# One virtual environment for everything; torch is pinned here (the CPU build this machine carries),
+# One virtual environment for everything; torch is pinned here (the CPU build this machine carries), with the
+# torchvision built for it (timm needs it; tests/conftest.py stubs its compiled ops where they do not load),
 # while the library itself only asks for torch>=2.4.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_PIN ?= torch==2.13.0
+TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo demo-translate lint bench clean
+.PHONY: test test-all demo demo-translate lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,8 +14,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e '.[dev]' $(TORCH_PIN)
 	touch $(STAMP)
 
+# The suite in parallel, one worker per core (tests/conftest.py gives each one torch thread). `make test` runs one
+# case per model family and per reducer of the heavy sweeps; `make test-all` runs their full cross product too.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto -m "not full"
+
+test-all: $(STAMP)
+	$(PY) -m pytest -n auto
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
