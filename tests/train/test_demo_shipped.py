@@ -87,7 +87,9 @@ def test_demo_refuses_retraining_options_without_retrain(tmp_path: Path, capsys:
     assert main(["demo", "--seed", "1", "--out", str(tmp_path / "run")]) == 2
     assert "--seed 1 needs --retrain" in capsys.readouterr().err
     assert main(["demo", "translate", "--steps", "5", "--out", str(tmp_path / "run")]) == 2
-    assert "--steps 5 needs --retrain" in capsys.readouterr().err
+    assert "--steps 5 needs --retrain or --quick" in capsys.readouterr().err
+    assert main(["demo", "translate", "--quick", "--ship-to", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
+    assert "--ship-to" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 @pytest.mark.full

@@ -103,7 +103,9 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quick", action="store_true", help="tiny model, 30 steps, numbers up to 120: checks the plumbing")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the plan's, 700; needs --retrain)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps (default: the plan's, 700; with --retrain or --quick)"
+    )
     p.add_argument(
         "--ship-to",
         default=None,
@@ -124,9 +126,10 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     shipped = not (args.retrain or args.quick)
-    for flag, value in (("--ship-to", args.ship_to), ("--steps", args.steps)):
-        if value is not None and not args.retrain:
-            raise ValueError(f"{flag} {value!r} needs --retrain")
+    if args.ship_to is not None and not args.retrain:
+        raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
+    if args.steps is not None and shipped:
+        raise ValueError(f"--steps {args.steps} needs --retrain or --quick: the shipped model is not trained again")
     if args.seed != 0 and shipped:
         raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped model was trained with seed 0")
     out = check_output_folder(args.out, "--out")
