@@ -7,6 +7,7 @@ from pathlib import Path
 
 from vitrim.cli.common import add_threads_argument, check_output_folder
 from vitrim.demo import FULL, NAMES, QUICK, run_demo
+from vitrim.extras import require
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("matplotlib", "PIL", feature="the demo's pictures")  # before training, not after
     summary = run_demo(
         check_output_folder(args.out, "--out"), QUICK if args.quick else FULL, seed=args.seed, quiet=args.quiet
     )

@@ -331,7 +331,11 @@ def _truncate_metrics(path: Path, epochs_done: int) -> None:
             continue
         if epoch <= epochs_done:
             kept.append(line + "\n")
-    atomic_write(path, lambda tmp: tmp.write_text("".join(kept)))
+
+    def write(tmp: Path) -> None:
+        tmp.write_text("".join(kept))
+
+    atomic_write(path, write)
 
 
 _MUST_MATCH = ("model", "data", "epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "seed", "teacher")
