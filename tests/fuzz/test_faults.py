@@ -26,7 +26,7 @@ from vitrim.train import loop as loop_module
 from vitrim.train.loop import TrainingDiverged
 
 TINY = "img_size=16,patch_size=4,in_chans=1,embed_dim=16,depth=1,num_heads=2"
-ARGS = ["train", "--model", "vit_tiny_patch16_224", "--set", TINY, "--epochs", "4", "--batch-size", "128"]
+ARGS = ["train", "--model", "vit_tiny_patch16_224", "--set", TINY, "--epochs", "3", "--batch-size", "128"]
 ARGS += ["--quiet", "--threads", "1"]
 PAUSED_TRAINING = Path(__file__).with_name("paused_training.py")
 # (event, occurrence within that process): a fresh run killed after epoch 1's metrics line (before its last.pt), a
@@ -36,11 +36,6 @@ KILLS = [("metrics", 1), ("checkpoint", 1), ("mid-write", 1)]
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-
-
-def run_cli(out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "vitrim.cli", *ARGS, "--out", str(out), *extra]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def kill_at(out: Path, event: str, nth: int, *extra: str) -> None:
@@ -63,12 +58,11 @@ def metric_lines(out: Path) -> list[dict]:
 
 def test_sigkill_at_chosen_moments_then_resume_ends_bit_identical(tmp_path: Path) -> None:
     reference, out = tmp_path / "uninterrupted", tmp_path / "killed"
-    assert run_cli(reference).wait() == 0
+    assert main([*ARGS, "--out", str(reference)]) == 0  # in this process: only the killed runs need their own
     for event, nth in KILLS:
         kill_at(out, event, nth, *(["--resume"] if (out / "last.pt").exists() else []))
     assert list(out.glob(".last.pt.*.tmp")), "the mid-write kill should have left a torn temporary file"
-    finished = run_cli(out, "--resume")
-    assert finished.wait() == 0, finished.stderr.read().decode() if finished.stderr else ""
+    assert main([*ARGS, "--out", str(out), "--resume"]) == 0
     final, expected = load_file(str(out / "last.safetensors")), load_file(str(reference / "last.safetensors"))
     assert final.keys() == expected.keys()
     assert all(torch.equal(final[k], expected[k]) for k in final)  # bit for bit
@@ -77,7 +71,7 @@ def test_sigkill_at_chosen_moments_then_resume_ends_bit_identical(tmp_path: Path
 
 
 def test_a_truncated_resume_file_is_a_clear_error_and_nothing_is_overwritten(tmp_path: Path, capsys) -> None:
-    assert run_cli(tmp_path, "--epochs", "1").wait() == 0
+    assert main([*ARGS, "--out", str(tmp_path), "--epochs", "1"]) == 0
     state = tmp_path / "last.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
