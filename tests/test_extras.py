@@ -21,7 +21,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).parents[1]
 USER_ERROR = "a one-line error about the input"
 EXTRA_LINE = re.compile(
-    r"vitrim: error: vitrim \w+ needs [\w.-]+, which is not installed: pip install 'vitrim\[(\w+)\]'\n"
+    r"vitrim: error: vitrim \w+ needs [\w.-]+, which is not installed: pip install 'vitrim\[(\w+)\]'"
 )
 # What each command does without any extra: None: runs (exit 0); an extra: exit 2 with one line naming that extra;
 # USER_ERROR: exit 2 with one line about its input (translate needs the run that demo translate could not write).
