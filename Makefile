@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml Makefile
 # The suite in parallel, one worker per core (tests/conftest.py gives each one torch thread). `make test` runs one
 # case per model family and per reducer of the heavy sweeps; `make test-all` runs their full cross product too.
 test: $(STAMP)
-	$(PY) -m pytest -n auto -m "not full"
+	$(PY) -m pytest -n auto --dist worksteal -m "not full"
 
 test-all: $(STAMP)
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto --dist worksteal
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests

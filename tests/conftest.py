@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-ONE_THREAD_FOLDERS = ("train", "datasets")
+ONE_THREAD_FOLDERS = ("train", "datasets", "fuzz")  # fuzz: the training runs of test_faults.py
 IN_XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 

@@ -1,29 +1,30 @@
-"""torch.compile: every model kind is captured whole (no graph break) and computes what eager computes."""
+"""torch.compile: every model kind on every family is captured whole (no graph break) and computes what eager
+computes (the cross product in ``make test-all``; every kind and every family once in ``make test``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from deploy_models import KINDS, build, images
+from deploy_models import KINDS, build, cases, images
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_no_graph_breaks(kind: str) -> None:
-    model = build(kind)
+@pytest.mark.parametrize(("family", "kind"), cases(KINDS))
+def test_no_graph_breaks(family: str, kind: str) -> None:
+    model = build(kind, family=family)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(images())
+    explained = torch._dynamo.explain(model)(images(family=family))
     reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
     assert explained.graph_break_count == 0, reasons
     assert explained.graph_count == 1
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_compiled_equals_eager(kind: str) -> None:
+@pytest.mark.parametrize(("family", "kind"), cases(KINDS))
+def test_compiled_equals_eager(family: str, kind: str) -> None:
     # aot_eager traces through dynamo and AOTAutograd (functionalisation, decompositions) without inductor's C++
     # build, which takes minutes on 2 cores; fullgraph=True fails on any graph break. Training-mode DynamicViT runs
     # its deterministic mode (no Gumbel noise) so that both runs take the same decisions.
-    model = build(kind, gumbel_noise=False)
-    x = images(3)
+    model = build(kind, gumbel_noise=False, family=family)
+    x = images(3, family=family)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch.no_grad():

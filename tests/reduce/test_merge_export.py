@@ -1,6 +1,7 @@
 """The merging methods export to ONNX (gathers and dense assignment products, no scatter_reduce mean).
 
-MCTF is exported by the sweep of every reducer in tests/deploy/test_onnx.py (its default, one-step-ahead setting).
+Every reducer's example setting (PiToMe, DiffRate's prune-then-merge, MCTF's one-step-ahead, …) is exported by the
+sweep in tests/deploy/test_onnx.py; these are the settings that take other paths.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from vitrim.export import compare_with_onnxruntime, export_onnx
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        ("pitome", {"ratio": 0.8}),
         ("ppt", {"r": 4, "layers": (1, 2), "threshold": 1.0}),  # every image pools (proportional attention on)
-        ("ppt", {"r": 4, "layers": (1, 2), "threshold": 0.0}),  # every image prunes
-        ("zero_tprune", {"keep_rate": 0.6, "layers": (1, 2)}),  # WPR iterations and the S-stage, static counts
-        ("diffrate", {"prune_kept": [17, 15, 12, 9], "merge_kept": [17, 13, 10, 8]}),  # prune, then merge
+        pytest.param("ppt", {"r": 4, "layers": (1, 2), "threshold": 0.0}, marks=pytest.mark.full),  # every image prunes
+        pytest.param("zero_tprune", {"keep_rate": 0.6, "layers": (1, 2)}, marks=pytest.mark.full),  # WPR, S-stage
     ],
 )
 def test_onnx_export_matches_eager(name: str, options: dict[str, object], tmp_path: Path) -> None:

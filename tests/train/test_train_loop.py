@@ -46,17 +46,17 @@ def test_resume_ends_exactly_where_an_uninterrupted_run_ends(tmp_path: Path, mon
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(_config(straight))
 
-    real_log = loop_module._log
+    real_report = loop_module._report
 
-    def crash_after_first_epoch(out: Path, metrics: dict[str, Any], *args: Any) -> None:
-        real_log(out, metrics, *args)
+    def crash_after_first_epoch(metrics: dict[str, Any], *args: Any) -> None:
+        real_report(metrics, *args)
         if metrics["epoch"] == 1:
             raise KeyboardInterrupt  # the run dies between epochs, after its checkpoint
 
-    monkeypatch.setattr(loop_module, "_log", crash_after_first_epoch)
+    monkeypatch.setattr(loop_module, "_report", crash_after_first_epoch)
     with pytest.raises(KeyboardInterrupt):
         train(_config(resumed))
-    monkeypatch.setattr(loop_module, "_log", real_log)
+    monkeypatch.setattr(loop_module, "_report", real_report)
     assert load_training_state(resumed / "last.pt")["epoch"] == 1
     train(_config(resumed, resume=True))
 

@@ -3,7 +3,8 @@
 A subcommand is a module here with ``register(subparsers)`` (its parser sets ``func(args) -> int``) and a line in
 ``COMMANDS``. ``main`` applies ``--threads`` once, then runs the command. A user error (a bad value, a missing or
 unreadable file, a path that cannot be written) prints one line ``vitrim: error: …`` and exits with code 2; anything
-else is a bug and keeps its traceback. ``--debug`` shows the traceback of user errors too.
+else is a bug and keeps its traceback. An optional library that is not installed (an extra, see
+:mod:`vitrim.extras`) is one line too, naming the extra to install. ``--debug`` shows the traceback of user errors.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz
 from vitrim.cli.common import apply_threads
+from vitrim.extras import missing_extra_message
 
 COMMANDS = {
     "bench": bench,
@@ -27,6 +29,8 @@ COMMANDS = {
     "translate": translate,  # last: it also adds `vitrim demo translate` and `vitrim explain --cross`
 }
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
+# The extra to name when a command misses an optional library that several extras install (vitrim.extras).
+COMMAND_EXTRAS = {"viz": "viz", "explain": "viz", "export": "export", "train": "train", "eval": "train"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         apply_threads(getattr(args, "threads", 0))
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as err:  # an optional dependency (an extra) that is not installed
+        missing = missing_extra_message(err, prefer=COMMAND_EXTRAS.get(args.command))
+        if missing is None or args.debug:
+            raise
+        print(f"vitrim: error: vitrim {args.command} needs {missing}", file=sys.stderr)
+        return 2
     except USER_ERRORS as err:
         if args.debug:
             raise

@@ -13,6 +13,7 @@ from vitrim.bench import attention, models, reducers, reducers_report
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
+from vitrim.extras import require
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
 
@@ -258,6 +259,8 @@ def run_reducers(args: argparse.Namespace) -> int:
     )
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     out = None if args.out is None else check_output_folder(args.out, "--out")
+    if out is not None:
+        require("matplotlib", feature="the pictures of bench reducers --out")  # before the benchmark, not after
     accuracy = None if args.accuracy_model is None else reducers.AccuracyModel(args.accuracy_model)
     pin_malloc_threshold()
     results = reducers.bench_reducers(names, settings, accuracy)

@@ -6,6 +6,7 @@ import argparse
 
 from vitrim.cli.common import add_threads_argument, check_output_folder
 from vitrim.demo import FULL, NAMES, QUICK, run_demo, ship_run
+from vitrim.extras import require
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,16 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if args.ship_to is not None and not args.retrain:
         raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
     if args.seed != 0 and not (args.retrain or args.quick):
-        raise ValueError(
-            f"--seed {args.seed} needs --retrain (or --quick): the shipped weights were trained with seed 0"
-        )
+        raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")
+    require("matplotlib", "PIL", feature="the demo's pictures")  # before training, not after
     out = check_output_folder(args.out, "--out")
     ship_to = None if args.ship_to is None else check_output_folder(args.ship_to, "--ship-to")
     shipped = not (args.retrain or args.quick)
     summary = run_demo(out, QUICK if args.quick else FULL, seed=args.seed, quiet=args.quiet, shipped=shipped)
-    print(
-        f"report: {out / 'report.md'}" + ("  (shipped weights; --retrain trains them from scratch)" if shipped else "")
-    )
+    note = "  (shipped weights; --retrain trains them from scratch)" if shipped else ""
+    print(f"report: {out / 'report.md'}{note}")
     for name in (n for n in NAMES if n in summary):
         row = summary[name]
         print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vitrim.cli.common import check_output_file
+from vitrim.extras import require
 from vitrim.viz.explain import explain_numbers, format_explanation, plot_explanation
 from vitrim.viz.maps import save_figure
 
@@ -19,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.out:
         check_output_file(args.out, "--out")
+        require("matplotlib", feature="--out")
     ex = explain_numbers(args.seed)
     print(format_explanation(ex))
     if args.out:

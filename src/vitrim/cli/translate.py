@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
 from vitrim.data.numbers import make_pair, number_of
+from vitrim.extras import require
 from vitrim.translate.demo import FULL, QUICK, run_translate_demo, ship_run
 from vitrim.translate.inference import load_run, row_labels, translate_text
 from vitrim.viz.cross import plot_cross_attention
@@ -58,6 +59,7 @@ def _register_translate(subparsers: argparse._SubParsersAction) -> None:
 def _run_translate(args: argparse.Namespace) -> int:
     if args.show_attention:
         check_output_file(args.show_attention, "--show-attention")
+        require("matplotlib", feature="--show-attention")
     run = load_run(args.run)
     result = translate_text(run, args.text, args.to, beam_size=args.beam)
     depth = result.cross_attention.shape[0]
@@ -124,6 +126,7 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    require("num2words", "sacrebleu", "matplotlib", feature="the translation demo")  # before training, not after
     plan = QUICK if args.quick else FULL
     shipped = not (args.retrain or args.quick)
     if args.ship_to is not None and not args.retrain:

@@ -25,6 +25,7 @@ from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_file
 from vitrim.data import DigitsCanvas
 from vitrim.data.images import read_image
+from vitrim.extras import require
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
@@ -95,6 +96,7 @@ def load_picture(args: argparse.Namespace, model: nn.Module) -> Tensor:
 
 def run(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, "--out")
+    require("matplotlib", feature="drawing")
     if args.img_size is not None and args.checkpoint is not None:
         raise ValueError("--img-size applies to --model only; a checkpoint carries its own image size")
     if args.viz_kind == "rollout" and not 0.0 <= args.discard_ratio < 1.0:

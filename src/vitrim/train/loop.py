@@ -6,6 +6,10 @@ smoothing, gradient clipping, optional bf16 autocast), evaluate on the test spli
 ``metrics.jsonl`` and the checkpoints (atomically; see :mod:`vitrim.train.state`). Because everything random is a
 function of ``(seed, epoch, rank)`` and the optimiser and scheduler states are saved, a run resumed after epoch k
 ends with exactly the weights and metrics of an uninterrupted run.
+
+``last.pt`` is the commit point of an epoch: it is written last, after the weights and the epoch's metrics line.
+Every start (fresh or resumed) first cuts ``metrics.jsonl`` back to the epochs ``last.pt`` holds, so a kill at any
+moment loses no finished epoch's line and leaves no line (or torn half-line) of an epoch that will be run again.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from vitrim.atomic import remove_stale_temps
+from vitrim.atomic import atomic_write, remove_stale_temps
 from vitrim.checkpoint import save_checkpoint
 from vitrim.checkpoint_formats import read_checkpoint
 from vitrim.data import DataSplits, build_datasets, dataset_classes
@@ -186,8 +190,6 @@ def _resume(run: _Run, config: TrainConfig, info: DistInfo, out: Path) -> tuple[
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     restore_rng(state["rng"])
-    if info.is_main:
-        _truncate_metrics(out / METRICS, int(state["epoch"]))
     return int(state["epoch"]), float(state["best_top1"])
 
 
@@ -245,7 +247,8 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
     run = _build(config, info)
     start_epoch, best_top1 = _resume(run, config, info, out) if config.resume else (0, -1.0)
     if info.is_main:  # a run killed mid-write (SIGKILL) left a torn temporary file; the file it was replacing is whole
-        remove_stale_temps(out, (LAST, BEST, WEIGHTS, RUN_RECORD))
+        remove_stale_temps(out, (LAST, BEST, WEIGHTS, RUN_RECORD, METRICS))
+        _truncate_metrics(out / METRICS, start_epoch)
         write_run_record(out, run.record)
     writer = _tensorboard(out) if info.is_main else None
     show_bar = info.is_main and not config.quiet and sys.stderr.isatty()
@@ -270,7 +273,7 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
         best_top1 = max(best_top1, metrics["test_top1"])
         if info.is_main:
             _save_epoch(out, run, epoch, best_top1, metrics)
-            _log(out, metrics, writer, config.quiet)
+            _report(metrics, writer, config.quiet)
     if writer is not None:
         writer.close()
     return {**metrics, "best_top1": best_top1, "out": str(out), "rank": info.rank}
@@ -281,10 +284,13 @@ def _kept(config: TrainConfig) -> str:
 
 
 def _save_epoch(out: Path, run: _Run, epoch: int, best_top1: float, metrics: dict[str, Any]) -> None:
-    """Weights first, resume state last: if a crash interrupts, last.pt still points at a consistent epoch."""
+    """Weights and the metrics line first, resume state last: if a crash interrupts, last.pt still points at a
+    consistent epoch, and the next start cuts the metrics back to it (see module doc)."""
     save_checkpoint(run.model, out / WEIGHTS)
     if metrics["test_top1"] >= best_top1:
         save_checkpoint(run.model, out / BEST)
+    with open(out / METRICS, "a") as f:
+        f.write(json.dumps(metrics) + "\n")
     state = {
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
@@ -299,9 +305,7 @@ def _save_epoch(out: Path, run: _Run, epoch: int, best_top1: float, metrics: dic
     save_training_state(out / LAST, state)
 
 
-def _log(out: Path, metrics: dict[str, Any], writer: Any, quiet: bool) -> None:
-    with open(out / METRICS, "a") as f:
-        f.write(json.dumps(metrics) + "\n")
+def _report(metrics: dict[str, Any], writer: Any, quiet: bool) -> None:
     if writer is not None:
         for key, value in metrics.items():
             if isinstance(value, float):
@@ -315,10 +319,23 @@ def _log(out: Path, metrics: dict[str, Any], writer: Any, quiet: bool) -> None:
 
 
 def _truncate_metrics(path: Path, epochs_done: int) -> None:
-    """Drop metric lines of epochs after the checkpoint (written before a crash, about to be redone)."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["epoch"] <= epochs_done]
-        path.write_text("".join(line + "\n" for line in lines))
+    """Keep the metric lines of the first ``epochs_done`` epochs (those ``last.pt`` holds); drop the lines of later
+    epochs, written before a crash and about to be run again, and a line torn by a kill mid-append."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            epoch = json.loads(line)["epoch"]
+        except (ValueError, TypeError, KeyError):  # torn by a kill: only the last line of an unfinished epoch can be
+            continue
+        if epoch <= epochs_done:
+            kept.append(line + "\n")
+
+    def write(tmp: Path) -> None:
+        tmp.write_text("".join(kept))
+
+    atomic_write(path, write)
 
 
 _MUST_MATCH = ("model", "data", "epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "seed", "teacher")

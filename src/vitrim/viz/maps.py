@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vitrim.extras import require
 from vitrim.models.config import ViTConfig
 
 if TYPE_CHECKING:
@@ -199,11 +200,10 @@ def to_rgb(image: Tensor | np.ndarray) -> np.ndarray:
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
     """An empty figure on its own Agg canvas (headless; pyplot and the global backend are not touched)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError("drawing needs matplotlib: pip install 'vitrim[viz]'") from None
+    require("matplotlib", feature="drawing")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize, layout="constrained")  # makes room for titles and the suptitle
     FigureCanvasAgg(fig)
     return fig

@@ -1,0 +1,121 @@
+"""A cheap, valid invocation of every ``vitrim`` command, for the tests that sweep the CLI (the fuzz, the run
+without extras). :func:`leaf_commands` lists what the parser has, so a new subcommand without an entry here fails
+those tests instead of going unchecked."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import vitrim
+from vitrim.cli import build_parser
+from vitrim.literals import parse_assignments
+
+TINY = "embed_dim=16,depth=2,num_heads=2,img_size=16,patch_size=8,in_chans=1"
+
+
+def leaf_commands() -> set[str]:
+    """Every command path that runs by itself: 'models', 'bench attention', 'viz tokens', 'demo translate', …"""
+    found: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if prefix and not any(action.required for action in subs):  # a group like 'bench' needs a KIND
+            found.add(prefix.strip())
+        for action in subs:
+            for name, sub in action.choices.items():
+                walk(sub, f"{prefix} {name}")
+
+    walk(build_parser(), "")
+    return found
+
+
+def tiny_checkpoint(tmp: Path) -> Path:
+    """A 10-class grey 16x16 ViT of two blocks, saved as vitrim saves (what ``eval``, ``export``, ``viz`` read)."""
+    model = vitrim.create_model("vit_tiny_patch16_224", num_classes=10, **parse_assignments(TINY, "TINY"))
+    return vitrim.save_checkpoint(model, tmp / "tiny.safetensors")
+
+
+def invocations(tmp: Path) -> dict[str, list[str]]:
+    """Command path -> argv that runs it cheaply, writing under ``tmp`` (the ``translate`` one needs the run that
+    ``demo translate`` writes first)."""
+    ckpt = str(tiny_checkpoint(tmp))
+    speed = ["--repeats", "1", "--warmup", "0"]
+    return {
+        "models": ["models", "deit_*"],
+        "explain": ["explain", "--seed", "1", "--out", str(tmp / "explain.png")],
+        "train": [
+            "train",
+            "--model",
+            "vit_tiny_patch16_224",
+            "--set",
+            TINY,
+            "--epochs",
+            "1",
+            "--batch-size",
+            "256",
+            "--out",
+            str(tmp / "run"),
+            "--quiet",
+            "--threads",
+            "1",
+        ],
+        "eval": ["eval", ckpt, "--batch-size", "64"],
+        "export": ["export", ckpt, "--onnx", str(tmp / "tiny.onnx")],
+        "demo": ["demo", "--quick", "--out", str(tmp / "demo"), "--quiet"],
+        "demo translate": ["demo", "translate", "--quick", "--steps", "1", "--out", str(tmp / "translate"), "--quiet"],
+        "translate": ["translate", "twenty-one", "--run", str(tmp / "translate")],
+        "viz attention": ["viz", "attention", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "attn.png")],
+        "viz rollout": ["viz", "rollout", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "roll.png")],
+        "viz tokens": [
+            "viz",
+            "tokens",
+            "--model",
+            "dynamicvit_tiny_patch16_224",
+            "--img-size",
+            "32",
+            "--digits",
+            "0",
+            "--out",
+            str(tmp / "kept.png"),
+        ],
+        "viz rollout-memory": [
+            "viz",
+            "rollout-memory",
+            "--model",
+            "vit_tiny_patch16_224",
+            "--img-size",
+            "32",
+            "--modes",
+            "stream",
+        ],
+        "bench attention": ["bench", "attention", "--lengths", "8", "--repeats", "1", "--memory-length", "0"],
+        "bench models": [
+            "bench",
+            "models",
+            "vit_tiny_patch16_224",
+            "--set",
+            TINY,
+            "--batch-size",
+            "2",
+            "--latency-repeats",
+            "0",
+            "--no-memory",
+            *speed,
+        ],
+        "bench reducers": [
+            "bench",
+            "reducers",
+            "--models",
+            "vit_tiny_patch16_224",
+            "--set",
+            TINY,
+            "--targets",
+            "60%",
+            "--batch-sizes",
+            "1",
+            *speed,
+            "--out",
+            str(tmp / "bench_reducers"),
+        ],
+    }
