@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 
-from vitrim.cli.common import add_threads_argument, check_output_file
+from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
 from vitrim.data.numbers import make_pair, number_of
 from vitrim.extras import require
-from vitrim.translate.demo import FULL, QUICK, run_translate_demo
+from vitrim.translate.demo import FULL, QUICK, run_translate_demo, ship_run
 from vitrim.translate.inference import load_run, row_labels, translate_text
 from vitrim.viz.cross import plot_cross_attention
 from vitrim.viz.explain import format_matrix
@@ -93,16 +92,28 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
     modes = demo.add_subparsers(dest="demo_mode", metavar="MODE", required=False)
     p = modes.add_parser(
         "translate",
-        help="train an encoder-decoder that translates number words (en -> de, fr) and score its cross-attention",
-        description="Train a small encoder-decoder on English -> German/French number words (num2words), 1 ... "
-        "9999, a seeded 80/20 split of the numbers; write summary.json (exact_match, chrf, alignment_accuracy, "
-        "seconds), report.md, cross-attention pictures and the model for `vitrim translate`. A few minutes on 2 "
-        "CPU cores, no download.",
+        help="an encoder-decoder that translates number words (en -> de, fr): its scores and cross-attention",
+        description="Score and draw the small encoder-decoder of the demo's recipe on English -> German/French "
+        "number words (num2words), 1 ... 9999, a seeded 80/20 split of the numbers: its weights ship with vitrim, "
+        "--retrain trains it from scratch first (about a minute on 1 thread). Writes summary.json (exact_match, "
+        "chrf, alignment_accuracy, seconds), report.md, cross-attention pictures and the model for `vitrim "
+        "translate`. No download.",
     )
     p.add_argument("--out", default="runs/translate", help="run folder (default: %(default)s)")
+    p.add_argument(
+        "--retrain", action="store_true", help="train the model from scratch with the recipe of the shipped one"
+    )
     p.add_argument("--quick", action="store_true", help="tiny model, 30 steps, numbers up to 120: checks the plumbing")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the plan's, 700)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps (default: the plan's, 700; with --retrain or --quick)"
+    )
+    p.add_argument(
+        "--ship-to",
+        default=None,
+        metavar="DIR",
+        help="after --retrain, copy the trained model there as the shipped one (make demo-weights)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument(
         "--threads",
@@ -117,14 +128,24 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     require("num2words", "sacrebleu", "matplotlib", feature="the translation demo")  # before training, not after
     plan = QUICK if args.quick else FULL
+    shipped = not (args.retrain or args.quick)
+    if args.ship_to is not None and not args.retrain:
+        raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
+    if args.steps is not None and shipped:
+        raise ValueError(f"--steps {args.steps} needs --retrain or --quick: the shipped model is not trained again")
+    if args.seed != 0 and shipped:
+        raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped model was trained with seed 0")
+    out = check_output_folder(args.out, "--out")
+    ship_to = None if args.ship_to is None else check_output_folder(args.ship_to, "--ship-to")
     if args.steps is not None:
         if args.steps < 1:
             raise ValueError(f"--steps must be an int >= 1, got {args.steps}")
         plan = replace(
             plan, train=replace(plan.train, steps=args.steps, warmup_steps=min(plan.train.warmup_steps, args.steps))
         )
-    summary = run_translate_demo(Path(args.out), plan, seed=args.seed, quiet=args.quiet)
-    print(f"report: {Path(args.out) / 'report.md'}")
+    summary = run_translate_demo(out, plan, seed=args.seed, quiet=args.quiet, shipped=shipped)
+    note = "  (shipped model; --retrain trains it from scratch)" if shipped else ""
+    print(f"report: {out / 'report.md'}{note}")
     print(
         f"  exact match {100 * summary['exact_match']:.2f}%  chrF {summary['chrf']:.2f}  alignment accuracy "
         f"{100 * summary['alignment_accuracy']:.2f}% (decoder layer {summary['alignment_layer']})  "
@@ -132,6 +153,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     )
     if summary["train"]["stopped_early"]:
         print(f"  training stopped early by its time limit, after {summary['train']['steps']} steps: see report.md")
+    if ship_to is not None:
+        ship_run(out, ship_to)
+        print(f"shipped: {ship_to}")
     return 0
 
 

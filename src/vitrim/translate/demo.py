@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from vitrim.data.numbers import LANGUAGES, build_pairs, split_numbers
+from vitrim.data.numbers import LANGUAGES, Vocab, build_pairs, split_numbers
 from vitrim.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from vitrim.translate.inference import MODEL_FILE, VOCAB_FILE, row_labels
+from vitrim.shipped import copy_run_files, shipped_run
+from vitrim.translate.inference import MODEL_FILE, VOCAB_FILE, load_run, row_labels
 from vitrim.translate.task import Batch, build_vocabs, encode_pairs, save_vocabs
 from vitrim.translate.train import (
     TrainPlan,
@@ -65,8 +66,13 @@ QUICK = TranslateDemoPlan(
 )
 
 
-def run_translate_demo(out: Path, plan: TranslateDemoPlan, *, seed: int = 0, quiet: bool = False) -> dict[str, Any]:
-    """Build, train, score and draw (module doc); write every file to ``out`` and return the summary."""
+def run_translate_demo(
+    out: Path, plan: TranslateDemoPlan, *, seed: int = 0, quiet: bool = False, shipped: bool = False
+) -> dict[str, Any]:
+    """Build, train (or, with ``shipped``, install the shipped model of ``FULL``), score and draw (module doc);
+    write every file to ``out`` and return the summary."""
+    if shipped and (plan != FULL or seed != 0):
+        raise ValueError(f"the shipped model is the FULL plan at seed 0; seed {seed} and other plans need --retrain")
     start = time.perf_counter()
     log = None if quiet else (lambda line: print(line, flush=True))
     out.mkdir(parents=True, exist_ok=True)
@@ -77,26 +83,32 @@ def run_translate_demo(out: Path, plan: TranslateDemoPlan, *, seed: int = 0, qui
         encode_pairs(train_pairs, source_vocab, target_vocab),
         encode_pairs(test_pairs, source_vocab, target_vocab),
     )
-    longest = max(train.src.shape[1], train.tgt.shape[1], test.src.shape[1], test.tgt.shape[1])
-    config = Seq2SeqConfig(len(source_vocab), len(target_vocab), max_len=longest + 4, **plan.model)
-    if log:
-        log(f"== data: {len(train)} training pairs, {len(test)} held-out pairs ({len(test_numbers)} numbers), "
-            f"{time.perf_counter() - start:.1f} s")  # fmt: skip
-        log(f"== training {sum(p.numel() for p in Seq2SeqTransformer(config).parameters()):,} parameters")
-    model, history = train_model(config, train, plan.train, seed=seed, log=log)
+    if shipped:
+        model, history = _install_shipped(out, source_vocab, target_vocab)
+        config = model.config
+    else:
+        longest = max(train.src.shape[1], train.tgt.shape[1], test.src.shape[1], test.tgt.shape[1])
+        config = Seq2SeqConfig(len(source_vocab), len(target_vocab), max_len=longest + 4, **plan.model)
+        if log:
+            log(f"== data: {len(train)} training pairs, {len(test)} held-out pairs ({len(test_numbers)} numbers), "
+                f"{time.perf_counter() - start:.1f} s")  # fmt: skip
+            log(f"== training {sum(p.numel() for p in Seq2SeqTransformer(config).parameters()):,} parameters")
+        model, history = train_model(config, train, plan.train, seed=seed, log=log)
 
     from vitrim.checkpoint import save_checkpoint
 
     hypotheses = translate_batch(model, test, target_vocab)
     summary: dict[str, Any] = translation_scores(test, hypotheses)
     summary.update(alignment_scores(model, train, test))
-    save_checkpoint(model, out / MODEL_FILE)
-    info = {"languages": list(plan.languages), "alignment_layer": summary["alignment_layer"]}
-    save_vocabs(out / VOCAB_FILE, source_vocab, target_vocab, info)
+    if not shipped:
+        save_checkpoint(model, out / MODEL_FILE)
+        info = {"languages": list(plan.languages), "alignment_layer": summary["alignment_layer"]}
+        save_vocabs(out / VOCAB_FILE, source_vocab, target_vocab, info)
     pictures = _pictures(out, model, test, hypotheses, summary["alignment_layer"], plan.pictures)
     summary.update(
         seconds=time.perf_counter() - start,
         threads=torch.get_num_threads(),
+        weights="shipped" if shipped else "trained",
         train=history,
         data={"max_number": plan.max_number, "train_numbers": len(train_numbers), "test_numbers": len(test_numbers),
               "train_pairs": len(train), "test_pairs": len(test), "languages": list(plan.languages), "seed": seed},
@@ -116,6 +128,29 @@ def run_translate_demo(out: Path, plan: TranslateDemoPlan, *, seed: int = 0, qui
 
     (out / "report.md").write_text(report(summary, out))
     return summary
+
+
+SHIPPED_FILES = (MODEL_FILE, VOCAB_FILE)
+
+
+def _install_shipped(out: Path, source: Vocab, target: Vocab) -> tuple[Seq2SeqTransformer, dict[str, Any]]:
+    """Copy the shipped model into ``out``; (the model, its training log when it was made)."""
+    folder = shipped_run("translate")
+    copy_run_files(folder, out, SHIPPED_FILES)
+    run = load_run(out)
+    if run.source_vocab.tokens != source.tokens or run.target_vocab.tokens != target.tokens:
+        raise ValueError(f"the shipped model's vocabulary ({str(out / VOCAB_FILE)!r}) is not the one this version of "
+                         "vitrim builds for the task: train one with --retrain")  # fmt: skip
+    made = json.loads((folder / "summary.json").read_text())
+    return run.model, {**made["train"], "threads": made["threads"]}
+
+
+def ship_run(out: Path, dest: Path) -> None:
+    """Copy a run that trained the ``FULL`` plan to ``dest``, as the shipped model."""
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    if summary.get("weights") != "trained" or summary.get("data", {}).get("max_number") != FULL.max_number:
+        raise ValueError(f"{str(out)!r} is not a run that trained the full translation demo (--retrain)")
+    copy_run_files(out, dest, [*SHIPPED_FILES, "summary.json"], float16=True)
 
 
 def picture_indices(test: Batch, count: int) -> list[int]:

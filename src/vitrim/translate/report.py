@@ -33,10 +33,8 @@ def report(summary: dict[str, Any], out: Path) -> str:
         "",
         "Targets: " + "; ".join(f"{k}: {'reached' if v else 'NOT reached'}" for k, v in targets.items()),
         "",
-        f"Time: {summary['seconds']:.0f} s in all ({train['train_seconds']:.0f} s training, {train['steps']} steps"
-        f"{', stopped early by the time limit' if train['stopped_early'] else ''}) on {summary['threads']}"
-        f" thread(s). Model: dim {model['dim']}, {model['encoder_depth']} + {model['decoder_depth']} layers,"
-        f" {model['num_heads']} heads, dropout {model['dropout']}, {summary['parameters']:,} parameters.",
+        _time(summary, train) + f" Model: dim {model['dim']}, {model['encoder_depth']} + {model['decoder_depth']}"
+        f" layers, {model['num_heads']} heads, dropout {model['dropout']}, {summary['parameters']:,} parameters.",
         "",
         "## How it is scored",
         "",
@@ -78,3 +76,17 @@ def report(summary: dict[str, Any], out: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _time(summary: dict[str, Any], train: dict[str, Any]) -> str:
+    steps = f"{train['steps']} steps{', stopped early by the time limit' if train['stopped_early'] else ''}"
+    if summary.get("weights") == "shipped":
+        return (
+            f"Time: {summary['seconds']:.0f} s on {summary['threads']} thread(s), scoring and drawing the model shipped"
+            f" with vitrim; `vitrim demo translate --retrain` made it ({train['train_seconds']:.0f} s of training,"
+            f" {steps}, on {train['threads']} thread(s)) and trains it again from scratch."
+        )
+    return (
+        f"Time: {summary['seconds']:.0f} s in all ({train['train_seconds']:.0f} s training, {steps}) on"
+        f" {summary['threads']} thread(s)."
+    )
