@@ -148,18 +148,32 @@ def vision_config(hf_config: dict[str, Any]) -> dict[str, Any]:
     return hf_config
 
 
+def check_model_type(hf_config: dict[str, Any]) -> str:
+    """The model type of the vision model a config.json describes, if vitrim builds it; a clear error otherwise."""
+    model_type = vision_config(hf_config).get("model_type")
+    if model_type not in SUPPORTED:
+        raise ValueError(
+            f"config.json has model_type {model_type!r}; vitrim reads Hugging Face ViT, DINOv2 (with registers), CLIP "
+            f"and SigLIP vision models: model_type one of {list(SUPPORTED)}, or 'clip' / 'siglip' (their vision tower)"
+        )
+    return str(model_type)
+
+
+def hf_pos_embed_antialias(hf_config: dict[str, Any] | None, state_dict: dict[str, Tensor]) -> bool:
+    """Whether transformers resamples this model's position embedding with antialiasing: its DINOv2 with registers
+    does (``interpolate_pos_encoding``: bicubic, ``antialias=True``); its ViT, DINOv2, CLIP and SigLIP do not."""
+    if hf_config is not None:
+        return vision_config(hf_config).get("model_type") == "dinov2_with_registers"
+    return any(key.endswith("embeddings.register_tokens") for key in state_dict)
+
+
 def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Tensor]) -> dict[str, Any]:
     """A Hugging Face ``config.json`` -> ViTConfig fields (timm names). ``state_dict`` (converted) gives the head.
 
     num_classes is the classifier's size when the weights have one, else 0 (the *Model classes: features only).
     """
     config = vision_config(hf_config)
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED:
-        raise ValueError(
-            f"config.json has model_type {model_type!r}; vitrim reads Hugging Face ViT, DINOv2 (with registers), CLIP "
-            f"and SigLIP vision models: model_type one of {list(SUPPORTED)}, or 'clip' / 'siglip' (their vision tower)"
-        )
+    model_type = check_model_type(hf_config)
     act = config.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise ValueError(f"config.json has hidden_act {act!r}; vitrim supports {sorted(ACTIVATIONS)}")
@@ -192,6 +206,7 @@ def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Ten
         drop_rate=float(config.get("hidden_dropout_prob", 0.0)),
         attn_drop_rate=float(config.get("attention_probs_dropout_prob", config.get("attention_dropout", 0.0))),
     )
+    fields["pos_embed_antialias"] = model_type == "dinov2_with_registers"
     if model_type in ("dinov2", "dinov2_with_registers"):
         fields["init_values"] = float(config.get("layerscale_value", 1.0))
     if model_type == "dinov2_with_registers":

@@ -107,3 +107,21 @@ def test_a_bad_data_config_is_a_clear_error(changes: dict, message: str) -> None
 def test_eval_transform_refuses_what_is_not_a_data_config() -> None:
     with pytest.raises(TypeError, match="data_config must be a vitrim DataConfig"):
         eval_transform({"input_size": (3, 224, 224)})  # type: ignore[arg-type]
+
+
+def test_viz_image_uses_the_model_s_eval_transform_and_a_trained_digits_model_keeps_its_own(tmp_path) -> None:
+    import argparse
+
+    import vitrim
+    from vitrim.cli.viz import load_picture
+    from vitrim.data.images import read_image
+
+    path = tmp_path / "photo.jpg"
+    jpeg(90, 60, 3).save(path)
+    args = argparse.Namespace(image=str(path), digits=None)
+    named = build_model("deit_tiny_patch16_224", img_size=32, depth=1)
+    expected = timm_data.create_transform(**dataclasses.asdict(named.data_config), is_training=False)(Image.open(path))
+    torch.testing.assert_close(load_picture(args, named), expected, atol=1e-6, rtol=0)
+    trained = vitrim.load_model(vitrim.save_checkpoint(named, tmp_path / "trained.safetensors"))  # no data config
+    assert not hasattr(trained, "data_config")
+    torch.testing.assert_close(load_picture(args, trained), read_image(path, (32, 32), 3))

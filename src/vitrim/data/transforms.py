@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 import sys
 import types
+from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from vitrim.extras import require
 from vitrim.models.data_config import DataConfig
@@ -131,3 +134,23 @@ def eval_transform(data_config: DataConfig) -> Any:
         steps += [ResizeKeepRatio(scale_size, interpolation, longest=False), transforms.CenterCrop(size)]
     steps += [transforms.ToTensor(), transforms.Normalize(mean=data_config.mean, std=data_config.std)]
     return transforms.Compose(steps)
+
+
+def read_image_for(path: str | Path, data_config: DataConfig, *, name: str = "image") -> Tensor:
+    """A PNG/JPEG file -> the (C, H, W) tensor a model with ``data_config`` takes (:func:`eval_transform`).
+
+    A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file as ``name``.
+    """
+    transform = eval_transform(data_config)
+    require("PIL", feature="reading an image")
+    from PIL import Image
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    try:
+        with Image.open(path) as file:
+            file.load()
+            image = file.copy()
+    except Exception as err:  # Pillow raises many kinds on a bad file
+        raise ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
+    return transform(image)
