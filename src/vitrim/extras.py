@@ -19,6 +19,7 @@ OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribu
     "matplotlib": ("matplotlib", ("viz", "translate")),
     "PIL": ("Pillow", ("viz", "train", "data")),
     "torchvision": ("torchvision", ("data",)),
+    "huggingface_hub": ("huggingface-hub", ("hub",)),
     "tqdm": ("tqdm", ("train",)),
     "num2words": ("num2words", ("translate",)),
     "sacrebleu": ("sacrebleu", ("translate",)),
