@@ -111,6 +111,11 @@ def test_revisions_branches_tags_and_commits(cache: Path, tmp_path: Path) -> Non
         torch.testing.assert_close(vitrim.load_model("hf-hub:someone/deit")(x), first(x), **TOL)
         for revision in ("v2", commit):
             torch.testing.assert_close(vitrim.load_model(f"hf-hub:someone/deit@{revision}")(x), second(x), **TOL)
+        # a hub repo's weights as the checkpoint of a registered model
+        model = vitrim.create_model(
+            "deit_tiny_patch16_224", checkpoint="hf-hub:someone/deit@v2", img_size=32, **TIMM_TINY
+        )
+        torch.testing.assert_close(model.eval()(x), second(x), **TOL)
     report = huggingface_hub.scan_cache_dir(cache)  # huggingface_hub's own reader finds the layout sound
     assert not report.warnings and {r.repo_id for r in report.repos} == {"someone/deit"}
 
