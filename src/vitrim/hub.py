@@ -48,13 +48,16 @@ def parse_hub_name(name: str) -> tuple[str, str | None]:
 
 
 def cache_dir() -> str | None:
-    """The hub cache the environment names now (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``$HF_HOME/hub``), as
-    huggingface_hub resolves it; None: huggingface_hub's own default."""
-    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+    """The hub cache the environment names now (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``$HF_HOME/hub``,
+    ``$XDG_CACHE_HOME/huggingface/hub``, in huggingface_hub's order); None: huggingface_hub's own default."""
+    for variable, below in (
+        ("HF_HUB_CACHE", ()),
+        ("HUGGINGFACE_HUB_CACHE", ()),
+        ("HF_HOME", ("hub",)),
+        ("XDG_CACHE_HOME", ("huggingface", "hub")),
+    ):
         if os.environ.get(variable):
-            return os.path.expanduser(os.path.expandvars(os.environ[variable]))
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.path.expanduser(os.path.expandvars(os.environ["HF_HOME"])), "hub")
+            return os.path.join(os.path.expanduser(os.path.expandvars(os.environ[variable])), *below)
     return None
 
 

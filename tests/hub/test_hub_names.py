@@ -279,3 +279,17 @@ def test_the_cli_takes_hub_names_wherever_it_takes_a_checkpoint(
     out = tmp_path / "rollout.png"
     assert main(["viz", "rollout", "--checkpoint", name, "--image", str(image), "--out", str(out)]) == 0
     assert out.stat().st_size > 0
+
+
+def test_the_cache_is_where_the_environment_says_now(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from vitrim.hub import cache_dir
+
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    assert cache_dir() is None  # huggingface_hub's own default
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == str(tmp_path / "xdg" / "huggingface" / "hub")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    assert cache_dir() == str(tmp_path / "home" / "hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == str(tmp_path / "cache")
