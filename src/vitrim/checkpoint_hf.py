@@ -80,6 +80,24 @@ _TOP = {
     "head.mlp.fc2.weight": "attn_pool.mlp.fc2.weight",
     "head.mlp.fc2.bias": "attn_pool.mlp.fc2.bias",
 }
+_SIZES = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_channels=3, image_size=224)
+# the defaults of transformers' config classes, which a config.json may leave out (tests/models/test_hf_defaults.py
+# checks them against the classes)
+TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit": dict(_SIZES, intermediate_size=3072, patch_size=16, hidden_act="gelu", layer_norm_eps=1e-12, qkv_bias=True),
+    "dinov2": dict(
+        _SIZES, mlp_ratio=4, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-6, qkv_bias=True, layerscale_value=1.0
+    ),
+    "clip_vision_model": dict(
+        _SIZES, intermediate_size=3072, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5
+    ),
+    "siglip_vision_model": dict(
+        _SIZES, intermediate_size=3072, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6
+    ),
+}
+TRANSFORMERS_DEFAULTS["dinov2_with_registers"] = dict(
+    TRANSFORMERS_DEFAULTS["dinov2"], num_register_tokens=4, patch_size=16
+)
 # HF's tanh pooler, the MAE/iBOT mask token, CLIP's position ids: vitrim's ViT has none of them
 _IGNORED = ("pooler.", "embeddings.mask_token", "embeddings.position_ids")
 
@@ -141,11 +159,16 @@ def convert_hf(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[s
 
 
 def vision_config(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The vision part of a config.json: itself, or its ``vision_config`` (a full CLIP or SigLIP model)."""
-    nested = hf_config.get("vision_config")
-    if isinstance(nested, dict) and hf_config.get("model_type") in ("clip", "siglip"):
-        return {**nested, "model_type": f"{hf_config['model_type']}_vision_model"}
-    return hf_config
+    """The vision part of a config.json: itself, or its ``vision_config`` (a full CLIP or SigLIP model), with
+    transformers' defaults for what it leaves out (older ``save_pretrained`` wrote only what differs from them)."""
+    config = hf_config
+    if hf_config.get("model_type") in ("clip", "siglip"):
+        nested = hf_config.get("vision_config")
+        config = {
+            **(nested if isinstance(nested, dict) else {}),
+            "model_type": f"{hf_config['model_type']}_vision_model",
+        }
+    return {**TRANSFORMERS_DEFAULTS.get(config.get("model_type"), {}), **config}  # type: ignore[arg-type]
 
 
 def check_model_type(hf_config: dict[str, Any]) -> str:

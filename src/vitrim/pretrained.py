@@ -151,7 +151,8 @@ def from_timm_config(config: dict[str, Any], raw: RawCheckpoint, overrides: dict
         args["num_classes"] = config["num_classes"]
     model = build_model(arch, **{**args, **overrides})
     load_weights(model, raw, where)
-    model.data_config = timm_data_config(config.get("pretrained_cfg"), model)  # type: ignore[assignment]
+    legacy = config if "mean" in config else None  # older timm repos: one flat config.json, data keys at the top
+    model.data_config = timm_data_config(config.get("pretrained_cfg") or legacy, model)  # type: ignore[assignment]
     return model
 
 

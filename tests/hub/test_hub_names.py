@@ -120,6 +120,18 @@ def test_revisions_branches_tags_and_commits(cache: Path, tmp_path: Path) -> Non
     assert not report.warnings and {r.repo_id for r in report.repos} == {"someone/deit"}
 
 
+def test_an_older_timm_repo_with_a_flat_config(cache: Path, tmp_path: Path) -> None:
+    theirs, folder = timm_folder(tmp_path, "deit_tiny_patch16_224", img_size=32, **TIMM_TINY)
+    config = json.loads((folder / "config.json").read_text())
+    flat = {"architecture": config["architecture"], "num_classes": 1000, **config["pretrained_cfg"], "mean": [0.1] * 3}
+    (folder / "config.json").write_text(json.dumps(flat))  # timm's first hub layout: no pretrained_cfg, no model_args
+    add_folder(cache, "someone/old-deit", folder)
+    model = vitrim.load_model("hf-hub:someone/old-deit", img_size=32, **TIMM_TINY)
+    assert model.data_config.mean == (0.1, 0.1, 0.1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixels((32, 32))), theirs(pixels((32, 32))), **TOL)
+
+
 # -- transformers' layout ------------------------------------------------------------------------------------------
 
 SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
