@@ -196,7 +196,9 @@ def from_transformers_config(
     load_weights(model, raw, where)
     c = model.config
     data = DataConfig.from_transformers(processor, c.in_chans) if processor else TRANSFORMERS_DATA[str(model_type)]
-    model.data_config = data.for_input(c.in_chans, c.img_size)  # type: ignore[assignment]
+    # the processor's size unless the user chose one (DINOv2's processor crops 224 for a model trained at 518)
+    size = (data.input_size[1], data.input_size[2]) if processor and "img_size" not in overrides else c.img_size
+    model.data_config = data.for_input(c.in_chans, size)  # type: ignore[assignment]
     return model
 
 

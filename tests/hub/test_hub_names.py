@@ -215,6 +215,24 @@ def test_transformers_vision_repos_without_a_processor_file(kind: str, cache: Pa
     assert model.data_config.crop_mode == default
 
 
+def test_a_dinov2_repo_keeps_its_processor_s_size(cache: Path, tmp_path: Path) -> None:
+    # facebook/dinov2-*: a 518 grid, and a processor that resizes the shortest edge to 256 and crops 224
+    hf = perturbed(transformers.Dinov2Model(transformers.Dinov2Config(**SMALL, image_size=42, patch_size=14)))
+    processor = {"size": {"shortest_edge": 32}, "crop_size": {"height": 28, "width": 28}, "do_center_crop": True}
+    hf_repo(cache, tmp_path, "facebook/dinov2-small", hf, {**processor, "resample": 3})
+    model = vitrim.load_model("hf-hub:facebook/dinov2-small")
+    data = model.data_config
+    assert (data.input_size, data.crop_pct, data.crop_mode, data.interpolation) == (
+        (3, 28, 28),
+        0.875,
+        "center",
+        "bicubic",
+    )
+    x = pixels((28, 28))  # what the processor makes: the position embedding is resampled down, as transformers does
+    with torch.no_grad():
+        assert relative(model(x), hf(pixel_values=x).pooler_output) <= 1e-5
+
+
 # -- what goes wrong: one clear line each --------------------------------------------------------------------------
 
 
