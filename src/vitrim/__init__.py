@@ -2,9 +2,11 @@
 
 from vitrim import losses, reduce  # the modules: vitrim.losses.DynamicViTLoss, vitrim.reduce.apply
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
-from vitrim.checkpoint import load_checkpoint, load_model, save_checkpoint
+from vitrim.checkpoint import load_checkpoint, save_checkpoint
 from vitrim.factory import create_model
+from vitrim.in_memory import from_timm, from_transformers
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
+from vitrim.pretrained import load_model
 
 __version__ = "0.1.0"
 
@@ -16,6 +18,8 @@ __all__ = [
     "__version__",
     "compute_attention",
     "create_model",
+    "from_timm",
+    "from_transformers",
     "list_models",
     "losses",
     "reduce",

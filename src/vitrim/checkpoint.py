@@ -4,7 +4,9 @@
 (recognised by content; see :mod:`vitrim.checkpoint_formats`, which also says what is safe to unpickle), then
 adapts them to the model:
 
-* a position embedding learned for another patch grid is resampled (bicubic, antialiased, as timm does);
+* a position embedding learned for another patch grid is resampled as the weights' library resamples it (bicubic;
+  antialiased for timm, not for transformers' ViT, DINOv2, CLIP and SigLIP), and the model remembers that library's
+  way in ``config.pos_embed_antialias`` for the image sizes it will see;
 * a classifier head of another size (or none at all) leaves the model's fresh head in place, with a warning,
   so a checkpoint can be fine-tuned on another label set; a model with ``num_classes=0`` ignores the head;
 * register tokens the checkpoint lacks (a model built with ``reg_tokens`` loading weights trained without them)
@@ -41,7 +43,7 @@ from torch import Tensor, nn
 from vitrim import reduce
 from vitrim.atomic import atomic_write
 from vitrim.checkpoint_formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint
-from vitrim.checkpoint_hf import convert_hf, hf_config_to_vit_fields, vision_config
+from vitrim.checkpoint_hf import convert_hf, hf_config_to_vit_fields, hf_pos_embed_antialias, vision_config
 from vitrim.models.config import ViTConfig
 from vitrim.models.pos_embed import resample_pos_embed
 from vitrim.models.vit import VisionTransformer
@@ -99,9 +101,10 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
         _warn_on_hf_eps(model, raw)
     else:
         state_dict = convert_timm(state_dict)
-    own = model.state_dict()
+    own = convert_timm(model.state_dict())  # vitrim's names (a RoPE ViT saves under timm's Eva names)
+    antialias = _source_antialias(raw, fmt)
     _adapt_registers(model, state_dict, own, result)
-    _adapt_pos_embed(model, state_dict, own, _source_grid(raw, fmt), result)
+    _adapt_pos_embed(model, state_dict, own, _source_grid(raw, fmt), result, antialias)
     _adapt_head(state_dict, own, result)
     optional = tuple(getattr(model, "checkpoint_optional_prefixes", ()))
     for key, target in own.items():
@@ -124,6 +127,9 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
     bad = {key for key, _, _ in result.mismatched}
     loadable = {key: value for key, value in state_dict.items() if key in own and key not in bad}
     model.load_state_dict(loadable, strict=False)  # copies into the model's own dtype and device
+    config = getattr(model, "config", None)
+    if isinstance(config, ViTConfig) and antialias is not None and config.pos_embed_antialias != antialias:
+        model.config = dataclasses.replace(config, pos_embed_antialias=antialias)  # type: ignore[assignment]
     if result.fresh:
         logger.info("left at initialisation: %s", _summary(result.fresh))
     return result
@@ -163,12 +169,24 @@ def _source_grid(raw: RawCheckpoint, fmt: str) -> tuple[int, int] | None:
         return None
 
 
+def _source_antialias(raw: RawCheckpoint, fmt: str) -> bool | None:
+    """How the weights' library resamples their position embedding (``ViTConfig.pos_embed_antialias``); None: a
+    vitrim file that does not say."""
+    if fmt == "huggingface":
+        return hf_pos_embed_antialias(raw.hf_config, raw.state_dict)
+    if fmt == "vitrim":
+        value = json.loads(raw.metadata.get("vitrim.config", "{}")).get("pos_embed_antialias")
+        return value if isinstance(value, bool) else None
+    return True  # timm, DeiT and DynamicViT weights: timm's resampling
+
+
 def _adapt_pos_embed(
     model: nn.Module,
     state_dict: dict[str, Tensor],
     own: dict[str, Tensor],
     source_grid: tuple[int, int] | None,
     result: LoadResult,
+    antialias: bool | None,
 ) -> None:
     pos, target = state_dict.get("pos_embed"), own.get("pos_embed")
     patch_embed = getattr(model, "patch_embed", None)
@@ -188,7 +206,9 @@ def _adapt_pos_embed(
         source_grid = (side, side)
     if source_grid == new_grid:
         return  # (a 4x8 grid loaded into an 8x4 model has the same shape, but must still be resampled)
-    state_dict["pos_embed"] = resample_pos_embed(pos, new_grid, source_grid, num_prefix)
+    if antialias is None:
+        antialias = bool(getattr(getattr(model, "config", None), "pos_embed_antialias", True))
+    state_dict["pos_embed"] = resample_pos_embed(pos, new_grid, source_grid, num_prefix, antialias=antialias)
     result.resampled_pos_embed = (source_grid, new_grid)
 
 

@@ -24,7 +24,6 @@ import json
 import os
 import pathlib
 import pickle
-import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from vitrim.checkpoint_hf import has_hf_keys
+from vitrim.models.eva_names import from_eva_names
 
 # Harmless classes that training scripts pickle next to the weights; nothing else is unpickled.
 SAFE_GLOBALS: list[Any] = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
@@ -89,7 +89,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> RawCheckpoint:
     config_file = source.parent / "config.json"
     hf_config = None
     if has_hf_keys(state_dict) and config_file.is_file():
-        hf_config = _read_json(config_file)
+        hf_config = read_json(config_file)
     return RawCheckpoint(source, state_dict, metadata, hf_config)
 
 
@@ -102,7 +102,7 @@ def _read_hf_directory(directory: Path) -> RawCheckpoint:
         )
     if weights.name.endswith(".index.json"):
         # a sharded save_pretrained: the index maps every tensor name to the shard that holds it
-        weight_map = _read_json(weights).get("weight_map")
+        weight_map = read_json(weights).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{str(weights)!r} has no 'weight_map'; not a Hugging Face shard index")
         state_dict: dict[str, Tensor] = {}
@@ -111,11 +111,11 @@ def _read_hf_directory(directory: Path) -> RawCheckpoint:
     else:
         state_dict = _read_weights_file(weights)[0]
     config_file = directory / "config.json"
-    hf_config = _read_json(config_file) if config_file.is_file() else None
+    hf_config = read_json(config_file) if config_file.is_file() else None
     return RawCheckpoint(weights, state_dict, {}, hf_config)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -223,30 +223,10 @@ def find_state_dict(obj: object, path: Path) -> dict[str, Tensor]:
     return state_dict
 
 
-# -- timm's EVA layout ---------------------------------------------------------------------------------------------
-
-_EVA_BIAS = re.compile(r"^(.*\.attn)\.q_bias$")
-
-
 def convert_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """timm's EVA names -> its ViT names (the rest passes through): ``attn.q_bias`` / ``attn.v_bias`` become one
-    ``attn.qkv.bias`` with a zero key bias (EVA has none; a key bias shifts every logit of a query by the same
-    amount, so softmax ignores it either way), and ``gamma_1`` / ``gamma_2`` become ``ls1.gamma`` / ``ls2.gamma``."""
-    out: dict[str, Tensor] = {}
-    for key, value in state_dict.items():
-        if match := _EVA_BIAS.match(key):
-            prefix = match.group(1)
-            v_bias = state_dict.get(f"{prefix}.v_bias")
-            if v_bias is not None:
-                out[f"{prefix}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), v_bias])
-                continue
-        if key.endswith(".attn.v_bias") and f"{key[: -len('v_bias')]}q_bias" in state_dict:
-            continue
-        for old, new in ((".gamma_1", ".ls1.gamma"), (".gamma_2", ".ls2.gamma")):
-            if key.endswith(old):
-                key = key[: -len(old)] + new
-        out[key] = value
-    return out
+    """timm's names -> vitrim's: its ViT names pass through, its Eva names are converted
+    (:func:`vitrim.models.eva_names.from_eva_names`)."""
+    return from_eva_names(state_dict)
 
 
 def detect_format(raw: RawCheckpoint) -> str:

@@ -80,6 +80,24 @@ _TOP = {
     "head.mlp.fc2.weight": "attn_pool.mlp.fc2.weight",
     "head.mlp.fc2.bias": "attn_pool.mlp.fc2.bias",
 }
+_SIZES = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_channels=3, image_size=224)
+# the defaults of transformers' config classes, which a config.json may leave out (tests/models/test_hf_defaults.py
+# checks them against the classes)
+TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit": dict(_SIZES, intermediate_size=3072, patch_size=16, hidden_act="gelu", layer_norm_eps=1e-12, qkv_bias=True),
+    "dinov2": dict(
+        _SIZES, mlp_ratio=4, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-6, qkv_bias=True, layerscale_value=1.0
+    ),
+    "clip_vision_model": dict(
+        _SIZES, intermediate_size=3072, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5
+    ),
+    "siglip_vision_model": dict(
+        _SIZES, intermediate_size=3072, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6
+    ),
+}
+TRANSFORMERS_DEFAULTS["dinov2_with_registers"] = dict(
+    TRANSFORMERS_DEFAULTS["dinov2"], num_register_tokens=4, patch_size=16
+)
 # HF's tanh pooler, the MAE/iBOT mask token, CLIP's position ids: vitrim's ViT has none of them
 _IGNORED = ("pooler.", "embeddings.mask_token", "embeddings.position_ids")
 
@@ -141,11 +159,35 @@ def convert_hf(state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[s
 
 
 def vision_config(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The vision part of a config.json: itself, or its ``vision_config`` (a full CLIP or SigLIP model)."""
-    nested = hf_config.get("vision_config")
-    if isinstance(nested, dict) and hf_config.get("model_type") in ("clip", "siglip"):
-        return {**nested, "model_type": f"{hf_config['model_type']}_vision_model"}
-    return hf_config
+    """The vision part of a config.json: itself, or its ``vision_config`` (a full CLIP or SigLIP model), with
+    transformers' defaults for what it leaves out (older ``save_pretrained`` wrote only what differs from them)."""
+    config = hf_config
+    if hf_config.get("model_type") in ("clip", "siglip"):
+        nested = hf_config.get("vision_config")
+        config = {
+            **(nested if isinstance(nested, dict) else {}),
+            "model_type": f"{hf_config['model_type']}_vision_model",
+        }
+    return {**TRANSFORMERS_DEFAULTS.get(config.get("model_type"), {}), **config}  # type: ignore[arg-type]
+
+
+def check_model_type(hf_config: dict[str, Any]) -> str:
+    """The model type of the vision model a config.json describes, if vitrim builds it; a clear error otherwise."""
+    model_type = vision_config(hf_config).get("model_type")
+    if model_type not in SUPPORTED:
+        raise ValueError(
+            f"config.json has model_type {model_type!r}; vitrim reads Hugging Face ViT, DINOv2 (with registers), CLIP "
+            f"and SigLIP vision models: model_type one of {list(SUPPORTED)}, or 'clip' / 'siglip' (their vision tower)"
+        )
+    return str(model_type)
+
+
+def hf_pos_embed_antialias(hf_config: dict[str, Any] | None, state_dict: dict[str, Tensor]) -> bool:
+    """Whether transformers resamples this model's position embedding with antialiasing: its DINOv2 with registers
+    does (``interpolate_pos_encoding``: bicubic, ``antialias=True``); its ViT, DINOv2, CLIP and SigLIP do not."""
+    if hf_config is not None:
+        return vision_config(hf_config).get("model_type") == "dinov2_with_registers"
+    return any(key.endswith("embeddings.register_tokens") for key in state_dict)
 
 
 def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Tensor]) -> dict[str, Any]:
@@ -154,12 +196,7 @@ def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Ten
     num_classes is the classifier's size when the weights have one, else 0 (the *Model classes: features only).
     """
     config = vision_config(hf_config)
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED:
-        raise ValueError(
-            f"config.json has model_type {model_type!r}; vitrim reads Hugging Face ViT, DINOv2 (with registers), CLIP "
-            f"and SigLIP vision models: model_type one of {list(SUPPORTED)}, or 'clip' / 'siglip' (their vision tower)"
-        )
+    model_type = check_model_type(hf_config)
     act = config.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise ValueError(f"config.json has hidden_act {act!r}; vitrim supports {sorted(ACTIVATIONS)}")
@@ -192,6 +229,7 @@ def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Ten
         drop_rate=float(config.get("hidden_dropout_prob", 0.0)),
         attn_drop_rate=float(config.get("attention_probs_dropout_prob", config.get("attention_dropout", 0.0))),
     )
+    fields["pos_embed_antialias"] = model_type == "dinov2_with_registers"
     if model_type in ("dinov2", "dinov2_with_registers"):
         fields["init_values"] = float(config.get("layerscale_value", 1.0))
     if model_type == "dinov2_with_registers":

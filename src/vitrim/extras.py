@@ -17,7 +17,9 @@ import importlib
 
 OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribution, extras that install it)
     "matplotlib": ("matplotlib", ("viz", "translate")),
-    "PIL": ("Pillow", ("viz", "train")),
+    "PIL": ("Pillow", ("viz", "train", "data")),
+    "torchvision": ("torchvision", ("data",)),
+    "huggingface_hub": ("huggingface-hub", ("hub",)),
     "tqdm": ("tqdm", ("train",)),
     "num2words": ("num2words", ("translate",)),
     "sacrebleu": ("sacrebleu", ("translate",)),

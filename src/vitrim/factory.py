@@ -1,7 +1,7 @@
-"""``vitrim.create_model``: a registered model, its checkpoint and its token reducers, composed in one call.
+"""``vitrim.create_model``: a registered model, its weights and its token reducers, composed in one call.
 
-This is the one place where the three floors meet (models build, checkpoint loads, reduce attaches), so none of
-them has to import another against the layering.
+This is the one place where the floors meet (models build, checkpoint and pretrained load, reduce attaches), so
+none of them has to import another against the layering.
 """
 
 from __future__ import annotations
@@ -11,37 +11,88 @@ from typing import Any
 
 from torch import nn
 
-from vitrim import reduce
+from vitrim import hub, reduce
 from vitrim.checkpoint import load_checkpoint
-from vitrim.models.registry import build_model
+from vitrim.models.pretrained_tags import pretrained_repo, split_tag
+from vitrim.models.registry import build_model, check_registered
+from vitrim.pretrained import load_model, load_weights, read_weights, timm_data_config
 
 
 def create_model(
     name: str,
     *,
-    num_classes: int = 1000,
+    pretrained: bool = False,
+    num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
     checkpoint: str | Path | None = None,
     **overrides: Any,
 ) -> nn.Module:
-    """Build a registered model, optionally loading a checkpoint (vitrim, timm, DeiT, Hugging Face, DynamicViT).
+    """Build a registered model, optionally with pretrained weights or a checkpoint (vitrim, timm, DeiT, Hugging
+    Face, DynamicViT; a path or ``"hf-hub:ORG/NAME"``).
 
-    ``img_size`` defaults to the model's own (224, or 384 for ``*_384``). ``overrides`` use timm's names
-    (``embed_dim``, ``depth``, ``num_heads``, ``patch_size``, ``global_pool``, …).
-    ``reducer`` (a name from ``vitrim.reduce.list_reducers()``, or a spec ``"tome:r=13"``) and its options (``r``,
-    ``keep_rate``, ``keep_ratio``, ``layers``, …) attach token reducers: ``create_model(name, reducer="tome", r=13)``.
-    They are attached before the checkpoint loads, so a learned reducer's weights (DynamicViT's
-    ``score_predictor.*``) load from it when it has them and stay fresh when it does not.
+    ``name`` is timm's: ``"vit_base_patch16_224"``, or with a pretrained tag ``"vit_base_patch16_224.augreg2_in21k_
+    ft_in1k"``. ``pretrained=True`` reads the weights of timm's hub repo ``timm/<name>.<tag>`` through
+    huggingface_hub (its cache; ``HF_HUB_OFFLINE=1`` reads the cache only); without a tag, the architecture's default
+    tag (timm's). The model then has the weights' data config (``model.data_config``) and, unless ``num_classes``
+    says otherwise, their classes (another count: a fresh head, as timm fine-tunes). ``"hf-hub:ORG/NAME"`` as the
+    name is ``vitrim.load_model`` of that repo, with reducers attached.
+
+    ``img_size`` defaults to the model's own (224, or 384 for ``*_384``); another one resamples the position
+    embedding. ``overrides`` use timm's names (``embed_dim``, ``depth``, ``num_heads``, ``patch_size``,
+    ``global_pool``, …). ``reducer`` (a name from ``vitrim.reduce.list_reducers()``, or a spec ``"tome:r=13"``) and its
+    options (``r``, ``keep_rate``, ``keep_ratio``, ``layers``, …) attach token reducers: ``create_model(name,
+    reducer="tome", r=13)``. They are attached before the weights load, so a learned reducer's weights (DynamicViT's
+    ``score_predictor.*``) load from a checkpoint that has them and stay fresh when it does not.
     """
     reducer, reducer_options = _pop_reducer(overrides)
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained must be a bool, got {pretrained!r}")
+    if pretrained and checkpoint is not None:
+        raise ValueError("pass pretrained=True or checkpoint=..., not both: both name the weights to load")
     if img_size is not None:
         overrides["img_size"] = img_size
-    model = build_model(name, num_classes=num_classes, **overrides)
+    if num_classes is not None:
+        overrides["num_classes"] = num_classes
+    if hub.is_hub_name(name):
+        if checkpoint is not None:
+            raise ValueError(f"model {name!r} is a hub repo with its own weights; checkpoint=... does not apply")
+        model = load_model(name, **overrides)
+    elif pretrained:
+        model = _with_pretrained_weights(name, overrides, reducer, reducer_options)
+        reducer = None  # attached before the weights loaded
+    else:
+        model = build_model(split_tag(name)[0], **{"num_classes": 1000, **overrides})
     if reducer is not None:
         reduce.apply(model, reducer, **reducer_options)
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint)
+        load_checkpoint(
+            model, read_weights(_hub_weights(str(checkpoint))) if hub.is_hub_name(checkpoint) else checkpoint
+        )
     return model
+
+
+def _with_pretrained_weights(
+    name: str, overrides: dict[str, Any], reducer: str | None, reducer_options: dict[str, Any]
+) -> nn.Module:
+    """timm's pretrained weights for ``name`` (see :func:`create_model`), their class count unless overridden."""
+    arch, repo_id = pretrained_repo(name)
+    check_registered(arch)  # before any download
+    repo = hub.fetch(repo_id, need_config=False)
+    raw = read_weights(repo.weights)
+    if "num_classes" not in overrides:
+        head = raw.state_dict.get("head.weight")
+        overrides["num_classes"] = int((repo.config or {}).get("num_classes", 0 if head is None else head.shape[0]))
+    model = build_model(arch, **overrides)
+    if reducer is not None:
+        reduce.apply(model, reducer, **reducer_options)
+    load_weights(model, raw, repo.name)
+    model.data_config = timm_data_config((repo.config or {}).get("pretrained_cfg"), model)  # type: ignore[assignment]
+    return model
+
+
+def _hub_weights(name: str) -> Path:
+    repo_id, revision = hub.parse_hub_name(name)
+    return hub.fetch(repo_id, revision, need_config=False).weights
 
 
 def _pop_reducer(overrides: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -1,6 +1,7 @@
 """The rows of ``vitrim bench models``: which model, with which overrides and which way of trimming tokens.
 
-``MODEL`` is a comma-separated list of registered names, each optionally with its own settings in brackets:
+``MODEL`` is a comma-separated list of registered names (timm's ``name.tag`` with ``[pretrained=True]`` for its
+weights) or hub repos (``hf-hub:ORG/NAME``), each optionally with its own settings in brackets:
 ``NAME[keep_ratio=R]`` (DynamicViT), ``NAME[reducer=tome:r=13]``, ``NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)']``
 (quotes keep a reducer's own commas), or any ``create_model`` override (``NAME[depth=6]``). ``--keep-ratio`` and
 ``--reducer`` (repeatable) apply to the items without a setting of their own, one row per value; ``--set`` applies
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitrim import reduce
-from vitrim.factory import create_model
+from vitrim.hub import is_hub_name
 from vitrim.literals import parse_assignments, split_top_level
-from vitrim.models import list_models
+from vitrim.models.pretrained_tags import split_tag
+from vitrim.models.registry import check_registered
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,6 @@ def parse_model_item(item: str) -> tuple[str, dict[str, Any]]:
         if not rest.endswith("]"):
             raise ValueError(f"MODEL item {item!r} must look like name or name[key=value,...]")
         own = parse_assignments(rest[:-1], f"MODEL item {name}[...]") if rest[:-1].strip() else {}
-    if name not in set(list_models()):
-        create_model(name)  # raises the registry's "unknown model ... did you mean" error
+    if not is_hub_name(name):  # a hub repo is read when its row is built
+        check_registered(split_tag(name)[0])  # "arch.tag" names timm's pretrained weights (with pretrained=True)
     return name, own

@@ -41,9 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "models",
-        help="comma-separated registered model names (see vitrim.list_models()), each optionally with its own "
-        "settings: NAME[keep_ratio=R], NAME[reducer=tome:r=13], NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)'], "
-        "NAME[depth=6] (create_model overrides)",
+        help="comma-separated registered model names (see vitrim.list_models(); timm's NAME.TAG[pretrained=True] for "
+        "its weights) or hub repos (hf-hub:ORG/NAME), each optionally with its own settings: NAME[keep_ratio=R], "
+        "NAME[reducer=tome:r=13], NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)'], NAME[depth=6] (create_model "
+        "overrides)",
     )
     p.add_argument("--batch-size", type=int, default=s.batch_size, help="batch of the throughput measurement")
     p.add_argument("--img-size", type=int, default=s.img_size, help="image side (default: each model's own)")

@@ -18,7 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Evaluate a checkpoint. Data options default to those of the run that wrote it (its run.json), "
         "so the test split is the one the run held out.",
     )
-    p.add_argument("checkpoint", help="a .safetensors written by vitrim (best/last) or a run's last.pt")
+    p.add_argument(
+        "checkpoint",
+        help="a .safetensors written by vitrim (best/last), a run's last.pt, or a hub repo 'hf-hub:ORG/NAME[@REV]' "
+        "(timm or transformers layout; give --data)",
+    )
     add_data_arguments(p)  # no defaults: the run's own
     p.add_argument("--split", choices=("test", "train"), default="test")
     p.add_argument("--batch-size", type=int, default=d["eval_batch_size"])

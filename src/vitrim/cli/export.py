@@ -11,6 +11,7 @@ from vitrim import reduce
 from vitrim.cli.common import check_output_folder
 from vitrim.export import compare_with_onnxruntime, export_onnx
 from vitrim.factory import create_model
+from vitrim.hub import is_hub_name
 from vitrim.train.state import load_for_eval
 
 
@@ -23,8 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "checkpoint",
-        help="a .safetensors written by vitrim (its metadata says how to build the model) or a run's last.pt; "
-        "with --model, any checkpoint create_model loads (timm, DeiT, HF, official DynamicViT)",
+        help="a .safetensors written by vitrim (its metadata says how to build the model), a run's last.pt, or a hub "
+        "repo 'hf-hub:ORG/NAME[@REV]'; with --model, any checkpoint create_model loads (timm, DeiT, HF, official "
+        "DynamicViT, a hub repo's weights)",
     )
     parser.add_argument("--onnx", required=True, metavar="OUT", help="the .onnx file to write")
     parser.add_argument("--model", help="registered model name to build when the checkpoint does not say")
@@ -43,10 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load(checkpoint: str, model_name: str | None, reducer: str | None) -> nn.Module:
     """The model to export: built from the checkpoint (or ``model_name``), with ``reducer`` attached, in eval mode."""
-    path = Path(checkpoint)
-    if not path.is_file():
+    if not is_hub_name(checkpoint) and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist or is not a file")
-    model = create_model(model_name, checkpoint=path) if model_name is not None else load_for_eval(path)[0]
+    model = create_model(model_name, checkpoint=checkpoint) if model_name is not None else load_for_eval(checkpoint)[0]
     if reducer is not None:
         name, options = reduce.parse_spec(reducer)
         reduce.apply(model, name, **options)

@@ -5,9 +5,11 @@
     vitrim viz tokens    --checkpoint run/dynamicvit.safetensors --digits 0 --out kept.png
     vitrim viz rollout-memory                      # peak memory of streaming rollout at N = 4096 (ViT-S)
 
-The model comes from ``--checkpoint`` (``vitrim.load_model``) or, to try the pictures without a trained model,
-``--model NAME`` (random weights). The picture is ``--image`` (PNG/JPEG, converted to the model's channels,
-resized to its img_size, normalised with mean 0.5 and std 0.5 as vitrim's data pipeline does) or ``--digits K``
+The model comes from ``--checkpoint`` (``vitrim.load_model``: a file or ``hf-hub:ORG/NAME``) or, to try the pictures
+without a trained model, ``--model NAME`` (random weights). The picture is ``--image`` (PNG/JPEG; a model with a
+data config gets its own eval transform, ``vitrim.data.eval_transform``; a model vitrim trained is converted to its
+channels, resized to its img_size and normalised with mean 0.5 and std 0.5, as vitrim's data pipeline does) or
+``--digits K``
 (the K-th test image of the bundled digits set, drawn as ``vitrim train`` draws it by default).
 """
 
@@ -25,7 +27,9 @@ from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_file
 from vitrim.data import DigitsCanvas
 from vitrim.data.images import read_image
+from vitrim.data.transforms import read_image_for
 from vitrim.extras import require
+from vitrim.hub import is_hub_name
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
@@ -42,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for kind, text in helps.items():
         p = kinds.add_parser(kind, help=text)
         source = p.add_mutually_exclusive_group(required=True)
-        source.add_argument("--checkpoint", help="a model file written by vitrim (vitrim.load_model)")
+        source.add_argument(
+            "--checkpoint",
+            help="a model file written by vitrim, or a hub repo 'hf-hub:ORG/NAME[@REV]' (vitrim.load_model)",
+        )
         source.add_argument("--model", help="a registered model name with random weights (to try the pictures)")
         picture = p.add_mutually_exclusive_group(required=True)
         picture.add_argument("--image", help="a PNG or JPEG file")
@@ -66,10 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def load_viz_model(args: argparse.Namespace) -> nn.Module:
     """The model named by ``--checkpoint`` or ``--model``, in eval mode."""
     if args.checkpoint is not None:
-        path = Path(args.checkpoint)
-        if not path.exists():
+        if not is_hub_name(args.checkpoint) and not Path(args.checkpoint).exists():
             raise FileNotFoundError(f"--checkpoint {args.checkpoint!r} does not exist")
-        model = vitrim.load_model(path)
+        model = vitrim.load_model(args.checkpoint)
     else:
         kwargs = {} if args.img_size is None else {"img_size": args.img_size}
         model = vitrim.create_model(args.model, **kwargs)
@@ -82,9 +88,10 @@ def load_picture(args: argparse.Namespace, model: nn.Module) -> Tensor:
     config = model_config(model)
     height, width = config.img_size
     if args.image is not None:
-        data = getattr(model, "data_config", None)  # the normalisation its weights expect; vitrim's own otherwise
-        norm = {} if data is None else {"mean": data.mean, "std": data.std}
-        return read_image(args.image, (height, width), config.in_chans, **norm, name="--image")
+        data = getattr(model, "data_config", None)  # the preprocessing its weights expect; vitrim's own otherwise
+        if data is None:
+            return read_image(args.image, (height, width), config.in_chans, name="--image")
+        return read_image_for(args.image, data, name="--image")
     if height != width:
         raise ValueError(f"--digits needs a model with a square img_size, got {config.img_size}")
     dataset = DigitsCanvas("test", canvas_size=height, in_chans=config.in_chans)

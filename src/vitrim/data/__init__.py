@@ -1,4 +1,5 @@
-"""Data: the bundled ``digits`` dataset and image folders, behind one ``build_datasets``."""
+"""Data: the bundled ``digits`` dataset and image folders, behind one ``build_datasets``; a model's own
+preprocessing (``eval_transform(model.data_config)``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch.utils.data import Dataset
 
 from vitrim.data.digits import DigitsCanvas, load_digits
 from vitrim.data.folder import ImageFolder, folder_classes, image_folder_splits
+from vitrim.data.transforms import eval_transform
 
 
 @dataclass
@@ -65,6 +67,7 @@ __all__ = [
     "ImageFolder",
     "build_datasets",
     "dataset_classes",
+    "eval_transform",
     "image_folder_splits",
     "load_digits",
 ]

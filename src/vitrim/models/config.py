@@ -55,6 +55,10 @@ class ViTConfig:
     drop_path_rate: float = 0.0  # stochastic depth, linearly increasing over the blocks
     init_values: float | None = None  # LayerScale init; None = no LayerScale
     norm_eps: float = 1e-6  # timm's; Hugging Face ViT uses 1e-12
+    # How the position embedding is resampled to another grid: bicubic with antialiasing, as timm does (and
+    # transformers' DINOv2 with registers); False: without, as transformers' ViT, DINOv2, CLIP and SigLIP do. Set by
+    # where the weights came from, so that another image size gives the numbers of the library they came from.
+    pos_embed_antialias: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", to_2tuple(self.img_size, "img_size"))
@@ -91,6 +95,8 @@ class ViTConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
+        if not isinstance(self.pos_embed_antialias, bool):
+            raise ValueError(f"pos_embed_antialias must be a bool, got {self.pos_embed_antialias!r}")
 
     @property
     def grid_size(self) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Resample a learned position embedding to another patch grid, as timm does (bicubic, antialiased)."""
+"""Resample a learned position embedding to another patch grid, as timm does (bicubic, antialiased) or as
+transformers' ViT, DINOv2, CLIP and SigLIP do (bicubic, no antialiasing: their ``interpolate_pos_encoding``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from torch import Tensor
 
 
 def resample_pos_embed(
-    pos_embed: Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix: int
+    pos_embed: Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix: int, antialias: bool = True
 ) -> Tensor:
     """(1, num_prefix + h·w, D) -> (1, num_prefix + H·W, D); prefix ([CLS], distillation) positions are kept.
 
-    The grid part is interpolated bicubically in float32 with antialiasing, timm's defaults, so checkpoints
-    evaluated at another image size give timm's numbers.
+    The grid part is interpolated bicubically (align_corners=False) in float32, with antialiasing (timm's default)
+    or without (transformers'), so weights evaluated at another image size give their library's numbers. A grid
+    that does not change is returned as it is, as both libraries do.
     """
     if tuple(new_grid) == tuple(old_grid):
         return pos_embed
@@ -25,6 +27,6 @@ def resample_pos_embed(
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     dim = grid.shape[-1]
     grid = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (1, D, h, w)
-    grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=True, align_corners=False)
+    grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=antialias, align_corners=False)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)

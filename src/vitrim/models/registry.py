@@ -41,12 +41,17 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(name for name in _REGISTRY if fnmatch.fnmatch(name, pattern))
 
 
-def build_model(name: str, **overrides: Any) -> nn.Module:
-    """Build the registered model ``name`` with ``overrides`` (timm's names); close matches for an unknown name."""
+def check_registered(name: str) -> None:
+    """A ValueError naming close matches when ``name`` is not a registered model."""
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see vitrim.list_models()"
         raise ValueError(f"unknown model {name!r}{hint}")
+
+
+def build_model(name: str, **overrides: Any) -> nn.Module:
+    """Build the registered model ``name`` with ``overrides`` (timm's names); close matches for an unknown name."""
+    check_registered(name)
     model = _REGISTRY[name](**overrides)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "img_size"):

@@ -11,6 +11,7 @@ from vitrim.attention.rotary import rotary_table
 from vitrim.models.attention_pool import AttentionPool
 from vitrim.models.block import Block
 from vitrim.models.config import ViTConfig
+from vitrim.models.eva_names import load_eva_names, save_eva_names
 from vitrim.models.layers import PatchEmbed
 from vitrim.models.pos_embed import resample_pos_embed
 from vitrim.reduce import TokenState
@@ -105,6 +106,9 @@ class VisionTransformer(nn.Module):
         if c.distilled:
             self.head_dist = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.reset_parameters()
+        if c.use_rot_pos_emb:  # timm builds RoPE ViTs with its Eva class: save and load under Eva's names
+            self.register_state_dict_post_hook(save_eva_names)
+            self.register_load_state_dict_pre_hook(load_eva_names)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -128,7 +132,9 @@ class VisionTransformer(nn.Module):
         x = self.patch_embed(images)  # (B, h·w, D)
         B = x.shape[0]
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        pos = resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, c.num_pos_prefix)
+        pos = resample_pos_embed(
+            self.pos_embed, grid, self.patch_embed.grid_size, c.num_pos_prefix, antialias=c.pos_embed_antialias
+        )
         if c.no_embed_class:  # the position embedding covers the patches only: add, then put the prefix in front
             x = torch.cat([*prefix, x + pos], dim=1)
         else:

@@ -26,6 +26,8 @@ from torch import nn
 from vitrim.atomic import atomic_write
 from vitrim.checkpoint import load_model
 from vitrim.factory import create_model
+from vitrim.hub import is_hub_name
+from vitrim.pretrained import load_model as load_pretrained_model
 
 RUN_RECORD = "run.json"
 
@@ -96,8 +98,11 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild a trained model and load its weights: (model in eval mode, its run record or {}).
 
     ``.safetensors`` written by :func:`vitrim.checkpoint.save_checkpoint` rebuild from their metadata; a resume
-    file (``last.pt``) rebuilds from the run settings stored in it.
+    file (``last.pt``) rebuilds from the run settings stored in it; a hub name (``"hf-hub:ORG/NAME"``) is
+    :func:`vitrim.load_model`'s, with no run record.
     """
+    if is_hub_name(checkpoint):
+        return load_pretrained_model(str(checkpoint)), {}
     path = Path(checkpoint)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")

@@ -1,0 +1,156 @@
+"""A model's own preprocessing: ``eval_transform(model.data_config)`` maps a PIL image to the tensor it expects.
+
+The pipeline is timm's evaluation transform (``timm.data.create_transform(**data_config, is_training=False)``),
+step for step and on the same torchvision transforms, so the pixels equal timm's (tested to 1e-6):
+
+* ``crop_mode="center"``: resize the shorter side to ``size / crop_pct`` (a non-square size: the side that
+  overflows least), keeping the aspect ratio, then a centre crop of ``size``;
+* ``"squash"``: resize each side to ``size / crop_pct``, aspect ratio ignored, then a centre crop;
+* ``"border"``: resize the longer side to ``size / crop_pct``, then pad with the mean colour to ``size`` (and
+  crop what still overflows);
+* then ``ToTensor`` (pixels in [0, 1], (C, H, W) float32) and ``Normalize(mean, std)``.
+
+Sizes are floored as timm floors them (``floor(224 / 0.9) = 248``). One step precedes timm's: the image is
+converted to the model's channels (``RGB`` for 3, ``L`` for 1), as timm's datasets do when they open a file, so a
+grey or RGBA picture gives the tensor the model takes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from vitrim.extras import require
+from vitrim.models.data_config import DataConfig
+
+
+def torchvision_transforms() -> Any:
+    """``torchvision.transforms`` (v1, the one timm's eval transform is built on), imported when first needed.
+
+    A torchvision wheel whose compiled operators do not match the installed torch fails to import ("operator
+    torchvision::nms does not exist") although its transforms need none of them; its two operator-registration
+    modules are then stubbed in ``sys.modules`` (nothing on disk changes) and the import retried, so the
+    transforms work and only ``torchvision.ops`` does not.
+    """
+    try:
+        import torchvision.transforms as transforms
+    except ModuleNotFoundError:
+        require("torchvision", feature="the eval transform")  # raises, naming the extra to install
+        raise
+    except RuntimeError:
+        for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+            sys.modules[name] = types.ModuleType(name)
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            if not name.endswith("_registrations"):
+                del sys.modules[name]
+        import torchvision.transforms as transforms
+    return transforms
+
+
+class ToMode:
+    """PIL image -> the same image in Pillow mode ``mode`` ("RGB" or "L"); a no-op when it already is."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def __call__(self, image: Any) -> Any:
+        return image if image.mode == self.mode else image.convert(self.mode)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.mode!r})"
+
+
+class ResizeKeepRatio:
+    """Resize to fit ``size`` (H, W) keeping the aspect ratio: the ratio is the smaller of the two side ratios
+    (``longest=False``: the image covers ``size``) or the larger (``longest=True``: the image fits inside it);
+    each side is ``round(side / ratio)``, as timm's ``ResizeKeepRatio`` computes it."""
+
+    def __init__(self, size: tuple[int, int], interpolation: Any, longest: bool) -> None:
+        self.size, self.interpolation, self.longest = size, interpolation, longest
+
+    def __call__(self, image: Any) -> Any:
+        functional = torchvision_transforms().functional
+        _, height, width = functional.get_dimensions(image)
+        ratios = (height / self.size[0], width / self.size[1])
+        ratio = max(ratios) if self.longest else min(ratios)
+        new_size = [round(height / ratio), round(width / ratio)]
+        return functional.resize(image, new_size, interpolation=self.interpolation)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, longest={self.longest})"
+
+
+class CenterCropOrPad:
+    """Pad to at least ``size`` (H, W) with ``fill`` (the left/top pad takes the smaller half), then centre-crop to
+    ``size``: timm's ``CenterCropOrPad`` (torchvision's own centre crop pads with black only)."""
+
+    def __init__(self, size: tuple[int, int], fill: list[int]) -> None:
+        self.size, self.fill = size, fill
+
+    def __call__(self, image: Any) -> Any:
+        functional = torchvision_transforms().functional
+        _, height, width = functional.get_dimensions(image)
+        pad_h, pad_w = max(self.size[0] - height, 0), max(self.size[1] - width, 0)
+        if pad_h or pad_w:
+            padding = [pad_w // 2, pad_h // 2, (pad_w + 1) // 2, (pad_h + 1) // 2]  # left, top, right, bottom
+            image = functional.pad(image, padding, fill=self.fill)
+        return functional.center_crop(image, list(self.size))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, fill={self.fill})"
+
+
+def eval_transform(data_config: DataConfig) -> Any:
+    """A callable: PIL image (any size, any mode) -> (C, H, W) float32 tensor, normalised, as timm's eval transform.
+
+    ``data_config``: a model's ``data_config`` (:class:`~vitrim.models.data_config.DataConfig`); C, H, W are its
+    ``input_size``. See the module doc for the steps of each ``crop_mode``.
+    """
+    if not isinstance(data_config, DataConfig):
+        raise TypeError(
+            f"data_config must be a vitrim DataConfig (model.data_config), got {type(data_config).__name__}"
+        )
+    transforms = torchvision_transforms()
+    channels, height, width = data_config.input_size
+    if channels not in (1, 3):
+        raise ValueError(f"images can be read for 1 or 3 channels, but input_size is {data_config.input_size}")
+    size = (height, width)
+    scale_size = (math.floor(height / data_config.crop_pct), math.floor(width / data_config.crop_pct))
+    interpolation = transforms.InterpolationMode(data_config.interpolation)
+    steps: list[Any] = [ToMode("RGB" if channels == 3 else "L")]
+    if data_config.crop_mode == "squash":
+        steps += [transforms.Resize(scale_size, interpolation=interpolation), transforms.CenterCrop(size)]
+    elif data_config.crop_mode == "border":
+        fill = [round(255 * v) for v in data_config.mean]
+        steps += [ResizeKeepRatio(scale_size, interpolation, longest=True), CenterCropOrPad(size, fill)]
+    elif scale_size[0] == scale_size[1]:  # centre, square: torchvision's shorter-side resize (an int size)
+        steps += [transforms.Resize(scale_size[0], interpolation=interpolation), transforms.CenterCrop(size)]
+    else:
+        steps += [ResizeKeepRatio(scale_size, interpolation, longest=False), transforms.CenterCrop(size)]
+    steps += [transforms.ToTensor(), transforms.Normalize(mean=data_config.mean, std=data_config.std)]
+    return transforms.Compose(steps)
+
+
+def read_image_for(path: str | Path, data_config: DataConfig, *, name: str = "image") -> Tensor:
+    """A PNG/JPEG file -> the (C, H, W) tensor a model with ``data_config`` takes (:func:`eval_transform`).
+
+    A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file as ``name``.
+    """
+    transform = eval_transform(data_config)
+    require("PIL", feature="reading an image")
+    from PIL import Image
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    try:
+        with Image.open(path) as file:
+            file.load()
+            image = file.copy()
+    except Exception as err:  # Pillow raises many kinds on a bad file
+        raise ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
+    return transform(image)
