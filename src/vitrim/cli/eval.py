@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from vitrim.cli.common import add_data_arguments
@@ -24,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=d["eval_batch_size"])
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--device", default=d["device"], choices=("auto", "cpu", "cuda"))
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="also write the metrics to FILE as JSON")
     p.set_defaults(func=run)
 
@@ -36,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         bf16=args.bf16,
         device=args.device,
         data=args.data,
+        val_data=args.val_data,
+        workers=args.workers,
+        progress=not args.quiet and sys.stderr.isatty(),
         seed=args.seed,
         test_fraction=args.test_fraction,
         clutter=args.clutter,
@@ -44,7 +49,12 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"{metrics['model']} on {metrics['data']} ({metrics['split']}, {metrics['num_samples']} images)")
     print(f"  top-1 {metrics['top1']:.4f}  top-5 {metrics['top5']:.4f}  loss {metrics['loss']:.4f}")
-    print(f"  {metrics['images_per_s']:.0f} images/s")
+    print(
+        f"  {metrics['images_per_s']:.0f} images/s end to end (reading, decoding, model); "
+        f"the model alone {metrics['model_images_per_s']:.0f} images/s"
+    )
+    if metrics["num_skipped"]:
+        print(f"  {metrics['num_skipped']} unreadable image(s) skipped")
     per_class = "  ".join(
         f"{name}: {'-' if acc is None else f'{acc:.3f}'}" for name, acc in zip(metrics["classes"], metrics["per_class"])
     )

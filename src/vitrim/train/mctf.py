@@ -118,12 +118,13 @@ class MCTFObjective:
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
         (logits, features), (teacher_logits, teacher_features) = model(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
-        loss = loss + self.teacher_weight * F.cross_entropy(
-            teacher_logits, labels, label_smoothing=self.label_smoothing
-        )
+        soft = labels.is_floating_point()  # mixup / cutmix targets (B, K), smoothed already
+        smoothing = 0.0 if soft else self.label_smoothing
+        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
+        loss = loss + self.teacher_weight * F.cross_entropy(teacher_logits, labels, label_smoothing=smoothing)
         with torch.no_grad():
-            confident = (logits.softmax(-1).gather(1, labels[:, None])[:, 0] > self.confidence).to(logits.dtype)
+            target = labels.argmax(dim=1) if soft else labels  # (B,) the class the image is most of
+            confident = (logits.softmax(-1).gather(1, target[:, None])[:, 0] > self.confidence).to(logits.dtype)
         gap = ((teacher_features.detach() - features) ** 2).mean(dim=1)  # (B,)
         consistency = (gap * confident).sum() / confident.sum().clamp_min(1)  # 0 when no image is confident
         return loss + self.consistency_weight * consistency

@@ -1,0 +1,37 @@
+"""torchvision's transforms v2, importable where torchvision's compiled operators do not match torch.
+
+vitrim's image pipelines (the model's eval transform, the DeiT recipe's augmentations, mixup / cutmix) are
+torchvision's transforms. A torchvision wheel built for another torch fails at import ("operator torchvision::nms
+does not exist") although its transforms need none of those operators: only its two registration modules touch
+them. When that import fails, they are replaced by empty modules in ``sys.modules`` (nothing on disk changes) and the
+import is tried again; with a matching torchvision nothing is replaced. ``torchvision.ops`` stays unusable then,
+and vitrim does not use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any
+
+_REGISTRATIONS = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
+
+
+@functools.cache
+def transforms_v2() -> Any:
+    """``torchvision.transforms.v2`` (see module doc); ImportError naming the extra when torchvision is missing."""
+    try:
+        import torchvision
+    except ImportError as err:
+        raise ImportError(
+            f"image folders and shards need torchvision's transforms: pip install 'vitrim[data]' ({err})"
+        ) from None
+    except RuntimeError:  # the wheel's compiled operators do not match this torch
+        for name in _REGISTRATIONS:
+            sys.modules[name] = types.ModuleType(name)
+        sys.modules.pop("torchvision", None)
+        import torchvision  # noqa: F401
+    from torchvision.transforms import v2
+
+    return v2
