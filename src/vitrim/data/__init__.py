@@ -17,9 +17,10 @@ from torch.utils.data import Dataset
 from vitrim.data.augment import Augment, MixupCutmix, train_transform
 from vitrim.data.digits import DigitsCanvas, load_digits
 from vitrim.data.folder import ImageFolder, folder_classes, image_folder_splits, pil_mode
-from vitrim.data.loader import ReadableBatches, collate_readable
+from vitrim.data.loader import ReadableBatches, collate_readable, rebatch
 from vitrim.data.shards import ShardDataset, ShardSource, is_shard_pattern
 from vitrim.data.transforms import eval_transform
+from vitrim.data.vision import BuiltTransform
 from vitrim.models.data_config import DataConfig
 
 
@@ -95,8 +96,8 @@ def build_datasets(
         return DataSplits(train, test, train.classes, "digits")
     if digits_options:
         raise ValueError(f"options {sorted(digits_options)} apply to data='digits' only, not to {data!r}")
-    test_tf = eval_transform(data_config)
-    train_tf = test_tf if augment is None else train_transform(data_config, augment)
+    test_tf = BuiltTransform(eval_transform, data_config)  # pickles as its recipe (vitrim.data.vision)
+    train_tf = test_tf if augment is None else BuiltTransform(train_transform, data_config, augment)
     mode = pil_mode(in_chans)
     streams = dict(rank=rank, world_size=world_size, seed=seed)
     if is_shard_pattern(data):
@@ -150,5 +151,6 @@ __all__ = [
     "image_folder_splits",
     "is_shard_pattern",
     "load_digits",
+    "rebatch",
     "train_transform",
 ]

@@ -4,12 +4,13 @@ A dataset of files returns ``None`` for a file it cannot decode (:mod:`vitrim.da
 Decoding happens in worker processes, where a counter on the dataset would be a copy per worker; so the count
 travels with the batch instead: :func:`collate_readable` drops the ``None`` samples and appends how many it dropped,
 and :class:`ReadableBatches` strips that count off again, adds it up, and warns once per loader naming the total.
+:func:`rebatch` makes a stream's uneven batches even again.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -24,6 +25,28 @@ def collate_readable(samples: Sequence[tuple[Tensor, int] | None]) -> tuple[Tens
         return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
     images, labels = default_collate(readable)
     return images, labels, skipped
+
+
+def rebatch(batches: Iterable[tuple[Tensor, Tensor]], size: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Batches of exactly ``size`` samples out of batches of any size (the remainder at the end is dropped).
+
+    Each DataLoader worker of a stream batches its own shards, so a worker's last batch comes short; training wants
+    full batches without losing those samples.
+    """
+    images: list[Tensor] = []
+    labels: list[Tensor] = []
+    held = 0
+    for x, y in batches:
+        images.append(x)
+        labels.append(y)
+        held += len(y)
+        if held < size:
+            continue
+        x, y = torch.cat(images), torch.cat(labels)
+        for start in range(0, held - size + 1, size):
+            yield x[start : start + size], y[start : start + size]
+        rest = held % size
+        images, labels, held = ([x[held - rest :]], [y[held - rest :]], rest) if rest else ([], [], 0)
 
 
 class ReadableBatches:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 _REGISTRATIONS = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
@@ -35,3 +36,28 @@ def transforms_v2() -> Any:
     from torchvision.transforms import v2
 
     return v2
+
+
+class BuiltTransform:
+    """``factory(*args)``, a torchvision transform, that pickles as its recipe and is rebuilt where it is unpickled.
+
+    DataLoader workers started by ``spawn`` (macOS, Windows, or inside ``torch.multiprocessing.spawn``) unpickle the
+    dataset in a fresh interpreter; unpickling torchvision's objects there would import torchvision before
+    :func:`transforms_v2` could make it importable. Rebuilding from ``factory`` (a vitrim function) goes through it.
+    """
+
+    def __init__(self, factory: Callable[..., Any], *args: Any) -> None:
+        self.factory, self.args = factory, args
+        self.transform = factory(*args)
+
+    def __call__(self, image: Any) -> Any:
+        return self.transform(image)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"factory": self.factory, "args": self.args}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["factory"], *state["args"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return repr(self.transform)

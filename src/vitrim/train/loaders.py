@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from vitrim.data import ReadableBatches, collate_readable
+from vitrim.data import ReadableBatches, collate_readable, rebatch
 from vitrim.train.distributed import DistInfo, GlobalBatchSampler
 
 DEFAULT_WORKERS = 4  # timm's train.py default, capped by the cores the process may use
@@ -64,11 +65,16 @@ def _loader(dataset: Dataset, batch_size: int, workers: int, info: DistInfo, **o
 class TrainBatches:
     """One rank's micro-batches of an epoch; ``steps`` optimiser steps of ``accum_steps`` micro-batches each."""
 
-    batches: ReadableBatches
+    readable: ReadableBatches
     sampler: GlobalBatchSampler | None  # None for a stream of shards
     steps: int
     micro_batch: int  # samples per micro-batch on this rank
     workers: int  # DataLoader worker processes (evaluation uses as many)
+
+    @property
+    def batches(self) -> Iterable[tuple[Tensor, Tensor]]:
+        """This epoch's micro-batches, each of ``micro_batch`` samples (but where unreadable files were left out)."""
+        return self.readable if self.sampler is not None else rebatch(self.readable, self.micro_batch)
 
     def set_epoch(self, dataset: Dataset, epoch: int) -> None:
         dataset.set_epoch(epoch)  # type: ignore[attr-defined]
@@ -88,7 +94,7 @@ def train_batches(
     micro = per_step // accum_steps
     if isinstance(dataset, IterableDataset):
         num_samples = int(dataset.num_samples)  # type: ignore[attr-defined]
-        loader = _loader(dataset, micro, workers, info, drop_last=True)
+        loader = _loader(dataset, micro, workers, info)  # each worker's last batch comes short: rebatched
         steps, sampler = num_samples // batch_size, None
     else:
         num_samples = len(dataset)  # type: ignore[arg-type]
