@@ -9,6 +9,7 @@ to score tokens of a backbone that does not move under them.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -47,6 +48,21 @@ def student_keep_ratio(student: nn.Module) -> float:
     return float(keep_ratio)
 
 
+def dense_teacher(student: nn.Module, checkpoint: RawCheckpoint) -> nn.Module:
+    """The teacher: the model the checkpoint describes (vitrim, Hugging Face), or, for a bare timm / DeiT state dict,
+    the student (which just loaded it) without its reducers."""
+    try:
+        return load_model(checkpoint)
+    except ValueError:  # a state dict without a config: the student's architecture is the teacher's
+        teacher = reduce.remove(copy.deepcopy(student))
+    if any(getattr(block, "reducer", None) is not None for block in getattr(teacher, "blocks", ())):
+        raise ValueError(
+            f"teacher {str(checkpoint.path)!r} is a bare state dict and {type(student).__name__} prunes by itself: "
+            "train --model <its dense ViT> --set reducer=dynamicvit instead"
+        )
+    return teacher.eval()
+
+
 class _Detailed(nn.Module):
     """Makes ``forward`` return ``forward_detailed`` (so DDP's forward hooks run on the call the loss needs)."""
 
@@ -80,7 +96,7 @@ class DistillObjective:
         """Load the dense ``checkpoint`` (read once) into the student's backbone and as the frozen teacher."""
         keep_ratio = student_keep_ratio(student)
         load_checkpoint(student, checkpoint, strict=True)  # predictors are optional: they stay fresh
-        teacher = load_model(checkpoint).to(device)
+        teacher = dense_teacher(student, checkpoint).to(device)
         options = {"keep_ratio": keep_ratio, "label_smoothing": config.label_smoothing, **config.distill}
         return cls(
             teacher,

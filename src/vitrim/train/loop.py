@@ -149,7 +149,8 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
     model = create_model(config.model, num_classes=len(classes), **overrides).to(info.device)
     data = build_data(config, model_data_config(model), info)
     overrides["num_classes"] = data.num_classes
-    record = {**config.run_record(), "overrides": overrides, "classes": data.classes}
+    # "overrides" rebuilds the model (the teacher's architecture included); "set" is what this run was asked for
+    record = {**config.run_record(), "overrides": overrides, "set": dict(config.overrides), "classes": data.classes}
     objective: Objective = CrossEntropyObjective(config.label_smoothing)
     if teacher is not None:
         objective = DistillObjective.from_teacher(model, teacher, config, info.device)
@@ -361,8 +362,8 @@ def _check_resumable(saved: dict[str, Any], config: TrainConfig) -> None:
     """A resume must continue the same run: the settings that shape the trajectory must not change."""
     now = config.run_record()
     changed = [k for k in _MUST_MATCH if k in saved and saved[k] != now[k]]
-    saved_overrides = {k: v for k, v in saved.get("overrides", {}).items() if k != "num_classes"}
-    if json.loads(json.dumps(config.overrides)) != saved_overrides:
+    saved_overrides = {k: v for k, v in saved.get("set", saved.get("overrides", {})).items() if k != "num_classes"}
+    if json.loads(json.dumps(config.overrides)) != json.loads(json.dumps(saved_overrides)):
         changed.append("overrides")
     if changed:
         details = ", ".join(f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in changed)
