@@ -137,6 +137,12 @@ class Reducer:
         return cls.for_layers(layers, **options)
 
     @classmethod
+    def training_objective(cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any]) -> Any | None:
+        """The objective its authors fine-tune a model carrying this reducer with: a :class:`vitrim.train.Objective`
+        (``options`` from ``vitrim train --mctf``-style flags), or None for plain cross-entropy (the default)."""
+        return None
+
+    @classmethod
     def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
         """The blocks and options that leave the tokens a per-block schedule (:mod:`vitrim.reduce.schedule`) states
         after each block. Count-based reducers override this; the default refuses."""

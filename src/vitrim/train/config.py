@@ -54,7 +54,8 @@ class TrainConfig:
     backbone_lr_scale: float = 0.01
     freeze_backbone_epochs: int = 1
     distill: dict[str, Any] = field(default_factory=dict)  # keyword arguments of vitrim.losses.DynamicViTLoss
-    # MCTF models (reducer=mctf): token-reduction consistency, keyword arguments of vitrim.train.mctf.MCTFObjective
+    # MCTF models (reducer=mctf): token-reduction consistency; keyword arguments of
+    # vitrim.reduce.mctf_training.MCTFObjective
     mctf: dict[str, Any] = field(default_factory=dict)
 
     def augment(self) -> Augment:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim import reduce
 from vitrim.atomic import remove_stale_temps
 from vitrim.checkpoint import save_checkpoint
 from vitrim.checkpoint_formats import read_checkpoint
@@ -41,7 +42,6 @@ from vitrim.train.distributed import (
 )
 from vitrim.train.evaluate import evaluate
 from vitrim.train.loaders import TrainBatches, lockstep, progress_bar, resolve_workers, train_batches
-from vitrim.train.mctf import MCTFObjective, mctf_reducers
 from vitrim.train.objective import CrossEntropyObjective, Objective
 from vitrim.train.optim import build_optimizer
 from vitrim.train.state import (
@@ -154,8 +154,10 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
     objective: Objective = CrossEntropyObjective(config.label_smoothing)
     if teacher is not None:
         objective = DistillObjective.from_teacher(model, teacher, config, info.device)
-    elif mctf_reducers(model):  # the authors' recipe: a second pass at a smaller r, and consistency
-        objective = MCTFObjective.from_options(config.label_smoothing, config.mctf)
+    elif (
+        asked := reduce.training_objective(model, label_smoothing=config.label_smoothing, options=config.mctf)
+    ) is not None:
+        objective = asked  # the reducer's own recipe (MCTF: a second pass at a smaller r, and consistency)
     elif config.mctf:
         raise ValueError(f"--mctf needs a model with MCTF reducers (--set reducer=mctf), got {config.model!r} without")
     train_model = objective.wrap(model)
