@@ -119,7 +119,9 @@ def remove(model: nn.Module) -> nn.Module:
     return model
 
 
-def training_objective(model: nn.Module, *, label_smoothing: float, options: dict[str, Any]) -> Any | None:
+def training_objective(
+    model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+) -> Any | None:
     """The training objective the model's reducers ask for (:meth:`Reducer.training_objective`), or None.
 
     ValueError when reducers of two kinds each want their own: one loss cannot serve both recipes.
@@ -127,7 +129,7 @@ def training_objective(model: nn.Module, *, label_smoothing: float, options: dic
     reducers = [getattr(block, "reducer", None) for block in getattr(model, "blocks", ())]  # none on a CNN
     wanted = {}
     for kind in {type(r) for r in reducers if isinstance(r, Reducer)}:
-        objective = kind.training_objective(model, label_smoothing=label_smoothing, options=options)
+        objective = kind.training_objective(model, label_smoothing=label_smoothing, options=options, teacher=teacher)
         if objective is not None:
             wanted[kind] = objective
     if len(wanted) > 1:

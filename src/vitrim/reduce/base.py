@@ -137,9 +137,12 @@ class Reducer:
         return cls.for_layers(layers, **options)
 
     @classmethod
-    def training_objective(cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any]) -> Any | None:
-        """The objective its authors fine-tune a model carrying this reducer with: a :class:`vitrim.train.Objective`
-        (``options`` from ``vitrim train --mctf``-style flags), or None for plain cross-entropy (the default)."""
+    def training_objective(
+        cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+    ) -> Any | None:
+        """The objective its authors fine-tune a model carrying this reducer with: a :class:`vitrim.train.Objective`,
+        or None for plain cross-entropy (the default). ``options``: a run's objective settings by name (``mctf``,
+        ``distill``, ``backbone_lr_scale``, …; each reducer reads its own); ``teacher``: a frozen dense model."""
         return None
 
     @classmethod

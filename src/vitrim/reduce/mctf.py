@@ -197,9 +197,14 @@ class MCTF(Reducer):
         self.prop_attn = prop_attn
 
     @classmethod
-    def training_objective(cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any]) -> MCTFObjective:
-        """The authors' fine-tuning: token-reduction consistency (:mod:`vitrim.reduce.mctf_training`)."""
-        return MCTFObjective.from_options(label_smoothing, options)
+    def training_objective(
+        cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+    ) -> MCTFObjective:
+        """The authors' fine-tuning: token-reduction consistency (:mod:`vitrim.reduce.mctf_training`); its teacher
+        is the model itself at a smaller r, so a dense ``teacher`` is refused."""
+        if teacher is not None:
+            raise ValueError("MCTF trains against itself at a smaller r (--mctf); --teacher is for DynamicViT")
+        return MCTFObjective.from_options(label_smoothing, options.get("mctf", {}))
 
     @classmethod
     def default_layers(cls, depth: int) -> tuple[int, ...]:

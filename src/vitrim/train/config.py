@@ -49,7 +49,7 @@ class TrainConfig:
     reprob: float = 0.25  # random erasing
     mixup: float = 0.8  # Beta α; 0: off
     cutmix: float = 1.0  # Beta α; 0: off
-    # DynamicViT fine-tuning from a dense checkpoint (see vitrim.train.distill)
+    # DynamicViT fine-tuning from a dense checkpoint (see vitrim.reduce.dynamicvit_training)
     teacher: str | None = None
     backbone_lr_scale: float = 0.01
     freeze_backbone_epochs: int = 1
@@ -57,6 +57,15 @@ class TrainConfig:
     # MCTF models (reducer=mctf): token-reduction consistency; keyword arguments of
     # vitrim.reduce.mctf_training.MCTFObjective
     mctf: dict[str, Any] = field(default_factory=dict)
+
+    def objective_options(self) -> dict[str, Any]:
+        """The settings a reducer's training objective reads (``Reducer.training_objective``), by name."""
+        return {
+            "mctf": self.mctf,
+            "distill": self.distill,
+            "backbone_lr_scale": self.backbone_lr_scale,
+            "freeze_backbone_epochs": self.freeze_backbone_epochs,
+        }
 
     def augment(self) -> Augment:
         """The training augmentations of image folders and shards (ValueError naming a bad one)."""

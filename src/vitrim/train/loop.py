@@ -32,7 +32,6 @@ from vitrim.data import DataSplits, MixupCutmix, build_datasets, dataset_classes
 from vitrim.factory import create_model
 from vitrim.models.data_config import DataConfig
 from vitrim.train.config import TrainConfig
-from vitrim.train.distill import DistillObjective, teacher_architecture
 from vitrim.train.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -52,6 +51,7 @@ from vitrim.train.state import (
     save_training_state,
     write_run_record,
 )
+from vitrim.train.teacher import load_teacher, teacher_architecture
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
 METRICS = "metrics.jsonl"
@@ -151,15 +151,19 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
     overrides["num_classes"] = data.num_classes
     # "overrides" rebuilds the model (the teacher's architecture included); "set" is what this run was asked for
     record = {**config.run_record(), "overrides": overrides, "set": dict(config.overrides), "classes": data.classes}
-    objective: Objective = CrossEntropyObjective(config.label_smoothing)
-    if teacher is not None:
-        objective = DistillObjective.from_teacher(model, teacher, config, info.device)
-    elif (
-        asked := reduce.training_objective(model, label_smoothing=config.label_smoothing, options=config.mctf)
-    ) is not None:
-        objective = asked  # the reducer's own recipe (MCTF: a second pass at a smaller r, and consistency)
-    elif config.mctf:
-        raise ValueError(f"--mctf needs a model with MCTF reducers (--set reducer=mctf), got {config.model!r} without")
+    dense = None if teacher is None else load_teacher(model, teacher)
+    # the reducers' own recipe (MCTF: a second pass at a smaller r; DynamicViT with a teacher: distillation)
+    objective: Objective | None = reduce.training_objective(
+        model, label_smoothing=config.label_smoothing, options=config.objective_options(), teacher=dense
+    )
+    if objective is None:
+        if dense is not None:
+            raise ValueError(
+                f"--teacher needs a model whose reducers learn from one (DynamicViT), got {config.model!r}"
+            )
+        if config.mctf:
+            raise ValueError(f"--mctf needs a model with MCTF reducers (--set reducer=mctf), got {config.model!r}")
+        objective = CrossEntropyObjective(config.label_smoothing)
     train_model = objective.wrap(model)
     if info.enabled:
         ids = [info.device.index] if info.device.type == "cuda" else None

@@ -1,9 +1,9 @@
 """What training minimises: an objective is called on each batch and may shape the model it trains.
 
-``vitrim.train`` runs any :class:`Objective`: plain cross-entropy (:class:`CrossEntropyObjective`), DynamicViT's
-distillation from a teacher (:class:`vitrim.train.distill.DistillObjective`), or the objective a model's reducers
-bring (``Reducer.training_objective``; MCTF's lives with it, :mod:`vitrim.reduce.mctf_training`). An objective is a
-protocol: one in a lower package need not import this module.
+``vitrim.train`` runs any :class:`Objective`: plain cross-entropy (:class:`CrossEntropyObjective`),
+or the objective a model's reducers bring (``Reducer.training_objective``): DynamicViT's distillation from a teacher
+(:mod:`vitrim.reduce.dynamicvit_training`) and MCTF's consistency (:mod:`vitrim.reduce.mctf_training`) live with
+their reducers. An objective is a protocol: one in a lower package need not import this module.
 """
 
 from __future__ import annotations
