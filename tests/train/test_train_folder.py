@@ -159,3 +159,13 @@ def test_cli_trains_on_shards_and_evaluates_them(tmp_path: Path, capsys: pytest.
     assert main(["eval", str(out / "last.safetensors"), "--data", train_shards, "--workers", "0"]) == 0
     printed = capsys.readouterr().out
     assert f"on {train_shards} (test, 32 images)" in printed and "images/s end to end" in printed
+
+
+def test_eval_reads_a_val_folder_whole_and_a_tree_by_its_val(imagenet_folder: Path, dense_teacher: Path) -> None:
+    from vitrim.train import evaluate_checkpoint
+
+    whole = evaluate_checkpoint(dense_teacher, data=str(imagenet_folder / "val"), workers=0)  # class folders alone
+    tree = evaluate_checkpoint(dense_teacher, data=str(imagenet_folder), workers=0)  # train/ and val/: val/
+    assert whole["num_samples"] == tree["num_samples"] == 24
+    assert whole["top1"] == tree["top1"] and whole["loss"] == pytest.approx(tree["loss"], rel=1e-6)
+    assert tree["top1"] > 1 / 3  # the dense run learned the stripes (chance: 1/3)

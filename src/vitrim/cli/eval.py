@@ -15,9 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = TrainConfig.defaults()  # evaluation batch and device as a run evaluates its epochs
     p = subparsers.add_parser(
         "eval",
-        help="evaluate a checkpoint on digits or an image folder",
+        help="evaluate a checkpoint on digits, an image folder or shards",
         description="Evaluate a checkpoint. Data options default to those of the run that wrote it (its run.json), "
-        "so the test split is the one the run held out.",
+        "so the test split is the one the run held out. Other --data is evaluated on its val/ folder, or whole (a "
+        "folder of class folders, shards).",
     )
     p.add_argument("checkpoint", help="a .safetensors written by vitrim (best/last) or a run's last.pt")
     add_data_arguments(p)  # no defaults: the run's own

@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = TrainConfig.defaults()  # every default is TrainConfig's, written once there
     p = subparsers.add_parser(
         "train",
-        help="train a model on digits or an image folder (torchrun for DDP)",
+        help="train a model on digits, an image folder or shards (torchrun for DDP)",
         description="Train a registered model. Under `torchrun --nproc-per-node N` the same command runs DDP.",
     )
     p.add_argument("--model", required=True, help="registered model name (see `vitrim.list_models()`)")

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from vitrim.data.augment import Augment, MixupCutmix, train_transform
 from vitrim.data.digits import DigitsCanvas, load_digits
-from vitrim.data.folder import ImageFolder, folder_classes, image_folder_splits, pil_mode
+from vitrim.data.folder import ImageFolder, folder_classes, has_split_folders, image_folder_splits, pil_mode
 from vitrim.data.loader import ReadableBatches, collate_readable, rebatch
 from vitrim.data.shards import ShardDataset, ShardSource, is_shard_pattern
 from vitrim.data.transforms import eval_transform
@@ -148,6 +148,7 @@ __all__ = [
     "collate_readable",
     "dataset_classes",
     "eval_transform",
+    "has_split_folders",
     "image_folder_splits",
     "is_shard_pattern",
     "load_digits",

@@ -118,6 +118,11 @@ def _layout(root: Path) -> tuple[list[str], Path, Path | None]:
     return classes, train_root, test_root if train_root != root else None
 
 
+def has_split_folders(root: str | Path) -> bool:
+    """Whether ``root`` holds ``train/`` and ``val/`` (or ``test/``) rather than the class folders themselves."""
+    return _layout(Path(root))[2] is not None
+
+
 def folder_classes(root: str | Path) -> list[str]:
     """The class names of an image-folder tree (sorted folder names), without reading any image."""
     return _layout(Path(root))[0]

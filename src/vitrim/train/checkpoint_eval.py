@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitrim.data import build_datasets, check_data, is_shard_pattern
+from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern
 from vitrim.train.config import TrainConfig
 from vitrim.train.distributed import DistInfo, barrier, cleanup_distributed, setup_distributed
 from vitrim.train.evaluate import evaluate
@@ -38,8 +38,9 @@ def load_checkpoint_split(
 ) -> CheckpointSplit:
     """The checkpoint's model and its run's ``split``; ``data_options`` (not None) override the run's own.
 
-    Shards given as ``data`` with no ``val_data`` are the evaluation data themselves. ``info`` picks this rank's
-    shards under torchrun.
+    Data other than the run's own, given as ``data`` with no ``val_data``, is evaluated whole when it has no split
+    of its own (shards, or a folder of class folders such as ImageNet's ``val/``); a folder with ``train/`` and
+    ``val/`` is evaluated on ``val/``. ``info`` picks this rank's shards under torchrun.
     """
     if split not in ("test", "train"):
         raise ValueError(f"split must be 'test' or 'train', got {split!r}")
@@ -55,7 +56,9 @@ def load_checkpoint_split(
         for key in ("clutter", "noise", "align"):
             options.pop(key)
     check_data(data)
-    if is_shard_pattern(data) and options["val_data"] is None:
+    other = data_options.get("data") is not None and data != run.get("data")
+    whole = is_shard_pattern(data) or (other and data != "digits" and not has_split_folders(data))
+    if whole and options["val_data"] is None:
         options["val_data"] = data
     splits = build_datasets(
         data, data_config=model_data_config(model), rank=info.rank, world_size=info.world_size, **options
