@@ -50,7 +50,7 @@ def dense_teacher(imagenet_folder: Path, tmp_path_factory: pytest.TempPathFactor
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # module fixtures run before conftest's per-test one
     config = TrainConfig(
-        model="vit_tiny_patch16_224", data=str(imagenet_folder), out=str(out), epochs=4, overrides=TINY_VIT,
+        model="deit_tiny_patch16_224", data=str(imagenet_folder), out=str(out), epochs=4, overrides=TINY_VIT,
         batch_size=16, lr=3e-3, warmup_epochs=0, quiet=True, workers=0, **NO_AUGMENT,
     )  # fmt: skip
     train(config)
@@ -60,7 +60,7 @@ def dense_teacher(imagenet_folder: Path, tmp_path_factory: pytest.TempPathFactor
 
 def _student(folder: Path, teacher: Path, out: Path, **changes: Any) -> TrainConfig:
     base: dict[str, Any] = dict(
-        model="vit_tiny_patch16_224", data=str(folder), out=str(out), epochs=3, teacher=str(teacher),
+        model="deit_tiny_patch16_224", data=str(folder), out=str(out), epochs=3, teacher=str(teacher),
         overrides={**TINY_VIT, "reducer": "dynamicvit", "keep_ratio": 0.5, "prune_layers": (1,)},
         batch_size=16, accum_steps=2, lr=2e-3, warmup_epochs=0, freeze_backbone_epochs=0, backbone_lr_scale=0.1,
         quiet=True, workers=2,
@@ -169,3 +169,14 @@ def test_eval_reads_a_val_folder_whole_and_a_tree_by_its_val(imagenet_folder: Pa
     assert whole["num_samples"] == tree["num_samples"] == 24
     assert whole["top1"] == tree["top1"] and whole["loss"] == pytest.approx(tree["loss"], rel=1e-6)
     assert tree["top1"] > 1 / 3  # the dense run learned the stripes (chance: 1/3)
+
+
+def test_eval_of_a_saved_run_sees_the_pixels_it_trained_on(imagenet_folder: Path, dense_teacher: Path) -> None:
+    from vitrim.train import evaluate_checkpoint
+
+    last = _metrics(dense_teacher.parent)[-1]
+    for checkpoint in ("last.safetensors", "last.pt"):  # rebuilt from the file's metadata / from the run record
+        metrics = evaluate_checkpoint(dense_teacher.parent / checkpoint, workers=0)
+        assert metrics["num_samples"] == last["test_num_samples"] == 24
+        assert metrics["loss"] == pytest.approx(last["test_loss"], rel=1e-6), checkpoint  # same mean, std, crop
+        assert metrics["top1"] == last["test_top1"]

@@ -61,7 +61,7 @@ def load_checkpoint_split(
     if whole and options["val_data"] is None:
         options["val_data"] = data
     splits = build_datasets(
-        data, data_config=model_data_config(model), rank=info.rank, world_size=info.world_size, **options
+        data, data_config=model_data_config(model, run), rank=info.rank, world_size=info.world_size, **options
     )
     num_classes = int(getattr(model.config, "num_classes", splits.num_classes))
     if num_classes != splits.num_classes:

@@ -11,6 +11,7 @@ ends with exactly the weights and metrics of an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -78,11 +79,15 @@ def input_spec(model: nn.Module) -> tuple[tuple[int, int], int]:
     return (int(height), int(width)), int(config.in_chans)
 
 
-def model_data_config(model: nn.Module) -> DataConfig:
-    """How the model wants its images (``model.data_config``; vitrim's mean/std 0.5 at its size without one)."""
+def model_data_config(model: nn.Module, run: dict[str, Any] | None = None) -> DataConfig:
+    """How the model wants its images: ``model.data_config``, else the one its run recorded (a model rebuilt from a
+    checkpoint may not carry one), else vitrim's mean/std 0.5 at its size."""
     config = getattr(model, "data_config", None)
     if isinstance(config, DataConfig):
         return config
+    if run and "data_config" in run:
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in run["data_config"].items()}
+        return DataConfig(**fields)
     img_size, in_chans = input_spec(model)
     return DataConfig().for_input(in_chans, img_size)
 
@@ -147,10 +152,14 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
         overrides = {**teacher_architecture(teacher), **overrides}  # the student is built like its teacher
     torch.manual_seed(config.seed)  # the same initial weights on every rank and in every repeat
     model = create_model(config.model, num_classes=len(classes), **overrides).to(info.device)
-    data = build_data(config, model_data_config(model), info)
+    data_config = model_data_config(model)
+    data = build_data(config, data_config, info)
     overrides["num_classes"] = data.num_classes
     # "overrides" rebuilds the model (the teacher's architecture included); "set" is what this run was asked for
-    record = {**config.run_record(), "overrides": overrides, "set": dict(config.overrides), "classes": data.classes}
+    record = {
+        **config.run_record(), "overrides": overrides, "set": dict(config.overrides), "classes": data.classes,
+        "data_config": dataclasses.asdict(data_config),  # the pixels it trained on: eval shows it the same
+    }  # fmt: skip
     dense = None if teacher is None else load_teacher(model, teacher)
     # the reducers' own recipe (MCTF: a second pass at a smaller r; DynamicViT with a teacher: distillation)
     objective: Objective | None = reduce.training_objective(
