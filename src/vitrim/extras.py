@@ -18,7 +18,8 @@ import importlib
 OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribution, extras that install it)
     "matplotlib": ("matplotlib", ("viz", "translate")),
     "PIL": ("Pillow", ("viz", "train", "data")),
-    "torchvision": ("torchvision", ("data",)),
+    "torchvision": ("torchvision", ("data", "train")),
+    "webdataset": ("webdataset", ("data", "train")),
     "huggingface_hub": ("huggingface-hub", ("hub",)),
     "tqdm": ("tqdm", ("train",)),
     "num2words": ("num2words", ("translate",)),

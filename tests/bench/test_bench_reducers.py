@@ -248,14 +248,15 @@ def digits_run(tmp_path_factory):
 def top1_by_hand(run, name: str | None, options: dict) -> float:
     """Top-1 of the run's model (with a reducer) on its held-out digits, counted here without the benchmark's code."""
     from vitrim.data import build_datasets
+    from vitrim.models.data_config import DataConfig
     from vitrim.train.state import load_for_eval
 
     model, record = load_for_eval(run / "last.safetensors")
     if name is not None:
         reduce.apply(model, name, **options)
     test = build_datasets(
-        "digits", img_size=(16, 16), in_chans=1, seed=record["seed"], test_fraction=record["test_fraction"],
-        clutter=record["clutter"], noise=record["noise"], align=record["align"],
+        "digits", data_config=DataConfig().for_input(1, (16, 16)), seed=record["seed"],
+        test_fraction=record["test_fraction"], clutter=record["clutter"], noise=record["noise"], align=record["align"],
     ).test  # fmt: skip
     images = torch.stack([test[j][0] for j in range(len(test))])  # (359, 1, 16, 16)
     labels = torch.tensor([int(test[j][1]) for j in range(len(test))])

@@ -8,6 +8,7 @@ import torch
 
 from vitrim.data import DigitsCanvas, build_datasets, load_digits
 from vitrim.data.digits import DIGITS_FILE, split_indices
+from vitrim.models.data_config import DataConfig
 
 # scikit-learn's load_digits(): 1,797 samples, these per-class counts, and this first image (a zero)
 SKLEARN_CLASS_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
@@ -102,7 +103,7 @@ def test_clutter_comes_from_other_digits_and_noise_is_clipped() -> None:
 
 
 def test_build_datasets_digits_splits() -> None:
-    splits = build_datasets("digits", img_size=(32, 32), in_chans=1)
+    splits = build_datasets("digits", data_config=DataConfig().for_input(1, (32, 32)))
     assert len(splits.train) + len(splits.test) == 1797 and splits.num_classes == 10
     assert len(splits.test) == sum(round(0.2 * n) for n in SKLEARN_CLASS_COUNTS)
 
@@ -125,7 +126,7 @@ def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
 
 def test_non_square_image_size_is_refused() -> None:
     with pytest.raises(ValueError, match="square"):
-        build_datasets("digits", img_size=(32, 48), in_chans=1)
+        build_datasets("digits", data_config=DataConfig().for_input(1, (32, 48)))
 
 
 def test_aligned_digits_cover_whole_patches() -> None:

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import vitrim
+from vitrim.reduce.mctf_training import MCTFObjective, reduction_strength
 from vitrim.train import TrainConfig, train
-from vitrim.train.mctf import MCTFObjective, reduction_strength
 
 TINY = dict(img_size=32, patch_size=4, in_chans=1, embed_dim=16, depth=3, num_heads=2, num_classes=10)
 

@@ -53,9 +53,28 @@ def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
-    """``--data`` and the digits options; ``defaults`` (e.g. a TrainConfig's) fill them, None leaves them unset."""
+    """``--data``, ``--val-data``, ``--workers`` and the digits options.
+
+    ``defaults`` (e.g. a TrainConfig's) fill them; None leaves them unset.
+    """
     d = defaults or {}
-    parser.add_argument("--data", default=d.get("data"), help="'digits' (bundled) or an image folder")
+    parser.add_argument(
+        "--data",
+        default=d.get("data"),
+        help="'digits' (bundled), an image folder (train/ and val/ of class folders, or class folders) or WebDataset "
+        "shards ('shards/train-{000000..000099}.tar', optionally '|N' samples)",
+    )
+    parser.add_argument(
+        "--val-data",
+        default=d.get("val_data"),
+        help="evaluation data given apart: a folder of class folders or shards (needed when --data is shards)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=d.get("workers"),
+        help="DataLoader processes that read and decode images (default: none for digits, min(4, cores) for files)",
+    )
     parser.add_argument("--test-fraction", type=float, default=d.get("test_fraction"), help="test share per class")
     parser.add_argument("--clutter", type=int, default=d.get("clutter"), help="digits: fragments of other digits")
     parser.add_argument("--noise", type=float, default=d.get("noise"), help="digits: std of Gaussian pixel noise")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from vitrim.cli.common import add_data_arguments, add_threads_argument, check_output_folder, parse_set
+from vitrim.data import Augment
 from vitrim.train import TrainConfig, train
 
 SET_FORM = "key=value[,key=value...]"  # --set and --distill (errors show it as --help does)
@@ -14,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = TrainConfig.defaults()  # every default is TrainConfig's, written once there
     p = subparsers.add_parser(
         "train",
-        help="train a model on digits or an image folder (torchrun for DDP)",
+        help="train a model on digits, an image folder or shards (torchrun for DDP)",
         description="Train a registered model. Under `torchrun --nproc-per-node N` the same command runs DDP.",
     )
     p.add_argument("--model", required=True, help="registered model name (see `vitrim.list_models()`)")
@@ -23,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=d["out"], help="run folder: checkpoints and metrics.jsonl")
     p.add_argument("--set", dest="overrides", action="append", metavar=SET_FORM, help="model override, repeatable")
     p.add_argument("--batch-size", type=int, default=d["batch_size"], help="global batch size (split over ranks)")
+    p.add_argument(
+        "--accum-steps",
+        type=int,
+        default=d["accum_steps"],
+        help="micro-batches per optimiser step (gradient accumulation; --batch-size stays the step's batch)",
+    )
     p.add_argument("--lr", type=float, default=d["lr"], help="peak AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=d["weight_decay"])
     p.add_argument("--warmup-epochs", type=float, default=d["warmup_epochs"])
@@ -34,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_threads_argument(p)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    add_augment_arguments(p, d)
     p.add_argument("--teacher", help="DynamicViT: dense checkpoint that initialises the backbone and the teacher")
     p.add_argument(
         "--backbone-lr-scale", type=float, default=d["backbone_lr_scale"], help="DynamicViT: backbone lr multiplier"
@@ -56,10 +65,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_augment_arguments(p: argparse.ArgumentParser, d: dict) -> None:
+    """The DeiT recipe's augmentations of image folders and shards (timm's train.py flags); digits keep their own."""
+    group = p.add_argument_group("augmentation (image folders and shards; defaults: the DeiT recipe)")
+    group.add_argument("--scale", type=float, nargs=2, default=d["scale"], metavar=("MIN", "MAX"),
+                       help="RandomResizedCrop area range")  # fmt: skip
+    group.add_argument("--hflip", type=float, default=d["hflip"], help="horizontal flip probability")
+    group.add_argument("--randaugment", type=int, default=d["randaugment"], help="RandAugment magnitude; 0: off")
+    group.add_argument("--reprob", type=float, default=d["reprob"], help="random erasing probability")
+    group.add_argument("--mixup", type=float, default=d["mixup"], help="mixup Beta alpha; 0: off")
+    group.add_argument("--cutmix", type=float, default=d["cutmix"], help="cutmix Beta alpha; 0: off")
+    group.add_argument(
+        "--no-augment", action="store_true", help="none of them: the whole image resized, no flip, no mixing"
+    )
+
+
+def augment_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """TrainConfig's augmentation fields from the flags (``--no-augment`` turns every one off)."""
+    if args.no_augment:
+        off = Augment.none()
+        return dict(scale=off.scale, hflip=0.0, randaugment=0, reprob=0.0, mixup=0.0, cutmix=0.0)
+    return dict(
+        scale=tuple(args.scale), hflip=args.hflip, randaugment=args.randaugment, reprob=args.reprob,
+        mixup=args.mixup, cutmix=args.cutmix,
+    )  # fmt: skip
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         model=args.model,
         data=args.data,
+        val_data=args.val_data,
+        workers=args.workers,
+        accum_steps=args.accum_steps,
+        **augment_from_args(args),
         out=str(check_output_folder(args.out, "--out")),
         epochs=args.epochs,
         overrides=parse_set(args.overrides, "--set", SET_FORM),

@@ -1,74 +1,109 @@
-"""Image-folder datasets: ``ROOT/<class>/<image>`` (PNG/JPEG through Pillow), one folder per class.
+"""Image folders (ImageNet's layout), read lazily: a file is opened when its sample is asked for, in a worker.
 
-``ROOT`` either holds the class folders directly (a seeded, stratified split makes train and test), or holds
-``train/`` and ``test/`` (or ``val/``) folders that each hold the class folders.
+``ROOT`` holds ``train/`` and ``val/`` (or ``test/``) folders of class folders, as ImageNet is laid out, or the class
+folders themselves (then a seeded, stratified split makes train and test). Class ``i`` is the i-th class folder in
+sorted order, as torchvision's and timm's ImageFolder number them; images are found in a class folder at any depth
+(extensions as torchvision's, any case: ImageNet's are ``.JPEG``).
 
-Every image is decoded once when the dataset is built; files Pillow cannot read (corrupt, truncated, not an
-image) are skipped and counted, with one warning naming the count, so a bad file never crashes a run. Images are
-converted to the model's channels (``L`` for 1, ``RGB`` for 3), resized to its size and normalised with mean 0.5
-and std 0.5, like ``digits``.
+Building a dataset lists file names only, so it starts at once on a million files and holds them as two numpy arrays
+(a byte string and a label per file): DataLoader workers that fork from it share those pages instead of copying a
+Python list object by object. A file Pillow cannot read (corrupt, truncated, not an image) is found when its sample
+is loaded: the sample comes back as ``None``, and :mod:`vitrim.data.loader` drops it from the batch and counts it.
 """
 
 from __future__ import annotations
 
-import warnings
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from vitrim.data.digits import split_indices
-from vitrim.data.images import decode_image, normalise
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-TEST_FOLDER_NAMES = ("test", "val")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
+TEST_FOLDER_NAMES = ("val", "test")
+Transform = Callable[[Any], Tensor]  # PIL image -> (C, H, W) tensor
 
 
-def _class_folders(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+def pil_mode(in_chans: int) -> str:
+    """The Pillow mode a model with ``in_chans`` channels reads images in: ``L`` (luma) for 1, ``RGB`` for 3."""
+    if in_chans not in (1, 3):
+        raise ValueError(f"images can be read for models with 1 or 3 input channels, not in_chans={in_chans}")
+    return "L" if in_chans == 1 else "RGB"
+
+
+def open_image(file: str | Path | Any, mode: str) -> Any:
+    """Decode a file (a path or a binary file object) into a PIL image of ``mode``; raises what Pillow raises."""
+    from PIL import Image  # Pillow is optional (the data, train and viz extras)
+
+    with Image.open(file) as image:
+        return image.convert(mode)  # convert loads every pixel: a truncated file fails here, not later
 
 
 class ImageFolder(Dataset):
-    """Decoded images of some files: ``dataset[i] -> (image (in_chans, H, W) float32 in [−1, 1], label)``.
+    """``dataset[i] -> (transform(image), label)``, or None when the file cannot be decoded (module doc).
 
-    Build it with :func:`image_folder_splits`; ``num_skipped`` counts the files that could not be read.
+    Build it with :func:`image_folder_splits`. ``root`` / ``files`` (relative paths) and ``labels`` say what it holds.
     """
 
-    def __init__(self, files: list[tuple[Path, int]], classes: list[str], size: tuple[int, int], in_chans: int):
-        images, labels, skipped = [], [], 0
-        for path, label in files:
-            try:
-                images.append(decode_image(path, size, in_chans))
-            except Exception:  # (Pillow raises many kinds; a bad file must never stop a run)
-                skipped += 1
-                continue
-            labels.append(label)
+    def __init__(
+        self, root: str | Path, files: list[str], labels: list[int], classes: list[str], transform: Transform, mode: str
+    ) -> None:
+        self.root = str(root)
+        self.files = np.array([f.encode() for f in files], dtype=np.bytes_)  # (n,) one block of bytes
+        self.labels = np.array(labels, dtype=np.int64)  # (n,)
         self.classes = classes
-        self.num_skipped = skipped
-        shape = (0, in_chans, *size)
-        self.images = torch.from_numpy(np.stack(images)) if images else torch.empty(shape, dtype=torch.uint8)
-        self.labels = torch.tensor(labels, dtype=torch.long)
+        self.transform = transform
+        self.mode = mode
+
+    @classmethod
+    def of_class_folders(cls, root: str | Path, transform: Transform, mode: str) -> ImageFolder:
+        """Every image of one folder of class folders (a ``val/`` given on its own)."""
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"data folder {str(root)!r} does not exist (expected one folder per class)")
+        classes = _class_folders(root)
+        files, labels = _list_files(root, classes)
+        if not files:
+            raise ValueError(f"data folder {str(root)!r} has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        return cls(root, files, labels, classes, transform, mode)
 
     def set_epoch(self, epoch: int) -> None:
-        """Nothing to re-draw (no augmentation); present so every dataset has the same interface."""
+        """Nothing to re-draw here (augmentation draws from the worker's seed); every dataset has this method."""
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        image = normalise(self.images[index])  # (C, H, W)
-        return image, int(self.labels[index])
+    def __getitem__(self, index: int) -> tuple[Tensor, int] | None:
+        path = os.path.join(self.root, self.files[index].decode())
+        try:
+            image = open_image(path, self.mode)
+        except Exception:  # Pillow raises many kinds on a bad file; the loader counts it, a run never stops for it
+            return None
+        return self.transform(image), int(self.labels[index])
 
 
-def _list_files(root: Path, classes: list[str]) -> list[tuple[Path, int]]:
-    files = []
+def _list_files(root: Path, classes: list[str]) -> tuple[list[str], list[int]]:
+    """(paths relative to ``root``, labels) of every image under each class folder, sorted within a class."""
+    files: list[str] = []
+    labels: list[int] = []
     for label, name in enumerate(classes):
-        folder = root / name
-        if folder.is_dir():
-            files += [(p, label) for p in sorted(folder.rglob("*")) if p.suffix.lower() in IMAGE_EXTENSIONS]
-    return files
+        found = []
+        for folder, _, names in os.walk(root / name, followlinks=True):
+            relative = os.path.relpath(folder, root)
+            found += [os.path.join(relative, n) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
+        found.sort()
+        files += found
+        labels += [label] * len(found)
+    return files, labels
+
+
+def _class_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def _layout(root: Path) -> tuple[list[str], Path, Path | None]:
@@ -77,10 +112,15 @@ def _layout(root: Path) -> tuple[list[str], Path, Path | None]:
         raise FileNotFoundError(f"data folder {str(root)!r} does not exist (expected one folder per class)")
     test_root = next((root / n for n in TEST_FOLDER_NAMES if (root / n).is_dir()), None)
     train_root = root / "train" if (root / "train").is_dir() and test_root is not None else root
-    classes = [p.name for p in _class_folders(train_root)]
+    classes = _class_folders(train_root)
     if len(classes) < 2:
         raise ValueError(f"data folder {str(root)!r} has {len(classes)} class folder(s); expected at least 2")
     return classes, train_root, test_root if train_root != root else None
+
+
+def has_split_folders(root: str | Path) -> bool:
+    """Whether ``root`` holds ``train/`` and ``val/`` (or ``test/``) rather than the class folders themselves."""
+    return _layout(Path(root))[2] is not None
 
 
 def folder_classes(root: str | Path) -> list[str]:
@@ -89,28 +129,30 @@ def folder_classes(root: str | Path) -> list[str]:
 
 
 def image_folder_splits(
-    root: str | Path, *, img_size: tuple[int, int], in_chans: int, test_fraction: float = 0.2, seed: int = 0
+    root: str | Path,
+    *,
+    train_transform: Transform,
+    test_transform: Transform,
+    in_chans: int,
+    test_fraction: float = 0.2,
+    seed: int = 0,
 ) -> tuple[ImageFolder, ImageFolder]:
-    """(train, test) datasets from an image-folder tree (see module doc). Warns once if files were skipped."""
+    """(train, test) datasets of an image-folder tree (module doc); nothing is decoded here."""
     root = Path(root)
-    if in_chans not in (1, 3):
-        raise ValueError(f"in_chans must be 1 or 3 for image folders, got {in_chans!r}")
+    mode = pil_mode(in_chans)
     classes, train_root, test_root = _layout(root)
     if test_root is not None:
-        train_files, test_files = _list_files(train_root, classes), _list_files(test_root, classes)
+        train_files, train_labels = _list_files(train_root, classes)
+        test_files, test_labels = _list_files(test_root, classes)
     else:
-        files = _list_files(root, classes)
-        train_files, test_files = [], []
+        files, labels = _list_files(root, classes)
+        train_files, train_labels, test_files, test_labels = [], [], [], []
         if files:
-            train_idx, test_idx = split_indices(np.array([label for _, label in files]), test_fraction, seed)
-            train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
+            train_idx, test_idx = split_indices(np.array(labels), test_fraction, seed)
+            train_files, train_labels = [files[i] for i in train_idx], [labels[i] for i in train_idx]
+            test_files, test_labels = [files[i] for i in test_idx], [labels[i] for i in test_idx]
     if not train_files or not test_files:
-        raise ValueError(f"data folder {str(root)!r} has no {'/'.join(IMAGE_EXTENSIONS)} images in some split")
-    train = ImageFolder(train_files, classes, img_size, in_chans)
-    test = ImageFolder(test_files, classes, img_size, in_chans)
-    skipped = train.num_skipped + test.num_skipped
-    if skipped:
-        warnings.warn(f"skipped {skipped} unreadable image(s) under {str(root)!r}", stacklevel=2)
-    if len(train) == 0 or len(test) == 0:
-        raise ValueError(f"data folder {str(root)!r}: no readable images left in the train or test split")
+        raise ValueError(f"data folder {str(root)!r} has no images ({', '.join(IMAGE_EXTENSIONS)}) in some split")
+    train = ImageFolder(train_root, train_files, train_labels, classes, train_transform, mode)
+    test = ImageFolder(test_root or root, test_files, test_labels, classes, test_transform, mode)
     return train, test

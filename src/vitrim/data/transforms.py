@@ -18,38 +18,14 @@ grey or RGBA picture gives the tensor the model takes.
 from __future__ import annotations
 
 import math
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from vitrim.data.vision import transforms_v1
 from vitrim.extras import require
 from vitrim.models.data_config import DataConfig
-
-
-def torchvision_transforms() -> Any:
-    """``torchvision.transforms`` (v1, the one timm's eval transform is built on), imported when first needed.
-
-    A torchvision wheel whose compiled operators do not match the installed torch fails to import ("operator
-    torchvision::nms does not exist") although its transforms need none of them; its two operator-registration
-    modules are then stubbed in ``sys.modules`` (nothing on disk changes) and the import retried, so the
-    transforms work and only ``torchvision.ops`` does not.
-    """
-    try:
-        import torchvision.transforms as transforms
-    except ModuleNotFoundError:
-        require("torchvision", feature="the eval transform")  # raises, naming the extra to install
-        raise
-    except RuntimeError:
-        for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-            sys.modules[name] = types.ModuleType(name)
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            if not name.endswith("_registrations"):
-                del sys.modules[name]
-        import torchvision.transforms as transforms
-    return transforms
 
 
 class ToMode:
@@ -74,7 +50,7 @@ class ResizeKeepRatio:
         self.size, self.interpolation, self.longest = size, interpolation, longest
 
     def __call__(self, image: Any) -> Any:
-        functional = torchvision_transforms().functional
+        functional = transforms_v1().functional
         _, height, width = functional.get_dimensions(image)
         ratios = (height / self.size[0], width / self.size[1])
         ratio = max(ratios) if self.longest else min(ratios)
@@ -93,7 +69,7 @@ class CenterCropOrPad:
         self.size, self.fill = size, fill
 
     def __call__(self, image: Any) -> Any:
-        functional = torchvision_transforms().functional
+        functional = transforms_v1().functional
         _, height, width = functional.get_dimensions(image)
         pad_h, pad_w = max(self.size[0] - height, 0), max(self.size[1] - width, 0)
         if pad_h or pad_w:
@@ -115,7 +91,7 @@ def eval_transform(data_config: DataConfig) -> Any:
         raise TypeError(
             f"data_config must be a vitrim DataConfig (model.data_config), got {type(data_config).__name__}"
         )
-    transforms = torchvision_transforms()
+    transforms = transforms_v1()
     channels, height, width = data_config.input_size
     if channels not in (1, 3):
         raise ValueError(f"images can be read for 1 or 3 channels, but input_size is {data_config.input_size}")

@@ -1,11 +1,14 @@
 """Attention pooling (the MAP head of SigLIP, timm's ``AttentionPoolLatent``): a learned query attends to the tokens.
 
     q = latent W_q (one learned query),  k, v = tokens W_kv
-    x = proj(softmax(q kᵀ / √hd + log w) v)           cross-attention, through vitrim.scaled_dot_product_attention
-    out = x + MLP(LN(x))                               (B, D)
+    A_j = exp(q k_jᵀ / √hd) · w_j / Σ_k exp(q k_kᵀ / √hd) · w_k     through vitrim.scaled_dot_product_attention
+    x = proj(A v);  out = x + MLP(LN(x))                            (B, D)
 
-``w`` are token weights: how many patches each token stands for after ToMe merged some (log w is added to the
-logits, so a merged token counts as its copies would: merging does not bias the pool). Without weights (or all
+``w`` are token weights: how many patches each token stands for after ToMe merged some (a merged token counts as
+its copies would: merging does not bias the pool), times DynamicViT's keep policy (0 for a dropped token). They
+enter as the attention's ``keep_policy`` (scaled by each row's largest weight into [0, 1]; the softmax does not
+change under that scale), not as a bias log w: log 0 = −∞ is harmless forward but its derivative 1/w is infinite
+at a dropped token, and 0 · ∞ made every gradient of a DynamicViT with this head NaN. Without weights (or all
 ones) this is timm's head exactly. Parameter names are timm's (``latent``, ``q``, ``kv``, ``proj``, ``norm``,
 ``mlp``).
 """
@@ -36,7 +39,11 @@ class AttentionPool(MultiHeadAttention):
         # repeat, not expand: a no-grad view of a parameter claims requires_grad without a grad_fn, which torch's
         # module tracker (FLOP counting) cannot follow; the copy is one (B, 1, D) row
         latent = self.latent.repeat(tokens.shape[0], 1, 1)  # (B, 1, D)
-        bias = None if token_weights is None else token_weights.log()[:, None, None, :].to(tokens.dtype)
-        x, _ = super().forward(latent, tokens, mask=bias)  # (B, 1, D)
+        policy = None
+        if token_weights is not None:
+            weights = token_weights.float()  # (B, N)
+            largest = weights.amax(dim=1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+            policy = (weights / largest).to(tokens.dtype)  # (B, N) in [0, 1]; all dropped: zeros, pooled 0
+        x, _ = super().forward(latent, tokens, keep_policy=policy)  # (B, 1, D)
         x = x + self.mlp(self.norm(x))
         return x[:, 0]

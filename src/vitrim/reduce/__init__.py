@@ -13,7 +13,15 @@ Every module of this package is imported here, so a method registers itself by b
 import importlib
 import pkgutil
 
-from vitrim.reduce.api import applied_reducers, apply, check_layers, parse_spec, reducer_options, remove
+from vitrim.reduce.api import (
+    applied_reducers,
+    apply,
+    check_layers,
+    parse_spec,
+    reducer_options,
+    remove,
+    training_objective,
+)
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.registry import get_reducer, list_reducers, register
 from vitrim.reduce.state import TokenState
@@ -42,4 +50,5 @@ __all__ = [
     "reducer_options",
     "register",
     "remove",
+    "training_objective",
 ]

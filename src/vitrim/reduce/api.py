@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from vitrim.literals import split_top_level
+from vitrim.reduce.base import Reducer
 from vitrim.reduce.registry import get_reducer
 from vitrim.reduce.schedule import schedule_options
 
@@ -116,6 +117,25 @@ def remove(model: nn.Module) -> nn.Module:
             block.reducer = None
     model.applied_reducers = []  # type: ignore[assignment]
     return model
+
+
+def training_objective(
+    model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+) -> Any | None:
+    """The training objective the model's reducers ask for (:meth:`Reducer.training_objective`), or None.
+
+    ValueError when reducers of two kinds each want their own: one loss cannot serve both recipes.
+    """
+    reducers = [getattr(block, "reducer", None) for block in getattr(model, "blocks", ())]  # none on a CNN
+    wanted = {}
+    for kind in {type(r) for r in reducers if isinstance(r, Reducer)}:
+        objective = kind.training_objective(model, label_smoothing=label_smoothing, options=options, teacher=teacher)
+        if objective is not None:
+            wanted[kind] = objective
+    if len(wanted) > 1:
+        names = sorted(cls.name for cls in wanted)
+        raise ValueError(f"reducers {names} each bring their own training objective; train with one of them")
+    return next(iter(wanted.values()), None)
 
 
 def applied_reducers(model: nn.Module) -> list[dict[str, Any]]:

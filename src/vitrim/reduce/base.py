@@ -137,6 +137,15 @@ class Reducer:
         return cls.for_layers(layers, **options)
 
     @classmethod
+    def training_objective(
+        cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+    ) -> Any | None:
+        """The objective its authors fine-tune a model carrying this reducer with: a :class:`vitrim.train.Objective`,
+        or None for plain cross-entropy (the default). ``options``: a run's objective settings by name (``mctf``,
+        ``distill``, ``backbone_lr_scale``, …; each reducer reads its own); ``teacher``: a frozen dense model."""
+        return None
+
+    @classmethod
     def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
         """The blocks and options that leave the tokens a per-block schedule (:mod:`vitrim.reduce.schedule`) states
         after each block. Count-based reducers override this; the default refuses."""

@@ -35,11 +35,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
+from vitrim.reduce.dynamicvit_training import PREDICTOR_PREFIX, DistillObjective
 from vitrim.reduce.registry import register
 from vitrim.reduce.score_predictor import ScorePredictor
 from vitrim.reduce.state import TokenState
 
-PREDICTORS = "score_predictor"  # the model attribute (and checkpoint prefix) holding the predictors
+PREDICTORS = PREDICTOR_PREFIX[:-1]  # the model attribute (and checkpoint prefix) holding the predictors
 
 
 def num_keep(num_patches: int, keep_fraction: float) -> int:
@@ -111,6 +112,17 @@ class DynamicViTPruning(Reducer):
     @classmethod
     def default_layers(cls, depth: int) -> tuple[int, ...]:
         return quarter_layers(depth)
+
+    @classmethod
+    def training_objective(
+        cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+    ) -> DistillObjective | None:
+        """With a dense teacher, the paper's fine-tuning (:mod:`vitrim.reduce.dynamicvit_training`), each stage's
+        kept fraction ρ^s its ratio target; without one, plain cross-entropy."""
+        if teacher is None:
+            return None
+        stages = [b.reducer.keep_fraction for b in getattr(model, "blocks", ()) if isinstance(b.reducer, cls)]
+        return DistillObjective.from_options(teacher, stages, label_smoothing, options)
 
     @classmethod
     def for_model(  # type: ignore[override]  # a reducer takes its own options; apply checks their names

@@ -44,10 +44,11 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitrim.reduce.assign import merge_tokens
 from vitrim.reduce.base import Reducer, StrengthOption
+from vitrim.reduce.mctf_training import MCTFObjective
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
 
@@ -194,6 +195,16 @@ class MCTF(Reducer):
         self.one_step_ahead = one_step_ahead
         self.pooling = pooling
         self.prop_attn = prop_attn
+
+    @classmethod
+    def training_objective(
+        cls, model: nn.Module, *, label_smoothing: float, options: dict[str, Any], teacher: nn.Module | None = None
+    ) -> MCTFObjective:
+        """The authors' fine-tuning: token-reduction consistency (:mod:`vitrim.reduce.mctf_training`); its teacher
+        is the model itself at a smaller r, so a dense ``teacher`` is refused."""
+        if teacher is not None:
+            raise ValueError("MCTF trains against itself at a smaller r (--mctf); --teacher is for DynamicViT")
+        return MCTFObjective.from_options(label_smoothing, options.get("mctf", {}))
 
     @classmethod
     def default_layers(cls, depth: int) -> tuple[int, ...]:

@@ -9,15 +9,16 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitrim.data import build_datasets
+from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern
 from vitrim.train.config import TrainConfig
-from vitrim.train.distributed import barrier, cleanup_distributed, setup_distributed
+from vitrim.train.distributed import DistInfo, barrier, cleanup_distributed, setup_distributed
 from vitrim.train.evaluate import evaluate
-from vitrim.train.loop import input_spec
+from vitrim.train.loaders import resolve_workers
+from vitrim.train.loop import model_data_config
 from vitrim.train.state import load_for_eval
 
 # the data options a run records; a checkpoint is evaluated on its own run's split unless told otherwise
-DATA_OPTIONS = ("data", "seed", "test_fraction", "clutter", "noise", "align")
+DATA_OPTIONS = ("data", "val_data", "seed", "test_fraction", "clutter", "noise", "align")
 
 
 @dataclass(frozen=True)
@@ -32,22 +33,36 @@ class CheckpointSplit:
     num_classes: int
 
 
-def load_checkpoint_split(checkpoint: str | Path, *, split: str = "test", **data_options: Any) -> CheckpointSplit:
-    """The checkpoint's model and its run's ``split``; ``data_options`` (not None) override the run's own."""
+def load_checkpoint_split(
+    checkpoint: str | Path, *, split: str = "test", info: DistInfo | None = None, **data_options: Any
+) -> CheckpointSplit:
+    """The checkpoint's model and its run's ``split``; ``data_options`` (not None) override the run's own.
+
+    Data other than the run's own, given as ``data`` with no ``val_data``, is evaluated whole when it has no split
+    of its own (shards, or a folder of class folders such as ImageNet's ``val/``); a folder with ``train/`` and
+    ``val/`` is evaluated on ``val/``. ``info`` picks this rank's shards under torchrun.
+    """
     if split not in ("test", "train"):
         raise ValueError(f"split must be 'test' or 'train', got {split!r}")
+    info = info or DistInfo()
     model, run = load_for_eval(checkpoint)
     defaults = TrainConfig.defaults()
     options = {k: run.get(k, defaults[k]) for k in DATA_OPTIONS}
+    if data_options.get("data") is not None:
+        options["val_data"] = None  # other data: its own evaluation split, not the run's
     options.update({k: v for k, v in data_options.items() if v is not None})
     data = options.pop("data")
     if data != "digits":
         for key in ("clutter", "noise", "align"):
             options.pop(key)
-    if data != "digits" and not Path(data).is_dir():
-        raise FileNotFoundError(f"data folder {data!r} does not exist (expected 'digits' or a folder)")
-    img_size, in_chans = input_spec(model)
-    splits = build_datasets(data, img_size=img_size, in_chans=in_chans, **options)
+    check_data(data)
+    other = data_options.get("data") is not None and data != run.get("data")
+    whole = is_shard_pattern(data) or (other and data != "digits" and not has_split_folders(data))
+    if whole and options["val_data"] is None:
+        options["val_data"] = data
+    splits = build_datasets(
+        data, data_config=model_data_config(model, run), rank=info.rank, world_size=info.world_size, **options
+    )
     num_classes = int(getattr(model.config, "num_classes", splits.num_classes))
     if num_classes != splits.num_classes:
         raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {splits.num_classes}")
@@ -62,17 +77,27 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     bf16: bool = False,
     device: str = "auto",
+    workers: int | None = None,
+    progress: bool = False,
     **data_options: Any,
 ) -> dict[str, Any]:
     """Metrics of a checkpoint (see :func:`vitrim.train.evaluate.evaluate`); data options default to the run's."""
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
-    loaded = load_checkpoint_split(checkpoint, split=split, **data_options)
     info = setup_distributed(device)
     try:
+        loaded = load_checkpoint_split(checkpoint, split=split, info=info, **data_options)
         model = loaded.model.to(info.device)
         metrics = evaluate(
-            model, loaded.dataset, num_classes=loaded.num_classes, batch_size=batch_size, info=info, bf16=bf16
+            model,
+            loaded.dataset,
+            num_classes=loaded.num_classes,
+            batch_size=batch_size,
+            info=info,
+            bf16=bf16,
+            workers=resolve_workers(workers, loaded.data),
+            source=loaded.data,
+            progress=progress and info.is_main,
         )
         barrier(info)
     finally:

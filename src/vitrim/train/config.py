@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitrim.data import Augment, check_data, is_shard_pattern
 from vitrim.factory import create_model
 from vitrim.models import list_models
 from vitrim.reduce.dynamic import check_keep_ratio
@@ -38,19 +39,46 @@ class TrainConfig:
     clutter: int = 0  # digits only: fragments of other digits per image
     noise: float = 0.0  # digits only: std of Gaussian pixel noise
     align: int = 1  # digits only: the digit's corner on multiples of this many pixels
-    # DynamicViT fine-tuning from a dense checkpoint (see vitrim.train.distill)
+    # image folders and shards (vitrim.data): where evaluation data comes from, how it is read, how training augments
+    val_data: str | None = None  # evaluation folder or shards; None: the folder's val/ (or a held-out share)
+    workers: int | None = None  # DataLoader processes; None: none for digits, min(4, cores) for files
+    accum_steps: int = 1  # micro-batches per optimiser step (batch_size stays the step's global batch)
+    scale: tuple[float, float] = (0.08, 1.0)  # the DeiT recipe (vitrim.data.augment.Augment); digits keep their own
+    hflip: float = 0.5
+    randaugment: int = 9  # magnitude; 0: off
+    reprob: float = 0.25  # random erasing
+    mixup: float = 0.8  # Beta α; 0: off
+    cutmix: float = 1.0  # Beta α; 0: off
+    # DynamicViT fine-tuning from a dense checkpoint (see vitrim.reduce.dynamicvit_training)
     teacher: str | None = None
     backbone_lr_scale: float = 0.01
     freeze_backbone_epochs: int = 1
     distill: dict[str, Any] = field(default_factory=dict)  # keyword arguments of vitrim.losses.DynamicViTLoss
-    # MCTF models (reducer=mctf): token-reduction consistency, keyword arguments of vitrim.train.mctf.MCTFObjective
+    # MCTF models (reducer=mctf): token-reduction consistency; keyword arguments of
+    # vitrim.reduce.mctf_training.MCTFObjective
     mctf: dict[str, Any] = field(default_factory=dict)
+
+    def objective_options(self) -> dict[str, Any]:
+        """The settings a reducer's training objective reads (``Reducer.training_objective``), by name."""
+        return {
+            "mctf": self.mctf,
+            "distill": self.distill,
+            "backbone_lr_scale": self.backbone_lr_scale,
+            "freeze_backbone_epochs": self.freeze_backbone_epochs,
+        }
+
+    def augment(self) -> Augment:
+        """The training augmentations of image folders and shards (ValueError naming a bad one)."""
+        return Augment(
+            scale=(float(self.scale[0]), float(self.scale[1])), hflip=self.hflip, randaugment=self.randaugment,
+            reprob=self.reprob, mixup=self.mixup, cutmix=self.cutmix,
+        )  # fmt: skip
 
     def validate(self) -> None:
         """Raise ValueError / FileNotFoundError naming the bad setting, before anything is built."""
         if self.model not in list_models():
             create_model(self.model)  # raises the registry's error, with close matches
-        for name in ("epochs", "batch_size", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "accum_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name.replace('_', ' ')} must be a positive int, got {value!r}")
@@ -66,8 +94,16 @@ class TrainConfig:
             raise ValueError(f"clip grad must be positive (or None), got {self.clip_grad!r}")
         if not self.warmup_epochs >= 0:
             raise ValueError(f"warmup epochs must be >= 0, got {self.warmup_epochs!r}")
-        if self.data != "digits" and not Path(self.data).is_dir():
-            raise FileNotFoundError(f"data folder {self.data!r} does not exist (expected 'digits' or a folder)")
+        check_data(self.data)
+        if self.val_data is not None:
+            check_data(self.val_data, "--val-data")
+        elif is_shard_pattern(self.data):
+            raise ValueError(f"--data {self.data!r} is shards: give the evaluation shards or folder as --val-data")
+        self.augment()
+        if self.batch_size % self.accum_steps:
+            raise ValueError(f"batch size {self.batch_size} is not divisible by accum steps {self.accum_steps}")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
+            raise ValueError(f"workers must be an int >= 0, got {self.workers!r}")
         if self.teacher is not None:
             if not self.model.startswith("dynamicvit_") and self.overrides.get("reducer") != "dynamicvit":
                 raise ValueError(

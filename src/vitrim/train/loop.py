@@ -14,6 +14,8 @@ moment loses no finished epoch's line and leaves no line (or torn half-line) of 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -26,25 +28,24 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
+from vitrim import reduce
 from vitrim.atomic import atomic_write, remove_stale_temps
 from vitrim.checkpoint import save_checkpoint
 from vitrim.checkpoint_formats import read_checkpoint
-from vitrim.data import DataSplits, build_datasets, dataset_classes
+from vitrim.data import DataSplits, MixupCutmix, build_datasets, dataset_classes
 from vitrim.factory import create_model
+from vitrim.models.data_config import DataConfig
 from vitrim.train.config import TrainConfig
-from vitrim.train.distill import DistillObjective, teacher_architecture
 from vitrim.train.distributed import (
     DistInfo,
-    GlobalBatchSampler,
     all_reduce_sum,
     barrier,
     cleanup_distributed,
     setup_distributed,
 )
 from vitrim.train.evaluate import evaluate
-from vitrim.train.mctf import MCTFObjective, mctf_reducers
+from vitrim.train.loaders import TrainBatches, lockstep, progress_bar, resolve_workers, train_batches
 from vitrim.train.objective import CrossEntropyObjective, Objective
 from vitrim.train.optim import build_optimizer
 from vitrim.train.state import (
@@ -55,6 +56,7 @@ from vitrim.train.state import (
     save_training_state,
     write_run_record,
 )
+from vitrim.train.teacher import load_teacher, teacher_architecture
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
 METRICS = "metrics.jsonl"
@@ -81,25 +83,33 @@ def input_spec(model: nn.Module) -> tuple[tuple[int, int], int]:
     return (int(height), int(width)), int(config.in_chans)
 
 
-def build_data(config: TrainConfig, img_size: tuple[int, int], in_chans: int) -> DataSplits:
+def model_data_config(model: nn.Module, run: dict[str, Any] | None = None) -> DataConfig:
+    """How the model wants its images: ``model.data_config``, else the one its run recorded (a model rebuilt from a
+    checkpoint may not carry one), else vitrim's mean/std 0.5 at its size."""
+    config = getattr(model, "data_config", None)
+    if isinstance(config, DataConfig):
+        return config
+    if run and "data_config" in run:
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in run["data_config"].items()}
+        return DataConfig(**fields)
+    img_size, in_chans = input_spec(model)
+    return DataConfig().for_input(in_chans, img_size)
+
+
+def build_data(config: TrainConfig, data_config: DataConfig, info: DistInfo) -> DataSplits:
     digits = config.data == "digits"
     options = dict(clutter=config.clutter, noise=config.noise, align=config.align) if digits else {}
     return build_datasets(
         config.data,
-        img_size=img_size,
-        in_chans=in_chans,
+        data_config=data_config,
+        augment=None if digits else config.augment(),
+        val_data=config.val_data,
+        rank=info.rank,
+        world_size=info.world_size,
         seed=config.seed,
         test_fraction=config.test_fraction,
         **options,
     )
-
-
-def _progress(total: int, enabled: bool, desc: str) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
 def _tensorboard(out: Path) -> Any:
@@ -130,11 +140,10 @@ class _Run:
     train_model: nn.Module  # what the loop calls: the objective's view of the model, DDP-wrapped under torchrun
     objective: Objective
     data: DataSplits
-    sampler: GlobalBatchSampler
-    loader: DataLoader
+    batches: TrainBatches
+    mix: MixupCutmix | None  # mixup / cutmix of each micro-batch, on the device
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    steps_per_epoch: int
     record: dict[str, Any]  # the settings as stored next to the checkpoints
     warned: bool = False  # a large gradient norm was reported
 
@@ -147,39 +156,57 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
         overrides = {**teacher_architecture(teacher), **overrides}  # the student is built like its teacher
     torch.manual_seed(config.seed)  # the same initial weights on every rank and in every repeat
     model = create_model(config.model, num_classes=len(classes), **overrides).to(info.device)
-    data = build_data(config, *input_spec(model))
+    data_config = model_data_config(model)
+    data = build_data(config, data_config, info)
     overrides["num_classes"] = data.num_classes
-    record = {**config.run_record(), "overrides": overrides, "classes": data.classes}
-    objective: Objective = CrossEntropyObjective(config.label_smoothing)
-    if teacher is not None:
-        objective = DistillObjective.from_teacher(model, teacher, config, info.device)
-    elif mctf_reducers(model):  # the authors' recipe: a second pass at a smaller r, and consistency
-        objective = MCTFObjective.from_options(config.label_smoothing, config.mctf)
-    elif config.mctf:
-        raise ValueError(f"--mctf needs a model with MCTF reducers (--set reducer=mctf), got {config.model!r} without")
+    # "overrides" rebuilds the model (the teacher's architecture included); "set" is what this run was asked for
+    record = {
+        **config.run_record(), "overrides": overrides, "set": dict(config.overrides), "classes": data.classes,
+        "data_config": dataclasses.asdict(data_config),  # the pixels it trained on: eval shows it the same
+    }  # fmt: skip
+    dense = None if teacher is None else load_teacher(model, teacher)
+    # the reducers' own recipe (MCTF: a second pass at a smaller r; DynamicViT with a teacher: distillation)
+    objective: Objective | None = reduce.training_objective(
+        model, label_smoothing=config.label_smoothing, options=config.objective_options(), teacher=dense
+    )
+    if objective is None:
+        if dense is not None:
+            raise ValueError(
+                f"--teacher needs a model whose reducers learn from one (DynamicViT), got {config.model!r}"
+            )
+        if config.mctf:
+            raise ValueError(f"--mctf needs a model with MCTF reducers (--set reducer=mctf), got {config.model!r}")
+        objective = CrossEntropyObjective(config.label_smoothing)
     train_model = objective.wrap(model)
     if info.enabled:
         ids = [info.device.index] if info.device.type == "cuda" else None
         train_model = nn.parallel.DistributedDataParallel(train_model, device_ids=ids)
-    num_train = len(data.train)  # type: ignore[arg-type]
-    sampler = GlobalBatchSampler(
-        num_train, config.batch_size, rank=info.rank, world_size=info.world_size, seed=config.seed
+    batches = train_batches(
+        data.train,
+        batch_size=config.batch_size,
+        accum_steps=config.accum_steps,
+        info=info,
+        seed=config.seed,
+        workers=resolve_workers(config.workers, config.data),
+        source=data.source,
     )
-    steps_per_epoch = len(sampler) // sampler.local_batch
-    if steps_per_epoch == 0:
-        raise ValueError(f"batch size {config.batch_size} exceeds the {num_train} training images")
-    total_steps = config.epochs * steps_per_epoch
+    total_steps = config.epochs * batches.steps
     optimizer, scheduler = build_optimizer(
         model,
         lr=config.lr,
         weight_decay=config.weight_decay,
-        warmup_steps=min(total_steps, round(config.warmup_epochs * steps_per_epoch)),
+        warmup_steps=min(total_steps, round(config.warmup_epochs * batches.steps)),
         total_steps=total_steps,
         min_lr_factor=config.min_lr_factor,
         lr_multiplier=objective.lr_multiplier,
     )
-    loader = DataLoader(data.train, batch_size=sampler.local_batch, sampler=sampler)
-    return _Run(model, train_model, objective, data, sampler, loader, optimizer, scheduler, steps_per_epoch, record)
+    augment = None if config.data == "digits" else config.augment()
+    mix = None
+    if augment is not None and (augment.mixup > 0 or augment.cutmix > 0):
+        mix = MixupCutmix(
+            data.num_classes, mixup=augment.mixup, cutmix=augment.cutmix, label_smoothing=config.label_smoothing
+        )
+    return _Run(model, train_model, objective, data, batches, mix, optimizer, scheduler, record)
 
 
 def _resume(run: _Run, config: TrainConfig, info: DistInfo, out: Path) -> tuple[int, float]:
@@ -194,48 +221,67 @@ def _resume(run: _Run, config: TrainConfig, info: DistInfo, out: Path) -> tuple[
 
 
 def _train_epoch(run: _Run, config: TrainConfig, info: DistInfo, epoch: int, show_bar: bool) -> tuple[Tensor, float]:
-    """One epoch of optimiser steps; returns (loss × images summed, images) over every rank, and the seconds."""
+    """One epoch of optimiser steps; returns (loss × images summed, images) over every rank, and the seconds.
+
+    A step adds up the gradients of ``accum_steps`` micro-batches (each loss divided by their number), so it
+    computes the mean gradient of the step's whole batch; DDP all-reduces once, after the last micro-batch.
+    """
     _seed_epoch(config.seed, epoch, info.rank)
-    run.data.train.set_epoch(epoch)  # type: ignore[attr-defined]
-    run.sampler.set_epoch(epoch)
+    run.batches.set_epoch(run.data.train, epoch)
     run.train_model.train()
-    bar = _progress(run.steps_per_epoch, show_bar, f"epoch {epoch + 1}/{config.epochs}")
+    accum = config.accum_steps
+    bar = progress_bar(run.batches.steps, show_bar, f"epoch {epoch + 1}/{config.epochs}")
     loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
-    seen, start = 0, time.perf_counter()
-    for images, labels in run.loader:
+    seen, start, step = 0, time.perf_counter(), 0
+    micro_batches = lockstep(run.batches.batches, info, run.batches.steps * accum)
+    for index, (images, labels) in enumerate(micro_batches):
         images, labels = images.to(info.device, non_blocking=True), labels.to(info.device, non_blocking=True)
-        with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-            loss = run.objective(run.train_model, images, labels, epoch)
-        where = f"epoch {epoch + 1}, step {seen // run.sampler.local_batch + 1}"
-        if not bool(torch.isfinite(loss)):  # before any weight changes: the saved epochs stay good
-            raise TrainingDiverged(f"training stopped: the loss is {loss.item()} at {where}; {_kept(config)}")
-        run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        run.objective.after_backward(run.model, epoch)
-        if config.clip_grad is not None:
-            norm = float(nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad))
-            if not math.isfinite(norm):
-                raise TrainingDiverged(f"training stopped: the gradient norm is {norm} at {where}; {_kept(config)}")
-            if norm > LARGE_GRADIENT and not run.warned:
-                run.warned = True  # once a run: the point is to say it, not to flood the log
-                warnings.warn(
-                    f"gradient norm {norm:.3g} at {where} was clipped to {config.clip_grad}; training is close to "
-                    "diverging (DynamicViT: a dropped token that was an attention sink, see docs/reliability.md)",
-                    stacklevel=2,
-                )
-        run.optimizer.step()
-        run.scheduler.step()
+        if run.mix is not None:
+            images, labels = run.mix(images, labels)  # labels become soft targets (B, K), label smoothing included
+        last = (index + 1) % accum == 0
+        no_sync = getattr(run.train_model, "no_sync", None)  # DDP: all-reduce once per step, not per micro-batch
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                loss = run.objective(run.train_model, images, labels, epoch)
+            where = f"epoch {epoch + 1}, step {step + 1}"
+            if not bool(torch.isfinite(loss)):  # before any weight changes: the saved epochs stay good
+                raise TrainingDiverged(f"training stopped: the loss is {loss.item()} at {where}; {_kept(config)}")
+            (loss / accum).backward()
         loss_sum += loss.detach().double() * len(labels)
         seen += len(labels)
+        if not last:
+            continue
+        _step(run, config, epoch, where)
+        step += 1
         if bar is not None:
             elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{loss.item():.4f}", img_s=f"{seen * info.world_size / elapsed:.0f}")
             bar.update()
+    run.optimizer.zero_grad(set_to_none=True)  # a partial step at the end of a stream is dropped
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start
     totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), device=info.device).double()]), info)
     return totals, seconds
+
+
+def _step(run: _Run, config: TrainConfig, epoch: int, where: str) -> None:
+    """The optimiser step after a step's gradients are in: the objective's hook, clipping, AdamW, the schedule."""
+    run.objective.after_backward(run.model, epoch)
+    if config.clip_grad is not None:
+        norm = float(nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad))
+        if not math.isfinite(norm):
+            raise TrainingDiverged(f"training stopped: the gradient norm is {norm} at {where}; {_kept(config)}")
+        if norm > LARGE_GRADIENT and not run.warned:
+            run.warned = True  # once a run: the point is to say it, not to flood the log
+            warnings.warn(
+                f"gradient norm {norm:.3g} at {where} was clipped to {config.clip_grad}; training is close to "
+                "diverging (DynamicViT: a dropped token that was an attention sink, see docs/reliability.md)",
+                stacklevel=2,
+            )
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
 
 
 def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
@@ -262,6 +308,9 @@ def _train(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
             batch_size=config.eval_batch_size,
             info=info,
             bf16=config.bf16,
+            workers=run.batches.workers,
+            source=run.data.source,
+            progress=show_bar,
         )
         metrics = {
             "epoch": epoch + 1,
@@ -345,8 +394,8 @@ def _check_resumable(saved: dict[str, Any], config: TrainConfig) -> None:
     """A resume must continue the same run: the settings that shape the trajectory must not change."""
     now = config.run_record()
     changed = [k for k in _MUST_MATCH if k in saved and saved[k] != now[k]]
-    saved_overrides = {k: v for k, v in saved.get("overrides", {}).items() if k != "num_classes"}
-    if json.loads(json.dumps(config.overrides)) != saved_overrides:
+    saved_overrides = {k: v for k, v in saved.get("set", saved.get("overrides", {})).items() if k != "num_classes"}
+    if json.loads(json.dumps(config.overrides)) != json.loads(json.dumps(saved_overrides)):
         changed.append("overrides")
     if changed:
         details = ", ".join(f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in changed)

@@ -1,7 +1,9 @@
 """What training minimises: an objective is called on each batch and may shape the model it trains.
 
-``vitrim.train`` runs any :class:`Objective`: plain cross-entropy (:class:`CrossEntropyObjective`), or DynamicViT's
-distillation from a teacher (:class:`vitrim.train.distill.DistillObjective`).
+``vitrim.train`` runs any :class:`Objective`: plain cross-entropy (:class:`CrossEntropyObjective`),
+or the objective a model's reducers bring (``Reducer.training_objective``): DynamicViT's distillation from a teacher
+(:mod:`vitrim.reduce.dynamicvit_training`) and MCTF's consistency (:mod:`vitrim.reduce.mctf_training`) live with
+their reducers. An objective is a protocol: one in a lower package need not import this module.
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def smoothing_for(labels: Tensor, label_smoothing: float) -> float:
+    """The smoothing to apply to ``labels``: none for soft targets (B, K), which mixup already smoothed."""
+    return 0.0 if labels.is_floating_point() else label_smoothing
+
+
 class Objective(Protocol):
     """The loss of one batch, and the hooks the loop calls around it."""
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
-        """The scalar loss of ``images`` (B, C, H, W) with ``labels`` (B,) for the (possibly wrapped) model."""
+        """The scalar loss of ``images`` (B, C, H, W) with ``labels`` (B,) or soft targets (B, K) (mixup, cutmix)."""
         ...
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -33,13 +40,16 @@ class Objective(Protocol):
 
 
 class CrossEntropyObjective:
-    """Plain supervised training: cross-entropy with label smoothing on ``model(images)``."""
+    """Plain supervised training: cross-entropy with label smoothing on ``model(images)``.
+
+    ``labels`` are class indices (B,) or, after mixup / cutmix, targets (B, K) that already carry the smoothing.
+    """
 
     def __init__(self, label_smoothing: float) -> None:
         self.label_smoothing = label_smoothing
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
-        return F.cross_entropy(model(images), labels, label_smoothing=self.label_smoothing)
+        return F.cross_entropy(model(images), labels, label_smoothing=smoothing_for(labels, self.label_smoothing))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model

@@ -1,4 +1,4 @@
-"""MCTF's fine-tuning recipe (Lee et al., CVPR 2024; mlvlab/MCTF ``engine.py``, ``models/deit.py``): token-reduction
+"""MCTF's fine-tuning objective (Lee et al., CVPR 2024; mlvlab/MCTF ``engine.py``, ``models/deit.py``): token-reduction
 consistency.
 
 Every step runs the model twice on the same images: as it is (the student, MCTF's ``r`` in its blocks) and with a
@@ -13,6 +13,10 @@ and an image is confident when the student's softmax gives its label more than `
 DeiT-S command: ``r = 16`` on blocks 1–11, teacher_r = 8, weights 1 and 3, confidence 0.4, 30 epochs at
 lr × 0.03 of DeiT's (README of mlvlab/MCTF). Both passes run inside one forward of the wrapped module, so DDP sees one
 call per step.
+
+This is a :class:`vitrim.train.Objective` (the loop calls it, ``wrap`` and the two hooks); it lives with its
+reducer, and ``MCTF.training_objective`` hands it to ``vitrim.train`` (:func:`vitrim.reduce.training_objective`),
+so the training package knows no reducer by name.
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrim.reduce.mctf import MCTF
+from vitrim.reduce.registry import get_reducer
 
 
-def mctf_reducers(model: nn.Module) -> list[MCTF]:
-    """The MCTF reducers on the model's blocks (empty if it has none)."""
+def mctf_reducers(model: nn.Module) -> list[Any]:
+    """The MCTF reducers on the model's blocks (empty if it has none); found by their registered name, since
+    :mod:`vitrim.reduce.mctf` imports this module for its objective."""
+    mctf = get_reducer("mctf")
     reducers = [getattr(block, "reducer", None) for block in getattr(model, "blocks", ())]
-    return [reducer for reducer in reducers if isinstance(reducer, MCTF)]
+    return [reducer for reducer in reducers if isinstance(reducer, mctf)]
 
 
 @contextlib.contextmanager
@@ -118,12 +124,13 @@ class MCTFObjective:
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
         (logits, features), (teacher_logits, teacher_features) = model(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
-        loss = loss + self.teacher_weight * F.cross_entropy(
-            teacher_logits, labels, label_smoothing=self.label_smoothing
-        )
+        soft = labels.is_floating_point()  # mixup / cutmix targets (B, K), smoothed already
+        smoothing = 0.0 if soft else self.label_smoothing
+        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
+        loss = loss + self.teacher_weight * F.cross_entropy(teacher_logits, labels, label_smoothing=smoothing)
         with torch.no_grad():
-            confident = (logits.softmax(-1).gather(1, labels[:, None])[:, 0] > self.confidence).to(logits.dtype)
+            target = labels.argmax(dim=1) if soft else labels  # (B,) the class the image is most of
+            confident = (logits.softmax(-1).gather(1, target[:, None])[:, 0] > self.confidence).to(logits.dtype)
         gap = ((teacher_features.detach() - features) ** 2).mean(dim=1)  # (B,)
         consistency = (gap * confident).sum() / confident.sum().clamp_min(1)  # 0 when no image is confident
         return loss + self.consistency_weight * consistency
