@@ -122,7 +122,7 @@ def resolve_target(logits: Tensor, target: Target) -> Tensor:
             raise TypeError(f"target must be None, a class index, or one per sample, got {target!r:.80}") from None
         if index.is_floating_point() or index.dtype == torch.bool or index.dim() != 1 or index.shape[0] != B:
             raise ValueError(f"target must hold {B} integer class indices (one per image), got {target!r:.80}")
-        index = index.long()
+        index = index.long().clone()  # also a normal tensor when the caller made it under inference_mode
     if int(index.min()) < 0 or int(index.max()) >= C:
         raise ValueError(f"target must be a class index in [0, {C}), got {target!r:.80}")
     return index
