@@ -246,3 +246,27 @@ def test_attnlrp_cp_equals_lxt_on_torchvisions_vit_with_the_same_weights() -> No
         ours = pixel_relevance(model)
     scale = float(expected.abs().max())  # lxt's GELU rule divides by x + 1e-10: agreement to ~1e-9 of the largest
     assert scale > 1e-3 and torch.allclose(ours, expected, rtol=0, atol=1e-7 * scale), (ours - expected).abs().max()
+
+
+def test_chefer_streams_no_earlier_blocks_map_or_gradient_lives_when_a_block_is_folded(monkeypatch) -> None:
+    """When block b's gradient arrives, the maps and gradients of the blocks after it (folded before) are gone:
+    at most this block's and one neighbour's are alive at once, beyond what autograd itself still holds."""
+    import weakref
+
+    import vitrim.viz.chefer as chefer
+
+    model, x = tiny(depth=6), images()
+    seen: list[tuple[weakref.ref, weakref.ref]] = []
+    most_alive = []
+    original = chefer.gradient_weighted_heads
+
+    def recording(attention: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+        alive = sum(1 for a, g in seen if a() is not None or g() is not None)
+        most_alive.append(alive)
+        seen.append((weakref.ref(attention), weakref.ref(gradient)))
+        return original(attention, gradient)
+
+    monkeypatch.setattr(chefer, "gradient_weighted_heads", recording)
+    chefer_relevance(model, x)
+    assert len(most_alive) == 6
+    assert max(most_alive) <= 1, most_alive
