@@ -19,6 +19,7 @@ __all__ = [
     "list_models",
     "losses",
     "reduce",
+    "viz",
     "load_checkpoint",
     "load_model",
     "save_checkpoint",

@@ -11,9 +11,10 @@
   change of tokens the new rows as the share-weighted mean of the rows they came from (shares from the patch maps,
   built as one-hot matrices). Compared against vitrim's backward-streaming row.
 * :func:`attnlrp_reference`: the same plain ViT built from ``lxt.explicit.functional`` (lxt 2.1's explicit LRP
-  rules: ``linear_epsilon``, ``layer_norm`` (its stabiliser set to the same ε), ``softmax``, ``matmul``, ``add2``, ``mul2``) with GELU through lxt's
-  explicit identity rule; the relevance of the tokens entering the first block is their ``.grad`` after a backward
-  pass seeded with the logit (lxt's explicit functions return relevance, not gradients).
+  rules: ``linear_epsilon``, ``layer_norm`` (its stabiliser set to the same ε), ``softmax``, ``matmul``, ``add2``,
+  ``mul2``) with GELU through lxt's explicit identity rule; the relevance of the tokens entering the first block is
+  their ``.grad`` after a backward pass seeded with the logit (lxt's explicit functions return relevance, not
+  gradients).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def chefer_reference(model: nn.Module, images: Tensor, target: Tensor) -> Tensor
         out = torch.einsum("bhij,bhjd->bhid", attn, v).transpose(1, 2).reshape(B, N, D)
         h = h + F.linear(out, blk.attn.proj.weight, blk.attn.proj.bias)
         y = F.layer_norm(h, (D,), blk.norm2.weight, blk.norm2.bias, c.norm_eps)
-        h = h + F.linear(F.gelu(F.linear(y, blk.mlp.fc1.weight, blk.mlp.fc1.bias)), blk.mlp.fc2.weight, blk.mlp.fc2.bias)
+        h = h + F.linear(
+            F.gelu(F.linear(y, blk.mlp.fc1.weight, blk.mlp.fc1.bias)), blk.mlp.fc2.weight, blk.mlp.fc2.bias
+        )
     h = F.layer_norm(h, (D,), model.norm.weight, model.norm.bias, c.norm_eps)
     logits = F.linear(h[:, 0], model.head.weight, model.head.bias)
     logits.gather(1, target[:, None]).sum().backward()

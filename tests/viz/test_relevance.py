@@ -205,14 +205,17 @@ def test_attnlrp_cp_equals_lxt_on_torchvisions_vit_with_the_same_weights() -> No
     from torchvision.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(0)
-    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=128, num_classes=5)
+    tv = VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=128, num_classes=5
+    )
     sharpened(tv).double()
     model = vitrim.create_model(
         "deit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, embed_dim=32, num_heads=4, num_classes=5
     ).double()
     state = {"patch_embed.proj.weight": tv.conv_proj.weight, "patch_embed.proj.bias": tv.conv_proj.bias,
-             "cls_token": tv.class_token, "pos_embed": tv.encoder.pos_embedding, "norm.weight": tv.encoder.ln.weight,
-             "norm.bias": tv.encoder.ln.bias, "head.weight": tv.heads.head.weight, "head.bias": tv.heads.head.bias}  # fmt: skip
+             "cls_token": tv.class_token, "pos_embed": tv.encoder.pos_embedding,
+             "norm.weight": tv.encoder.ln.weight, "norm.bias": tv.encoder.ln.bias,
+             "head.weight": tv.heads.head.weight, "head.bias": tv.heads.head.bias}  # fmt: skip
     for i, layer in enumerate(tv.encoder.layers):
         ours = {"norm1": layer.ln_1, "norm2": layer.ln_2, "mlp.fc1": layer.mlp[0], "mlp.fc2": layer.mlp[3],
                 "attn.proj": layer.self_attention.out_proj}  # fmt: skip

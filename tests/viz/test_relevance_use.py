@@ -125,7 +125,9 @@ def test_faithfulness_ranks_a_right_order_above_random_on_the_stand_in():
 
 
 def test_spearman_matches_a_hand_computation_with_ties_and_a_mask():
-    assert torch.equal(average_ranks(torch.tensor([10.0, 20.0, 20.0, 5.0])), torch.tensor([2.0, 3.5, 3.5, 1.0]).double())
+    assert torch.equal(
+        average_ranks(torch.tensor([10.0, 20.0, 20.0, 5.0])), torch.tensor([2.0, 3.5, 3.5, 1.0]).double()
+    )
     a = torch.tensor([[1.0, 2.0, 3.0, 4.0, 100.0], [1.0, 2.0, 3.0, 4.0, 5.0]])
     b = torch.tensor([[1.0, 3.0, 2.0, 4.0, -9.0], [5.0, 4.0, 3.0, 2.0, 1.0]])
     mask = torch.tensor([[True, True, True, True, False], [True] * 5])

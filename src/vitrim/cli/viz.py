@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
@@ -31,6 +32,9 @@ from vitrim.viz.relevance import METHODS, relevance_map
 from vitrim.viz.relevance_plot import plot_relevance
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="class to explain (default: the predicted one)")  # fmt: skip
             p.add_argument("--method", choices=METHODS, default="chefer", help="relevance method (default chefer)")
             p.add_argument("--reducer", default=None, metavar="SPEC",
-                           help="apply a training-free reducer first, e.g. 'tome:r=3' or 'evit:keep_rate=0.7'")  # fmt: skip
+                           help="apply a training-free reducer first, e.g. 'tome:r=3'")  # fmt: skip
         p.set_defaults(func=run)
     p = kinds.add_parser("rollout-memory", help="peak memory of streaming vs all-at-once rollout")
     p.add_argument("--model", default="vit_small_patch16_224", help="registered model (random weights)")
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _relevance_figure(args: argparse.Namespace, model: nn.Module, image: Tensor, name: str) -> object:
+def _relevance_figure(args: argparse.Namespace, model: nn.Module, image: Tensor, name: str) -> Figure:
     """The relevance picture for ``vitrim viz relevance`` (image | map | overlay | kept and merged patches)."""
     num_classes = model_config(model).num_classes
     if args.target is not None and not 0 <= args.target < num_classes:

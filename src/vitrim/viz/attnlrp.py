@@ -174,7 +174,7 @@ def attnlrp_relevance(
         (relevance (B, num_prefix + P): x ⊙ g summed over the channels of each token entering the first block,
         prefix first, then the grid in row-major order; logits (B, classes); target (B,)).
     """
-    model, config, was_training = eval_model(model)
+    model, _, was_training = eval_model(model)
     images = check_images(images)
     try:
         with lrp_rules(model, attention), torch.enable_grad():

@@ -104,7 +104,9 @@ def chefer_relevance(model: nn.Module, images: Tensor, target: Target = None) ->
         model.train(was_training)
 
 
-def _chefer(model: nn.Module, images: Tensor, target: Target, p: int, attention_pool: bool) -> tuple[Tensor, ...]:
+def _chefer(
+    model: nn.Module, images: Tensor, target: Target, p: int, attention_pool: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     state, tokens0 = leaf_tokens(model, images)
     B, N = tokens0.shape[:2]
     P = N - p

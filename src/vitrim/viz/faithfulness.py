@@ -86,7 +86,7 @@ def perturbation_curves(
     """
     config = model_config(model)
     p = config.patch_size
-    B, C, H, W = images.shape
+    B, _, H, W = images.shape
     gh, gw = H // p, W // p
     P = gh * gw
     if order.shape != (B, P):

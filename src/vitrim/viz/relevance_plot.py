@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def token_layout(patch_to_token: Tensor, grid: tuple[int, int], wash: float = 0.75) -> tuple[np.ndarray, dict[str, int]]:
+def token_layout(
+    patch_to_token: Tensor, grid: tuple[int, int], wash: float = 0.75
+) -> tuple[np.ndarray, dict[str, int]]:
     """(gh, gw, 4) RGBA overlay of one sample's final ``patch_to_token`` (P,), and counts of kept/merged/dropped.
 
     Dropped patches: white at alpha ``wash``; patches of a token standing for several: that token's colour at alpha
@@ -84,7 +86,7 @@ def plot_relevance(
     axes[2].imshow(values, cmap=cmap, vmin=low, vmax=high, alpha=alpha, extent=extent, interpolation="nearest")
     axes[2].set_title("overlay", fontsize=9)
     if patch_to_token is not None:
-        overlay, counts = token_layout(patch_to_token, values.shape)  # type: ignore[arg-type]
+        overlay, counts = token_layout(patch_to_token, (values.shape[0], values.shape[1]))
         axes[3].imshow(rgb, extent=extent)
         axes[3].imshow(overlay, extent=extent, interpolation="nearest")
         axes[3].set_title(

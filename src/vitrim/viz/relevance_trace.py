@@ -95,7 +95,7 @@ def to_earlier_tokens(row: Tensor, later: TokenSpace, earlier: TokenSpace, num_p
     """
     if later.identity and earlier.identity:
         return row
-    B, P = later.patch_map.shape
+    B = later.patch_map.shape[0]
     patches = row[:, num_prefix:]  # (B, n_later)
     alive = later.patch_map >= 0  # (B, P)
     index = later.patch_map.clamp(min=0)
