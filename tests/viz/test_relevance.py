@@ -273,3 +273,30 @@ def test_chefer_streams_no_earlier_blocks_map_or_gradient_lives_when_a_block_is_
     chefer_relevance(model, x)
     assert len(most_alive) == 6
     assert max(most_alive) <= 1, most_alive
+
+
+@pytest.mark.parametrize("reducer", vitrim.reduce.list_reducers())
+def test_every_reducer_gives_relevance_over_the_input_grid(reducer: str) -> None:
+    """Every registered reducer, with its own example options (the reducer sweep's), on a 4-block model of 16
+    patches: Chefer is non-negative and finite on the full grid, and AttnLRP runs wherever its rules apply."""
+    cls = vitrim.reduce.get_reducer(reducer)
+    model = vitrim.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=4, embed_dim=32,
+                                num_heads=2, num_classes=5)  # fmt: skip
+    vitrim.reduce.apply(model, reducer, **cls.example_options)
+    sharpened(model, seed=3)
+    x = images(2).float()
+    chefer = vitrim.viz.relevance(model, x)
+    assert chefer.shape == (2, 4, 4) and bool(torch.isfinite(chefer).all()) and bool((chefer >= 0).all())
+    if cls.looks_ahead:
+        return
+    lrp = vitrim.viz.relevance(model, x, method="attnlrp")
+    assert lrp.shape == (2, 4, 4) and bool(torch.isfinite(lrp).all())
+
+
+def test_a_distilled_deit_explains_the_mean_of_its_two_heads_rows() -> None:
+    distilled = sharpened(vitrim.create_model("deit_tiny_distilled_patch16_224", img_size=32, patch_size=8, depth=2,
+                                              embed_dim=32, num_heads=4, num_classes=5)).double()  # fmt: skip
+    x = images(1)
+    ours, _, target = chefer_relevance(distilled, x)
+    R = forward_rows_reference_full(distilled, x, target)
+    assert torch.allclose(ours[0], (R[0] + R[1]) / 2, atol=1e-10)
