@@ -134,3 +134,21 @@ def test_spearman_matches_a_hand_computation_with_ties_and_a_mask():
     rho = spearman(a, b, mask)
     # first row: ranks (1,2,3,4) vs (1,3,2,4): 1 - 6·Σd²/(n(n²-1)) = 1 - 6·2/60 = 0.8; second: reversed, -1
     assert torch.allclose(rho, torch.tensor([0.8, -1.0]).double())
+
+
+def test_faithfulness_smoke_every_method_on_a_tiny_vit():
+    """The study's whole pipeline (every method, captum's included) on a tiny ViT: curves of the right length that
+    start (deletion) and end (insertion) at the intact image's probability."""
+    torch.manual_seed(0)
+    model = vitrim.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, depth=2, embed_dim=16,
+                                num_heads=2, num_classes=3).eval()  # fmt: skip
+    images = torch.randn(3, 3, 16, 16)
+    result = faithfulness(model, images, random_orders=2, step=4)
+    with torch.no_grad():
+        intact = model(images).softmax(-1).max(-1).values.mean()
+    for method in ("chefer", "attnlrp", "rollout", "gradient_x_input", "integrated_gradients", "random"):
+        deletion, insertion = result.deletion_curve[method], result.insertion_curve[method]
+        assert len(deletion) == len(insertion) == 5  # 16 patches, 4 per step
+        assert abs(deletion[0] - float(intact)) < 1e-5 and abs(insertion[-1] - float(intact)) < 1e-5
+        assert 0 <= result.deletion_auc[method] <= 1 and 0 <= result.insertion_auc[method] <= 1
+        assert result.maps[method].shape == (3, 16)
