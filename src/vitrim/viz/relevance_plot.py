@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitrim.viz.maps import colormap, new_figure, to_rgb
+from vitrim.viz.maps import colormap, finish_panels, new_figure, to_rgb
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -94,9 +94,4 @@ def plot_relevance(
             f"{counts['dropped']} dropped",
             fontsize=8,
         )
-    for ax in axes:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    return finish_panels(fig, axes, title)
