@@ -1,7 +1,7 @@
 """Does it explain? Deletion / insertion areas of every relevance method on the demo's trained digits models.
 
 Models (``vitrim demo`` trains the first two; the others are the dense model with a training-free reducer):
-dense ViT (runs/demo/dense), DynamicViT ρ = 0.7 (runs/demo/dynamicvit), ToMe r = 3 per block, EViT keep rate 0.7
+dense ViT (runs/demo/dense), DynamicViT ρ = 0.7 (runs/demo/dynamicvit), ToMe r = 5 per block, EViT keep rate 0.7
 at its default blocks. Images: the held-out digits (the split and placements ``vitrim train`` uses, seed 0,
 align 8). Method and definitions: :mod:`vitrim.viz.faithfulness`.
 
@@ -26,7 +26,7 @@ from vitrim.data import DigitsCanvas
 from vitrim.viz.faithfulness import ATTRIBUTIONS, faithfulness, spearman
 from vitrim.viz.maps import new_figure, save_figure
 
-TOME_R = 3  # 36 patches, 6 blocks: 36 -> 18 patch tokens
+TOME_R = 5  # 36 patches, 6 blocks: 36 -> 31 -> … -> 6 patch tokens; r = 3 would merge only identical background
 EVIT_KEEP = 0.7
 
 
