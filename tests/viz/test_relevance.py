@@ -247,7 +247,9 @@ def test_attnlrp_cp_equals_lxt_on_torchvisions_vit_with_the_same_weights() -> No
                 del cls.original_forward
     with lrp_rules(model, "cp"):
         ours = pixel_relevance(model)
-    scale = float(expected.detach().abs().max())  # lxt's GELU rule divides by x + 1e-10: agreement to ~1e-9 of the largest
+    scale = float(
+        expected.detach().abs().max()
+    )  # lxt's GELU rule divides by x + 1e-10: agreement to ~1e-9 of the largest
     assert scale > 1e-3 and torch.allclose(ours, expected, rtol=0, atol=1e-7 * scale), (ours - expected).abs().max()
 
 

@@ -71,6 +71,11 @@ def test_rollout_refuses_a_model_without_cls_and_bad_arguments_name_themselves()
     with pytest.raises(ValueError, match="AttnLRP cannot follow MCTF"):
         vitrim.viz.relevance(mctf, x, method="attnlrp")
     assert vitrim.viz.relevance(mctf, x, method="chefer").shape == (2, 4, 4)
+    untraced = vitrim.create_model("deit_tiny_patch16_224", img_size=16, patch_size=4, depth=2, embed_dim=24)
+    vitrim.reduce.apply(untraced, "tome", r=2, trace_source=False)
+    with pytest.raises(ValueError, match="trace_source=True"):
+        vitrim.viz.relevance(untraced, x)
+    assert vitrim.viz.relevance(untraced, x, method="attnlrp").shape == (2, 4, 4)  # needs no provenance
     assert gap.training  # the model's mode is restored after an explanation
 
 
