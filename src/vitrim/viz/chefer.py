@@ -7,8 +7,8 @@ class c and every block b with attention A_b (B, H, N, N) and its gradient ∇A_
     R = I;  for b = 1 … L:  R ← R + Ā_b · R          (B, N, N), accumulated from the first block
     relevance of patch j for [CLS] = R[0, num_prefix + j]
 
-Streaming (why it never holds more than one block's map): R_L = (I + Ā_L) ⋯ (I + Ā_1), and only the explained row
-e of it is wanted, so eᵀR = ((eᵀ(I + Ā_L))(I + Ā_{L−1}))⋯ can be taken from the left: one (B, N) row multiplied by
+Streaming (why, beyond the maps the backward pass saves anyway, it holds one block's map and gradient at a time):
+R_L = (I + Ā_L) ⋯ (I + Ā_1), and only the explained row e of it is wanted, so eᵀR = ((eᵀ(I + Ā_L))(I + Ā_{L−1}))⋯ can be taken from the left: one (B, N) row multiplied by
 one block's Ā at a time, *last block first* — exactly the order in which the backward pass produces ∇A_b. A hook on
 each block's attention weights folds its Ā_b into the row as soon as its gradient exists and then lets the map and
 the gradient go; the maps themselves are what the backward pass of the attention keeps anyway.
