@@ -8,10 +8,11 @@ class c and every block b with attention A_b (B, H, N, N) and its gradient ∇A_
     relevance of patch j for [CLS] = R[0, num_prefix + j]
 
 Streaming (why, beyond the maps the backward pass saves anyway, it holds one block's map and gradient at a time):
-R_L = (I + Ā_L) ⋯ (I + Ā_1), and only the explained row e of it is wanted, so eᵀR = ((eᵀ(I + Ā_L))(I + Ā_{L−1}))⋯ can be taken from the left: one (B, N) row multiplied by
-one block's Ā at a time, *last block first* — exactly the order in which the backward pass produces ∇A_b. A hook on
-each block's attention weights folds its Ā_b into the row as soon as its gradient exists and then lets the map and
-the gradient go; the maps themselves are what the backward pass of the attention keeps anyway.
+R_L = (I + Ā_L) ⋯ (I + Ā_1), and only the explained row e of it is wanted, so eᵀR = ((eᵀ(I + Ā_L))(I + Ā_{L−1}))⋯
+can be taken from the left: one (B, N) row multiplied by one block's Ā at a time, *last block first* — exactly the
+order in which the backward pass produces ∇A_b. A hook on each block's attention weights folds its Ā_b into the row
+as soon as its gradient exists and then lets the map and the gradient go; the maps themselves are what the backward
+pass of the attention keeps anyway.
 
 Through reducers (:mod:`vitrim.viz.relevance_trace`): between two blocks the row moves from the later block's
 tokens to the earlier block's by the provenance the blocks recorded; a merged token's value is shared by the
