@@ -4,6 +4,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
+# lxt (AttnLRP's reference implementation, used by tests/viz) asks for bitsandbytes, open_clip_torch, accelerate and
+# zennit, none of which its rules and its ViT patch import (they need torch, and torchvision, installed above): it is
+# installed alone, with --no-deps.
+LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 
 .PHONY: test test-all demo demo-translate demo-weights docs lint bench clean
@@ -12,6 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH_PIN)
 	$(PY) -m pip install --quiet -e '.[dev]' $(TORCH_PIN)
+	$(PY) -m pip install --quiet --no-deps lxt==$(LXT_VERSION)
 	touch $(STAMP)
 
 # The suite in parallel, one worker per core (tests/conftest.py gives each one torch thread). `make test` runs one

@@ -67,6 +67,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "translate": ["translate", "twenty-one", "--run", str(tmp / "translate")],
         "viz attention": ["viz", "attention", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "attn.png")],
         "viz rollout": ["viz", "rollout", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "roll.png")],
+        "viz relevance": ["viz", "relevance", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "rel.png")],
         "viz tokens": [
             "viz",
             "tokens",

@@ -36,6 +36,7 @@ WITHOUT_EXTRAS = {
     "translate": USER_ERROR,
     "viz attention": "viz",
     "viz rollout": "viz",
+    "viz relevance": "viz",
     "viz tokens": "viz",
     "viz rollout-memory": None,
     "bench attention": None,

@@ -1,6 +1,6 @@
 """vitrim: attention and Vision Transformers that trim their own tokens."""
 
-from vitrim import losses, reduce  # the modules: vitrim.losses.DynamicViTLoss, vitrim.reduce.apply
+from vitrim import losses, reduce, viz  # the modules: vitrim.losses.DynamicViTLoss, vitrim.reduce.apply, vitrim.viz
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
 from vitrim.checkpoint import load_checkpoint, save_checkpoint
 from vitrim.factory import create_model
@@ -23,6 +23,7 @@ __all__ = [
     "list_models",
     "losses",
     "reduce",
+    "viz",
     "load_checkpoint",
     "load_model",
     "save_checkpoint",

@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib
 
 OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribution, extras that install it)
-    "matplotlib": ("matplotlib", ("viz", "translate")),
-    "PIL": ("Pillow", ("viz", "train", "data")),
+    "matplotlib": ("matplotlib", ("viz", "translate", "explain")),
+    "PIL": ("Pillow", ("viz", "train", "data", "explain")),
     "torchvision": ("torchvision", ("data", "train")),
     "webdataset": ("webdataset", ("data", "train")),
     "huggingface_hub": ("huggingface-hub", ("hub",)),
@@ -27,6 +27,7 @@ OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribu
     "onnx": ("onnx", ("export",)),
     "onnxscript": ("onnxscript", ("export",)),
     "onnxruntime": ("onnxruntime", ("export",)),
+    "captum": ("captum", ("explain",)),
 }
 
 

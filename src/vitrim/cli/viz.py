@@ -1,7 +1,8 @@
-"""``vitrim viz attention|rollout|tokens|rollout-memory``: pictures of what a model attends to and keeps.
+"""``vitrim viz attention|rollout|relevance|tokens|rollout-memory``: pictures of what a model attends to and keeps.
 
     vitrim viz attention --checkpoint run/model.safetensors --digits 3 --out attn.png
     vitrim viz rollout   --checkpoint run/model.safetensors --image cat.jpg --out rollout.png
+    vitrim viz relevance --checkpoint run/model.safetensors --digits 3 --class 7 --method attnlrp --out rel.png
     vitrim viz tokens    --checkpoint run/dynamicvit.safetensors --digits 0 --out kept.png
     vitrim viz rollout-memory                      # peak memory of streaming rollout at N = 4096 (ViT-S)
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
@@ -31,8 +33,13 @@ from vitrim.data.transforms import read_image_for
 from vitrim.extras import require
 from vitrim.hub import is_hub_name
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
+from vitrim.viz.relevance import METHODS, relevance_map
+from vitrim.viz.relevance_plot import plot_relevance
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     helps = {
         "attention": "[CLS] -> patch attention of every block and head, over the image",
         "rollout": "attention rollout (Abnar & Zuidema 2020) of [CLS] over the image",
+        "relevance": "class-specific relevance (Chefer et al. 2021, AttnLRP) of every patch, through any reducer",
         "tokens": "the patches a DynamicViT keeps at each stage",
     }
     for kind, text in helps.items():
@@ -59,6 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if kind == "rollout":
             p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
             p.add_argument("--discard-ratio", type=float, default=0.0, help="weakest links dropped per block, [0, 1)")
+        if kind == "relevance":
+            p.add_argument("--class", dest="target", type=int, default=None, metavar="K",
+                           help="class to explain (default: the predicted one)")  # fmt: skip
+            p.add_argument("--method", choices=METHODS, default="chefer", help="relevance method (default chefer)")
+            p.add_argument("--reducer", default=None, metavar="SPEC",
+                           help="apply a training-free reducer first, e.g. 'tome:r=3'")  # fmt: skip
         p.set_defaults(func=run)
     p = kinds.add_parser("rollout-memory", help="peak memory of streaming vs all-at-once rollout")
     p.add_argument("--model", default="vit_small_patch16_224", help="registered model (random weights)")
@@ -122,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         relevance = rollout[0, 0, prefix:].reshape(grid)  # (gh, gw): [CLS]'s share of each input patch
         title = f"{name}: rollout (heads: {args.head_fusion}, discard ratio {args.discard_ratio})"
         fig = plot_rollout(image, relevance, title=title)
+    elif args.viz_kind == "relevance":
+        fig = _relevance_figure(args, model, image, name)
     else:
         if not hasattr(model, "pruners"):
             raise ValueError(
@@ -132,6 +148,24 @@ def run(args: argparse.Namespace) -> int:
     save_figure(fig, out)
     print(f"wrote {out}")
     return 0
+
+
+def _relevance_figure(args: argparse.Namespace, model: nn.Module, image: Tensor, name: str) -> Figure:
+    """The relevance picture for ``vitrim viz relevance`` (image | map | overlay | kept and merged patches)."""
+    num_classes = model_config(model).num_classes
+    if args.target is not None and not 0 <= args.target < num_classes:
+        raise ValueError(f"--class must be a class index in [0, {num_classes}), got {args.target}")
+    if args.reducer is not None:
+        reducer, options = vitrim.reduce.parse_spec(args.reducer)
+        vitrim.reduce.apply(model, reducer, **options)
+    result = relevance_map(model, image[None], args.target, method=args.method)
+    explained = int(result.target[0])
+    predicted = int(result.logits[0].argmax())
+    title = f"{name}: {args.method} relevance for class {explained} (predicted {predicted})"
+    mapping = None if result.patch_to_token is None else result.patch_to_token[0]
+    return plot_relevance(
+        image, result.grid[0], patch_to_token=mapping, title=title, label=f"{args.method}: class {explained}"
+    )
 
 
 def _top(logits: Tensor) -> str:

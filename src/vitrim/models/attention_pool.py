@@ -36,6 +36,14 @@ class AttentionPool(MultiHeadAttention):
 
     def forward(self, tokens: Tensor, token_weights: Tensor | None = None) -> Tensor:  # type: ignore[override]
         """tokens (B, N, D), token_weights (B, N) or None -> pooled (B, D)."""
+        pooled, _ = self.pool_with_weights(tokens, token_weights, need_weights=False)
+        return pooled
+
+    def pool_with_weights(
+        self, tokens: Tensor, token_weights: Tensor | None = None, *, need_weights: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        """As :meth:`forward`, also returning the query's attention (B, H, 1, N) when ``need_weights`` (relevance
+        methods weight it by its gradient, as any other attention map)."""
         # repeat, not expand: a no-grad view of a parameter claims requires_grad without a grad_fn, which torch's
         # module tracker (FLOP counting) cannot follow; the copy is one (B, 1, D) row
         latent = self.latent.repeat(tokens.shape[0], 1, 1)  # (B, 1, D)
@@ -44,6 +52,6 @@ class AttentionPool(MultiHeadAttention):
             weights = token_weights.float()  # (B, N)
             largest = weights.amax(dim=1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
             policy = (weights / largest).to(tokens.dtype)  # (B, N) in [0, 1]; all dropped: zeros, pooled 0
-        x, _ = super().forward(latent, tokens, keep_policy=policy)  # (B, 1, D)
+        x, attention = super().forward(latent, tokens, keep_policy=policy, need_weights=need_weights)  # (B, 1, D)
         x = x + self.mlp(self.norm(x))
-        return x[:, 0]
+        return x[:, 0], attention

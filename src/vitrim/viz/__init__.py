@@ -1,4 +1,5 @@
-"""Seeing attention: maps per block and head, attention rollout, kept tokens per stage, and one matrix by hand.
+"""Seeing attention: maps per block and head, attention rollout, class-specific relevance (Chefer, AttnLRP), kept
+tokens per stage, and one matrix by hand.
 
 Importing this package does not import matplotlib; the drawing functions do, on their own Agg canvas.
 """
@@ -12,6 +13,7 @@ from vitrim.viz.maps import (
     plot_rollout,
     save_figure,
 )
+from vitrim.viz.relevance import METHODS, RelevanceMap, relevance, relevance_map
 from vitrim.viz.rollout import (
     Rollout,
     attention_rollout,
@@ -24,7 +26,9 @@ from vitrim.viz.rollout import (
 from vitrim.viz.tokens import kept_masks, model_kept_indices, plot_kept_tokens, render_kept_tokens
 
 __all__ = [
+    "METHODS",
     "Explanation",
+    "RelevanceMap",
     "Rollout",
     "attention_rollout",
     "attention_rollout_model",
@@ -42,6 +46,8 @@ __all__ = [
     "plot_kept_tokens",
     "plot_rollout",
     "positions_to_token_index",
+    "relevance",
+    "relevance_map",
     "render_kept_tokens",
     "rollout_step",
     "save_figure",

@@ -165,6 +165,11 @@ def plot_rollout(image: Tensor | np.ndarray, relevance: Tensor, *, alpha: float 
         relevance.numpy(), cmap="inferno", alpha=alpha, extent=(0, width, height, 0), interpolation="nearest"
     )
     axes[2].set_title("overlay", fontsize=9)
+    return finish_panels(fig, axes, title)
+
+
+def finish_panels(fig: Figure, axes: Any, title: str) -> Figure:
+    """Pictures, not plots: no ticks on any of ``axes``; ``title`` (if any) over the whole figure."""
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
