@@ -125,7 +125,7 @@ def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
     return result if isinstance(result, nn.Module) else model
 
 
-def _input_shape(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
+def input_shape(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
     """(C, H, W) of the model's images: ``--img-size`` if given, else the model's own (224 without a config)."""
     config = getattr(model, "config", None)
     chans = int(getattr(config, "in_chans", 3))
@@ -185,7 +185,7 @@ class _Row:
 
 
 def _prepare(case: Case, model: nn.Module, args: BenchSettings) -> _Row:
-    chans, h, w = _input_shape(model, args.img_size)
+    chans, h, w = input_shape(model, args.img_size)
     flops = model_flops_per_image(model, (h, w), chans)
     if case.timm_reference:  # counted on the ops the row runs: a check that both do the same work
         one_image = torch.randn(1, chans, h, w, device=args.device)
@@ -253,7 +253,7 @@ def batch_memory(case: dict[str, Any], batch_size: int, img_size: int | None, co
     row = Case(**case)
     model = build_model(row, img_size)
     runner = forward_fn(row, model, compile)
-    chans, h, w = _input_shape(model, img_size)
+    chans, h, w = input_shape(model, img_size)
     images = torch.randn(batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         runner(images[:1].clone())  # load kernels (and compile) before the baseline is read

@@ -12,13 +12,14 @@ from torch import nn
 from vitrim.bench import attention, models, reducers, reducers_report
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
+from vitrim.cli.bench_ops import register_ops
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark attention backends or models")
+    parser = subparsers.add_parser("bench", help="benchmark attention backends, models, reducers, host calls")
     kinds = parser.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
 
     p = kinds.add_parser("attention", help="auto vs math vs torch SDPA, float32, this machine")
@@ -79,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_models)
     register_reducers(kinds)
+    register_ops(kinds)
 
 
 def _add_set_argument(parser: argparse.ArgumentParser) -> None:
