@@ -26,7 +26,7 @@ IN_XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 def _make_torchvision_importable() -> None:
     try:
-        import torchvision  # noqa: F401
+        import torchvision
     except ImportError:
         return  # not installed: tests that need timm skip themselves with importorskip
     except RuntimeError:  # the wheel's C ops do not match this torch

@@ -10,7 +10,7 @@ machine every row sees the same load. What is measured:
   timed batches after ``--warmup`` untimed ones;
 * latency: batch 1, p50 and p95 of ``--latency-repeats`` timed calls;
 * FLOPs per image: matrix products only, 2 per multiply-add, attention included (see :mod:`vitrim.bench.flops`),
-  counted on the eager model at batch 1;
+  counted on the eager model at batch 2 (:func:`vitrim.bench.flops.model_flops_per_image`);
 * efficiency: achieved GFLOP/s (FLOPs per image × images/s) over the GFLOP/s (median) of a dense float32 matrix
   product timed in the same turns: the model's own MLP product (B·N, D) @ (D, 4D) as ``F.linear`` runs it;
 * speed-up: throughput over the first row's (the baseline), from the same turns;

@@ -71,7 +71,7 @@ def merge_tokens(
     flag = state.size_bias if proportional_attention is None else proportional_attention
     return state.replace(
         tokens=tokens,
-        positions=state.positions.gather(1, keep),
+        positions=None if state.positions is None else state.positions.gather(1, keep),
         sizes=torch.cat([sizes[:, :p], new_sizes], dim=1),
         keep_policy=None if state.keep_policy is None else state.keep_policy.gather(1, with_prefix(keep, p)),
         patch_to_token=record_reduction(state, merge_destinations(keep, src, src_dest, n)),

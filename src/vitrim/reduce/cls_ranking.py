@@ -10,8 +10,8 @@ the n non-prefix tokens that enter the block, an earlier stage's fused token inc
 exactly as there (so 0.07 · 100 = 7.000000000000001 keeps 8); keep_rate 1, or k = n, leaves the block dense.
 On DeiT-S at 0.7 and blocks (3, 6, 9) that is 140/100/72 tokens after the stages with EViT's fused token and
 139/98/69 with top-k ([CLS] included). Prefix tokens are always kept. Kept tokens stand in descending order of
-attention, as EViT's ``torch.topk`` leaves them. Blocks: by default a quarter, half and three quarters deep
-(3, 6, 9 of 12), as EViT does for DeiT.
+attention, as EViT's ``torch.topk`` leaves them (one ``topk`` over all tokens, the prefix raised above every score).
+Blocks: by default a quarter, half and three quarters deep (3, 6, 9 of 12), as EViT does for DeiT.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 
@@ -35,9 +36,16 @@ def cls_attention(attention: AttentionResult) -> Tensor:
     Semantics are :func:`vitrim.scaled_dot_product_attention`'s: logits q·kᵀ·scale + ``attention.mask``, keys gated
     by ``attention.keep_policy`` (the [CLS] key's own policy entry is 1 by the TokenState convention, so G_00 = 1
     holds as in the full matrix). With attention dropout in training, the reused weights are the dropped-out ones.
+    Half-precision inputs give float32 weights (the softmax accumulates in float32, as the math backend does).
     """
     if attention.weights is not None:
         return attention.weights[:, :, 0]  # (B, H, N)
+    if attention.mask is None and attention.keep_policy is None:  # the common case, in three calls
+        q0, k = attention.q[:, :, 0], attention.k  # (B, H, hd), (B, H, N, hd)
+        scale = cached(("scale", attention.scale, k.dtype, k.device), lambda: k.new_tensor(attention.scale))
+        logits = torch.einsum("bhc,bhnc,->bhn", q0, k, scale)  # (B, H, N)
+        half = logits.dtype in (torch.float16, torch.bfloat16)
+        return logits.softmax(dim=-1, dtype=torch.float32) if half else logits.softmax(dim=-1)
     q = attention.q[:, :, :1]  # (B, H, 1, hd)
     # v = k: the output is not used, and k already has the right shape; the cost is one (1 × N) product per head.
     _, weights = scaled_dot_product_attention(
@@ -60,9 +68,21 @@ def cls_attention_to_patches(attention: AttentionResult, num_prefix: int) -> Ten
     return cls_attention(attention)[:, :, num_prefix:].mean(dim=1)
 
 
-def rank_by_score(scores: Tensor) -> Tensor:
-    """(B, n) scores -> (B, n) token indices, highest score first (stable, so ties keep token order)."""
-    return torch.sort(scores, dim=1, descending=True, stable=True).indices
+def ranking_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
+    """(B, N): EViT's score of every token (the [CLS] row averaged over heads), each prefix token's raised above
+    every patch token's, in order, so that one top-k over all N tokens lists the prefix first, as it stands, then
+    the patch tokens by descending score. The patch tokens' entries are the scores themselves (0 is added)."""
+    if num_prefix < 1:
+        raise ValueError("ranking tokens by [CLS] attention needs a [CLS] token (num_prefix >= 1), got num_prefix=0")
+    scores = cls_attention(attention).mean(dim=1)  # (B, N) in [0, 1]
+    N, device, dtype = scores.shape[1], scores.device, scores.dtype
+    raise_prefix = cached(
+        ("prefix_first", N, num_prefix, dtype, device),
+        lambda: (
+            (torch.arange(N, device=device) < num_prefix).to(dtype) * (2 + num_prefix - torch.arange(N, device=device))
+        ),
+    )  # (N,): 2 + p − i for prefix token i (above any attention weight, decreasing), 0 for patch tokens
+    return scores + raise_prefix
 
 
 def check_keep_rate(keep_rate: object) -> float:
@@ -145,11 +165,13 @@ class ClsRankingReducer(Reducer):
             return state
         if state.keep_policy is not None:
             raise ValueError(f"{type(self).__name__} cannot follow a training-time keep_policy (DynamicViT training)")
-        scores = cls_attention_to_patches(attention, state.num_prefix)  # (B, n)
-        return self.reduce(state, scores, rank_by_score(scores), k)
+        scores = ranking_scores(attention, state.num_prefix)  # (B, N), prefix raised
+        # topk, not a full sort: only the k best are needed (ties, which float scores do not make, may stand either way)
+        return self.reduce(state, scores, scores.topk(state.num_prefix + k, dim=1).indices)
 
-    def reduce(self, state: TokenState, scores: Tensor, order: Tensor, k: int) -> TokenState:
-        """Keep the k best of ``order`` (B, n) (patch-token indices by descending ``scores`` (B, n))."""
+    def reduce(self, state: TokenState, scores: Tensor, index: Tensor) -> TokenState:
+        """Keep the tokens ``index`` (B, p + k): the p prefix tokens, then the k best patch tokens by descending
+        ``scores`` (B, N) (:func:`ranking_scores`: token indices, prefix raised)."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

@@ -112,7 +112,7 @@ class DiffRate(Reducer):
         kept = torch.arange(merged, device=x.device).expand(B, merged)
         return state.replace(
             tokens=torch.cat([x[:, :p], patches], dim=1),
-            positions=state.positions[:, :merged],
+            positions=None if state.positions is None else state.positions[:, :merged],
             fused=None if state.fused is None else state.fused[:, :merged],
             sizes=torch.cat([sizes[:, :p], patch_sizes], dim=1),
             size_bias=True,

@@ -14,6 +14,7 @@ built under ``torch.inference_mode`` can later be saved for backward in training
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -47,6 +48,25 @@ def batch_offsets(batch: int, rows_per_batch: int, *, device: torch.device) -> T
             found = torch.arange(batch, device=device)[:, None] * rows_per_batch
         _store(key, found)
     return found
+
+
+def cached(key: tuple[object, ...], build: Callable[[], Tensor]) -> Tensor:
+    """``build()``, made once per ``key`` (which must name everything the tensor depends on: shapes, dtype, device)
+    and returned again. Read-only. While tracing, ``build()`` runs in the graph every time (a folded constant)."""
+    if torch.compiler.is_compiling():
+        return build()
+    found = _cache.get(key)
+    if found is None:
+        with torch.inference_mode(False):
+            found = build()
+        _store(key, found)
+    return found
+
+
+def cached_eye(n: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The (n, n) identity: its rows are the one-hot vectors that turn destination indices into an assignment
+    matrix (``F.embedding(dest, eye)``) in one call. Read-only."""
+    return cached(("eye", n, dtype, device), lambda: torch.eye(n, dtype=dtype, device=device))
 
 
 def _store(key: tuple[object, ...], value: Tensor) -> None:

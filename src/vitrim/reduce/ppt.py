@@ -129,7 +129,9 @@ class PPT(Reducer):
         row, col = pool[:, None], pool[:, None, None]
         return pooled.replace(
             tokens=torch.where(col, pooled.tokens, pruned.tokens),
-            positions=torch.where(row, pooled.positions, pruned.positions),
+            positions=None
+            if pooled.positions is None or pruned.positions is None
+            else torch.where(row, pooled.positions, pruned.positions),
             sizes=torch.where(row, pooled.sizes, pruned_sizes),
             patch_to_token=(
                 *state.patch_to_token,
