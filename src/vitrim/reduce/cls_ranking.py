@@ -158,9 +158,13 @@ class ClsRankingReducer(Reducer):
         counts = [after - schedule.num_prefix - cls.appends_tokens for _, _, after in steps]
         return tuple(i for i, _, _ in steps), {"keep_count": counts}
 
+    def num_kept(self, n: int) -> int:
+        """Patch tokens kept of the n entering: ``keep_count`` (capped at n), else ⌈keep_rate · n⌉."""
+        return num_keep(n, self.keep_rate) if self.keep_count is None else min(n, self.keep_count)
+
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n = state.num_patch_tokens
-        k = num_keep(n, self.keep_rate) if self.keep_count is None else min(n, self.keep_count)
+        k = self.num_kept(n)
         if k >= n:
             return state
         if state.keep_policy is not None:
