@@ -5,11 +5,13 @@ from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_p
 from vitrim.checkpoint import load_checkpoint, load_model, save_checkpoint
 from vitrim.factory import create_model
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
+from vitrim.optimize import OptimizedModel, optimize
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MultiHeadAttention",
+    "OptimizedModel",
     "ViTConfig",
     "ViTOutput",
     "VisionTransformer",
@@ -21,6 +23,7 @@ __all__ = [
     "reduce",
     "load_checkpoint",
     "load_model",
+    "optimize",
     "save_checkpoint",
     "scaled_dot_product_attention",
 ]

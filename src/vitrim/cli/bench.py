@@ -72,6 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
     )
     p.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="time vitrim.optimize(model, batch_size=...): fullgraph, static shapes, CUDA graphs on a GPU",
+    )
     p.add_argument("--device", default=s.device, help="cpu, cuda or cuda:N (timings wait for the device)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights stay float32)")
     p.add_argument(
@@ -127,6 +132,11 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
     _add_set_argument(p)
     p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="time every row (dense too) through vitrim.optimize, one compiled graph per batch size",
+    )
+    p.add_argument(
         "--accuracy-model",
         default=None,
         metavar="RUN_DIR_OR_CHECKPOINT",
@@ -177,8 +187,10 @@ def run_attention(args: argparse.Namespace) -> int:
 def run_models(args: argparse.Namespace) -> int:
     check_counts(args, ("batch_size", "repeats"), minimum=1, expected="a positive int")
     check_counts(args, ("warmup", "latency_repeats"), minimum=0, expected=">= 0")
-    if args.compile and args.warmup == 0:
-        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
+    if (args.compile or args.optimize) and args.warmup == 0:
+        raise ValueError(f"--{'compile' if args.compile else 'optimize'} needs --warmup >= 1 (the first call compiles)")
+    if args.compile and args.optimize:
+        raise ValueError("pass --compile or --optimize, not both")
     cases = build_cases(
         args.models,
         overrides=parse_set(args.overrides, "--set", SET_FORM),
@@ -194,6 +206,7 @@ def run_models(args: argparse.Namespace) -> int:
         latency_repeats=args.latency_repeats,
         warmup=args.warmup,
         compile=args.compile,
+        optimize=args.optimize,
         memory=args.memory,
         device=args.device,
         bf16=args.bf16,
@@ -212,6 +225,7 @@ def run_models(args: argparse.Namespace) -> int:
     print(
         f"models, {'bfloat16 autocast' if args.bf16 else 'float32'}, eval, inference_mode, batch {args.batch_size}, "
         f"{where}, torch {torch.__version__}{', torch.compile' if args.compile else ''}"
+        f"{', vitrim.optimize' if args.optimize else ''}"
     )
     rows = models.measure_all(built, settings)
     models.print_table(rows)
@@ -257,6 +271,7 @@ def run_reducers(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         img_size=args.img_size,
         overrides=parse_set(args.overrides, "--set", SET_FORM),
+        optimize=args.optimize,
     )
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     out = None if args.out is None else check_output_folder(args.out, "--out")
