@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
@@ -38,34 +39,32 @@ def cls_attention(attention: AttentionResult) -> Tensor:
     holds as in the full matrix). With attention dropout in training, the reused weights are the dropped-out ones.
     Half-precision inputs give float32 weights (the softmax accumulates in float32, as the math backend does).
     """
+    return cls_rows(attention)[:, :, 0]
+
+
+def cls_rows(attention: AttentionResult) -> Tensor:
+    """(B, H, 1, N): :func:`cls_attention` with the query dim kept (one call fewer for callers that reduce it)."""
     if attention.weights is not None:
-        return attention.weights[:, :, 0]  # (B, H, N)
-    if attention.mask is None and attention.keep_policy is None:  # the common case, in three calls
-        q0, k = attention.q[:, :, 0], attention.k  # (B, H, hd), (B, H, N, hd)
-        scale = cached(("scale", attention.scale, k.dtype, k.device), lambda: k.new_tensor(attention.scale))
-        logits = torch.einsum("bhc,bhnc,->bhn", q0, k, scale)  # (B, H, N)
-        half = logits.dtype in (torch.float16, torch.bfloat16)
-        return logits.softmax(dim=-1, dtype=torch.float32) if half else logits.softmax(dim=-1)
-    q = attention.q[:, :, :1]  # (B, H, 1, hd)
+        return attention.weights[:, :, :1]
+    q, k, bias = attention.q[:, :, :1], attention.k, attention.mask  # q (B, H, 1, hd), k (B, H, N, hd)
+    if attention.keep_policy is None and (bias is None or bias.is_floating_point()):
+        # The common case in few calls. Full precision: attention over an identity value matrix, whose output is the
+        # weights themselves (one fused call, the bias applied by the kernel; each output is one weight times 1,
+        # exactly). Half precision: logits by einsum and the softmax accumulated in float32, as the math backend
+        # does, since the kernel would round the weights (and the ranking) to half precision.
+        N, dtype, device = k.shape[-2], q.dtype, q.device
+        if dtype not in (torch.float16, torch.bfloat16):
+            eye = cached(("eye4", N, dtype, device), lambda: torch.eye(N, dtype=dtype, device=device)[None, None])
+            return F.scaled_dot_product_attention(q, k, eye, attn_mask=bias, scale=attention.scale)
+        scale = cached(("scale", attention.scale, dtype, device), lambda: k.new_tensor(attention.scale))
+        logits = torch.einsum("bhqc,bhnc,->bhqn", q, k, scale)  # (B, H, 1, N)
+        return (logits if bias is None else logits + bias).softmax(dim=-1, dtype=torch.float32)
     # v = k: the output is not used, and k already has the right shape; the cost is one (1 × N) product per head.
     _, weights = scaled_dot_product_attention(
-        q,
-        attention.k,
-        attention.k,
-        attention.mask,
-        scale=attention.scale,
-        keep_policy=attention.keep_policy,
-        need_weights=True,
+        q, k, k, bias, scale=attention.scale, keep_policy=attention.keep_policy, need_weights=True
     )
     assert weights is not None
-    return weights[:, :, 0]  # (B, H, N)
-
-
-def cls_attention_to_patches(attention: AttentionResult, num_prefix: int) -> Tensor:
-    """(B, N − num_prefix): the [CLS] row averaged over heads, restricted to the patch tokens (EViT's score)."""
-    if num_prefix < 1:
-        raise ValueError("ranking tokens by [CLS] attention needs a [CLS] token (num_prefix >= 1), got num_prefix=0")
-    return cls_attention(attention)[:, :, num_prefix:].mean(dim=1)
+    return weights  # (B, H, 1, N)
 
 
 def ranking_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
@@ -74,7 +73,7 @@ def ranking_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
     the patch tokens by descending score. The patch tokens' entries are the scores themselves (0 is added)."""
     if num_prefix < 1:
         raise ValueError("ranking tokens by [CLS] attention needs a [CLS] token (num_prefix >= 1), got num_prefix=0")
-    scores = cls_attention(attention).mean(dim=1)  # (B, N) in [0, 1]
+    scores = cls_rows(attention).mean(dim=(1, 2))  # (B, N) in [0, 1]
     N, device, dtype = scores.shape[1], scores.device, scores.dtype
     raise_prefix = cached(
         ("prefix_first", N, num_prefix, dtype, device),

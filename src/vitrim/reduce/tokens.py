@@ -31,14 +31,15 @@ def flat_index(index: Tensor, rows_per_batch: int) -> Tensor:
     return (index + batch_offsets(index.shape[0], rows_per_batch, device=index.device)).flatten()
 
 
-def _single_image(index: Tensor) -> bool:
-    """Batch 1 in eager mode: rows move along dim 1 directly (fewer ops); a traced graph keeps one form for any B."""
-    return index.shape[0] == 1 and not torch.compiler.is_compiling()
+def single_image(t: Tensor) -> bool:
+    """Whether ``t`` (B, …) is one image in eager mode, where the fewest calls win: rows move along dim 1 directly
+    and merges are one-hot products; a traced graph keeps one form for any B."""
+    return t.shape[0] == 1 and not torch.compiler.is_compiling()
 
 
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
     """x (B, N, C), index (B, K) long in [0, N) -> (B, K, C) with out[b, j] = x[b, index[b, j]]."""
-    if _single_image(index):
+    if single_image(index):
         return x.index_select(1, index.view(-1))
     B, N, C = x.shape
     return x.reshape(B * N, C).index_select(0, flat_index(index, N)).view(B, index.shape[1], C)
@@ -46,7 +47,7 @@ def take_rows(x: Tensor, index: Tensor) -> Tensor:
 
 def add_rows_(out: Tensor, index: Tensor, rows: Tensor) -> Tensor:
     """In place: out[b, index[b, j]] += rows[b, j] (repeated indices accumulate). out (B, N, C) contiguous."""
-    if _single_image(index):
+    if single_image(index):
         return out.index_add_(1, index.view(-1), rows)
     B, N, C = out.shape
     out.view(B * N, C).index_add_(0, flat_index(index, N), rows.reshape(-1, C))
@@ -61,7 +62,7 @@ def merge_rows(x: Tensor, dest: Tensor, num_out: int, weights: Tensor | None = N
     dtype). One product with the one-hot assignment at batch 1 in eager mode, rows moved otherwise (module doc).
     """
     B, N, C = x.shape
-    if _single_image(dest):
+    if single_image(dest):
         assign = F.embedding(dest, cached_eye(num_out, dtype=x.dtype, device=x.device))  # (1, N, N') one-hot rows
         if weights is None:
             totals = assign.sum(dim=1)  # (1, N')
