@@ -274,8 +274,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             f"**{group}** (speed-up: eager over eager dense, graph over graph dense)",
             "",
-            f"| setting | GFLOPs | FLOP ratio | batch {b1} eager ms | × | batch {b1} graph ms | × | batch {bn} eager img/s "
-            f"| × | batch {bn} graph img/s | × | targets |",
+            f"| setting | GFLOPs | FLOP ratio | batch {b1} eager ms | × | batch {b1} graph ms | × "
+            f"| batch {bn} eager img/s | × | batch {bn} graph img/s | × | targets |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for label, row in table["rows"].items():
@@ -288,8 +288,12 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if results.get("authors"):
-        lines += ["**The authors' code, same weights** (ms; ratio > 1: the authors' slower than vitrim)", "",
-                  "| method | mode | batch | vitrim ms | authors ms | authors / vitrim |", "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "**The authors' code, same weights** (ms; ratio > 1: the authors' slower than vitrim)",
+            "",
+            "| method | mode | batch | vitrim ms | authors ms | authors / vitrim |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
         for method, entry in results["authors"].items():
             for key, value in entry.items():
                 if isinstance(value, dict):
