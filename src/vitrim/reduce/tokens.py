@@ -78,6 +78,14 @@ def merge_rows(x: Tensor, dest: Tensor, num_out: int, weights: Tensor | None = N
     return out / totals[..., None].to(x.dtype), totals
 
 
+def group_sums(dest: Tensor, num_out: int, values: Tensor) -> Tensor:
+    """(B, num_out): Σ_{t: dest[b, t] = j} values[b, t], for dest and values (B, N) (as :func:`merge_rows` sums)."""
+    if single_image(dest):
+        assign = F.embedding(dest, cached_eye(num_out, dtype=values.dtype, device=values.device))  # (1, N, N')
+        return torch.einsum("bnk,bn->bk", assign, values)
+    return values.new_zeros(dest.shape[0], num_out).scatter_add_(1, dest, values)
+
+
 def with_prefix(keep: Tensor, num_prefix: int) -> Tensor:
     """Patch-token indices (B, k) -> token indices (B, num_prefix + k) with the prefix tokens first."""
     if num_prefix == 0:
