@@ -39,8 +39,31 @@ def calls(spec: str | None, **overrides: object) -> int:
     return sum(ops.forward_calls(model, torch.randn(1, 3, 224, 224)).values())
 
 
+NOT_MET = {  # issue 27's budget is not reached yet (docs/performance.md says by how much): strict, so a fix is noticed
+    "pitome": "PiToMe's energy, ranking and pairing take about 32 calls per block (3.0x dense; budget 2.0x)",
+    "mctf": "MCTF's one-step-ahead attention and multi-criteria matching take about 180 calls per block (11x; 3.0x)",
+}
+
+
+@pytest.fixture(scope="module")
+def dense_calls() -> int:
+    return calls(None)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NOT_MET[name])) if name in NOT_MET else name
+        for name in sorted(ops.BUDGETS)
+    ],
+)
+def test_every_reducer_keeps_within_its_budget_of_host_calls(name: str, dense_calls: int) -> None:
+    counted = calls(ops.DEFAULT_SETTINGS[name])
+    assert counted <= ops.BUDGETS[name] * dense_calls, f"{name}: {counted} calls, dense {dense_calls}"
+
+
 def test_every_registered_reducer_has_a_default_setting_and_a_budget() -> None:
-    assert set(list_reducers()) - {"random"} <= set(ops.DEFAULT_SETTINGS)
+    assert set(list_reducers()) <= set(ops.DEFAULT_SETTINGS)
     assert set(ops.DEFAULT_SETTINGS) == set(ops.BUDGETS)
 
 
