@@ -41,6 +41,7 @@ WITHOUT_EXTRAS = {
     "viz rollout-memory": None,
     "bench attention": None,
     "bench models": None,
+    "bench ops": None,
     "bench reducers": "viz",
 }
 

@@ -6,12 +6,14 @@ from vitrim.checkpoint import load_checkpoint, save_checkpoint
 from vitrim.factory import create_model
 from vitrim.in_memory import from_timm, from_transformers
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
+from vitrim.optimize import OptimizedModel, optimize
 from vitrim.pretrained import load_model
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MultiHeadAttention",
+    "OptimizedModel",
     "ViTConfig",
     "ViTOutput",
     "VisionTransformer",
@@ -26,6 +28,7 @@ __all__ = [
     "viz",
     "load_checkpoint",
     "load_model",
+    "optimize",
     "save_checkpoint",
     "scaled_dot_product_attention",
 ]

@@ -72,25 +72,26 @@ def flops_by_hand(tokens: list[tuple[int, int]], extra: int = 0, *, dim: int = 3
 
 def topk_flops_by_hand(keep_rate: float) -> int:
     """Top-k in blocks 1, 2, 3: k = ⌈keep_rate · n⌉ of the n patch tokens, ranked by one [CLS] query against the N
-    tokens of the block (QKᵀ and its product with the keys: 2 · 2 · N · dim per reducing block)."""
+    tokens of the block (its row of QKᵀ: 2 · N · dim per reducing block), the row's softmax taken by the fused kernel
+    over an N × N identity value matrix (A · I: 2 · N · N per head, 2 heads)."""
     n, tokens, extra = 16, [], 0
     for block in range(4):
         k = n if block == 0 or keep_rate >= 1 else min(n, math.ceil(keep_rate * n))
         if k < n:
-            extra += 2 * 2 * (n + 1) * 32
+            extra += 2 * (n + 1) * 32 + 2 * 2 * (n + 1) ** 2
         tokens.append((n + 1, k + 1))
         n = k
     return flops_by_hand(tokens, extra)
 
 
 def tome_flops_by_hand(r: int) -> int:
-    """ToMe in every block: min(r, ⌊(N − 1)/2⌋) merges after the attention; the matching compares ⌈N/2⌉ a tokens
-    with ⌊N/2⌋ b tokens on the keys summed over heads (head dim 16)."""
+    """ToMe in every block: min(r, ⌊(N − 1)/2⌋) merges after the attention; the matching compares all N tokens
+    with each other on the keys summed over heads (head dim 16), the pairs that may not merge masked."""
     N, tokens, extra = 17, [], 0
     for _ in range(4):
         merges = min(r, (N - 1) // 2)
         if merges > 0:
-            extra += 2 * ((N + 1) // 2) * (N // 2) * 16
+            extra += 2 * N * N * 16
         tokens.append((N, N - merges))
         N -= merges
     return flops_by_hand(tokens, extra)

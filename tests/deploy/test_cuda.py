@@ -89,3 +89,25 @@ def test_attention_masks_and_policies_under_autocast() -> None:
             assert out.dtype == torch.bfloat16
             torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-2)
             assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("kind", ["dense", "tome", "topk", "dynamicvit", "mctf"])
+def test_optimize_captures_one_cuda_graph_and_matches_eager(kind: str) -> None:
+    from torch._dynamo.utils import counters
+
+    model = build(kind).cuda()
+    batches = [images(2, seed=s).cuda() for s in range(4)]
+    with torch.no_grad():
+        expected = [model(x) for x in batches]
+    torch._dynamo.reset()
+    counters.clear()
+    fast = vitrim.optimize(model, batch_size=2, device="cuda", warmup=3)  # "reduce-overhead": CUDA graphs
+    got = [fast(x) for x in batches]
+    assert counters["stats"]["unique_graphs"] == 1  # warm-up and four calls of one shape: one capture
+    for g, e in zip(got, expected):  # every output still holds its own call's logits (copied out of the graph)
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-4)
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
+        expected_bf16 = model(batches[0])
+    torch._dynamo.reset()
+    fast16 = vitrim.optimize(model, batch_size=2, device="cuda", dtype=torch.bfloat16, warmup=3)
+    torch.testing.assert_close(fast16(batches[0]).float(), expected_bf16.float(), rtol=0, atol=5e-2)

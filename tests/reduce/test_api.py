@@ -122,6 +122,25 @@ def test_batch_of_one_gives_the_same_logits_as_in_a_batch(name: str, options: di
     torch.testing.assert_close(single, batched, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize(("name", "options"), SETTINGS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_plain_forward_records_nothing_and_computes_what_forward_detailed_computes(
+    name: str, options: dict[str, object], batch: int
+) -> None:
+    model = vitrim.reduce.apply(tiny(), name, **options)
+    x = images(batch=batch)
+    with torch.no_grad():
+        plain = model.embed(x, record=False)
+        for block in model.blocks:
+            plain, _ = block(plain)
+        detailed = model.forward_detailed(x)
+        logits = model(x)
+    assert plain.positions is None and plain.kept_indices == () and plain.patch_to_token == ()
+    assert plain.block_positions == () and plain.fused is None
+    assert torch.equal(logits, detailed.logits)  # the same calls but the bookkeeping
+    assert len(detailed.block_positions) == 4 and (detailed.kept_indices or detailed.patch_to_token)
+
+
 def test_create_model_with_a_reducer() -> None:
     model = vitrim.create_model("vit_tiny_patch16_224", depth=2, img_size=32, patch_size=8, reducer="tome", r=3)
     assert [repr(b.reducer) for b in model.blocks] == ["ToMe(r=3)", "ToMe(r=3)"]

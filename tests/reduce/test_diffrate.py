@@ -29,6 +29,12 @@ def test_matches_the_authors_forward(prune_kept: list[int], merge_kept: list[int
     assert (out.logits - expected).abs().max() <= 1e-10
     assert [p.shape[1] + 1 for p in out.block_positions[1:]] + [out.tokens.shape[1]] == counts
     assert torch.equal(grid_sources(out.patch_to_token[-1], out.tokens.shape[1] - 1), source[:, 1:])
+    for i in range(3):  # batch 1 merges by one-hot products (fewer calls): the same numbers
+        with torch.no_grad():
+            one = model.forward_detailed(x[i : i + 1])
+        assert (one.logits - expected[i : i + 1]).abs().max() <= 1e-10
+        assert torch.equal(grid_sources(one.patch_to_token[-1], one.tokens.shape[1] - 1), source[i : i + 1, 1:])
+        torch.testing.assert_close(one.token_sizes, out.token_sizes[i : i + 1], rtol=1e-12, atol=1e-12)
 
 
 def test_counts_and_identity() -> None:

@@ -36,6 +36,10 @@ def test_matches_the_authors_forward(options: dict) -> None:
     assert (out.logits - expected).abs().max() <= 1e-12  # float64: the same sums in another order
     assert torch.equal(grid_sources(out.patch_to_token[-1], out.tokens.shape[1] - 1), source[:, 1:])
     assert out.token_sizes is not None and torch.equal(out.token_sizes[:, 1:], source[:, 1:].sum(-1))
+    with torch.no_grad():  # batch 1 merges by one-hot products (fewer calls): the same numbers
+        one = model.forward_detailed(x[1:2])
+    assert (one.logits - expected[1:2]).abs().max() <= 1e-12
+    assert torch.equal(grid_sources(one.patch_to_token[-1], one.tokens.shape[1] - 1), source[1:2, 1:])
 
 
 def test_counts_as_the_authors() -> None:

@@ -25,6 +25,11 @@ def test_matches_the_authors_forward(ratio: float, depth: int) -> None:
     assert torch.equal(grid_sources(out.patch_to_token[-1], out.tokens.shape[1] - 1), source[:, 1:])
     sizes = source[:, 1:].sum(-1)
     assert out.token_sizes is not None and torch.equal(out.token_sizes[:, 1:], sizes)
+    with torch.no_grad():  # batch 1 merges by one-hot products (fewer calls): the same numbers
+        for i in range(3):
+            one = model.forward_detailed(x[i : i + 1])
+            assert (one.logits - expected[i : i + 1]).abs().max() <= 1e-10
+            assert torch.equal(grid_sources(one.patch_to_token[-1], one.tokens.shape[1] - 1), source[i : i + 1, 1:])
 
 
 def test_counts_margins_and_no_proportional_attention_by_default() -> None:

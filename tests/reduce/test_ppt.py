@@ -32,6 +32,11 @@ def test_matches_the_authors_forward(r: int, layers: tuple[int, ...], threshold:
     assert {"prune": not first.any(), "pool": first.all(), "mixed": 0 < first.sum() < 6}[expect]
     assert (out.logits - expected).abs().max() <= 1e-10  # float64
     assert torch.equal(grid_sources(out.patch_to_token[-1], out.tokens.shape[1] - 1), source[:, 1:])
+    with torch.no_grad():  # batch 1 merges by one-hot products (fewer calls): the same numbers
+        for i in range(6):
+            one = model.forward_detailed(x[i : i + 1])
+            assert (one.logits - expected[i : i + 1]).abs().max() <= 1e-10
+            assert torch.equal(grid_sources(one.patch_to_token[-1], one.tokens.shape[1] - 1), source[i : i + 1, 1:])
 
 
 def _median_variance(x: torch.Tensor, sd: dict[str, torch.Tensor], layer: int) -> float:

@@ -43,6 +43,21 @@ def test_merge_matches_loop_reference(N: int, num_prefix: int, r: int, integer_s
         assert torch.equal(dest[s], expected)
 
 
+@pytest.mark.parametrize(("N", "num_prefix", "r"), [(9, 0, 100), (10, 1, 3), (17, 2, 4), (17, 1, 1)])
+def test_merge_at_batch_1_matches_loop_reference(N: int, num_prefix: int, r: int) -> None:
+    # batch 1 merges with one product by the one-hot assignment, not by moving rows: the same sums
+    x, metric, sizes = random_case(1, N, seed=N + r, integer_sizes=True)
+    m = bipartite_soft_matching(metric, r, num_prefix)
+    merged, merged_sizes = merge_wavg(x, sizes, m)
+    ref_x, ref_sizes, groups = reference_merge(x, metric, sizes, r, num_prefix)
+    torch.testing.assert_close(merged, ref_x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(merged_sizes, ref_sizes, rtol=0, atol=0)
+    ones_merged, ones_sizes = merge_wavg(x, None, m)
+    ref_ones, _, _ = reference_merge(x, metric, torch.ones_like(sizes), r, num_prefix)
+    torch.testing.assert_close(ones_merged, ref_ones, rtol=1e-12, atol=1e-12)
+    assert torch.equal(ones_sizes, torch.tensor([[float(len(g)) for g in groups[0]]], dtype=x.dtype))
+
+
 def test_reducer_merges_on_head_mean_keys_and_tracks_positions_and_sources() -> None:
     B, H, N, hd, p = 2, 3, 13, 4, 1
     g = torch.Generator().manual_seed(0)
@@ -168,7 +183,9 @@ def test_agrees_with_the_authors_forward(r: object, prop_attn: bool) -> None:
     with torch.no_grad():
         expected = tome_forward(sd, x, depth=4, heads=2, patch=8, r=r, prop_attn=prop_attn)
         ours = model(x)
+        one_by_one = torch.cat([model(x[i : i + 1]) for i in range(3)])  # batch 1: merges by one-hot products
     torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(one_by_one, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_parse_r_reads_the_authors_forms() -> None:

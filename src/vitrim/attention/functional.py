@@ -40,6 +40,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     backend: Backend = "auto",
+    no_empty_rows: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention of queries ``q`` over keys ``k`` and values ``v``.
 
@@ -57,6 +58,9 @@ def scaled_dot_product_attention(
             or the policy needs a gradient, which the fused kernel cannot give). The fused kernel stays the choice
             for short rows too: on the development CPU (2-core EPYC) the explicit matrix made ViT-S forwards at
             batch 1 slower by 1-4 % in paired runs, though a Xeon favoured it (docs/performance.md).
+        no_empty_rows: the caller guarantees that every query may attend to at least one key (a finite float mask,
+            such as ToMe's log-sizes), so the handling of empty rows is skipped: on the CPU a read of the mask on the
+            host, elsewhere a pass over the mask and one over the output (calls that cost time at batch 1).
 
     Returns:
         out (…, Lq, Ev), and A (…, Lq, Lk) when ``need_weights`` else None. With dropout, A is the matrix that
@@ -72,8 +76,8 @@ def scaled_dot_product_attention(
     use_math = backend == "math" or (backend == "auto" and (need_weights or policy_needs_grad))
     allowed, bias = _split_mask(mask, is_causal, Lq, Lk, q.device)
     if use_math:
-        return _math_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p, need_weights)
-    return _fused_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p), None
+        return _math_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p, need_weights, no_empty_rows)
+    return _fused_attention(q, k, v, allowed, bias, scale, keep_policy, lead, dropout_p, no_empty_rows), None
 
 
 def compute_attention(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -211,14 +215,20 @@ def _policy_gate(keep_policy: Tensor, ndim: int, Lq: int, Lk: int, dtype: torch.
     return gate
 
 
-def _open_mask(allowed: Tensor | None, bias: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """The mask a kernel can take without 0/0, and the rows that must come out as zeros.
+def _open_mask(
+    allowed: Tensor | None, bias: Tensor | None, no_empty_rows: bool = False
+) -> tuple[Tensor | None, Tensor | None]:
+    """The mask a kernel can take without 0/0, and the rows that must come out as zeros (none if ``no_empty_rows``).
 
     Returns (attn_mask, empty_rows): attn_mask is bool (True = may attend) or float (added to the logits), with every
     row that allows no key opened (all True / all 0) so that no kernel divides 0 by 0; empty_rows (…, Lq or 1, 1)
     bool marks those rows, whose output :func:`_zero_empty_rows` sets to 0. Both are computed on the mask, before
     any broadcast against the logits, so they cost O(mask), not O(Lq·Lk) per head.
     """
+    if no_empty_rows:
+        if allowed is not None and bias is not None:
+            return bias.masked_fill(~allowed, float("-inf")), None
+        return (bias if allowed is None else allowed), None
     if bias is not None:
         if allowed is not None:
             bias = bias.masked_fill(~allowed, float("-inf"))
@@ -263,6 +273,7 @@ def _math_attention(
     lead: torch.Size,
     dropout_p: float,
     need_weights: bool,
+    no_empty_rows: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """The explicit matrix: logits, mask, softmax (float32 for half inputs), weights · V.
 
@@ -274,7 +285,7 @@ def _math_attention(
     logits = (q * scale) @ k.transpose(-2, -1)  # (…, Lq, Lk)
     empty_rows: Tensor | None = None
     if keep_policy is None:
-        attn_mask, empty_rows = _open_mask(allowed, bias)
+        attn_mask, empty_rows = _open_mask(allowed, bias, no_empty_rows)
         # In place where shapes and dtypes allow: the logits are a fresh product that nothing else holds (matmul
         # saves q and k for backward, not its output).
         in_place = attn_mask is not None and _broadcasts_to(attn_mask.shape, logits.shape)
@@ -333,6 +344,7 @@ def _fused_attention(
     keep_policy: Tensor | None,
     lead: torch.Size,
     dropout_p: float,
+    no_empty_rows: bool = False,
 ) -> Tensor:
     """torch's fused kernel. A constant policy becomes the additive bias log G (exact: exp(P + log G) = exp(P)·G)."""
     Lq, Lk = q.shape[-2], k.shape[-2]
@@ -340,8 +352,8 @@ def _fused_attention(
     if keep_policy is not None:
         log_gate = _policy_gate(keep_policy.detach(), ndim, Lq, Lk, q.dtype).log()
         bias = log_gate if bias is None else bias + log_gate
-    attn_mask, empty_rows = _open_mask(allowed, bias)
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
+    attn_mask, empty_rows = _open_mask(allowed, bias, no_empty_rows and keep_policy is None)
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool, q.dtype):
         attn_mask = attn_mask.to(q.dtype)
     if q.shape[:-2] != lead or k.shape[:-2] != lead or v.shape[:-2] != lead:
         q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))

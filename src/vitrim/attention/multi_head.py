@@ -120,6 +120,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         rope: Tensor | None = None,
         ahead: tuple[Tensor, Tensor, Tensor] | None = None,
+        no_empty_rows: bool = False,
     ) -> AttentionResult:
         """The same computation as :meth:`forward`, returning everything it made (an :class:`AttentionResult`).
 
@@ -127,7 +128,8 @@ class MultiHeadAttention(nn.Module):
         tokens of q and k (prefix tokens come first and are not rotated), after qk-norm.
 
         ``ahead`` (weights (B, H, Lq, Lk), q, k): attention weights computed ahead by :meth:`attention_weights` and
-        then merged with the tokens (MCTF's one-step-ahead attention). They replace softmax(q kᵀ): only the values of
+        then merged with the tokens (MCTF's one-step-ahead attention). ``no_empty_rows``: the mask opens some key in
+        every row (see :func:`vitrim.scaled_dot_product_attention`). They replace softmax(q kᵀ): only the values of
         ``x`` are projected, and the result's q and k are the ones that made the weights (before the merge).
         """
         if ahead is not None:
@@ -144,6 +146,7 @@ class MultiHeadAttention(nn.Module):
             keep_policy=keep_policy,
             dropout_p=self.attn_drop if self.training else 0.0,
             need_weights=need_weights,
+            no_empty_rows=no_empty_rows,
         )
         return AttentionResult(self.project_out(out), weights, q, k, self.head_dim**-0.5, mask, keep_policy, v)
 

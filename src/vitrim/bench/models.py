@@ -10,7 +10,7 @@ machine every row sees the same load. What is measured:
   timed batches after ``--warmup`` untimed ones;
 * latency: batch 1, p50 and p95 of ``--latency-repeats`` timed calls;
 * FLOPs per image: matrix products only, 2 per multiply-add, attention included (see :mod:`vitrim.bench.flops`),
-  counted on the eager model at batch 1;
+  counted on the eager model at batch 2 (:func:`vitrim.bench.flops.model_flops_per_image`);
 * efficiency: achieved GFLOP/s (FLOPs per image × images/s) over the GFLOP/s (median) of a dense float32 matrix
   product timed in the same turns: the model's own MLP product (B·N, D) @ (D, 4D) as ``F.linear`` runs it;
 * speed-up: throughput over the first row's (the baseline), from the same turns;
@@ -42,6 +42,7 @@ from vitrim.bench.model_cases import Case, parse_reducer
 from vitrim.bench.reference import check_timm_reference, timm_eager_forward
 from vitrim.bench.timing import interleaved_samples, percentile
 from vitrim.factory import create_model
+from vitrim.optimize import optimize
 
 # When a model has no ViT config to read: DeiT-S's MLP product, (B·197, 384) @ (384, 1536).
 DEFAULT_MATMUL = (197, 384, 1536)
@@ -57,6 +58,7 @@ class BenchSettings:
     latency_repeats: int = 30  # timed batch-1 calls (p50, p95); 0: skip
     warmup: int = 3  # untimed calls before timing
     compile: bool = False  # time torch.compile(model); FLOPs are counted on the eager model
+    optimize: bool = False  # time vitrim.optimize(model, batch_size=...) (CUDA graphs on a GPU), one per batch size
     memory: bool = True  # peak memory of one batch, in a fresh process (in-process on a GPU)
     device: str = "cpu"  # cpu, cuda or cuda:N; the models must already be there
     bf16: bool = False  # bfloat16 autocast (weights stay float32)
@@ -88,18 +90,27 @@ def build_model(case: Case, img_size: int | None) -> nn.Module:
     return model.eval()
 
 
-def forward_fn(case: Case, model: nn.Module, compile: bool, bf16: bool = False) -> Callable[[Tensor], Tensor]:
-    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked.
+def forward_fn(
+    case: Case, model: nn.Module, compile: bool, bf16: bool = False, optimize_for: tuple[int, ...] | None = None
+) -> Callable[[Tensor], Tensor]:
+    """What a row times: the model, or timm's eager ops on its weights; compiled with static shapes if asked, or
+    (``optimize_for``: the input shape) through :func:`vitrim.optimize` (timm's rows: ``torch.compile``).
 
     On an accelerator the call waits for the device (so that wall time is the work's time); with ``bf16`` it runs
     under bfloat16 autocast.
     """
     fn: Callable[[Tensor], Tensor] = model
+    device = next(model.parameters()).device
+    if optimize_for is not None and not case.timm_reference:
+        batch, _, h, w = optimize_for
+        dtype = torch.bfloat16 if bf16 else None
+        fast = optimize(model, batch_size=batch, device=device, dtype=dtype, img_size=(h, w))
+        return fast if device.type == "cpu" else functools.partial(_on_device, fast, device, False)
+    compile = compile or optimize_for is not None
     if case.timm_reference:
         fn = functools.partial(timm_eager_forward, check_timm_reference(model))
     if compile:
         fn = torch.compile(fn, dynamic=False)
-    device = next(model.parameters()).device
     if not bf16 and device.type == "cpu":
         return fn
     return functools.partial(_on_device, fn, device, bf16)
@@ -125,7 +136,7 @@ def _apply_reducer(model: nn.Module, spec: str) -> nn.Module:
     return result if isinstance(result, nn.Module) else model
 
 
-def _input_shape(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
+def input_shape(model: nn.Module, img_size: int | None) -> tuple[int, int, int]:
     """(C, H, W) of the model's images: ``--img-size`` if given, else the model's own (224 without a config)."""
     config = getattr(model, "config", None)
     chans = int(getattr(config, "in_chans", 3))
@@ -179,20 +190,25 @@ class _Row:
     case: Case
     model: nn.Module
     runner: Callable[[Tensor], Tensor]
+    runner_one: Callable[[Tensor], Tensor]  # at batch 1 (latency): the same, or its own optimised graph
     images: Tensor  # (B, C, H, W)
     flops: float  # per image
     matmul_shape: tuple[int, int, int]
 
 
 def _prepare(case: Case, model: nn.Module, args: BenchSettings) -> _Row:
-    chans, h, w = _input_shape(model, args.img_size)
+    chans, h, w = input_shape(model, args.img_size)
     flops = model_flops_per_image(model, (h, w), chans)
     if case.timm_reference:  # counted on the ops the row runs: a check that both do the same work
         one_image = torch.randn(1, chans, h, w, device=args.device)
         flops = count_flops(lambda: timm_eager_forward(check_timm_reference(model), one_image))
     images = torch.randn(args.batch_size, chans, h, w, generator=torch.Generator().manual_seed(0)).to(args.device)
     mm_shape = _matmul_shape(model, (h, w), args.batch_size)
-    return _Row(case, model, forward_fn(case, model, args.compile, args.bf16), images, flops, mm_shape)
+    runner = forward_fn(case, model, args.compile, args.bf16, tuple(images.shape) if args.optimize else None)
+    runner_one = runner
+    if args.optimize and args.batch_size != 1 and args.latency_repeats:
+        runner_one = forward_fn(case, model, args.compile, args.bf16, (1, *images.shape[1:]))
+    return _Row(case, model, runner, runner_one, images, flops, mm_shape)
 
 
 def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> list[dict[str, Any]]:
@@ -210,7 +226,7 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> lis
     times, mm_times = samples[: len(rows)], dict(zip(shapes, samples[len(rows) :]))
     latencies: list[list[float]] = [[] for _ in rows]
     if args.latency_repeats:
-        one_fns = [functools.partial(row.runner, row.images[:1].clone()) for row in rows]
+        one_fns = [functools.partial(row.runner_one, row.images[:1].clone()) for row in rows]
         latencies = interleaved_samples(one_fns, args.latency_repeats, args.warmup)
     results = []
     for row, batch_times, lat in zip(rows, times, latencies):
@@ -226,6 +242,7 @@ def measure_all(built: list[tuple[Case, nn.Module]], args: BenchSettings) -> lis
             "img_size": [h, w],
             "threads": torch.get_num_threads(),
             "compile": bool(args.compile),
+            "optimize": bool(args.optimize),
             "device": str(row.images.device),
             "bf16": bool(args.bf16),
             "params_m": sum(p.numel() for p in row.model.parameters()) / 1e6,
@@ -253,7 +270,7 @@ def batch_memory(case: dict[str, Any], batch_size: int, img_size: int | None, co
     row = Case(**case)
     model = build_model(row, img_size)
     runner = forward_fn(row, model, compile)
-    chans, h, w = _input_shape(model, img_size)
+    chans, h, w = input_shape(model, img_size)
     images = torch.randn(batch_size, chans, h, w, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         runner(images[:1].clone())  # load kernels (and compile) before the baseline is read
@@ -284,7 +301,7 @@ def _measure_memory(case: Case, args: BenchSettings) -> dict[str, Any]:
         case=asdict(case),
         batch_size=args.batch_size,
         img_size=args.img_size,
-        compile=args.compile,
+        compile=args.compile or args.optimize,
     )
     values["memory_method"] = "peak RSS growth (VmHWM), fresh process, after a batch-1 warm-up; weights excluded"
     return values

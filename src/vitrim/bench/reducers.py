@@ -9,7 +9,8 @@ of it. Reducers
 that have neither, or that refuse the model (a [CLS]-ranking reducer on a model without [CLS]), are listed as
 skipped with the reason. Then:
 
-* speed: every row (dense first) is timed in turns within each repeat
+* speed: every row (dense first) is timed in turns within each repeat (with ``optimize``, each row is first
+  compiled by :func:`vitrim.optimize` for each batch size, dense included, so both sides of a ratio are compiled)
   (:func:`~vitrim.bench.timing.interleaved_samples`), float32, eval, ``torch.inference_mode``, on random images, at
   each batch size: images/s from the median time, speed-up = the median over repeats of (dense time / row time) in
   the same repeat (paired, so a change of load on a shared machine hits both sides of each ratio);
@@ -43,6 +44,7 @@ from vitrim.bench.flops import model_flops_per_image
 from vitrim.bench.matched import Match, match_reducer, reducer_flops
 from vitrim.bench.timing import interleaved_samples
 from vitrim.factory import create_model
+from vitrim.optimize import optimize
 from vitrim.reduce.schedule import SCHEDULES
 from vitrim.train.checkpoint_eval import load_checkpoint_split
 from vitrim.train.evaluate import evaluate
@@ -97,6 +99,7 @@ class ReducerBenchSettings:
     warmup: int = 2  # untimed calls per row and batch size
     img_size: int | None = None  # None: each model's own
     overrides: dict[str, Any] = field(default_factory=dict)  # create_model keywords for every model (--set)
+    optimize: bool = False  # time every row through vitrim.optimize (one graph per batch size), dense included
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -284,7 +287,7 @@ def paired_speedup(base: Sequence[float], times: Sequence[float]) -> float:
     return statistics.median(b / t for b, t in zip(base, times))
 
 
-def time_rows(models: Sequence[nn.Module], images: Tensor, repeats: int, warmup: int) -> list[dict[str, float]]:
+def time_rows(models: Sequence[Any], images: Tensor, repeats: int, warmup: int) -> list[dict[str, float]]:
     """Images/s, median ms and paired speed-up over ``models[0]`` of each model on ``images`` (B, C, H, W)."""
     samples = interleaved_samples([functools.partial(m, images) for m in models], repeats, warmup)
     batch = images.shape[0]
@@ -344,7 +347,11 @@ def bench_reducers(
         for batch, repeats in zip(settings.batch_sizes, settings.repeats_per_batch):
             _progress(f"{name}: timing {len(runners)} rows at batch {batch}, {repeats} repeats")
             images = torch.randn(batch, chans, *hw, generator=torch.Generator().manual_seed(0))
-            for row, speed in zip(model_rows, time_rows(runners, images, repeats, settings.warmup)):
+            timed: Sequence[Any] = runners
+            warmup = settings.warmup
+            if settings.optimize:  # one graph per row and batch size, compiled during the first warm-up call
+                timed, warmup = [optimize(r, batch_size=batch, img_size=hw) for r in runners], max(warmup, 1)
+            for row, speed in zip(model_rows, time_rows(timed, images, repeats, warmup)):
                 row["speed"][str(batch)] = speed
         if accuracy is not None:
             for row in model_rows:

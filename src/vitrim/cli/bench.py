@@ -12,6 +12,7 @@ from torch import nn
 from vitrim.bench import attention, models, reducers, reducers_report
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
+from vitrim.cli.bench_ops import register_ops
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
 from vitrim.extras import require
 
@@ -19,7 +20,7 @@ SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --he
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark attention backends or models")
+    parser = subparsers.add_parser("bench", help="benchmark attention backends, models, reducers, host calls")
     kinds = parser.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
 
     p = kinds.add_parser("attention", help="auto vs math vs torch SDPA, float32, this machine")
@@ -73,6 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="after each dense ViT row, a row running timm's eager forward (written out) on the same weights",
     )
     p.add_argument("--compile", action="store_true", help="time torch.compile(model) (FLOPs: the eager model)")
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="time vitrim.optimize(model, batch_size=...): fullgraph, static shapes, CUDA graphs on a GPU",
+    )
     p.add_argument("--device", default=s.device, help="cpu, cuda or cuda:N (timings wait for the device)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights stay float32)")
     p.add_argument(
@@ -81,6 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_models)
     register_reducers(kinds)
+    register_ops(kinds)
 
 
 def _add_set_argument(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +133,11 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls per row and batch size")
     p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
     _add_set_argument(p)
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="time every row (dense too) through vitrim.optimize, one compiled graph per batch size",
+    )
     p.add_argument(
         "--accuracy-model",
         default=None,
@@ -177,8 +189,10 @@ def run_attention(args: argparse.Namespace) -> int:
 def run_models(args: argparse.Namespace) -> int:
     check_counts(args, ("batch_size", "repeats"), minimum=1, expected="a positive int")
     check_counts(args, ("warmup", "latency_repeats"), minimum=0, expected=">= 0")
-    if args.compile and args.warmup == 0:
-        raise ValueError("--compile needs --warmup >= 1 (the first call compiles)")
+    if (args.compile or args.optimize) and args.warmup == 0:
+        raise ValueError(f"--{'compile' if args.compile else 'optimize'} needs --warmup >= 1 (the first call compiles)")
+    if args.compile and args.optimize:
+        raise ValueError("pass --compile or --optimize, not both")
     cases = build_cases(
         args.models,
         overrides=parse_set(args.overrides, "--set", SET_FORM),
@@ -194,6 +208,7 @@ def run_models(args: argparse.Namespace) -> int:
         latency_repeats=args.latency_repeats,
         warmup=args.warmup,
         compile=args.compile,
+        optimize=args.optimize,
         memory=args.memory,
         device=args.device,
         bf16=args.bf16,
@@ -212,6 +227,7 @@ def run_models(args: argparse.Namespace) -> int:
     print(
         f"models, {'bfloat16 autocast' if args.bf16 else 'float32'}, eval, inference_mode, batch {args.batch_size}, "
         f"{where}, torch {torch.__version__}{', torch.compile' if args.compile else ''}"
+        f"{', vitrim.optimize' if args.optimize else ''}"
     )
     rows = models.measure_all(built, settings)
     models.print_table(rows)
@@ -257,6 +273,7 @@ def run_reducers(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         img_size=args.img_size,
         overrides=parse_set(args.overrides, "--set", SET_FORM),
+        optimize=args.optimize,
     )
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     out = None if args.out is None else check_output_folder(args.out, "--out")

@@ -68,7 +68,7 @@ class Block(nn.Module):
                 )
                 state, merged = reducer.reduce_ahead(state, weights)
                 ahead = None if merged is None else (merged, q, k)
-        state = state.record_block()  # provenance: the tokens this block's attention sees
+        state = state.record_block()  # provenance (if recorded): the tokens this block's attention sees
         attention = self.attn.attend(
             self.norm1(state.tokens),  # (B, N, D)
             mask=state.attention_bias(),  # (B, 1, 1, N) log-sizes, or None
@@ -76,6 +76,7 @@ class Block(nn.Module):
             need_weights=need_weights,
             rope=state.rotary(),  # (B, 1, n, 2·hd) by absolute position, or None
             ahead=ahead,  # (B, H, N, N) weights computed ahead and merged, or None
+            no_empty_rows=True,  # log-sizes are finite and prefix tokens have size 1: no row is ever closed
         )
         x = state.tokens + _residual(self.drop_path1, self.ls1, attention.out)
         if reducer is not None:

@@ -125,8 +125,12 @@ class VisionTransformer(nn.Module):
 
     # -- the forward pass, in the pieces timm names -------------------------------------------------------------
 
-    def embed(self, images: Tensor) -> TokenState:
-        """Images (B, C, H, W) -> token state with (B, prefix + h·w, D) tokens (prefix: [CLS], dist, registers)."""
+    def embed(self, images: Tensor, *, record: bool = True) -> TokenState:
+        """Images (B, C, H, W) -> token state with (B, prefix + h·w, D) tokens (prefix: [CLS], dist, registers).
+
+        ``record``: whether the blocks and reducers record provenance (``TokenState.record``): pictures and rollout
+        need it; ``forward`` turns it off, so that plain inference makes no bookkeeping calls.
+        """
         c = self.config
         grid = self.patch_embed.check_input(images)
         x = self.patch_embed(images)  # (B, h·w, D)
@@ -141,14 +145,16 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + pos  # (B, prefix + h·w, D)
         x = self.norm_pre(self.pos_drop(x))
         num_patches = grid[0] * grid[1]
-        positions = patch_positions(B, num_patches, x.device)
         rope = None
         if c.use_rot_pos_emb:
             head_dim = c.embed_dim // c.num_heads
             rope = rotary_table(
                 grid, head_dim, ref_grid=c.ref_feat_shape, temperature=c.rope_temperature, device=x.device
             )
-        return TokenState(x, self.num_prefix, positions, grid_patches=num_patches, rope=rope, training=self.training)
+        positions = patch_positions(B, num_patches, x.device) if record or rope is not None else None
+        return TokenState(
+            x, self.num_prefix, positions, grid_patches=num_patches, rope=rope, training=self.training, record=record
+        )
 
     def forward_blocks(self, state: TokenState, need_weights: bool = False) -> tuple[TokenState, list[Tensor]]:
         """Run every block; return the final state (before the last norm) and the attention maps if asked."""
@@ -161,7 +167,7 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, images: Tensor) -> Tensor:
         """Images -> final tokens (B, N', D) after the last norm."""
-        state, _ = self.forward_blocks(self.embed(images))
+        state, _ = self.forward_blocks(self.embed(images, record=False))
         return self.norm(state.tokens)
 
     def pool(self, tokens: Tensor, patch_weights: Tensor | None = None) -> Tensor:
@@ -193,8 +199,14 @@ class VisionTransformer(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes)."""
-        state, _ = self.forward_blocks(self.embed(images))
-        return self.forward_head(self.norm(state.tokens), patch_weights=state.patch_weights())
+        state, _ = self.forward_blocks(self.embed(images, record=False))
+        weights = state.patch_weights() if self.pools_patches else None
+        return self.forward_head(self.norm(state.tokens), patch_weights=weights)
+
+    @property
+    def pools_patches(self) -> bool:
+        """Whether the head reads the patch tokens (mean or attention pool), so that their weights matter."""
+        return self.attn_pool is not None or self.config.global_pool == "avg"
 
     def forward_detailed(self, images: Tensor, need_weights: bool = False) -> ViTOutput:
         """One forward pass that reports everything (see :class:`ViTOutput`); the logits equal ``model(images)``."""

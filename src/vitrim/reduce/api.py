@@ -22,8 +22,8 @@ from torch import nn
 
 from vitrim.literals import split_top_level
 from vitrim.reduce.base import Reducer
-from vitrim.reduce.registry import get_reducer
-from vitrim.reduce.schedule import schedule_options
+from vitrim.reduce.registry import get_reducer, list_reducers
+from vitrim.reduce.schedule import get_schedule
 
 
 def reducer_options(name: str) -> tuple[str, ...]:
@@ -149,6 +149,19 @@ def _delete_modules(model: nn.Module, names: Sequence[str]) -> None:
             delattr(model, name)
             prefixes = getattr(model, "checkpoint_optional_prefixes", ())
             model.checkpoint_optional_prefixes = tuple(p for p in prefixes if p != f"{name}.")  # type: ignore[assignment]
+
+
+def schedule_options(cls: Any, model: nn.Module, name: object) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """The blocks and options with which reducer class ``cls`` follows schedule ``name`` on ``model``.
+
+    (Here rather than in :mod:`vitrim.reduce.schedule`, which must not import the registry: the registry's reducers
+    import the schedule.)"""
+    schedule = get_schedule(name)
+    if not cls.takes_schedule():
+        takers = [r for r in list_reducers() if get_reducer(r).takes_schedule()]
+        raise ValueError(f"reducer {cls.name!r} takes no schedule (no per-block token counts); these do: {takers}")
+    schedule.check(model)
+    return cls.options_for_schedule(schedule)
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:

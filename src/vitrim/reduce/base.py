@@ -105,6 +105,8 @@ class Reducer:
         strength_option: the one numeric option that sets how many tokens go (:class:`StrengthOption`), so that
             ``vitrim bench reducers`` can match reducers at equal FLOPs; None: the benchmark lists it as skipped.
         looks_ahead: True if the block calls :meth:`reduce_ahead` (MCTF's one-step-ahead attention).
+        static_counts: True if the tokens it keeps depend only on the input's shape, never on its values (every
+            reducer here): a forward of one shape is then one fixed graph, which ``vitrim.optimize`` captures.
     """
 
     name: ClassVar[str] = ""
@@ -115,6 +117,7 @@ class Reducer:
     layers_alias: ClassVar[str | None] = None
     strength_option: ClassVar[StrengthOption | None] = None
     looks_ahead: ClassVar[bool] = False
+    static_counts: ClassVar[bool] = True
     applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
 
     @classmethod

@@ -10,8 +10,8 @@ the n non-prefix tokens that enter the block, an earlier stage's fused token inc
 exactly as there (so 0.07 · 100 = 7.000000000000001 keeps 8); keep_rate 1, or k = n, leaves the block dense.
 On DeiT-S at 0.7 and blocks (3, 6, 9) that is 140/100/72 tokens after the stages with EViT's fused token and
 139/98/69 with top-k ([CLS] included). Prefix tokens are always kept. Kept tokens stand in descending order of
-attention, as EViT's ``torch.topk`` leaves them. Blocks: by default a quarter, half and three quarters deep
-(3, 6, 9 of 12), as EViT does for DeiT.
+attention, as EViT's ``torch.topk`` leaves them (one ``topk`` over all tokens, the prefix raised above every score).
+Blocks: by default a quarter, half and three quarters deep (3, 6, 9 of 12), as EViT does for DeiT.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 
@@ -35,34 +37,51 @@ def cls_attention(attention: AttentionResult) -> Tensor:
     Semantics are :func:`vitrim.scaled_dot_product_attention`'s: logits q·kᵀ·scale + ``attention.mask``, keys gated
     by ``attention.keep_policy`` (the [CLS] key's own policy entry is 1 by the TokenState convention, so G_00 = 1
     holds as in the full matrix). With attention dropout in training, the reused weights are the dropped-out ones.
+    Half-precision inputs give float32 weights (the softmax accumulates in float32, as the math backend does).
     """
+    return cls_rows(attention)[:, :, 0]
+
+
+def cls_rows(attention: AttentionResult) -> Tensor:
+    """(B, H, 1, N): :func:`cls_attention` with the query dim kept (one call fewer for callers that reduce it)."""
     if attention.weights is not None:
-        return attention.weights[:, :, 0]  # (B, H, N)
-    q = attention.q[:, :, :1]  # (B, H, 1, hd)
+        return attention.weights[:, :, :1]
+    q, k, bias = attention.q[:, :, :1], attention.k, attention.mask  # q (B, H, 1, hd), k (B, H, N, hd)
+    if attention.keep_policy is None and (bias is None or bias.is_floating_point()):
+        # The common case in few calls. Full precision: attention over an identity value matrix, whose output is the
+        # weights themselves (one fused call, the bias applied by the kernel; each output is one weight times 1,
+        # exactly). Half precision: logits by einsum and the softmax accumulated in float32, as the math backend
+        # does, since the kernel would round the weights (and the ranking) to half precision.
+        N, dtype, device = k.shape[-2], q.dtype, q.device
+        if dtype not in (torch.float16, torch.bfloat16):
+            eye = cached(("eye4", N, dtype, device), lambda: torch.eye(N, dtype=dtype, device=device)[None, None])
+            return F.scaled_dot_product_attention(q, k, eye, attn_mask=bias, scale=attention.scale)
+        scale = cached(("scale", attention.scale, dtype, device), lambda: k.new_tensor(attention.scale))
+        logits = torch.einsum("bhqc,bhnc,->bhqn", q, k, scale)  # (B, H, 1, N)
+        return (logits if bias is None else logits + bias).softmax(dim=-1, dtype=torch.float32)
     # v = k: the output is not used, and k already has the right shape; the cost is one (1 × N) product per head.
     _, weights = scaled_dot_product_attention(
-        q,
-        attention.k,
-        attention.k,
-        attention.mask,
-        scale=attention.scale,
-        keep_policy=attention.keep_policy,
-        need_weights=True,
+        q, k, k, bias, scale=attention.scale, keep_policy=attention.keep_policy, need_weights=True
     )
     assert weights is not None
-    return weights[:, :, 0]  # (B, H, N)
+    return weights  # (B, H, 1, N)
 
 
-def cls_attention_to_patches(attention: AttentionResult, num_prefix: int) -> Tensor:
-    """(B, N − num_prefix): the [CLS] row averaged over heads, restricted to the patch tokens (EViT's score)."""
+def ranking_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
+    """(B, N): EViT's score of every token (the [CLS] row averaged over heads), each prefix token's raised above
+    every patch token's, in order, so that one top-k over all N tokens lists the prefix first, as it stands, then
+    the patch tokens by descending score. The patch tokens' entries are the scores themselves (0 is added)."""
     if num_prefix < 1:
         raise ValueError("ranking tokens by [CLS] attention needs a [CLS] token (num_prefix >= 1), got num_prefix=0")
-    return cls_attention(attention)[:, :, num_prefix:].mean(dim=1)
-
-
-def rank_by_score(scores: Tensor) -> Tensor:
-    """(B, n) scores -> (B, n) token indices, highest score first (stable, so ties keep token order)."""
-    return torch.sort(scores, dim=1, descending=True, stable=True).indices
+    scores = cls_rows(attention).mean(dim=(1, 2))  # (B, N) in [0, 1]
+    N, device, dtype = scores.shape[1], scores.device, scores.dtype
+    raise_prefix = cached(
+        ("prefix_first", N, num_prefix, dtype, device),
+        lambda: (
+            (torch.arange(N, device=device) < num_prefix).to(dtype) * (2 + num_prefix - torch.arange(N, device=device))
+        ),
+    )  # (N,): 2 + p − i for prefix token i (above any attention weight, decreasing), 0 for patch tokens
+    return scores + raise_prefix
 
 
 def check_keep_rate(keep_rate: object) -> float:
@@ -138,18 +157,24 @@ class ClsRankingReducer(Reducer):
         counts = [after - schedule.num_prefix - cls.appends_tokens for _, _, after in steps]
         return tuple(i for i, _, _ in steps), {"keep_count": counts}
 
+    def num_kept(self, n: int) -> int:
+        """Patch tokens kept of the n entering: ``keep_count`` (capped at n), else ⌈keep_rate · n⌉."""
+        return num_keep(n, self.keep_rate) if self.keep_count is None else min(n, self.keep_count)
+
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n = state.num_patch_tokens
-        k = num_keep(n, self.keep_rate) if self.keep_count is None else min(n, self.keep_count)
+        k = self.num_kept(n)
         if k >= n:
             return state
         if state.keep_policy is not None:
             raise ValueError(f"{type(self).__name__} cannot follow a training-time keep_policy (DynamicViT training)")
-        scores = cls_attention_to_patches(attention, state.num_prefix)  # (B, n)
-        return self.reduce(state, scores, rank_by_score(scores), k)
+        scores = ranking_scores(attention, state.num_prefix)  # (B, N), prefix raised
+        # topk, not a full sort: only the k best are needed (ties, which float scores do not make, may stand either way)
+        return self.reduce(state, scores, scores.topk(state.num_prefix + k, dim=1).indices)
 
-    def reduce(self, state: TokenState, scores: Tensor, order: Tensor, k: int) -> TokenState:
-        """Keep the k best of ``order`` (B, n) (patch-token indices by descending ``scores`` (B, n))."""
+    def reduce(self, state: TokenState, scores: Tensor, index: Tensor) -> TokenState:
+        """Keep the tokens ``index`` (B, p + k): the p prefix tokens, then the k best patch tokens by descending
+        ``scores`` (B, N) (:func:`ranking_scores`: token indices, prefix raised)."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

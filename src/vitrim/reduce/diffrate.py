@@ -5,7 +5,8 @@ Conventions, read from the authors' code (OpenGVLab/DiffRate, ``DiffRate/patch/d
 evaluation branch and ``DiffRateAttention``; ``DiffRate/merge.py`` ``get_merge_func``) and adopted here:
 
 * Where: every block of ``layers`` (default every block), after the attention residual, before the MLP.
-* Order: the patch tokens are ranked by the [CLS] row of the block's attention, mean over heads (descending).
+* Order: the patch tokens are ranked by the [CLS] row of the block's attention, mean over heads (descending; one
+  top-k, the authors' full sort is not needed).
 * Prune: the first ``prune_kept`` tokens ([CLS] included) stay: the other patch tokens are dropped.
 * Merge (when ``merge_kept`` is fewer): the kept patch tokens beyond the first ``merge_kept`` (the least attentive)
   each go to their most similar token among the first ones, by cosine similarity of the tokens themselves (x after
@@ -34,29 +35,77 @@ from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer
-from vitrim.reduce.cls_ranking import cls_attention_to_patches, per_layer
+from vitrim.reduce.cls_ranking import per_layer, ranking_scores
+from vitrim.reduce.index_cache import cached, cached_eye
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
-from vitrim.reduce.tokens import add_rows_, record_reduction
+from vitrim.reduce.tokens import add_rows_, keep_rows, record_reduction, single_image
 
 
-def merge_into_attentive(x: Tensor, sizes: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Merge patch tokens k … of ``x`` (B, m, C) into their most similar one among the first k (DiffRate's merge).
+def _merge_pairs(
+    num_tokens: int, num_prefix: int, k: int, width: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """(M, M) added to the similarities of M = p + m tokens in attention order (p prefix tokens, the k most attended,
+    the m − k others): a source row (one of the m − k) may reach the k most attended, nothing else; every other row
+    only itself, where the 0 leaves its maximum at +width (the self-similarity of a unit vector times width)."""
+    i = torch.arange(num_tokens, device=device)
+    source = i >= num_prefix + k
+    destination = (i >= num_prefix) & ~source
+    allowed = torch.where(source[:, None], destination[None, :], i[:, None] == i[None, :])
+    return torch.zeros(num_tokens, num_tokens, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
 
-    sizes: (B, m). Returns tokens (B, k, C) (plain mean of a destination and its sources), sizes (B, k) (grown by
-    Σ size · similarity) and dest (B, m − k): where each source went.
+
+@torch.no_grad()
+def merge_destinations(x: Tensor, num_prefix: int, k: int) -> tuple[Tensor, Tensor]:
+    """For tokens x (B, M, C) in attention order (prefix first): dest (B, M) long, the most cosine-similar of the k
+    most attended patch tokens for each of the others, every prefix token and each of those k itself; and sim (B, M)
+    float, that cosine similarity (1 for a token that stays itself)."""
+    M, C = x.shape[1], x.shape[2]
+    unit = F.rms_norm(x, (C,), eps=torch.finfo(x.dtype).tiny)  # x / ‖x‖ · √C
+    bias = cached(
+        ("diffrate_pairs", M, num_prefix, k, C, x.dtype, x.device),
+        lambda: _merge_pairs(M, num_prefix, k, C, x.dtype, x.device),
+    )
+    best, dest = torch.baddbmm(bias, unit, unit.mT).max(dim=-1)  # C · cosine; a token that stays: C · 1
+    return dest, best
+
+
+def merge_into_attentive(x: Tensor, sizes: Tensor | None, num_prefix: int, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Merge the patch tokens of ``x`` (B, M, C) (attention order, prefix first) beyond the k most attended into
+    their most similar of those k (DiffRate's merge): tokens (B, p + k, C), each the plain mean of itself and its
+    sources; sizes (B, p + k), grown by Σ size · similarity (sizes None: ones); dest (B, M): where each token went.
+
+    At batch 1 (eager), in few calls: the similarities of every token at once (:func:`merge_destinations`) and one
+    assignment product for both sums (as :func:`vitrim.reduce.tokens.merge_rows`), at the cost of M² multiply-adds
+    per channel instead of (M − p − k)·k. Above it, only the sources' similarities, and rows moved.
     """
+    B, M, C = x.shape
+    K = num_prefix + k
+    if single_image(x):
+        dest, scaled_sim = merge_destinations(x, num_prefix, k)  # (1, M), C · cosine
+        assign = F.embedding(dest, cached_eye(K, dtype=x.dtype, device=x.device))  # (1, M, K)
+        count = assign.sum(dim=1)  # (1, K)
+        tokens = torch.einsum("bmk,bmc,bk->bkc", assign, x, count.reciprocal())
+        per_width = cached(("inverse", C, x.dtype, x.device), lambda: x.new_tensor(1.0 / C))
+        if sizes is None:
+            return tokens, torch.einsum("bmk,bm,->bk", assign, scaled_sim, per_width), dest
+        w = sizes if sizes.dtype == x.dtype else sizes.to(x.dtype)
+        merged_sizes = torch.einsum("bmk,bm,bm,->bk", assign, w, scaled_sim, per_width)
+        return tokens, merged_sizes if merged_sizes.dtype == sizes.dtype else merged_sizes.to(sizes.dtype), dest
+    sizes = x.new_ones(B, M) if sizes is None else sizes
     with torch.no_grad():
-        metric = F.normalize(x, dim=-1)
+        metric = F.normalize(x[:, num_prefix:], dim=-1)  # (B, m, C)
         sim = metric[:, k:] @ metric[:, :k].transpose(1, 2)  # (B, m − k, k) cosine
-        node_max, dest = sim.max(dim=-1)  # (B, m − k)
-    out = x[:, :k].clone()  # (B, k, C)
-    add_rows_(out, dest, x[:, k:])
-    count = torch.ones_like(sizes[:, :k]).scatter_add(1, dest, torch.ones_like(sizes[:, k:]))  # (B, k)
-    out = out / count[..., None].to(out.dtype)
-    merged_sizes = sizes[:, :k].scatter_add(1, dest, sizes[:, k:] * node_max.to(sizes.dtype))  # (B, k)
-    return out, merged_sizes, dest
+        node_max, to = sim.max(dim=-1)  # (B, m − k)
+    patches = x[:, num_prefix:]
+    out = patches[:, :k].clone()  # (B, k, C)
+    add_rows_(out, to, patches[:, k:])
+    count = torch.ones_like(sizes[:, :K]).scatter_add(1, to + num_prefix, torch.ones_like(sizes[:, K:]))  # (B, K)
+    tokens = torch.cat([x[:, :num_prefix], out], dim=1) / count[..., None].to(x.dtype)
+    merged_sizes = sizes[:, :K].scatter_add(1, to + num_prefix, sizes[:, K:] * node_max.to(sizes.dtype))
+    stay = cached(("arange_rows", B, K, x.device), lambda: torch.arange(K, device=x.device).repeat(B, 1))
+    return tokens, merged_sizes, torch.cat([stay, to + num_prefix], dim=1)
 
 
 @register("diffrate")
@@ -98,25 +147,21 @@ class DiffRate(Reducer):
             return state
         if state.keep_policy is not None:
             raise ValueError("DiffRate cannot follow a training-time keep_policy (DynamicViT training); got one")
-        # argsort as the authors' torch.sort (not stable): it exports to ONNX
-        order = cls_attention_to_patches(attention, p).argsort(dim=1, descending=True)  # (B, n) most attended first
-        state = self.keep(state, order[:, :pruned])
-        if merged == pruned:
-            return state
         if merged < 1:
             raise ValueError(f"merge_kept={self.merge_kept} leaves no patch token to merge into ({p} prefix tokens)")
-        x = state.tokens  # (B, p + pruned, C)
-        B = x.shape[0]
-        sizes = state.sizes if state.sizes is not None else x.new_ones(B, x.shape[1])
-        patches, patch_sizes, dest = merge_into_attentive(x[:, p:], sizes[:, p:], merged)
-        kept = torch.arange(merged, device=x.device).expand(B, merged)
+        # one top-k over all tokens, the prefix raised: the prefix, then the `pruned` most attended, most first
+        index = ranking_scores(attention, p).topk(p + pruned, dim=1).indices  # (B, p + pruned)
+        state = keep_rows(state, index)
+        if merged == pruned:
+            return state
+        tokens, sizes, dest = merge_into_attentive(state.tokens, state.sizes, p, merged)
         return state.replace(
-            tokens=torch.cat([x[:, :p], patches], dim=1),
-            positions=state.positions[:, :merged],
+            tokens=tokens,
+            positions=None if state.positions is None else state.positions[:, :merged],
             fused=None if state.fused is None else state.fused[:, :merged],
-            sizes=torch.cat([sizes[:, :p], patch_sizes], dim=1),
+            sizes=sizes,
             size_bias=True,
-            patch_to_token=record_reduction(state, torch.cat([kept, dest], dim=1)),
+            patch_to_token=record_reduction(state, dest[:, p:] - p) if state.record else state.patch_to_token,
         )
 
     def extra_repr(self) -> str:

@@ -36,9 +36,11 @@ from torch import Tensor, nn
 
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.dynamicvit_training import PREDICTOR_PREFIX, DistillObjective
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
 from vitrim.reduce.score_predictor import ScorePredictor
 from vitrim.reduce.state import TokenState
+from vitrim.reduce.tokens import keep_rows
 
 PREDICTORS = PREDICTOR_PREFIX[:-1]  # the model attribute (and checkpoint prefix) holding the predictors
 
@@ -153,10 +155,19 @@ class DynamicViTPruning(Reducer):
         n = state.num_patch_tokens
         k = min(n, num_keep(grid_patches, self.keep_fraction))
         if k == n:
+            if not state.record or state.positions is None:
+                return state
             return state.replace(kept_indices=(*state.kept_indices, state.positions))
         policy = None if state.keep_policy is None else state.keep_policy[:, p:]
-        keep_score = self.predictor(x[:, p:], policy)[..., 0]  # (B, n)
-        return self.keep(state, keep_score.topk(k, dim=1, sorted=True).indices)  # descending keep score
+        keep_score = self.predictor(x[:, p:], policy)[..., 0]  # (B, n) log-probabilities, all <= 0
+        # The prefix in front with scores p, p − 1, …, 1 (above any log-probability): one top-k lists every kept
+        # token, prefix first, then by descending keep score (the official argsort order).
+        prefix = cached(
+            ("prefix_scores", x.shape[0], p, keep_score.dtype, x.device),
+            lambda: torch.arange(p, 0, -1, dtype=keep_score.dtype, device=x.device).repeat(x.shape[0], 1),
+        )
+        scores = torch.cat([prefix, keep_score], dim=1) if p else keep_score  # (B, p + n)
+        return keep_rows(state, scores.topk(p + k, dim=1, sorted=True).indices)
 
     def _mask(self, state: TokenState, grid_patches: int) -> TokenState:
         """Training: decide per token, multiply into the previous policy, keep every token in place."""
@@ -173,6 +184,8 @@ class DynamicViTPruning(Reducer):
             hard = self._topk_mask(log_probs[..., 0], prev, num_keep(grid_patches, self.keep_fraction))
         decision = hard * prev  # (B, n): a dropped token stays dropped
         policy = torch.cat([x.new_ones(B, p), decision], dim=1)  # (B, p + n)
+        if not state.record or state.positions is None:
+            return state.replace(keep_policy=policy)
         mask = decision
         if n != grid_patches:  # an earlier reducer removed tokens: report over the full grid anyway
             mask = decision.new_zeros(B, grid_patches).scatter(1, state.positions, decision)

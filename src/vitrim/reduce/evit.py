@@ -17,18 +17,20 @@ ToMe), the fused token's size is the sum of the fused sizes; EViT itself adds no
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from vitrim.reduce.cls_ranking import ClsRankingReducer
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
+from vitrim.reduce.tokens import keep_rows
 
 
 def fuse_inattentive(x: Tensor, scores: Tensor, keep: Tensor) -> Tensor:
-    """(B, 1, C): Σ_i scores_i · x_i over the patch tokens ``x`` (B, n, C) not in ``keep`` (B, k)."""
-    # Zero the kept tokens' weights and take one (1 × n) @ (n × C) product, instead of gathering the n − k others.
-    weights = scores.scatter(1, keep, 0.0)  # (B, n)
-    return weights.unsqueeze(1).to(x.dtype) @ x  # (B, 1, C)
+    """(B, 1, C): Σ_i scores_i · x_i over the tokens of ``x`` (B, N, C) not in ``keep`` (B, k)."""
+    # Zero the kept tokens' weights and take one (1 × N) @ (N × C) product, instead of gathering the N − k others.
+    weights = scores.scatter(1, keep, 0.0)  # (B, N)
+    return torch.einsum("bn,bnc->bc", weights if weights.dtype == x.dtype else weights.to(x.dtype), x)[:, None]
 
 
 @register("evit")
@@ -37,8 +39,11 @@ class EViT(ClsRankingReducer):
 
     appends_tokens = 1
 
-    def reduce(self, state: TokenState, scores: Tensor, order: Tensor, k: int) -> TokenState:
-        keep = order[:, :k]  # (B, k)
-        fused = fuse_inattentive(state.tokens[:, state.num_prefix :], scores, keep)
-        most_attentive_fused = state.positions.gather(1, order[:, k : k + 1])  # (B, 1)
-        return self.keep(state, keep, fused=fused, fused_position=most_attentive_fused)
+    def reduce(self, state: TokenState, scores: Tensor, index: Tensor) -> TokenState:
+        # The prefix is in index (kept), so its raised scores never weigh into the fused token.
+        fused = fuse_inattentive(state.tokens, scores, index)  # (B, 1, C)
+        position = None
+        if state.positions is not None:  # the most attentive fused patch: the best score not kept
+            best_fused = scores.scatter(1, index, -1.0).argmax(dim=1, keepdim=True) - state.num_prefix  # (B, 1)
+            position = state.positions.gather(1, best_fused)
+        return keep_rows(state, index, fused=fused, fused_position=position)

@@ -45,6 +45,7 @@ from torch import Tensor
 from vitrim.attention import AttentionResult
 from vitrim.reduce.assign import merge_tokens
 from vitrim.reduce.base import Reducer, StrengthOption
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
 
@@ -61,8 +62,10 @@ def merge_count(n: int, ratio: float) -> int:
 
 def energy_scores(metric: Tensor, margin: float, alpha: float = 1.0) -> tuple[Tensor, Tensor]:
     """metric (B, n, C) -> cosine similarities (B, n, n) and energies (B, n) = mean_j ELU(sim_ij − margin, alpha)."""
-    metric = F.normalize(metric, p=2, dim=-1)
-    sim = metric @ metric.transpose(-1, -2)  # (B, n, n)
+    C = metric.shape[-1]
+    unit = F.rms_norm(metric, (C,), eps=torch.finfo(metric.dtype).tiny)  # metric / ‖metric‖ · √C
+    per_width = cached(("inverse", C, metric.dtype, metric.device), lambda: metric.new_tensor(1.0 / C))
+    sim = torch.einsum("bic,bjc,->bij", unit, unit, per_width)  # (B, n, n) cosine similarities
     return sim, F.elu(sim - margin, alpha=alpha).mean(dim=-1)
 
 

@@ -16,10 +16,11 @@ Conventions, read from the authors' code (xjwu1024/PPT, ``ppt_deit.py`` ``PPTAtt
   command), n = the patch tokens entering it; both branches leave n − r patch tokens.
 * Prune: keep the n − r highest-scoring patch tokens, in descending score order (``torch.sort``); their sizes stay.
 * Pool: ToMe's bipartite soft matching on the keys averaged over heads (even/odd split, prefix protected, ToMe's
-  layout; :func:`pooling_matching`, masked rather than sliced so it exports), size-weighted merge written with
-  gathers and a dense assignment product (:mod:`vitrim.reduce.assign`).
-* Batches: both branches are computed for the whole batch and each image takes its own with ``torch.where`` (the
-  authors split the batch into two sub-batches; the result per image is the same, and this form traces and exports).
+  layout; :func:`vitrim.reduce.tome.bipartite_soft_matching`), size-weighted merge.
+* Batches: both branches' destinations are computed for the whole batch, each image takes its own with
+  ``torch.where``, and one merge (:func:`vitrim.reduce.tokens.merge_rows`) makes the tokens: a pruned token weighs 0,
+  a kept one is its own group (the authors split the batch into two sub-batches; the result per image is the same,
+  and this form traces and exports).
 * Proportional attention: on (``prop_attn=True``, the authors' default, ``--prop_attn`` is store_false).
 * Protected: every prefix token. The authors protect [CLS] in both branches and the distillation token only in
   pooling (a deviation only on distilled models).
@@ -36,46 +37,27 @@ import torch
 from torch import Tensor
 
 from vitrim.attention import AttentionResult
-from vitrim.reduce.assign import merge_tokens
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
-from vitrim.reduce.cls_ranking import cls_attention
+from vitrim.reduce.cls_ranking import cls_rows
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
-from vitrim.reduce.tokens import keep_tokens
+from vitrim.reduce.tokens import merge_rows, record_reduction
+from vitrim.reduce.tome import bipartite_soft_matching
 
 
-def significance_scores(attention: AttentionResult, num_prefix: int) -> Tensor:
-    """(B, n): ATS's significance of the patch tokens, [CLS] attention summed over heads × ‖v‖, summing to 1."""
+def significance_scores(attention: AttentionResult) -> Tensor:
+    """(B, N): ATS's significance of every token, unnormalised: [CLS] attention summed over heads × ‖v‖ (the
+    values' norm over all heads). Normalising the patch tokens' to sum 1 changes no order."""
     if attention.v is None:
         raise ValueError("PPT scores tokens by their values; the attention result carries no v")
-    B, H, N, hd = attention.v.shape
-    v_norm = attention.v.transpose(1, 2).reshape(B, N, H * hd).norm(dim=-1)  # (B, N)
-    scores = (cls_attention(attention).sum(dim=1) * v_norm)[:, num_prefix:]  # (B, n)
-    return scores / scores.sum(dim=1, keepdim=True)
+    v_norm = torch.linalg.vector_norm(attention.v, dim=(1, 3))  # (B, N) over heads and channels
+    return cls_rows(attention).sum(dim=(1, 2)) * v_norm
 
 
-@torch.no_grad()
-def pooling_matching(metric: Tensor, r: int, num_prefix: int) -> tuple[Tensor, Tensor, Tensor]:
-    """ToMe's bipartite soft matching (a = even tokens, b = odd, prefix protected) as keep, src, src_dest in patch-token
-    indices with ToMe's layout [unmerged a, b] (see :mod:`vitrim.reduce.assign`). Prefix rows and columns are masked
-    rather than sliced, so the traced graph has no empty tensors (ONNX)."""
-    B, N, _ = metric.shape
-    p = num_prefix
-    pa, pb = (p + 1) // 2, p // 2
-    metric = metric / metric.norm(dim=-1, keepdim=True)
-    scores = metric[:, ::2] @ metric[:, 1::2].transpose(1, 2)  # (B, Na, Nb) cosine similarities
-    Na, Nb = scores.shape[1], scores.shape[2]
-    a_prefix = torch.arange(Na, device=metric.device) * 2 < p  # (Na,)
-    b_prefix = torch.arange(Nb, device=metric.device) * 2 + 1 < p  # (Nb,)
-    scores = scores.masked_fill(a_prefix[:, None] | b_prefix[None, :], float("-inf"))
-    node_max, node_idx = scores.max(dim=-1)  # (B, Na)
-    edge_idx = node_max.argsort(dim=-1, descending=True)  # (B, Na)
-    unm = edge_idx[:, r:].sort(dim=-1).values[:, pa:]  # (B, Na − r − pa) prefix a tokens sort first
-    src = edge_idx[:, :r]  # (B, r)
-    b_tokens = torch.arange(2 * pb + 1, N, 2, device=metric.device).expand(B, -1)  # (B, Nb − pb)
-    keep = torch.cat([2 * unm, b_tokens], dim=1) - p
-    src_dest = unm.shape[1] + node_idx.gather(1, src) - pb
-    return keep, 2 * src - p, src_dest
+def _first(num_tokens: int, num_prefix: int, device: torch.device) -> Tensor:
+    """(N,) bool: the prefix tokens."""
+    return torch.arange(num_tokens, device=device) < num_prefix
 
 
 @register("ppt")
@@ -111,32 +93,39 @@ class PPT(Reducer):
         return {layer: cls(value, threshold, prop_attn) for layer, value in zip(layers, schedule)}
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
-        n, p = state.num_patch_tokens, state.num_prefix
-        r = min(self.r, n // 2)
+        x, p = state.tokens, state.num_prefix  # (B, N, C)
+        N = x.shape[1]
+        r = min(self.r, (N - p) // 2)
         if r <= 0:
             return state
         if state.keep_policy is not None:
             raise ValueError("PPT cannot follow a training-time keep_policy (DynamicViT training); got one")
-        state = state.replace(size_bias=self.prop_attn)
-        scores = significance_scores(attention, p)  # (B, n)
-        pool = scores.var(dim=1) < self.threshold  # (B,) flat scores: duplicative tokens
-        order = torch.sort(scores, dim=1, descending=True).indices  # (B, n)
-        pruned = keep_tokens(state, order[:, : n - r])
-        pooled = merge_tokens(state, *pooling_matching(attention.k.mean(dim=1), r, p))
-        ones = state.tokens.new_ones(state.tokens.shape[0], n - r + p)
-        pruned_sizes = pruned.sizes if pruned.sizes is not None else ones
-        assert pooled.sizes is not None
-        row, col = pool[:, None], pool[:, None, None]
-        return pooled.replace(
-            tokens=torch.where(col, pooled.tokens, pruned.tokens),
-            positions=torch.where(row, pooled.positions, pruned.positions),
-            sizes=torch.where(row, pooled.sizes, pruned_sizes),
-            patch_to_token=(
-                *state.patch_to_token,
-                torch.where(row, pooled.patch_to_token[-1], pruned.patch_to_token[-1]),
-            )
-            if pooled.patch_to_token and pruned.patch_to_token
-            else state.patch_to_token,
+        K = N - r  # tokens after the block, either way
+        significance = significance_scores(attention)  # (B, N)
+        patches = significance[:, p:]  # (B, n)
+        pool = (patches / patches.sum(dim=1, keepdim=True)).var(dim=1) < self.threshold  # (B,) flat: duplicative
+        # Prune: every token's place in descending significance, the prefix first (stable: +inf ties keep order).
+        prefix = cached(("prefix_mask", N, p, x.device), lambda: _first(N, p, x.device))
+        prune_order = torch.where(prefix, float("inf"), significance).argsort(dim=1, descending=True, stable=True)
+        prune_rank = prune_order.argsort(dim=1)  # (B, N)
+        kept = prune_rank < K  # (B, N)
+        # Pool: ToMe's matching on the keys (summed over heads: a cosine sees only their direction).
+        m = bipartite_soft_matching(attention.k.sum(dim=1), r, p)
+        # Each image takes its own branch; both are one merge (a pruned token weighs 0 and goes anywhere).
+        per_image = pool[:, None]  # (B, 1)
+        dest = torch.where(per_image, m.dest, prune_rank.clamp_max(K - 1))  # (B, N)
+        counted = per_image | kept  # (B, N)
+        weights = counted.to(x.dtype) if state.sizes is None else torch.where(counted, state.sizes, 0.0)
+        tokens, sizes = merge_rows(x, dest, K, weights)
+        merged = state.replace(tokens=tokens, sizes=sizes, size_bias=self.prop_attn)
+        if state.positions is None and not state.record:
+            return merged
+        continued = torch.where(per_image, m.order, prune_order)[:, p:K] - p  # (B, K − p) the token each continues
+        dropped = torch.where(per_image | kept, dest, -1)[:, p:]  # (B, n)
+        return merged.replace(
+            positions=None if state.positions is None else state.positions.gather(1, continued),
+            fused=None if state.fused is None else state.fused.gather(1, continued),
+            patch_to_token=record_reduction(merged, torch.where(dropped < 0, dropped, dropped - p)),
         )
 
     def extra_repr(self) -> str:

@@ -20,11 +20,8 @@ not change [CLS]: the classifier sees the same logits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
-
-from vitrim.reduce.registry import get_reducer, list_reducers
 
 
 @dataclass(frozen=True)
@@ -119,13 +116,3 @@ def get_schedule(name: object) -> Schedule:
     if not isinstance(name, str) or name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; expected one of {sorted(SCHEDULES)}")
     return SCHEDULES[name]
-
-
-def schedule_options(cls: Any, model: nn.Module, name: object) -> tuple[tuple[int, ...], dict[str, Any]]:
-    """The blocks and options with which reducer class ``cls`` follows schedule ``name`` on ``model``."""
-    schedule = get_schedule(name)
-    if not cls.takes_schedule():
-        takers = [r for r in list_reducers() if get_reducer(r).takes_schedule()]
-        raise ValueError(f"reducer {cls.name!r} takes no schedule (no per-block token counts); these do: {takers}")
-    schedule.check(model)
-    return cls.options_for_schedule(schedule)

@@ -15,8 +15,10 @@ eps 1e-5, as the official module does (the backbone uses 1e-6).
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor, nn
+
+from vitrim.reduce.index_cache import cached
 
 
 class ScorePredictor(nn.Module):
@@ -55,23 +57,18 @@ class ScorePredictor(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, N, {self.dim}), got {tuple(x.shape)}")
         z = self.in_conv(x)  # (B, N, C)
-        half = self.dim // 2
-        local, rest = z[..., :half], z[..., half:]  # (B, N, C/2), (B, N, C - C/2)
         if policy is None:
-            pooled = rest.mean(dim=1, keepdim=True)  # (B, 1, C - C/2)
+            pooled = z.mean(dim=1, keepdim=True)  # (B, 1, C)
         else:
             if policy.shape != x.shape[:2]:
                 raise ValueError(f"policy must have shape {tuple(x.shape[:2])} (B, N), got {tuple(policy.shape)}")
             w = policy.to(z.dtype).unsqueeze(-1)  # (B, N, 1)
             # clamp: an image whose every token was dropped gets a zero global feature instead of 0/0 = NaN
-            pooled = (rest * w).sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True).clamp_min(1e-6)
-        # out_conv.0 is Linear(C, C/2) on [local, pooled]; the pooled half is the same for every token of an image,
-        # so its product is computed once per image and the (B, N, C) concatenation is never built.
-        first = self.out_conv[0]
-        assert isinstance(first, nn.Linear)
-        h = F.linear(local, first.weight[:, :half]) + F.linear(
-            pooled, first.weight[:, half:], first.bias
-        )  # (B, N, C/2)
-        for layer in list(self.out_conv)[1:]:
-            h = layer(h)
-        return h  # (B, N, 2)
+            pooled = (z * w).sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True).clamp_min(1e-6)
+        # [local, global] per token, as the official torch.cat([local_x, global_x.expand(...)]): each token's first
+        # half beside the image's pooled second half, chosen in one call (the pooled first half goes unused).
+        half = self.dim // 2
+        second_half = cached(
+            ("second_half", self.dim, z.device), lambda: torch.arange(self.dim, device=z.device) >= half
+        )
+        return self.out_conv(torch.where(second_half, pooled, z))  # (B, N, 2)

@@ -3,7 +3,8 @@
 * ``tokens`` (B, N, D): the first ``num_prefix`` tokens are prefix tokens ([CLS], DeiT's distillation token,
   registers); reducers never drop, merge or score them.
 * ``positions`` (B, N - num_prefix) long: for every patch token, its absolute position 0 … P−1 in the full patch
-  grid of the input image (for a merged token, the position of the token it was merged into).
+  grid of the input image (for a merged token, the position of the token it was merged into). None when nobody
+  needs them: provenance is not recorded (``record`` False) and no RoPE rotates by them.
 * ``sizes`` (B, N) float or None: how many patches each token stands for (ToMe); None means all ones. When present
   and ``size_bias`` is True the Block adds log(size) to the attention logits (proportional attention; ToMe's
   ``prop_attn=False`` keeps the sizes for merging and pooling but turns the bias off).
@@ -25,6 +26,10 @@
 * ``patch_to_token``: one (B, P) long tensor per reduction that changed which tokens exist: for every patch of the
   full grid, the index (0 … N'−num_prefix−1) of the patch token that stands for it after that reduction, −1 for a
   patch that was dropped. Merged regions are drawn from it without any bookkeeping.
+* ``record``: whether provenance is recorded at all (``kept_indices``, ``keep_masks``, ``patch_to_token``,
+  ``block_positions``, ``block_patch_to_token``, EViT's ``fused`` flags, and ``positions`` when no RoPE needs them).
+  ``model.forward_detailed`` and direct ``model.embed`` callers (pictures, rollout) get it; ``model(images)`` does not,
+  so plain inference makes no bookkeeping calls (at batch 1 on a GPU each call costs host time, not FLOPs).
 * ``trace``: False once a reducer was told not to trace sources (ToMe's ``trace_source=False``): from then on no
   ``patch_to_token`` map is recorded (pictures of such a model refuse rather than guess).
 * ``block_positions`` / ``block_patch_to_token``: provenance recorded by each Block as its attention runs: the
@@ -47,7 +52,7 @@ class TokenState:
 
     tokens: Tensor
     num_prefix: int
-    positions: Tensor
+    positions: Tensor | None
     sizes: Tensor | None = None
     size_bias: bool = True
     fused: Tensor | None = None
@@ -58,6 +63,7 @@ class TokenState:
     patch_to_token: tuple[Tensor, ...] = ()
     rope: Tensor | None = None
     training: bool = False
+    record: bool = True
     trace: bool = True
     block_positions: tuple[Tensor, ...] = ()
     block_patch_to_token: tuple[Tensor | None, ...] = ()
@@ -86,14 +92,31 @@ class TokenState:
         return self.tokens.shape[1] - self.num_prefix
 
     def attention_bias(self) -> Tensor | None:
-        """(B, 1, 1, N) float mask adding log(size) to the logits (proportional attention), or None."""
-        if self.sizes is None or not self.size_bias:
+        """(B, 1, 1, N) float mask adding log(size) to the logits (proportional attention), or None. At batch 1 in
+        eager mode it is (1, N), which broadcasts over (1, H, N, N) the same way (one call fewer per block).
+
+        Finite wherever sizes are positive, and a prefix token's size is always 1 (a GAP model's tokens have sizes
+        of at least 1): it never closes every key of a row. Made once per ``sizes`` tensor: blocks after a reduction
+        that did not change the sizes reuse it.
+        """
+        sizes = self.sizes
+        if sizes is None or not self.size_bias:
             return None
-        return self.sizes.log()[:, None, None, :].to(self.tokens.dtype)
+        memo = self.__dict__.get("_bias")
+        if memo is not None and memo[0] is sizes:
+            return memo[1]
+        bias = sizes.log()  # (B, N)
+        if sizes.shape[0] != 1 or torch.compiler.is_compiling():
+            bias = bias.view(sizes.shape[0], 1, 1, sizes.shape[1])
+        if bias.dtype != self.tokens.dtype:
+            bias = bias.to(self.tokens.dtype)
+        if not torch.compiler.is_compiling():
+            self.__dict__["_bias"] = (sizes, bias)  # a cache, not a field: copies made by replace() carry it along
+        return bias
 
     def rotary(self) -> Tensor | None:
         """(B, 1, n, 2·hd) rotary rows of the patch tokens (by their absolute positions), or None without RoPE."""
-        if self.rope is None:
+        if self.rope is None or self.positions is None:
             return None
         return self.rope[self.positions].unsqueeze(1)
 
@@ -108,7 +131,10 @@ class TokenState:
         return weights
 
     def record_block(self) -> TokenState:
-        """This state with the provenance of one more block's attention appended (see module doc)."""
+        """This state with the provenance of one more block's attention appended (see module doc); itself when
+        provenance is not recorded."""
+        if not self.record or self.positions is None:
+            return self
         return self.replace(
             block_positions=(*self.block_positions, self.positions),
             block_patch_to_token=(

@@ -24,33 +24,36 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer, StrengthOption
-from vitrim.reduce.index_cache import cached_arange
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
-from vitrim.reduce.tokens import add_rows_, record_reduction, take_rows
+from vitrim.reduce.tokens import add_rows_, merge_rows, record_reduction, take_rows
 
 
 @dataclass(frozen=True)
 class Matching:
-    """Which tokens merge where, in set-local indices (a-index i is token 2i, b-index j is token 2j + 1).
+    """Where every token goes in one merge of N tokens into N − r (the module's layout).
 
-    unm_idx: (B, Na − r) a tokens that stay, ascending; src_idx: (B, r) a tokens that merge away;
-    dst_idx: (B, r) the b token each of them merges into. Na = ⌈N/2⌉.
+    dest: (B, N) long, the output row of every token (a merged a token: its b partner's row); order: (B, N) long,
+    the tokens in output order: ``order[:, :N − r]`` the token each output row continues, ``order[:, N − r:]`` the r
+    tokens merged away.
     """
 
-    unm_idx: Tensor
-    src_idx: Tensor
-    dst_idx: Tensor
+    dest: Tensor
+    order: Tensor
     num_prefix: int
+    r: int
 
     @property
-    def r(self) -> int:
-        return self.src_idx.shape[1]
+    def num_out(self) -> int:
+        """N − r, the tokens after the merge."""
+        return self.order.shape[1] - self.r
 
 
 def max_merges(num_tokens: int, num_prefix: int) -> int:
@@ -58,87 +61,88 @@ def max_merges(num_tokens: int, num_prefix: int) -> int:
     return max(0, (num_tokens - num_prefix) // 2)
 
 
+def _pair_bias(num_tokens: int, num_prefix: int, width: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(N, N) added to the similarities of N tokens (rows propose, columns receive): 0 where a non-prefix a token
+    (even index) may propose a non-prefix b token (odd index); −∞ at every other pair, except on the diagonal of the
+    rows that propose nothing (b and prefix tokens), where −3·width puts their maximum on themselves (their
+    similarity to themselves is +width, every real proposal is at least −width)."""
+    i = torch.arange(num_tokens, device=device)
+    proposes = (i % 2 == 0) & (i >= num_prefix)  # non-prefix a tokens
+    receives = (i % 2 == 1) & (i >= num_prefix)  # non-prefix b tokens
+    bias = torch.full((num_tokens, num_tokens), float("-inf"), dtype=dtype, device=device)
+    bias = bias.masked_fill(proposes[:, None] & receives[None, :], 0.0)
+    return bias.masked_fill(torch.diag(~proposes), -3.0 * width)
+
+
+def _layout_key(batch: int, num_tokens: int, num_prefix: int, device: torch.device) -> Tensor:
+    """(B, N) long, increasing along the module's layout: prefix tokens, then non-prefix a tokens, then non-prefix b
+    tokens, each in token order (values below 3N; a merged token is given 3N)."""
+    i = torch.arange(num_tokens, device=device)
+    key = torch.where(i < num_prefix, i, torch.where(i % 2 == 0, num_tokens + i, 2 * num_tokens + i))
+    return key.repeat(batch, 1)
+
+
 @torch.no_grad()
 def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> Matching:
-    """Match the r most similar (a, b) pairs of ``metric`` (B, N, C); r is capped by :func:`max_merges`."""
-    N = metric.shape[1]
+    """Match the r most similar (a, b) pairs of ``metric`` (B, N, C); r is capped by :func:`max_merges`.
+
+    Written in few, whole-tensor calls (a batch-1 forward pays per call): the similarities of all N tokens at once,
+    with the pairs that may not merge masked (:func:`_pair_bias`); the merged a tokens pushed behind the layout; the
+    output rows read off one sort and its inverse. A token's row is the smaller of its own rank and its partner's:
+    a merged a token ranks behind everything, an unmerged a token ranks before every b token, and a token that
+    proposes nothing is its own partner.
+    """
+    B, N, C = metric.shape
     r = min(r, max_merges(N, num_prefix))
-    metric = metric / torch.linalg.vector_norm(metric, dim=-1, keepdim=True)
-    a, b = metric[:, ::2], metric[:, 1::2]  # (B, Na, C), (B, Nb, C)
-    scores = a @ b.transpose(1, 2)  # (B, Na, Nb) cosine similarities
-    pa, pb = (num_prefix + 1) // 2, num_prefix // 2  # prefix tokens in a (indices 0, 2, …) and in b (1, 3, …)
-    if pa:
-        scores[:, :pa].fill_(float("-inf"))
-    if pb:
-        scores[:, :, :pb].fill_(float("-inf"))
-    node_max, node_idx = scores.max(dim=-1)  # (B, Na): each a token's best b partner
-    # Stable: equal similarities (identical patches) rank in token order on every device and in ONNX (TopK's rule).
-    edge_idx = node_max.argsort(dim=-1, descending=True, stable=True)  # (B, Na) most similar first
-    unm_idx = edge_idx[:, r:].sort(dim=-1).values  # (B, Na − r): prefix a tokens come first
-    src_idx = edge_idx[:, :r]  # (B, r)
-    dst_idx = node_idx.gather(1, src_idx)  # (B, r)
-    return Matching(unm_idx, src_idx, dst_idx, num_prefix)
+    device = metric.device
+    # m / ‖m‖ · √C: cosine similarity times C, which ranks the same (eps: tiny, so only a zero metric is touched)
+    unit = F.rms_norm(metric, (C,), eps=torch.finfo(metric.dtype).tiny)  # (B, N, C)
+    bias = cached(
+        ("tome_pairs", N, num_prefix, C, metric.dtype, device),
+        lambda: _pair_bias(N, num_prefix, C, metric.dtype, device),
+    )
+    scores = torch.baddbmm(bias, unit, unit.mT)  # (B, N, N)
+    best, partner = scores.max(dim=-1)  # (B, N): each a token's most similar b token; others: themselves
+    # topk, not a stable sort: only the r best are needed (ties between distinct tokens' similarities do not occur;
+    # identical tokens give the same merged values whichever merges)
+    merged = best.topk(r, dim=-1).indices  # (B, r)
+    key = cached(("tome_layout", B, N, num_prefix, device), lambda: _layout_key(B, N, num_prefix, device))
+    order = key.scatter(1, merged, 3 * N).argsort(dim=-1)  # (B, N): kept tokens in layout order, then the merged
+    rank = order.argsort(dim=-1)  # (B, N): where each token stands in that order
+    dest = torch.minimum(rank, rank.gather(1, partner))  # (B, N)
+    return Matching(dest, order, num_prefix, r)
 
 
-@dataclass(frozen=True)
-class MergePlan:
-    """Token-index form of a :class:`Matching` on N tokens, computed once and shared by the merge and the bookkeeping.
+def merge_wavg(x: Tensor, sizes: Tensor | None, m: Matching) -> tuple[Tensor, Tensor]:
+    """Size-weighted merge: x (B, N, C), sizes (B, N) (None: ones) -> x (B, N − r, C) = Σ x·size / Σ size, and the
+    summed sizes (B, N − r).
 
-    keep: (B, N − r) the token each merged-sequence token continues (the module layout); src: (B, r) the tokens that
-    merge away; dst: (B, r) the token each merges into; dst_out: (B, r) where that token stands in the output.
+    At batch 1 one product with the one-hot assignment (:func:`vitrim.reduce.tokens.merge_rows`). Above it, written
+    as b_j + Σ_i s_i (x_i − b_j) / S_j (S_j the merged size), so that only the r merged rows are touched after one
+    gather of the N − r kept rows: the hot path reads x about once, and tokens that take part in no merge are copied
+    exactly.
     """
-
-    keep: Tensor
-    src: Tensor
-    dst: Tensor
-    dst_out: Tensor
-
-
-def merge_plan(m: Matching, num_tokens: int) -> MergePlan:
-    """The token indices of matching ``m`` on ``num_tokens`` tokens (constant parts built once per shape)."""
-    p, r = m.num_prefix, m.r
-    pa, pb = (p + 1) // 2, p // 2
-    B, device = m.unm_idx.shape[0], m.unm_idx.device
-    b_tokens = cached_arange(2 * pb + 1, num_tokens, 2, device=device).expand(B, -1)  # non-prefix b tokens
-    if pb == 0:  # no prefix token among the b tokens: the a tokens (prefix first, as unm_idx is sorted) lead
-        keep = torch.cat([2 * m.unm_idx, b_tokens], dim=1)  # (B, N − r)
-    else:
-        prefix = cached_arange(0, p, device=device).expand(B, p)
-        keep = torch.cat([prefix, 2 * m.unm_idx[:, pa:], b_tokens], dim=1)  # (B, N − r)
-    first_b = p + (num_tokens + 1) // 2 - r - pa  # where the first non-prefix b token stands in the output
-    return MergePlan(keep, 2 * m.src_idx, 2 * m.dst_idx + 1, m.dst_idx + (first_b - pb))
-
-
-def merge_wavg(x: Tensor, sizes: Tensor, m: Matching | MergePlan) -> tuple[Tensor, Tensor]:
-    """Size-weighted merge: x (B, N, C), sizes (B, N) -> x (B, N − r, C) = Σ x·size / Σ size, sizes (B, N − r).
-
-    Written as b_j + Σ_i s_i (x_i − b_j) / S_j (S_j the merged size) so that only the r merged rows are touched
-    after one gather of the N − r kept rows: the hot path reads x about once, instead of scaling and dividing all
-    of it. Tokens that take part in no merge are copied exactly.
-    """
-    plan = m if isinstance(m, MergePlan) else merge_plan(m, x.shape[1])
-    out = take_rows(x, plan.keep)  # (B, N − r, C)
-    out_sizes = sizes.gather(1, plan.keep)  # (B, N − r)
-    r = plan.src.shape[1]
-    if r == 0:
-        return out, out_sizes
-    src_sizes = sizes.gather(1, plan.src)  # (B, r)
-    out_sizes = out_sizes.scatter_add(1, plan.dst_out, src_sizes)
-    weight = src_sizes / out_sizes.gather(1, plan.dst_out)  # (B, r) s_i / S_j
+    N, kept = x.shape[1], m.num_out
+    if m.r == 0 or (x.shape[0] == 1 and not torch.compiler.is_compiling()):
+        return merge_rows(x, m.dest, kept, sizes)
+    sizes = x.new_ones(x.shape[0], N) if sizes is None else sizes
+    keep, src = m.order[:, :kept], m.order[:, kept:]  # (B, N − r), (B, r)
+    dst = m.dest.gather(1, src)  # (B, r) the output row each merged token joins
+    out = take_rows(x, keep)  # (B, N − r, C)
+    out_sizes = sizes.gather(1, keep).scatter_add(1, dst, sizes.gather(1, src))  # (B, N − r)
+    weight = sizes.gather(1, src) / out_sizes.gather(1, dst)  # (B, r) s_i / S_j
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
-    x_src, x_dst = take_rows(x, torch.cat([plan.src, plan.dst], dim=1)).split(r, dim=1)  # (B, r, C) each
-    add_rows_(out, plan.dst_out, (x_src - x_dst) * weight.unsqueeze(-1))
+    x_src, x_dst = take_rows(x, torch.cat([src, keep.gather(1, dst)], dim=1)).split(src.shape[1], dim=1)
+    add_rows_(out, dst, (x_src - x_dst) * weight.unsqueeze(-1))
     return out, out_sizes
 
 
-def token_destinations(m: Matching | MergePlan, num_tokens: int) -> Tensor:
+def token_destinations(m: Matching, num_tokens: int) -> Tensor:
     """(B, N) long: the index in the merged sequence of every token that entered the merge (see module layout)."""
-    plan = m if isinstance(m, MergePlan) else merge_plan(m, num_tokens)
-    B, kept = plan.keep.shape
-    slots = cached_arange(0, kept, device=plan.keep.device).expand(B, kept)
-    dest = torch.empty(B, num_tokens, dtype=torch.long, device=plan.keep.device)
-    return dest.scatter_(1, plan.keep, slots).scatter_(1, plan.src, plan.dst_out)  # kept tokens, then merged ones
+    if m.dest.shape[1] != num_tokens:
+        raise ValueError(f"the matching is of {m.dest.shape[1]} tokens, not {num_tokens}")
+    return m.dest
 
 
 def parse_r(num_layers: int, r: object) -> list[int]:
@@ -219,28 +223,26 @@ class ToMe(Reducer):
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         x = state.tokens  # (B, N, C)
-        B, N, _ = x.shape
-        p = state.num_prefix
+        N, p = x.shape[1], state.num_prefix
         if min(self.r, max_merges(N, p)) <= 0:
             return state
         if state.keep_policy is not None:
             raise ValueError("ToMe cannot follow a training-time keep_policy (DynamicViT training); got one")
-        state = state.replace(size_bias=self.prop_attn, trace=state.trace and self.trace_source)
         # The mean of the keys over heads; summed, as only its direction counts (cosine), and torch's sum over a
         # strided dim is many times faster than its mean on CPU.
         m = bipartite_soft_matching(attention.k.sum(dim=1), self.r, p)  # keys (B, H, N, hd) -> metric (B, N, hd)
-        plan = merge_plan(m, N)
-        sizes = state.sizes if state.sizes is not None else x.new_ones(B, N)
-        tokens, sizes = merge_wavg(x, sizes, plan)
+        tokens, sizes = merge_wavg(x, state.sizes, m)
+        merged = state.replace(
+            tokens=tokens, sizes=sizes, size_bias=self.prop_attn, trace=state.trace and self.trace_source
+        )
+        if state.positions is None and not state.record:
+            return merged
         # A merged token keeps its b token's position (the token it continues), and its fused flag (EViT).
-        continued = plan.keep[:, p:] - p  # (B, N − r − p)
-        patch_to_token = record_reduction(state, token_destinations(plan, N)[:, p:] - p) if state.trace else None
-        return state.replace(
-            tokens=tokens,
-            positions=state.positions.gather(1, continued),
+        continued = m.order[:, p : m.num_out] - p  # (B, N − r − p)
+        return merged.replace(
+            positions=None if state.positions is None else state.positions.gather(1, continued),
             fused=None if state.fused is None else state.fused.gather(1, continued),
-            sizes=sizes,
-            patch_to_token=state.patch_to_token if patch_to_token is None else patch_to_token,
+            patch_to_token=record_reduction(merged, m.dest[:, p:] - p),
         )
 
     def extra_repr(self) -> str:

@@ -11,11 +11,12 @@ from torch import Tensor
 from vitrim.reduce.cls_ranking import ClsRankingReducer
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
+from vitrim.reduce.tokens import keep_rows
 
 
 @register("topk")
 class TopK(ClsRankingReducer):
     """Keep the top-k patch tokens by [CLS] attention (mean over heads); drop the others. See module doc."""
 
-    def reduce(self, state: TokenState, scores: Tensor, order: Tensor, k: int) -> TokenState:
-        return self.keep(state, order[:, :k])
+    def reduce(self, state: TokenState, scores: Tensor, index: Tensor) -> TokenState:
+        return keep_rows(state, index)

@@ -49,19 +49,28 @@ from torch import Tensor
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
 from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
 from vitrim.reduce.cls_ranking import check_keep_count, check_keep_rate, num_keep, per_layer
+from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
 from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
-from vitrim.reduce.tokens import take_rows
+from vitrim.reduce.tokens import keep_rows
 
 HEAD_AGGREGATIONS = ("eir", "mean")
 
 
 def attention_matrix(attention: AttentionResult) -> Tensor:
     """(B, H, N, N) softmax attention of the block (row = query), reused if the block returned it, else recomputed
-    from its q and k with the same scale and float bias (one more QKᵀ; the fused kernel keeps running)."""
+    from its q and k with the same scale and float bias (one more QKᵀ; the fused kernel keeps running).
+
+    Half-precision inputs give float32 weights (the softmax accumulates in float32)."""
     if attention.weights is not None:
         return attention.weights
+    if attention.mask is None:  # the common case, in two calls
+        k = attention.k
+        scale = cached(("scale", attention.scale, k.dtype, k.device), lambda: k.new_tensor(attention.scale))
+        logits = torch.einsum("bhic,bhjc,->bhij", attention.q, k, scale)  # (B, H, N, N)
+        half = logits.dtype in (torch.float16, torch.bfloat16)
+        return logits.softmax(dim=-1, dtype=torch.float32) if half else logits.softmax(dim=-1)
     # v = k: the output is not used and k has the right shape.
     _, weights = scaled_dot_product_attention(
         attention.q, attention.k, attention.k, attention.mask, scale=attention.scale, need_weights=True
@@ -70,43 +79,76 @@ def attention_matrix(attention: AttentionResult) -> Tensor:
     return weights
 
 
+MAX_CHAIN = 40  # steps per einsum call: each step takes two subscripts of the 52 einsum has
+
+
 def weighted_page_rank(attn: Tensor, iterations: int) -> Tensor:
-    """attn (B, H, N, N) row-stochastic -> (B, H, N) scores: s⁰ = 1/N, s ← Aᵀ s ``iterations`` times (sums stay 1)."""
+    """attn (B, H, N, N) row-stochastic -> (B, H, N) scores: s⁰ = 1/N, s ← Aᵀ s ``iterations`` times (sums stay 1).
+
+    The steps are one chained product s⁰ A A … A per call of ``einsum``: it contracts its operands left to right, so
+    each step stays a vector-matrix product (never A·A), and the host makes one call instead of ``iterations``.
+    """
     N = attn.shape[-1]
-    s = attn.new_full((*attn.shape[:2], 1, N), 1.0 / N)  # (B, H, 1, N) as a row vector
-    for _ in range(iterations):
-        s = s @ attn  # (B, H, 1, N): s_j = Σ_i s_i A_ij
-    return s.squeeze(-2)
+    s = cached(("uniform", N, attn.dtype, attn.device), lambda: attn.new_full((1, 1, N), 1.0 / N))  # (1, 1, N)
+    done = 0
+    while done < iterations:
+        steps = min(MAX_CHAIN, iterations - done)
+        operands: list[object] = [s, [0, 1, 2]]
+        for t in range(steps):
+            operands += [attn, [0, 1, 2 + t, 3 + t]]
+        s = torch.einsum(*operands, [0, 1, 2 + steps])  # (B, H, N): s_j = Σ_i s_i A_ij, ``steps`` times
+        done += steps
+    return s
 
 
-def aggregate_heads(scores: Tensor, how: str) -> Tensor:
-    """(B, H, N) per-head scores -> (B, N): root mean square over heads ("eir") or the mean."""
-    if how == "eir":
-        return scores.square().mean(dim=1).sqrt()
-    return scores.mean(dim=1)
+def head_importance(scores: Tensor, how: str) -> Tensor:
+    """(B, H, N) per-head scores -> (B, N), in one call: for "eir" the norm over heads (√H times their root mean
+    square), for "mean" their sum (H times the mean); the factors leave the ranking alone. Values lie in [0, H]."""
+    return torch.linalg.vector_norm(scores, dim=1) if how == "eir" else scores.sum(dim=1)
+
+
+def _candidate_pairs(num_survivors: int, num_prefix: int, num_keepers: int, device: torch.device) -> Tensor:
+    """(S, S) float: 0 where the row is a candidate (the survivors after the keepers) and the column a keeper
+    (survivors p … p + keepers − 1), −∞ elsewhere (rows and columns in survivor order, prefix first)."""
+    i = torch.arange(num_survivors, device=device)
+    candidate = i >= num_prefix + num_keepers
+    keeper = (i >= num_prefix) & ~candidate
+    return torch.zeros(num_survivors, num_survivors, device=device).masked_fill(
+        ~(candidate[:, None] & keeper[None, :]), float("-inf")
+    )
 
 
 @torch.no_grad()
-def zero_tprune_keep(importance: Tensor, metric: Tensor, k: int, similarity_share: float) -> Tensor:
-    """(B, k) patch-token indices kept, in descending importance.
+def zero_tprune_keep(
+    importance: Tensor, metric: Tensor, k: int, similarity_share: float, num_prefix: int = 0
+) -> Tensor:
+    """(B, p + k) token indices kept: the p prefix tokens, then the kept patch tokens in descending importance.
 
-    importance: (B, n) scores of the patch tokens; metric: (B, n, C) their similarity features; k: tokens kept.
+    importance: (B, N) scores of all N tokens, the prefix's raised above every patch token's (in order); metric:
+    (B, N, C) similarity features; k: patch tokens kept.
     """
-    n = importance.shape[1]
+    p = num_prefix
+    n = importance.shape[1] - p
     r = n - k
     r_s = min(math.floor(similarity_share * r), k)
     m = n - (r - r_s)  # survivors of the I-stage
     # topk, not a stable sort: it exports to ONNX (ties, which float scores do not produce, may stand either way)
-    survivors = importance.topk(m, dim=1).indices  # (B, m) most important first
+    survivors = importance.topk(p + m, dim=1).indices  # (B, p + m): prefix, then the most important first
     if r_s == 0:
         return survivors
-    keepers, candidates = survivors[:, : m // 2], survivors[:, m // 2 :]  # (B, ⌊m/2⌋), (B, ⌈m/2⌉)
-    metric = F.normalize(metric, dim=-1)
-    sim = take_rows(metric, candidates) @ take_rows(metric, keepers).transpose(1, 2)  # (B, ⌈m/2⌉, ⌊m/2⌋) cosine
-    redundancy = sim.max(dim=-1).values  # (B, ⌈m/2⌉)
-    stay = (-redundancy).topk(candidates.shape[1] - r_s, dim=1).indices  # (B, ⌈m/2⌉ − r_S) least similar
-    stay = stay.sort(dim=1).values  # back to importance order
-    return torch.cat([keepers, candidates.gather(1, stay)], dim=1)
+    # Each candidate's redundancy: its best cosine similarity to a keeper, over the survivors' rows at once.
+    B, device = importance.shape[0], importance.device
+    unit = F.rms_norm(metric, (metric.shape[-1],), eps=torch.finfo(metric.dtype).tiny)  # (B, N, C) unit · √C
+    picked = unit[cached(("batch_rows", B, device), lambda: torch.arange(B, device=device)[:, None]), survivors]
+    pairs = cached(
+        ("zt_pairs", p + m, p, m // 2, metric.dtype, device),
+        lambda: _candidate_pairs(p + m, p, m // 2, device).to(metric.dtype),
+    )
+    redundancy = torch.baddbmm(pairs, picked, picked.mT).amax(dim=-1)  # (B, p + m): −∞ but for candidates
+    dropped = redundancy.topk(r_s, dim=1).indices  # (B, r_S) the most similar candidates, in survivor order
+    order = cached(("survivor_order", B, p + m, device), lambda: torch.arange(p + m, device=device).repeat(B, 1))
+    stay = order.scatter(1, dropped, p + m).topk(p + m - r_s, dim=1, largest=False).indices  # ascending
+    return survivors.gather(1, stay)  # (B, p + k): keepers, then the candidates that stay, in importance order
 
 
 @register("zero_tprune")
@@ -190,9 +232,18 @@ class ZeroTPrune(Reducer):
             raise ValueError("Zero-TPrune cannot follow a training-time keep_policy (DynamicViT training); got one")
         with torch.no_grad():
             scores = weighted_page_rank(attention_matrix(attention), self.iterations)  # (B, H, N)
-            importance = aggregate_heads(scores, self.head_aggregation)[:, p:]  # (B, n)
-        keep = zero_tprune_keep(importance, attention.k.mean(dim=1)[:, p:], k, self.similarity_share)
-        return self.keep(state, keep)
+            importance = head_importance(scores, self.head_aggregation)  # (B, N) in [0, H]
+            H, N = scores.shape[1], scores.shape[2]
+            raise_prefix = cached(
+                ("zt_prefix", N, p, H, importance.dtype, importance.device),
+                lambda: (
+                    (torch.arange(N, device=importance.device) < p).to(importance.dtype)
+                    * (H + 1 + p - torch.arange(N, device=importance.device))
+                ),
+            )  # (N,): H + 1 + p − i for prefix token i (above every score, decreasing), 0 for patch tokens
+            # keys summed over heads: the direction of their mean, all that a cosine sees
+            index = zero_tprune_keep(importance + raise_prefix, attention.k.sum(dim=1), k, self.similarity_share, p)
+        return keep_rows(state, index)
 
     def extra_repr(self) -> str:
         kept = f"keep_count={self.keep_count}" if self.keep_count is not None else f"keep_rate={self.keep_rate}"

@@ -113,8 +113,8 @@ def _qkv_rule(module: MultiHeadAttention, rule: str, x: Tensor, context: Tensor 
     return share_gradient(q, 0.25), share_gradient(k, 0.25), share_gradient(v, 0.5)
 
 
-def _detached_scores(reduce: Any, state: Any, scores: Tensor, order: Tensor, k: int) -> Any:
-    return reduce(state, scores.detach(), order, k)
+def _detached_scores(reduce: Any, state: Any, scores: Tensor, index: Tensor) -> Any:
+    return reduce(state, scores.detach(), index)
 
 
 @contextmanager

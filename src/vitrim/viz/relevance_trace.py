@@ -67,6 +67,8 @@ def block_space(state: TokenState, num_patches: int) -> TokenSpace:
 def current_space(state: TokenState, num_patches: int) -> TokenSpace:
     """The tokens of ``state`` now (after any reduction that followed the last block's attention)."""
     recorded = state.patch_to_token[-1] if state.patch_to_token and state.trace else None
+    if state.positions is None:  # a state made for plain inference (record False) keeps no provenance
+        raise ValueError("relevance needs the tokens' provenance: run the model with forward_detailed or embed")
     return _space(state.positions, recorded, num_patches, state)
 
 
