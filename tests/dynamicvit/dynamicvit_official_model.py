@@ -14,16 +14,8 @@ from __future__ import annotations
 import math
 
 import torch
+from dynamicvit_reference import batch_index_select  # the official code's helper, shared by both forms
 from torch import Tensor, nn
-
-
-def batch_index_select(x: Tensor, idx: Tensor) -> Tensor:
-    B, N = x.shape[:2]
-    offset = torch.arange(B, dtype=torch.long, device=x.device).view(B, 1) * N
-    flat = (idx + offset).reshape(-1)
-    if x.dim() == 3:
-        return x.reshape(B * N, x.shape[2])[flat].reshape(B, idx.shape[1], x.shape[2])
-    return x.reshape(B * N)[flat].reshape(B, idx.shape[1])
 
 
 class Mlp(nn.Module):

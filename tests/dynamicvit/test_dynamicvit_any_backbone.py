@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dynamicvit_official import ARCH, images, official_state_dict, reference
+from test_dynamicvit_official import ARCH, assert_matches_official, images, official_state_dict, reference
 
 import vitrim
 
@@ -20,11 +20,7 @@ def test_the_reducer_on_a_deit_equals_the_official_forward() -> None:
     model = dynamicvit_on_deit(keep_ratio=0.7).eval()
     model.load_state_dict(sd)  # the official key names: backbone + score_predictor.{i}
     x = images(4, seed=8)
-    with torch.no_grad():
-        ours = model.forward_detailed(x)
-        ref = reference(sd, x, training=False)
-    torch.testing.assert_close(ours.logits, ref.logits, atol=1e-5, rtol=1e-5)
-    assert [t.tolist() for t in ours.kept_indices] == [t.tolist() for t in ref.kept_positions]
+    assert_matches_official(model, sd, x)
 
 
 def test_official_and_dense_checkpoints_load_through_create_model(tmp_path: Path) -> None:

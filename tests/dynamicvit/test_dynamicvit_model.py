@@ -194,17 +194,8 @@ def test_create_model_names_and_overrides() -> None:
     assert {"dynamicvit_tiny_patch16_224", "dynamicvit_small_patch16_224", "dynamicvit_base_patch16_224"} <= set(
         vitrim.list_models("dynamicvit_*")
     )
-    model = vitrim.create_model(
-        "dynamicvit_tiny_patch16_224",
-        num_classes=10,
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=4,
-        num_heads=2,
-        keep_ratio=0.5,
-        prune_layers=(0, 2),
-    )
+    tiny = dict(num_classes=10, img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2)
+    model = vitrim.create_model("dynamicvit_tiny_patch16_224", **tiny, keep_ratio=0.5, prune_layers=(0, 2))
     assert isinstance(model, DynamicVisionTransformer)
     assert model.config.keep_ratio == 0.5 and model.config.pruning_layers == (0, 2)
     assert [b.reducer is not None for b in model.blocks] == [True, False, True, False]

@@ -59,6 +59,15 @@ def official_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
     return sd
 
 
+def assert_matches_official(model: torch.nn.Module, sd: dict[str, torch.Tensor], x: torch.Tensor) -> None:
+    """The model's logits and kept patches in inference equal the official forward's on the same weights."""
+    with torch.no_grad():
+        ours = model.forward_detailed(x)
+        ref = reference(sd, x, training=False)
+    torch.testing.assert_close(ours.logits, ref.logits, atol=1e-5, rtol=1e-5)
+    assert [t.tolist() for t in ours.kept_indices] == [t.tolist() for t in ref.kept_positions]
+
+
 def reference(sd: dict[str, torch.Tensor], x: torch.Tensor, *, training: bool, ratio: float = 0.7):  # type: ignore[no-untyped-def]
     return official_forward(
         sd,
@@ -140,11 +149,7 @@ def test_official_checkpoint_file_loads_through_load_checkpoint(tmp_path: Path) 
     torch.save({"model": sd}, path)  # the official release format
     model = vitrim.create_model("dynamicvit_tiny_patch16_224", checkpoint=path, **ARCH).eval()
     x = images(3, seed=6)
-    with torch.no_grad():
-        ours = model.forward_detailed(x)
-        ref = reference(sd, x, training=False)
-    torch.testing.assert_close(ours.logits, ref.logits, atol=1e-5, rtol=1e-5)
-    assert [t.tolist() for t in ours.kept_indices] == [t.tolist() for t in ref.kept_positions]
+    assert_matches_official(model, sd, x)
 
     fresh = vitrim.create_model("dynamicvit_tiny_patch16_224", **ARCH)
     vitrim.load_checkpoint(fresh, path)

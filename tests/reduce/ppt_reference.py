@@ -5,23 +5,14 @@ ViT of vit_reference. Proportional attention on; [CLS] only prefix token.
 
 from __future__ import annotations
 
-import math
-
 import torch
+from tome_model_reference import cls_matching
 from torch import Tensor
 from vit_reference import BlockIO, vit_forward
 
 
 def _tome(metric: Tensor, r: int):
-    metric = metric / metric.norm(dim=-1, keepdim=True)
-    a, b = metric[..., ::2, :], metric[..., 1::2, :]
-    scores = a @ b.transpose(-1, -2)
-    scores[..., 0, :] = -math.inf
-    node_max, node_idx = scores.max(dim=-1)
-    edge_idx = node_max.argsort(dim=-1, descending=True)[..., None]
-    unm_idx = edge_idx[..., r:, :].sort(dim=1)[0]
-    src_idx = edge_idx[..., :r, :]
-    dst_idx = node_idx[..., None].gather(dim=-2, index=src_idx)
+    unm_idx, src_idx, dst_idx = cls_matching(metric, r)  # PPT merges with ToMe's own matching
 
     def merge(x: Tensor, mode: str) -> Tensor:
         src, dst = x[..., ::2, :], x[..., 1::2, :]

@@ -18,6 +18,17 @@ def tiny(seed: int = 0, **changes: object) -> nn.Module:
     return vitrim.create_model("vit_tiny_patch16_224", **{**TINY, **changes}).eval()
 
 
+def peaky_float64(name: str, seed: int) -> nn.Module:
+    """A tiny float64 model in eval mode (64×64 images, 64 patches) with every weight perturbed by N(0, 0.2²): peaky
+    attention, so that which tokens a reducer picks matters, for comparisons with the authors' forwards."""
+    torch.manual_seed(seed)
+    model = vitrim.create_model(name, **{**TINY, "img_size": 64}).double().eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    return model
+
+
 def images(batch: int = 2, size: int = 32, seed: int = 1) -> Tensor:
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
 

@@ -56,15 +56,8 @@ def test_on_timm_weights_identity_matches_timm_and_reduction_runs() -> None:
 
 def test_on_hugging_face_weights(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=32,
-        patch_size=8,
-        num_labels=5,
-    )
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    cfg = transformers.ViTConfig(**sizes, image_size=32, patch_size=8, num_labels=5)
     torch.manual_seed(0)
     hf = transformers.ViTForImageClassification(cfg).eval()
     hf.save_pretrained(tmp_path)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from evit_reference import evit_forward
-from reduce_models import attention_info, images, states_per_block, tiny
+from reduce_models import attention_info, images, peaky_float64, states_per_block, tiny
 
 import vitrim
 from vitrim.attention import AttentionResult
@@ -160,17 +160,7 @@ def test_keep_rate_errors() -> None:
 @pytest.mark.parametrize("method", ["evit", "topk"])
 def test_agrees_with_the_authors_forward(method: str, keep_rate: float) -> None:
     """EViT with fuse_token (method 'evit') and without ('topk'), float64, same weights: same logits and counts."""
-    torch.manual_seed(3)
-    model = (
-        vitrim.create_model(
-            "deit_tiny_patch16_224", embed_dim=32, depth=4, num_heads=2, img_size=64, patch_size=8, num_classes=5
-        )
-        .double()
-        .eval()
-    )
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)  # peaky attention: ranks that matter
+    model = peaky_float64("deit_tiny_patch16_224", seed=3)
     sd = model.state_dict()
     vitrim.reduce.apply(model, method, keep_rate=keep_rate, layers=(1, 2, 3))
     x = torch.randn(3, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))

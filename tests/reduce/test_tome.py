@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reduce_models import attention_info, images, states_per_block, tiny
+from reduce_models import attention_info, images, peaky_float64, states_per_block, tiny
 from tome_model_reference import tome_forward
 from tome_reference import reference_merge
 
@@ -166,17 +166,7 @@ def test_reducer_argument_errors() -> None:
 )
 def test_agrees_with_the_authors_forward(r: object, prop_attn: bool) -> None:
     """ToMe's own option forms against an independent copy of the authors' timm patch, float64, same weights."""
-    torch.manual_seed(7)
-    model = (
-        vitrim.create_model(
-            "vit_tiny_patch16_224", embed_dim=32, depth=4, num_heads=2, img_size=64, patch_size=8, num_classes=5
-        )
-        .double()
-        .eval()
-    )
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
+    model = peaky_float64("vit_tiny_patch16_224", seed=7)
     sd = model.state_dict()
     vitrim.reduce.apply(model, "tome", r=r, prop_attn=prop_attn)
     x = torch.randn(3, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(8))

@@ -30,7 +30,7 @@ def parse_r(num_layers: int, r: list[int] | tuple[int, float] | int) -> list[int
     return [int(min_val + step * i) for i in range(num_layers)]
 
 
-def _merge(x: Tensor, metric: Tensor, r: int) -> tuple[Tensor, Tensor, Tensor]:
+def cls_matching(metric: Tensor, r: int) -> tuple[Tensor, Tensor, Tensor]:
     """Indices of one bipartite soft matching with a protected [CLS] (class_token=True)."""
     metric = metric / metric.norm(dim=-1, keepdim=True)
     a, b = metric[..., ::2, :], metric[..., 1::2, :]
@@ -78,7 +78,7 @@ def tome_forward(
         )
         step = min(schedule[i], (N - 1) // 2)
         if step > 0:
-            idx = _merge(t, k.mean(1), step)
+            idx = cls_matching(k.mean(1), step)
             size = torch.ones_like(t[..., 0, None]) if size is None else size
             t = _apply(t * size, idx, step)
             size = _apply(size, idx, step)

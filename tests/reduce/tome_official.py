@@ -27,40 +27,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tome_functional import matching, merge_sum
 from torch import Tensor, nn
 
 
 def bipartite_soft_matching(metric: Tensor, r: int, class_token: bool, distill_token: bool) -> Callable[..., Tensor]:
-    """The merge function of the r best (a, b) pairs of ``metric`` (B, N, c); the identity if none can merge."""
-    protected = int(class_token) + int(distill_token)
-    r = min(r, (metric.shape[1] - protected) // 2)
-    if r <= 0:
-        return lambda x, mode="mean": x
-    with torch.no_grad():
-        metric = metric / metric.norm(dim=-1, keepdim=True)
-        a, b = metric[..., ::2, :], metric[..., 1::2, :]
-        scores = a @ b.transpose(-1, -2)
-        if class_token:
-            scores[..., 0, :] = float("-inf")
-        if distill_token:
-            scores[..., :, 0] = float("-inf")
-        node_max, node_idx = scores.max(dim=-1)
-        edge_idx = node_max.argsort(dim=-1, descending=True)[..., None]
-        unm_idx = edge_idx[..., r:, :]
-        src_idx = edge_idx[..., :r, :]
-        dst_idx = node_idx[..., None].gather(dim=-2, index=src_idx)
-        if class_token:
-            unm_idx = unm_idx.sort(dim=1)[0]
+    """The merge function of the r best (a, b) pairs of ``metric`` (B, N, c); the identity if none can merge. The
+    authors' closure over the matching of ``tome_functional`` (the same paper's code, shared by its two forms)."""
+    idx = matching(metric, r, class_token, distill_token)
+    if idx is None:
+        return lambda x, mode="sum": x
 
-    def merge(x: Tensor, mode: str = "mean") -> Tensor:
-        src, dst = x[..., ::2, :], x[..., 1::2, :]
-        n, t1, c = src.shape
-        unm = src.gather(dim=-2, index=unm_idx.expand(n, t1 - r, c))
-        src = src.gather(dim=-2, index=src_idx.expand(n, r, c))
-        dst = dst.scatter_reduce(-2, dst_idx.expand(n, r, c), src, reduce=mode)
-        if distill_token:
-            return torch.cat([unm[:, :1], dst[:, :1], unm[:, 1:], dst[:, 1:]], dim=1)
-        return torch.cat([unm, dst], dim=1)
+    def merge(x: Tensor, mode: str = "sum") -> Tensor:
+        assert mode == "sum", "the eval forward merges sums only (merge_wavg)"
+        return merge_sum(x, idx, distill_token)
 
     return merge
 

@@ -24,12 +24,18 @@ def dense_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def student_config(teacher: Path, out: Path, *, keep_ratio: float, freeze_backbone_epochs: int) -> TrainConfig:
+    """One epoch of DynamicViT distilled from ``teacher`` (the dense run's weights)."""
+    return TrainConfig(
+        model="dynamicvit_tiny_patch16_224", out=str(out), epochs=1, teacher=str(teacher),
+        overrides={"keep_ratio": keep_ratio}, freeze_backbone_epochs=freeze_backbone_epochs, quiet=True,
+        batch_size=128,
+    )  # fmt: skip
+
+
 def test_student_starts_from_teacher_and_the_backbone_stays_frozen(dense_run: Path, tmp_path: Path) -> None:
     teacher = dense_run / "last.safetensors"
-    config = TrainConfig(
-        model="dynamicvit_tiny_patch16_224", out=str(tmp_path), epochs=1, teacher=str(teacher),
-        overrides={"keep_ratio": 0.7}, freeze_backbone_epochs=1, quiet=True, batch_size=128,
-    )  # fmt: skip
+    config = student_config(teacher, tmp_path, keep_ratio=0.7, freeze_backbone_epochs=1)
     result = train(config)
     assert 0.0 <= result["test_top1"] <= 1.0
     dense, student = load_file(teacher), load_file(tmp_path / "last.safetensors")
@@ -44,10 +50,7 @@ def test_student_starts_from_teacher_and_the_backbone_stays_frozen(dense_run: Pa
 
 def test_backbone_learns_slowly_after_the_freeze(dense_run: Path, tmp_path: Path) -> None:
     teacher = dense_run / "last.safetensors"
-    config = TrainConfig(
-        model="dynamicvit_tiny_patch16_224", out=str(tmp_path), epochs=1, teacher=str(teacher),
-        overrides={"keep_ratio": 0.5}, freeze_backbone_epochs=0, quiet=True, batch_size=128,
-    )  # fmt: skip
+    config = student_config(teacher, tmp_path, keep_ratio=0.5, freeze_backbone_epochs=0)
     train(config)
     dense, student = load_file(teacher), load_file(tmp_path / "last.safetensors")
     moved = [k for k in dense if not torch.equal(student[k], dense[k])]

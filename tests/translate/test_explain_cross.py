@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import vitrim
+from explain_output import printed_matrices
 from vitrim.cli import main
 from vitrim.viz.explain_cross import STEPS, explain_cross_numbers, format_cross_explanation, plot_cross_explanation
 
@@ -35,17 +35,6 @@ def hand_steps(ex) -> dict[str, np.ndarray]:
         A[i] = np.array(exps) / sum(exps)
     return dict(X_tgt=Xt, X_src=Xs, W_Q=W_Q, W_K=W_K, W_V=W_V, Q=Q, K=K, V=V, P=P, P_scaled=P / math.sqrt(d),
                 mask=mask, logits=logits, A=A, out=A @ V)  # fmt: skip
-
-
-def printed_matrices(text: str) -> dict[str, np.ndarray]:
-    lines = text.splitlines()
-    result = {}
-    for i, line in enumerate(lines):
-        match = re.match(r"\[(\w+)\] .* shape \((\d+), (\d+)\)$", line)
-        if match:
-            body = [row.split()[1:] for row in lines[i + 2 : i + 2 + int(match.group(2))]]
-            result[match.group(1)] = np.array([[float(v) for v in row] for row in body])
-    return result
 
 
 def test_every_step_equals_the_hand_computation(ex) -> None:

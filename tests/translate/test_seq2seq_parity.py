@@ -90,14 +90,21 @@ CASES = [  # (seed, source lengths, target lengths, heads)
 ]
 
 
-@pytest.mark.parametrize(("seed", "src_lengths", "tgt_lengths", "heads"), CASES)
-def test_model_equals_torch_transformer(seed: int, src_lengths: list[int], tgt_lengths: list[int], heads: int) -> None:
+def same_weights_and_batch(
+    seed: int, heads: int, src_lengths: list[int], tgt_lengths: list[int], *, ids_seed: int
+) -> tuple[Seq2SeqTransformer, nn.Transformer, torch.Tensor, torch.Tensor]:
+    """vitrim's model and torch's transformer with the same weights, and a padded batch of ids (src, tgt)."""
     torch.manual_seed(seed)
     cfg = config(num_heads=heads)
     model, reference = Seq2SeqTransformer(cfg).eval(), torch_transformer(cfg)
     copy_transformer(model, reference)
-    g = torch.Generator().manual_seed(seed + 100)
-    src, tgt = padded_ids(src_lengths, 13, g), padded_ids(tgt_lengths, 11, g)
+    g = torch.Generator().manual_seed(ids_seed)
+    return model, reference, padded_ids(src_lengths, 13, g), padded_ids(tgt_lengths, 11, g)
+
+
+@pytest.mark.parametrize(("seed", "src_lengths", "tgt_lengths", "heads"), CASES)
+def test_model_equals_torch_transformer(seed: int, src_lengths: list[int], tgt_lengths: list[int], heads: int) -> None:
+    model, reference, src, tgt = same_weights_and_batch(seed, heads, src_lengths, tgt_lengths, ids_seed=seed + 100)
     src_emb = model.src_embed(src) + model.src_pos[: src.shape[1]]
     tgt_emb = model.tgt_embed(tgt) + model.tgt_pos[: tgt.shape[1]]
     Lt = tgt.shape[1]
@@ -117,12 +124,7 @@ def test_cross_attention_maps_equal_torch_multihead_attention(
     seed: int, src_lengths: list[int], tgt_lengths: list[int], heads: int
 ) -> None:
     """Per layer and head, the cross-attention weights are torch's ``average_attn_weights=False`` weights."""
-    torch.manual_seed(seed)
-    cfg = config(num_heads=heads)
-    model, reference = Seq2SeqTransformer(cfg).eval(), torch_transformer(cfg)
-    copy_transformer(model, reference)
-    g = torch.Generator().manual_seed(seed + 200)
-    src, tgt = padded_ids(src_lengths, 13, g), padded_ids(tgt_lengths, 11, g)
+    model, reference, src, tgt = same_weights_and_batch(seed, heads, src_lengths, tgt_lengths, ids_seed=seed + 200)
     captured: list[tuple] = []
 
     def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -140,7 +142,7 @@ def test_cross_attention_maps_equal_torch_multihead_attention(
         for hook in hooks:
             hook.remove()
         out = model.forward_detailed(src, tgt, need_weights=True)
-        assert len(out.cross_attentions) == len(captured) == cfg.decoder_depth
+        assert len(out.cross_attentions) == len(captured) == model.config.decoder_depth
         for ours, (module, args, kwargs) in zip(out.cross_attentions, captured):
             query, key, value = args
             _, weights = module(query, key, value, key_padding_mask=kwargs["key_padding_mask"], need_weights=True,

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from explain_output import printed_matrices
 from vitrim.cli import main
 from vitrim.viz import explain_numbers, format_explanation, plot_explanation
 from vitrim.viz.explain import STEPS
@@ -36,19 +37,6 @@ def hand_steps(ex) -> dict[str, np.ndarray]:
         X=X, W_Q=W_Q, W_K=W_K, W_V=W_V, Q=Q, K=K, V=V, P=P, P_scaled=P / math.sqrt(d),
         causal_mask=causal, padding_mask=padding, mask=mask, logits=logits, A=A, out=A @ V,
     )  # fmt: skip
-
-
-def printed_matrices(text: str) -> dict[str, np.ndarray]:
-    """Parse ``[name] … shape (r, c)``, the column header, then r rows of ``label n n n …``."""
-    lines = text.splitlines()
-    result = {}
-    for i, line in enumerate(lines):
-        match = re.match(r"\[(\w+)\] .* shape \((\d+), (\d+)\)$", line)
-        if match:
-            name, rows = match.group(1), int(match.group(2))
-            body = [row.split()[1:] for row in lines[i + 2 : i + 2 + rows]]
-            result[name] = np.array([[float(v) for v in row] for row in body])
-    return result
 
 
 def printed_scaling_table(text: str) -> np.ndarray:
