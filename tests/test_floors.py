@@ -1,0 +1,99 @@
+"""The floors of docs/architecture.md against the code: every `import vitrim…` in src/vitrim goes to a lower floor
+or stays on its own, the table lists every module once, and no two modules import each other in a circle."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "vitrim"
+
+
+def floors_of_the_docs() -> dict[str, int]:
+    """Room ('attention/' for a package, 'hub.py' for a module) -> floor, from the table in docs/architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    floors: dict[str, int] = {}
+    for number, rooms in re.findall(r"^\| (\d+) \| (.*?) \|", text, flags=re.M):
+        for room in re.findall(r"`([\w./]+)`", rooms):
+            assert room not in floors, f"{room} is on two floors of the table"
+            floors[room] = int(number)
+    return floors
+
+
+def room_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return f"{relative.parts[0]}/" if len(relative.parts) > 1 else relative.name
+
+
+def room_of_module(name: str) -> str | None:
+    """'vitrim.reduce.tome' -> 'reduce/', 'vitrim.hub' -> 'hub.py'; None for the package itself."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    return f"{parts[1]}/" if (PACKAGE / parts[1]).is_dir() else f"{parts[1]}.py"
+
+
+def imports_of(path: Path) -> set[str]:
+    """The rooms ``path`` imports (anywhere in the file: module level, functions, TYPE_CHECKING blocks)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            if node.module == "vitrim":
+                names += [f"vitrim.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    rooms = {room_of_module(n) for n in names if n.split(".")[0] == "vitrim"}
+    return {room for room in rooms if room is not None and (PACKAGE / room.rstrip("/")).exists()}
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE) == Path("__init__.py"):
+            continue
+        room = room_of(path)
+        graph.setdefault(room, set()).update(imports_of(path) - {room})
+    return graph
+
+
+def test_the_table_lists_every_module_once() -> None:
+    rooms = {room_of(p) for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE) != Path("__init__.py")}
+    assert set(floors_of_the_docs()) == rooms
+
+
+def test_every_import_goes_down_or_stays_on_its_floor() -> None:
+    floors = floors_of_the_docs()
+    upward = [
+        f"{room} (floor {floors[room]}) imports {target} (floor {floors[target]})"
+        for room, targets in import_graph().items()
+        for target in sorted(targets)
+        if floors[target] > floors[room]
+    ]
+    assert not upward
+
+
+def test_no_circle_between_modules() -> None:
+    graph = import_graph()
+    done: set[str] = set()
+
+    def visit(room: str, path: list[str]) -> None:
+        assert room not in path, "circle: " + " -> ".join([*path[path.index(room) :], room])
+        if room in done:
+            return
+        for target in sorted(graph.get(room, ())):
+            visit(target, [*path, room])
+        done.add(room)
+
+    for room in sorted(graph):
+        visit(room, [])
+
+
+def test_the_parser_sees_imports_in_functions_and_names_from_the_package(tmp_path: Path) -> None:
+    # otherwise the checks above would pass vacuously
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from vitrim import cli, hub\n    import vitrim.train.loop\n")
+    assert imports_of(probe) == {"cli/", "hub.py", "train/"}
+    assert import_graph()["cli/"] >= {"train/", "models/", "bench/"}
