@@ -11,6 +11,7 @@ import argparse
 from dataclasses import replace
 
 from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
+from vitrim.cli.explain import show_explanation
 from vitrim.data.numbers import make_pair, number_of
 from vitrim.extras import require
 from vitrim.translate.demo import FULL, QUICK, run_translate_demo, ship_run
@@ -177,11 +178,4 @@ def _register_explain_cross(explain: argparse.ArgumentParser) -> None:
 
 
 def _run_explain_cross(args: argparse.Namespace) -> int:
-    if args.out:
-        check_output_file(args.out, "--out")
-    ex = explain_cross_numbers(args.seed)
-    print(format_cross_explanation(ex))
-    if args.out:
-        save_figure(plot_cross_explanation(ex), args.out)
-        print(f"\nwrote {args.out}")
-    return 0
+    return show_explanation(args, explain_cross_numbers, format_cross_explanation, plot_cross_explanation)
