@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.devices import parse_device
+
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -95,7 +97,7 @@ def optimize(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    target = _device(device)
+    target = parse_device(device)
     if mode is None:
         mode = "reduce-overhead" if target.type == "cuda" else "default"
     if mode not in MODES:
@@ -133,18 +135,6 @@ def _make_room_for_one_more() -> None:
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     if getattr(config, name) < _optimized + 8:
         setattr(config, name, _optimized + 8)
-
-
-def _device(device: str | torch.device) -> torch.device:
-    try:
-        target = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
-    if target.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: torch sees no CUDA device here")
-    return target
 
 
 def _check_reducers(model: nn.Module) -> None:

@@ -130,6 +130,7 @@ def test_keep_ratio_rows(capsys, tmp_path):
         (["vit_tiny_patch16_224[depth=2", "--set", TINY_SET], "must look like name or name[key=value,...]"),
         (["vit_tiny_patch16_224[keep_ratio=2]", "--set", TINY_SET], "keep_ratio must be in (0, 1], got 2"),
         (["vit_tiny_patch16_224,vit_tiny_patch16_224[reducer=tome:r=-1]", "--set", TINY_SET], "r must be an int"),
+        (["vit_tiny_patch16_224", "--set", TINY_SET, "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):

@@ -99,6 +99,10 @@ def test_demo_refuses_retraining_options_without_retrain(tmp_path: Path, capsys:
     assert "--steps 5 needs --retrain or --quick" in capsys.readouterr().err
     assert main(["demo", "translate", "--quick", "--ship-to", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
     assert "--ship-to" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    (tmp_path / "notes.txt").write_text("")  # with --retrain, a --ship-to under a file fails before training
+    ship_to, out = str(tmp_path / "notes.txt" / "translate"), str(tmp_path / "run")
+    assert main(["demo", "translate", "--quick", "--retrain", "--ship-to", ship_to, "--out", out]) == 2
+    assert "is a file, expected a folder" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 @pytest.mark.full

@@ -14,6 +14,7 @@ from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
 from vitrim.cli.bench_ops import register_ops
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
+from vitrim.devices import parse_device
 from vitrim.extras import require
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
@@ -213,7 +214,7 @@ def run_models(args: argparse.Namespace) -> int:
         device=args.device,
         bf16=args.bf16,
     )
-    device = _check_device(args.device)
+    device = parse_device(args.device, "--device")
     pin_malloc_threshold()
     built: list[tuple[Case, nn.Module]] = []  # every option is checked before timing
     for case in cases:
@@ -240,19 +241,6 @@ def run_models(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump({"config": config | {"threads": torch.get_num_threads()}, "rows": rows}, f, indent=2)
     return 0
-
-
-def _check_device(name: str) -> torch.device:
-    """``--device``: a device torch knows and can reach here (cpu, cuda, cuda:N)."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name!r}: expected cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name!r}: torch sees no CUDA device here")
-    return device
 
 
 def _positive_ints(text: str, option: str) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from vitrim.cli.common import add_threads_argument, check_output_folder
 from vitrim.demo import FULL, NAMES, QUICK, run_demo, ship_run
@@ -26,25 +27,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quick", action="store_true", help="train tiny models, one epoch each: checks the plumbing")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, placements and training (needs --retrain)")
-    p.add_argument(
-        "--ship-to",
-        default=None,
-        metavar="DIR",
-        help="after --retrain, copy the trained models there as the shipped weights (make demo-weights)",
-    )
+    add_ship_to_argument(p, "models")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     add_threads_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ship_to is not None and not args.retrain:
-        raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
+    ship_to = check_ship_to(args)
     if args.seed != 0 and not (args.retrain or args.quick):
         raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")
     require("matplotlib", "PIL", feature="the demo's pictures")  # before training, not after
     out = check_output_folder(args.out, "--out")
-    ship_to = None if args.ship_to is None else check_output_folder(args.ship_to, "--ship-to")
     shipped = not (args.retrain or args.quick)
     summary = run_demo(out, QUICK if args.quick else FULL, seed=args.seed, quiet=args.quiet, shipped=shipped)
     note = "  (shipped weights; --retrain trains them from scratch)" if shipped else ""
@@ -59,3 +53,22 @@ def run(args: argparse.Namespace) -> int:
         ship_run(out, ship_to)
         print(f"shipped: {ship_to}")
     return 0
+
+
+def add_ship_to_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--ship-to DIR`` of a demo (``vitrim demo``, ``vitrim demo translate``): where ``what`` it trained goes."""
+    parser.add_argument(
+        "--ship-to",
+        default=None,
+        metavar="DIR",
+        help=f"after --retrain, copy the trained {what} there as the shipped weights (make demo-weights)",
+    )
+
+
+def check_ship_to(args: argparse.Namespace) -> Path | None:
+    """``--ship-to``'s folder (None without it), checked before any work: it needs ``--retrain``."""
+    if args.ship_to is None:
+        return None
+    if not args.retrain:
+        raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
+    return check_output_folder(args.ship_to, "--ship-to")

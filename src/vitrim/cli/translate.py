@@ -11,6 +11,8 @@ import argparse
 from dataclasses import replace
 
 from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
+from vitrim.cli.demo import add_ship_to_argument, check_ship_to
+from vitrim.cli.explain import show_explanation
 from vitrim.data.numbers import make_pair, number_of
 from vitrim.extras import require
 from vitrim.translate.demo import FULL, QUICK, run_translate_demo, ship_run
@@ -108,12 +110,7 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--steps", type=int, default=None, help="training steps (default: the plan's, 700; with --retrain or --quick)"
     )
-    p.add_argument(
-        "--ship-to",
-        default=None,
-        metavar="DIR",
-        help="after --retrain, copy the trained model there as the shipped one (make demo-weights)",
-    )
+    add_ship_to_argument(p, "model")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument(
         "--threads",
@@ -129,14 +126,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     require("num2words", "sacrebleu", "matplotlib", feature="the translation demo")  # before training, not after
     plan = QUICK if args.quick else FULL
     shipped = not (args.retrain or args.quick)
-    if args.ship_to is not None and not args.retrain:
-        raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
+    ship_to = check_ship_to(args)
     if args.steps is not None and shipped:
         raise ValueError(f"--steps {args.steps} needs --retrain or --quick: the shipped model is not trained again")
     if args.seed != 0 and shipped:
         raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped model was trained with seed 0")
     out = check_output_folder(args.out, "--out")
-    ship_to = None if args.ship_to is None else check_output_folder(args.ship_to, "--ship-to")
     if args.steps is not None:
         if args.steps < 1:
             raise ValueError(f"--steps must be an int >= 1, got {args.steps}")
@@ -177,11 +172,4 @@ def _register_explain_cross(explain: argparse.ArgumentParser) -> None:
 
 
 def _run_explain_cross(args: argparse.Namespace) -> int:
-    if args.out:
-        check_output_file(args.out, "--out")
-    ex = explain_cross_numbers(args.seed)
-    print(format_cross_explanation(ex))
-    if args.out:
-        save_figure(plot_cross_explanation(ex), args.out)
-        print(f"\nwrote {args.out}")
-    return 0
+    return show_explanation(args, explain_cross_numbers, format_cross_explanation, plot_cross_explanation)

@@ -11,13 +11,23 @@ non-zero is kept under vitrim's name, which timm's Eva cannot hold.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
 _Q_BIAS = re.compile(r"^(.*\.attn)\.q_bias$")
 _QKV_BIAS = re.compile(r"^(.*\.attn)\.qkv\.bias$")
-_GAMMAS = ((".gamma_1", ".ls1.gamma"), (".gamma_2", ".ls2.gamma"))
+_GAMMAS = ((".gamma_1", ".ls1.gamma"), (".gamma_2", ".ls2.gamma"))  # (timm Eva suffix, vitrim suffix)
+_GAMMAS_TO_EVA = tuple((ours, eva) for eva, ours in _GAMMAS)
+
+
+def _renamed_gamma(key: str, renames: Iterable[tuple[str, str]]) -> str:
+    """``key`` with its LayerScale suffix renamed by the first ``(old, new)`` pair it ends with."""
+    for old, new in renames:
+        if key.endswith(old):
+            return key.removesuffix(old) + new
+    return key
 
 
 def from_eva_names(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -31,10 +41,7 @@ def from_eva_names(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
                 continue
         if key.endswith(".attn.v_bias") and f"{key.removesuffix('v_bias')}q_bias" in state_dict:
             continue
-        for eva, ours in _GAMMAS:
-            if key.endswith(eva):
-                key = key.removesuffix(eva) + ours
-        out[key] = value
+        out[_renamed_gamma(key, _GAMMAS)] = value
     return out
 
 
@@ -47,10 +54,7 @@ def to_eva_names(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
             if not k_bias.any():
                 out[f"{match.group(1)}.q_bias"], out[f"{match.group(1)}.v_bias"] = q_bias, v_bias
                 continue
-        for eva, ours in _GAMMAS:
-            if key.endswith(ours):
-                key = key.removesuffix(ours) + eva
-        out[key] = value
+        out[_renamed_gamma(key, _GAMMAS_TO_EVA)] = value
     return out
 
 
