@@ -117,15 +117,16 @@ def num_keep(num_tokens: int, keep_rate: float) -> int:
     return min(num_tokens, math.ceil(keep_rate * num_tokens))
 
 
-class ClsRankingReducer(Reducer):
-    """A reducer that keeps the k patch tokens [CLS] attends to most; subclasses decide what happens to the rest.
+class KeepCountReducer(Reducer):
+    """A reducer that keeps k of the n patch tokens entering a block, k from ``keep_rate`` or ``keep_count``; what
+    it keeps is the subclass's. Shared by the [CLS] rankings below, the random baseline and Zero-TPrune.
 
     Option ``keep_rate`` in (0, 1]: one number, or (through ``apply``) one per reducing block; or ``keep_count``: the
     patch tokens kept, exactly (capped at those entering; one int, or one per reducing block), which overrides it.
+    A subclass's other options are its constructor's keyword parameters after these two, the same for every block.
     """
 
     appends_tokens: ClassVar[int] = 0  # tokens a reduction adds after the kept ones (EViT's fused token: 1)
-    needs_cls_token = True
     example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
     identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
     strength_option: ClassVar[StrengthOption | None] = StrengthOption("keep_rate", 1.0, 0.001, step=0.001)
@@ -139,16 +140,17 @@ class ClsRankingReducer(Reducer):
         return quarter_layers(depth)
 
     @classmethod
-    def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
+    def for_layers(  # its own options (and a subclass's, passed on); apply checks their names
         cls,
         layers: tuple[int, ...],
         *,
         keep_rate: float | Sequence[float] = 0.7,
         keep_count: int | Sequence[int] | None = None,
+        **options: Any,
     ) -> dict[int, Reducer | None]:
         rates = per_layer("keep_rate", keep_rate, layers)
         counts = per_layer("keep_count", keep_count, layers)
-        return {layer: cls(rate, count) for layer, rate, count in zip(layers, rates, counts)}
+        return {layer: cls(rate, count, **options) for layer, rate, count in zip(layers, rates, counts)}
 
     @classmethod
     def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
@@ -160,6 +162,16 @@ class ClsRankingReducer(Reducer):
     def num_kept(self, n: int) -> int:
         """Patch tokens kept of the n entering: ``keep_count`` (capped at n), else ⌈keep_rate · n⌉."""
         return num_keep(n, self.keep_rate) if self.keep_count is None else min(n, self.keep_count)
+
+    def extra_repr(self) -> str:
+        return f"keep_rate={self.keep_rate}" if self.keep_count is None else f"keep_count={self.keep_count}"
+
+
+class ClsRankingReducer(KeepCountReducer):
+    """A reducer that keeps the k patch tokens [CLS] attends to most (k: :class:`KeepCountReducer`); subclasses
+    decide what happens to the rest."""
+
+    needs_cls_token = True
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n = state.num_patch_tokens
@@ -176,6 +188,3 @@ class ClsRankingReducer(Reducer):
         """Keep the tokens ``index`` (B, p + k): the p prefix tokens, then the k best patch tokens by descending
         ``scores`` (B, N) (:func:`ranking_scores`: token indices, prefix raised)."""
         raise NotImplementedError
-
-    def extra_repr(self) -> str:
-        return f"keep_rate={self.keep_rate}" if self.keep_count is None else f"keep_count={self.keep_count}"

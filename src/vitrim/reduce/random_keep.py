@@ -14,14 +14,14 @@ No [CLS] is needed. Kept tokens stand in descending score, prefix tokens first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer
-from vitrim.reduce.cls_ranking import ClsRankingReducer, per_layer
+from vitrim.reduce.cls_ranking import ClsRankingReducer
 from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
 from vitrim.reduce.state import TokenState
@@ -53,25 +53,20 @@ class RandomKeep(ClsRankingReducer):
 
     needs_cls_token = False
 
-    def __init__(self, keep_rate: float = 0.7, keep_count: int | None = None, seed: int = 0, block: int = 0) -> None:
+    def __init__(self, keep_rate: float = 0.7, keep_count: int | None = None, seed: int = 0) -> None:
         super().__init__(keep_rate, keep_count)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**20:
             raise ValueError(f"seed must be an int in [0, 2**20), got {seed!r}")
         self.seed = seed
-        self.block = block
+        self.block = 0  # this instance's block, a salt of the hash: set by for_layers
 
     @classmethod
-    def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
-        cls,
-        layers: tuple[int, ...],
-        *,
-        keep_rate: float | Sequence[float] = 0.7,
-        keep_count: int | Sequence[int] | None = None,
-        seed: int = 0,
-    ) -> dict[int, Reducer | None]:
-        rates = per_layer("keep_rate", keep_rate, layers)
-        counts = per_layer("keep_count", keep_count, layers)
-        return {layer: cls(rate, count, seed, layer) for layer, rate, count in zip(layers, rates, counts)}
+    def for_layers(cls, layers: tuple[int, ...], **options: Any) -> dict[int, Reducer | None]:
+        """top-k's, each instance told its block (so that two blocks at the same count draw different subsets)."""
+        reducers = super().for_layers(layers, **options)
+        for layer, reducer in reducers.items():
+            cast(RandomKeep, reducer).block = layer
+        return reducers
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         N, p = state.tokens.shape[1], state.num_prefix

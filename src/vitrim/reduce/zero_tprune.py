@@ -39,19 +39,15 @@ open or where its text could not be checked here, the choice made is marked *ado
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vitrim.attention import AttentionResult, scaled_dot_product_attention
-from vitrim.reduce.base import Reducer, StrengthOption, quarter_layers
-from vitrim.reduce.cls_ranking import check_keep_count, check_keep_rate, num_keep, per_layer
+from vitrim.reduce.cls_ranking import KeepCountReducer
 from vitrim.reduce.index_cache import cached
 from vitrim.reduce.registry import register
-from vitrim.reduce.schedule import Schedule
 from vitrim.reduce.state import TokenState
 from vitrim.reduce.tokens import keep_rows
 
@@ -152,17 +148,13 @@ def zero_tprune_keep(
 
 
 @register("zero_tprune")
-class ZeroTPrune(Reducer):
+class ZeroTPrune(KeepCountReducer):
     """Prune by Weighted-PageRank importance on the block's attention graph, then by similarity (see module doc).
 
     Options: ``keep_rate`` in (0, 1] or ``keep_count`` (patch tokens kept; one, or one per reducing block);
     ``similarity_share`` in [0, 1] (the part of the removed tokens the S-stage picks); ``iterations`` (WPR steps);
     ``head_aggregation`` ("eir" or "mean"); ``layers`` (default a quarter, half and three quarters deep).
     """
-
-    example_options: ClassVar[dict[str, Any]] = {"keep_rate": 0.5, "layers": (1, 3)}
-    identity_options: ClassVar[dict[str, Any]] = {"keep_rate": 1.0, "layers": (0, 1, 2, 3)}
-    strength_option: ClassVar[StrengthOption | None] = StrengthOption("keep_rate", 1.0, 0.001, step=0.001)
 
     def __init__(
         self,
@@ -172,8 +164,7 @@ class ZeroTPrune(Reducer):
         iterations: int = 30,
         head_aggregation: str = "eir",
     ) -> None:
-        self.keep_rate = check_keep_rate(keep_rate)
-        self.keep_count = check_keep_count(keep_count)
+        super().__init__(keep_rate, keep_count)
         if (
             isinstance(similarity_share, bool)
             or not isinstance(similarity_share, (int, float))
@@ -190,38 +181,6 @@ class ZeroTPrune(Reducer):
         if head_aggregation not in HEAD_AGGREGATIONS:
             raise ValueError(f"head_aggregation must be one of {HEAD_AGGREGATIONS}, got {head_aggregation!r}")
         self.head_aggregation = head_aggregation
-
-    @classmethod
-    def default_layers(cls, depth: int) -> tuple[int, ...]:
-        return quarter_layers(depth)
-
-    @classmethod
-    def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
-        cls,
-        layers: tuple[int, ...],
-        *,
-        keep_rate: float | Sequence[float] = 0.7,
-        keep_count: int | Sequence[int] | None = None,
-        similarity_share: float = 0.5,
-        iterations: int = 30,
-        head_aggregation: str = "eir",
-    ) -> dict[int, Reducer | None]:
-        rates = per_layer("keep_rate", keep_rate, layers)
-        counts = per_layer("keep_count", keep_count, layers)
-        return {
-            layer: cls(rate, count, similarity_share, iterations, head_aggregation)
-            for layer, rate, count in zip(layers, rates, counts)
-        }
-
-    @classmethod
-    def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:
-        """The reducing blocks of the schedule, each keeping the patch tokens that leave its count."""
-        steps = schedule.reductions()
-        return tuple(i for i, _, _ in steps), {"keep_count": [after - schedule.num_prefix for _, _, after in steps]}
-
-    def num_kept(self, n: int) -> int:
-        """Patch tokens kept of the n entering: ``keep_count`` (capped at n), else ⌈keep_rate · n⌉."""
-        return min(n, self.keep_count) if self.keep_count is not None else num_keep(n, self.keep_rate)
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n, p = state.num_patch_tokens, state.num_prefix
@@ -246,5 +205,4 @@ class ZeroTPrune(Reducer):
         return keep_rows(state, index)
 
     def extra_repr(self) -> str:
-        kept = f"keep_count={self.keep_count}" if self.keep_count is not None else f"keep_rate={self.keep_rate}"
-        return f"{kept}, similarity_share={self.similarity_share}, iterations={self.iterations}"
+        return f"{super().extra_repr()}, similarity_share={self.similarity_share}, iterations={self.iterations}"
