@@ -135,9 +135,7 @@ class KeepCountReducer(Reducer):
         self.keep_rate = check_keep_rate(keep_rate)
         self.keep_count = check_keep_count(keep_count)
 
-    @classmethod
-    def default_layers(cls, depth: int) -> tuple[int, ...]:
-        return quarter_layers(depth)
+    default_layers = staticmethod(quarter_layers)
 
     @classmethod
     def for_layers(  # its own options (and a subclass's, passed on); apply checks their names

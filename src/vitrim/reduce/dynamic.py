@@ -111,9 +111,7 @@ class DynamicViTPruning(Reducer):
         self.keep_fraction = float(keep_fraction)
         self.gumbel_noise = gumbel_noise
 
-    @classmethod
-    def default_layers(cls, depth: int) -> tuple[int, ...]:
-        return quarter_layers(depth)
+    default_layers = staticmethod(quarter_layers)
 
     @classmethod
     def training_objective(

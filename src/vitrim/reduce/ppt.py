@@ -76,9 +76,7 @@ class PPT(Reducer):
         self.threshold = float(threshold)
         self.prop_attn = bool(prop_attn)
 
-    @classmethod
-    def default_layers(cls, depth: int) -> tuple[int, ...]:
-        return quarter_layers(depth)
+    default_layers = staticmethod(quarter_layers)
 
     @classmethod
     def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
