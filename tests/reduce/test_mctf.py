@@ -87,6 +87,11 @@ def test_refuses_bad_options() -> None:
         vitrim.reduce.apply(tiny(), "mctf", r=2, pooling="max")
     with pytest.raises(ValueError, match=r"r must be an int >= 0 .* got -1"):
         vitrim.reduce.apply(tiny(), "mctf", r=-1)
+    for r in (float("nan"), float("inf")):  # NaN fails every comparison: found by the options fuzz
+        with pytest.raises(ValueError, match=rf"r must be an int >= 0 .* got {r}"):
+            vitrim.reduce.apply(tiny(), "mctf", r=r)
+    with pytest.raises(ValueError, match=r"tau_info must be a finite number >= 0 .* got nan"):
+        vitrim.reduce.apply(tiny(), "mctf", r=2, tau_info=float("nan"))
     attn = tiny().blocks[0].attn
     weights = attn.attention_weights(torch.randn(1, 17, 32))
     with pytest.raises(ValueError, match=r"ahead weights must have shape \(1, 2, 5, 5\), got \(1, 2, 17, 17\)"):

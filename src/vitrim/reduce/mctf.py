@@ -40,6 +40,7 @@ pass with a random smaller r, :mod:`vitrim.losses`); ``vitrim train --reducer mc
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -175,11 +176,12 @@ class MCTF(Reducer):
         pooling: str = "attention",
         prop_attn: bool = True,
     ) -> None:
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or r < 0 or (isinstance(r, float) and r >= 1):
+        # written as `not 0 <= r` (not `r < 0`) so that NaN, which fails every comparison, is refused too
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 or (isinstance(r, float) and not r < 1):
             raise ValueError(f"r must be an int >= 0 (tokens merged per block) or a fraction in (0, 1), got {r!r}")
         for name, tau in (("tau_sim", tau_sim), ("tau_info", tau_info), ("tau_size", tau_size)):
-            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or tau < 0:
-                raise ValueError(f"{name} must be a number >= 0 (0 leaves the criterion out), got {tau!r}")
+            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0 (0 leaves the criterion out), got {tau!r}")
         if one_step_ahead not in (1, 2) or isinstance(one_step_ahead, bool):
             raise ValueError(
                 f"one_step_ahead must be 1 (reuse the merged attention) or 2 (recompute it), got {one_step_ahead!r}"
