@@ -91,5 +91,6 @@ def masked_forward(model, input_ids, attention_mask, drops: dict[int, Tensor], c
 
 def top_k_reference(scores: Tensor, k: int) -> list[int]:
     """The k largest scores, ties to the earlier index, as a sorted list (plain Python sort)."""
-    ranked = sorted(range(len(scores)), key=lambda j: (-float(scores[j]), j))
+    values = scores.detach().tolist()
+    ranked = sorted(range(len(values)), key=lambda j: (-values[j], j))
     return sorted(ranked[:k])

@@ -1,0 +1,171 @@
+"""Dropping inside the LLM equals the full model with those keys masked from layer K on (prefill and decode),
+keeps nothing-dropped runs bit for bit, and gives each sample of a padded batch what it gets alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_reference import (
+    kept_keys,
+    masked_forward,
+    positions,
+    prompts,
+    tiny_llama,
+    transformers,
+)
+from vitrim.vlm.in_llm import InLLMDrop
+from vitrim.vlm.method_dart import DartDrop
+from vitrim.vlm.method_fastv import FastVDrop
+from vitrim.vlm.method_pdrop import PyramidDrop
+
+IMAGE_TOKENS = 8
+LENGTHS = [(3, 4), (1, 2), (5, 6)]  # (text before, text after) the image, per sample: different prompt lengths
+
+
+def _keep(count: int):
+    return lambda num_tokens: count
+
+
+POLICIES = {
+    "fastv": lambda: FastVDrop(layer=2, tokens=_keep(3)),
+    "dart": lambda: DartDrop(layer=1, tokens=_keep(5), pivot_image_token=2, pivot_text_token=1),
+    "pdrop": lambda: PyramidDrop(layers=(1, 3), ratios=(0.5, 0.25)),
+}
+
+
+def _prefill(model, policy, input_ids, attention_mask, spans):
+    drop = InLLMDrop(model.model, policy)
+    drop.on_prefill(spans)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask), use_cache=True)
+    return drop, out
+
+
+def _drops(drop: InLLMDrop, spans) -> dict[int, torch.Tensor]:
+    stages = drop.stage_selections()
+    assert stages is not None
+    return {stage.layer: kept_keys(spans, kept) for stage, kept in zip(drop.stages, stages, strict=True)}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_drop_equals_masked_full_model_prefill_and_decode(name):
+    model = tiny_llama()
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
+    drop, out = _prefill(model, POLICIES[name](), input_ids, attention_mask, spans)
+    drops = _drops(drop, spans)
+    next_ids = torch.tensor([[5], [7], [9]])
+    longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=out.cache)
+    dropped = sum(int((~keep & spans.is_image).sum()) for keep in drops.values())
+    assert dropped > 0
+    cache_lengths = [layer.get_seq_length() for layer in step.cache.layers]
+    drop.remove()
+
+    cache = transformers.DynamicCache(config=model.config)
+    reference = masked_forward(model, input_ids, attention_mask, drops, cache=cache)
+    kept = attention_mask.bool() & list(drops.values())[-1]
+    assert (out.logits - reference)[kept].abs().max() <= 1e-12
+    grown = {layer: torch.cat([keep, torch.ones(3, 1, dtype=torch.bool)], dim=1) for layer, keep in drops.items()}
+    reference_step = masked_forward(model, next_ids, longer, grown, cache=cache, past=input_ids.shape[1])
+    assert (step.logits - reference_step).abs().max() <= 1e-12
+    # each layer's cache holds exactly the tokens still there at that layer (+ the decoded one)
+    full = input_ids.shape[1] + 1
+    for index, length in enumerate(cache_lengths):
+        stages = [stage for stage in drop.stages if stage.layer <= index]
+        expected = full if not stages else full - int((~drops[stages[-1].layer]).sum(dim=1).min())
+        assert length == expected
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_keep_all_is_the_unmodified_model_bit_for_bit(name):
+    model = tiny_llama(seed=1)
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS, seed=1)
+    position_ids = positions(attention_mask)
+    plain = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+    policy = {
+        "fastv": FastVDrop(layer=1, tokens=_keep(IMAGE_TOKENS)),
+        "dart": DartDrop(layer=1, tokens=_keep(IMAGE_TOKENS)),
+        "pdrop": PyramidDrop(layers=(1, 2), ratios=(1.0, 1.0)),
+    }[name]
+    drop, out = _prefill(model, policy, input_ids, attention_mask, spans)
+    assert torch.equal(out.logits, plain.logits)
+    next_ids = torch.tensor([[5], [7], [9]])
+    longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+    kwargs = {"input_ids": next_ids, "attention_mask": longer, "position_ids": positions(longer)[:, -1:]}
+    step = model(**kwargs, cache=out.cache)
+    drop.remove()
+    assert torch.equal(step.logits, model(**kwargs, cache=plain.cache).logits)
+    assert [kept.tolist() for kept in drop.selection()] == [list(range(IMAGE_TOKENS))] * 3
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_each_sample_of_a_padded_batch_equals_that_sample_alone(name):
+    model = tiny_llama(seed=2)
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS, seed=2)
+    drop, batched = _prefill(model, POLICIES[name](), input_ids, attention_mask, spans)
+    next_ids = torch.tensor([[5], [7], [9]])
+    longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=batched.cache)
+    selection = drop.selection()
+    drop.remove()
+    for sample, lengths in enumerate(LENGTHS):
+        ids, mask, alone_spans = prompts([lengths], IMAGE_TOKENS, seed=2)
+        ids = input_ids[sample : sample + 1, input_ids.shape[1] - ids.shape[1] :]  # the same tokens, unpadded
+        drop, alone = _prefill(model, POLICIES[name](), ids, mask, alone_spans)
+        one = torch.ones(1, 1, dtype=torch.long)
+        alone_step = model(input_ids=next_ids[sample : sample + 1], attention_mask=torch.cat([mask, one], 1),
+                           position_ids=positions(torch.cat([mask, one], 1))[:, -1:], cache=alone.cache)  # fmt: skip
+        assert torch.equal(drop.selection()[0], selection[sample])
+        drop.remove()
+        width = ids.shape[1]
+        assert (batched.logits[sample, -width:] - alone.logits[0]).abs().max() <= 1e-12
+        assert (step.logits[sample] - alone_step.logits[0]).abs().max() <= 1e-12
+
+
+def test_generate_runs_on_the_kept_tokens_and_remove_restores_the_model():
+    model = tiny_llama(seed=3)
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS, seed=3)
+    plain = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3, do_sample=False)
+    drop = InLLMDrop(model.model, FastVDrop(layer=2, tokens=_keep(2)))
+    drop.on_prefill(spans)
+    pruned = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3, do_sample=False)
+    drops = _drops(drop, spans)
+    drop.remove()
+    # greedy decoding of the masked reference, step by step on its full cache
+    cache = transformers.DynamicCache(config=model.config)
+    mask, ids, keep = attention_mask, input_ids, drops[2]
+    logits = masked_forward(model, ids, mask, {2: keep}, cache=cache)
+    tokens = []
+    for _ in range(3):
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token)
+        past = mask.shape[1]
+        mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+        keep = torch.cat([keep, torch.ones(3, 1, dtype=torch.bool)], dim=1)
+        logits = masked_forward(model, token, mask, {2: keep}, cache=cache, past=past)
+    assert torch.equal(pruned[:, input_ids.shape[1] :], torch.cat(tokens, dim=1))
+    again = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3, do_sample=False)
+    assert torch.equal(again, plain)
+
+
+def test_bad_layers_and_attention_implementations_are_refused_clearly():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="drop layer 4 is outside the LLM"):
+        InLLMDrop(model.model, FastVDrop(layer=4, tokens=_keep(2)))
+    with pytest.raises(ValueError, match="drop layer 0 is outside the LLM"):
+        InLLMDrop(model.model, FastVDrop(layer=0, tokens=_keep(2)))
+    with pytest.raises(ValueError, match=r"layers=\(2, 1\) must increase"):
+        PyramidDrop(layers=(2, 1), ratios=(0.5, 0.25))
+    with pytest.raises(ValueError, match="must be fractions"):
+        PyramidDrop(layers=(1, 2), ratios=(0.25, 0.5))
+    assert not model.model.layers[0]._forward_pre_hooks  # a refused install leaves no hook behind
+
+
+def test_spans_of_another_input_are_refused():
+    model = tiny_llama()
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
+    drop = InLLMDrop(model.model, FastVDrop(layer=2, tokens=_keep(2)))
+    drop.on_prefill(spans)
+    with pytest.raises(ValueError, match="image spans cover"):
+        model(input_ids=input_ids[:, 1:], attention_mask=attention_mask[:, 1:])
+    drop.remove()
