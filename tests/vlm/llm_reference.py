@@ -68,10 +68,17 @@ def kept_keys(spans: ImageSpans, kept: list[Tensor]) -> Tensor:
 def masked_forward(model, input_ids, attention_mask, drops: dict[int, Tensor], cache=None, past: int = 0):
     """Logits (B, q, V) of the model run layer by layer; from each layer K in ``drops`` on, no query attends to a
     key where ``drops[K]`` (B, past + q) is False. ``attention_mask`` (B, past + q) is the user's padding."""
-    lm = model.model
-    batch, length = input_ids.shape
-    hidden = lm.embed_tokens(input_ids)
+    hidden = model.model.embed_tokens(input_ids)
     position_ids = positions(attention_mask)[:, past:]
+    return model.lm_head(masked_layers(model.model, hidden, attention_mask, position_ids, drops, cache, past))
+
+
+def masked_layers(lm, hidden, attention_mask, position_ids, drops: dict[int, Tensor], cache=None, past: int = 0):
+    """The decoder stack ``lm`` (``.layers``, ``.norm``, ``.rotary_emb``) on ``hidden`` (B, q, D) with the masks
+    of :func:`masked_forward`; returns the final-normed hidden states (B, q, D)."""
+    length = hidden.shape[1]
+    if position_ids is None:
+        position_ids = torch.arange(past, past + length)[None]
     cos_sin = lm.rotary_emb(hidden, position_ids=position_ids)
     query = torch.arange(past, past + length)
     key = torch.arange(past + length)
@@ -82,11 +89,11 @@ def masked_forward(model, input_ids, attention_mask, drops: dict[int, Tensor], c
             if index == start:
                 allowed = allowed & keep[:, None, None, :]
         mask = allowed
-        if model.config._attn_implementation == "eager":
+        if lm.config._attn_implementation == "eager":
             mask = torch.zeros(allowed.shape, dtype=hidden.dtype).masked_fill(~allowed, torch.finfo(hidden.dtype).min)
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin,
                        cache=cache, use_cache=cache is not None)  # fmt: skip
-    return model.lm_head(lm.norm(hidden))
+    return lm.norm(hidden)
 
 
 def top_k_reference(scores: Tensor, k: int) -> list[int]:

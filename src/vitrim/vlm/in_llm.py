@@ -34,7 +34,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.family import FamilyAdapter
 from vitrim.vlm.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.registry import ImageSelection, Method, StageOptions
 from vitrim.vlm.spans import ImageSpans
 
 
@@ -101,10 +103,12 @@ class InLLMDrop:
         self.stages = policy.drop_stages(num_layers)
         previous = 0
         for stage in self.stages:
+            if isinstance(stage.layer, bool) or not isinstance(stage.layer, int):
+                raise ValueError(f"layer={stage.layer!r} must be an int (a decoder layer index)")
             if not 1 <= stage.layer < num_layers or stage.layer <= previous:
                 raise ValueError(
-                    f"drop layer {stage.layer} is outside the LLM or out of order; expected increasing layers in "
-                    f"1 … {num_layers - 1} (the LLM has {num_layers} decoder layers)"
+                    f"drop layer {stage.layer} (layer= / layers=) is outside the LLM or out of order; expected "
+                    f"increasing layers in 1 … {num_layers - 1} (the LLM has {num_layers} decoder layers)"
                 )
             previous = stage.layer
         config = getattr(language_model, "config", None)
@@ -354,3 +358,31 @@ class InLLMDrop:
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
             ~allowed, torch.finfo(dtype).min
         )
+
+
+class InLLMInstallation:
+    """What :func:`install` leaves on a model: the drop hooks and the family's prefill watch."""
+
+    def __init__(self, drop: InLLMDrop, unwatch: Callable[[], None]) -> None:
+        self.drop = drop
+        self._unwatch = unwatch
+
+    def remove(self) -> None:
+        self._unwatch()
+        self.drop.remove()
+
+    def selection(self) -> list[ImageSelection] | None:
+        """Per image: the tokens kept through the last layer (each stands for itself: in-LLM methods never merge)."""
+        kept = self.drop.selection()
+        if kept is None:
+            return None
+        return [ImageSelection(kept=tokens, groups=tuple(tokens[:, None].unbind(0))) for tokens in kept]
+
+
+def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InLLMInstallation:
+    """Install the in-LLM ``method`` on ``family``'s language model; every check runs before the first hook."""
+    make_policy = getattr(method, "drop_policy", None)
+    if make_policy is None:
+        raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
+    drop = InLLMDrop(family.language_model, make_policy(options))
+    return InLLMInstallation(drop, family.watch_spans(drop.on_prefill))

@@ -18,19 +18,21 @@ and ties go to the earlier token. Text pivots: the sample's real non-image token
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from vitrim.vlm.in_llm import DropStage
 from vitrim.vlm.in_llm_evidence import LayerEvidence, top_k_stable
+from vitrim.vlm.registry import Method, StageOptions, register_method
 
 DART_LAYER = 2
 DART_PIVOT_IMAGE_TOKEN = 4
 DART_PIVOT_TEXT_TOKEN = 4
-DART_KEEP = 128  # the authors' max_num_trunction for "128 tokens" (they keep 132, see the module docstring)
+DART_REDUCTION_RATIO = 0.778  # the authors' scripts: 0.778 of LLaVA-1.5's 576 tokens dropped, 128 kept
 
 
 def dart_keep(
@@ -99,3 +101,33 @@ class DartDrop:
             )  # fmt: skip
             kept.append(image.tokens[chosen])
         return kept
+
+
+@register_method("dart", stage="in_llm")
+class Dart(Method):
+    """DART. Options: ``layer=`` (default 2, the authors' K), ``keep=`` (image tokens per image kept from layer K
+    on; default 1 − 0.778 of them, the authors' reduction ratio: 128 of 576), ``pivot_image_token`` (default 4),
+    ``pivot_text_token`` (default 4)."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "pivot_image_token": DART_PIVOT_IMAGE_TOKEN,
+        "pivot_text_token": DART_PIVOT_TEXT_TOKEN,
+    }
+
+    def check(self) -> None:
+        for name, least in (("pivot_image_token", 1), ("pivot_text_token", 0)):
+            value = self.options[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r} must be an int >= {least}")
+
+    def default_keep(self) -> float:
+        return 1.0 - DART_REDUCTION_RATIO
+
+    def drop_policy(self, options: StageOptions) -> DartDrop:
+        assert options.keep is not None  # default_keep always gives one
+        return DartDrop(
+            layer=DART_LAYER if options.layer is None else options.layer,
+            tokens=options.keep.tokens,
+            pivot_image_token=self.options["pivot_image_token"],
+            pivot_text_token=self.options["pivot_text_token"],
+        )

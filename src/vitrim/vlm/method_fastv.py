@@ -11,13 +11,15 @@ Kept tokens keep their original positions, as the authors' ``position_ids = keep
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from torch import Tensor
 
 from vitrim.vlm.in_llm import DropStage
 from vitrim.vlm.in_llm_evidence import LayerEvidence, rank_by_attention
+from vitrim.vlm.registry import Method, StageOptions, register_method
 
 FASTV_LAYER = 2  # the authors' K
 FASTV_RATIO = 0.5  # the authors' R: the fraction of image tokens dropped
@@ -48,3 +50,18 @@ class FastVDrop:
             image.tokens[fastv_keep(attention[image.sample][:, image.slots], count)]
             for image, count in zip(evidence.images(), counts, strict=True)
         ]
+
+
+@register_method("fastv", stage="in_llm")
+class FastV(Method):
+    """FastV. Options: ``layer=`` (default 2, the authors' K), ``keep=`` (image tokens per image kept from layer K
+    on; default 0.5, the authors' R = 50 % dropped)."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def default_keep(self) -> float:
+        return 1.0 - FASTV_RATIO
+
+    def drop_policy(self, options: StageOptions) -> FastVDrop:
+        assert options.keep is not None  # default_keep always gives one
+        return FastVDrop(layer=FASTV_LAYER if options.layer is None else options.layer, tokens=options.keep.tokens)

@@ -13,12 +13,15 @@ the earlier token; several images per sample are ranked image by image.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from torch import Tensor
 
 from vitrim.vlm.in_llm import DropStage
 from vitrim.vlm.in_llm_evidence import LayerEvidence, rank_by_attention
+from vitrim.vlm.registry import Method, StageOptions, register_method
 
 PDROP_LAYERS = (8, 16, 24)
 PDROP_RATIOS = (0.5, 0.25, 0.125)
@@ -40,8 +43,12 @@ class StageTokens:
         return int(num_tokens * self.ratio)  # the authors' int(): truncation, not rounding
 
 
-def check_pyramid(layers: tuple[int, ...], ratios: tuple[float, ...]) -> None:
+def check_pyramid(layers: Any, ratios: Any) -> None:
     """``ValueError`` unless ``layers`` increase and ``ratios`` (same length) decrease within (0, 1]."""
+    if not isinstance(layers, tuple | list) or not isinstance(ratios, tuple | list):
+        raise ValueError(f"layers={layers!r} and ratios={ratios!r} must be tuples (decoder layers, fractions)")
+    if any(isinstance(ratio, bool) or not isinstance(ratio, int | float) for ratio in ratios):
+        raise ValueError(f"ratios={ratios!r} must be numbers (fractions of the image's tokens)")
     if len(layers) == 0 or len(layers) != len(ratios):
         raise ValueError(f"layers={layers} and ratios={ratios} must be non-empty and of the same length")
     if any(not isinstance(layer, int) or isinstance(layer, bool) for layer in layers):
@@ -73,3 +80,20 @@ class PyramidDrop:
             image.tokens[pdrop_keep(attention[image.sample][:, image.slots], count)]
             for image, count in zip(evidence.images(), counts, strict=True)
         ]
+
+
+@register_method("pdrop", stage="in_llm")
+class PDrop(Method):
+    """PyramidDrop. Options: ``layers`` (default (8, 16, 24)), ``ratios`` (default (0.5, 0.25, 0.125)): from
+    ``layers[s]`` on, ``int(N · ratios[s])`` tokens of each N-token image stay. ``keep=`` and ``layer=`` are refused
+    (the stages say both)."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {"layers": PDROP_LAYERS, "ratios": PDROP_RATIOS}
+
+    def check(self) -> None:
+        check_pyramid(self.options["layers"], self.options["ratios"])
+
+    def drop_policy(self, options: StageOptions) -> PyramidDrop:
+        if options.keep is not None or options.layer is not None:
+            raise ValueError("pdrop drops in stages: give layers=(...) and ratios=(...), not keep= or layer=")
+        return PyramidDrop(layers=tuple(self.options["layers"]), ratios=tuple(self.options["ratios"]))
