@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from llm_reference import (
     kept_keys,
     masked_forward,
@@ -14,6 +13,7 @@ from llm_reference import (
     tiny_llama,
     transformers,
 )
+
 from vitrim.vlm.in_llm import InLLMDrop
 from vitrim.vlm.method_dart import DartDrop
 from vitrim.vlm.method_fastv import FastVDrop
@@ -37,7 +37,9 @@ POLICIES = {
 def _prefill(model, policy, input_ids, attention_mask, spans):
     drop = InLLMDrop(model.model, policy)
     drop.on_prefill(spans)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask), use_cache=True)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask), use_cache=True
+    )
     return drop, out
 
 
@@ -150,9 +152,9 @@ def test_generate_runs_on_the_kept_tokens_and_remove_restores_the_model():
 
 def test_bad_layers_and_attention_implementations_are_refused_clearly():
     model = tiny_llama()
-    with pytest.raises(ValueError, match="drop layer 4 is outside the LLM"):
+    with pytest.raises(ValueError, match=r"drop layer 4 \(layer= / layers=\) is outside the LLM"):
         InLLMDrop(model.model, FastVDrop(layer=4, tokens=_keep(2)))
-    with pytest.raises(ValueError, match="drop layer 0 is outside the LLM"):
+    with pytest.raises(ValueError, match=r"drop layer 0 \(layer= / layers=\) is outside the LLM"):
         InLLMDrop(model.model, FastVDrop(layer=0, tokens=_keep(2)))
     with pytest.raises(ValueError, match=r"layers=\(2, 1\) must increase"):
         PyramidDrop(layers=(2, 1), ratios=(0.5, 0.25))

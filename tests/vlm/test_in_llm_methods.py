@@ -107,7 +107,7 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(la
     policy = DartDrop(layer=layer, tokens=lambda n: keep, pivot_image_token=pivots[0], pivot_text_token=pivots[1])
     stages = _run(model, policy, seed=6)[3]
     for sample in range(len(LENGTHS)):
-        input_ids, attention_mask, spans = _alone(sample, seed=6)
+        input_ids, _, spans = _alone(sample, seed=6)
         out = model(input_ids=input_ids, use_cache=True, output_hidden_states=True)
         keys = out.cache.layers[layer - 1].keys.transpose(1, 2).flatten(2)[0]  # (L, Hkv·hd) post-rotary, as cached
         states = model.model.norm(out.hidden_states[layer])[0]  # (L, D) layer K's input through the final norm

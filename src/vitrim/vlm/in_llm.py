@@ -96,8 +96,8 @@ class InLLMDrop:
     adapter does); :meth:`remove` takes every hook off."""
 
     def __init__(self, language_model: nn.Module, policy: DropPolicy) -> None:
-        self.layers: nn.ModuleList = language_model.layers
-        self.final_norm: nn.Module = language_model.norm
+        self.layers: nn.ModuleList = language_model.get_submodule("layers")  # type: ignore[assignment]
+        self.final_norm: nn.Module = language_model.get_submodule("norm")
         self.policy = policy
         num_layers = len(self.layers)
         self.stages = policy.drop_stages(num_layers)
@@ -227,7 +227,8 @@ class InLLMDrop:
         new = past + torch.arange(hidden.shape[1], device=hidden.device)  # (q,) columns of the new tokens
         for slots in self._slots:
             slots.columns = torch.cat([slots.columns, new.expand(batch, -1)], dim=1)
-            slots.valid = torch.cat([slots.valid, torch.ones(batch, new.numel(), dtype=torch.bool, device=new.device)], 1)
+            added = torch.ones(batch, new.numel(), dtype=torch.bool, device=new.device)
+            slots.valid = torch.cat([slots.valid, added], dim=1)
             slots.kwargs = {}
         self._pass.update(active=True, query_columns=new)
 
@@ -237,8 +238,8 @@ class InLLMDrop:
         expected = self._slots[stage].columns.shape[1] - new_tokens
         if held != expected:
             raise RuntimeError(
-                f"the KV cache of decoder layer {index} holds {held} tokens where vitrim's in-LLM drop left {expected}; "
-                "the cache was changed outside vitrim (beam search and assisted decoding are not supported)"
+                f"the KV cache of decoder layer {index} holds {held} tokens where vitrim's in-LLM drop left "
+                f"{expected}; the cache was changed outside vitrim (beam search, assisted decoding)"
             )
 
     # ---- prefill: dropping --------------------------------------------------------------------------------------

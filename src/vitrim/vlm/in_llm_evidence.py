@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,13 +42,13 @@ class ImageTokens:
     tokens: Tensor
 
 
-def rotary_function(attention: nn.Module):  # noqa: ANN201 - the model's own function, whatever its signature
+def rotary_function(attention: nn.Module) -> Any:
     """The ``apply_rotary_pos_emb(q, k, cos, sin)`` of the module that defines ``attention``'s class, or None."""
     return getattr(sys.modules[type(attention).__module__], "apply_rotary_pos_emb", None)
 
 
 def check_attention_readable(layer: nn.Module, index: int) -> None:
-    """``ValueError`` when vitrim cannot recompute ``layer``'s q·kᵀ from its weights (a decoder layer it does not know)."""
+    """``ValueError`` when vitrim cannot recompute ``layer``'s q·kᵀ from its weights (a layer it does not know)."""
     attention = getattr(layer, "self_attn", None)
     needed = ("q_proj", "k_proj", "head_dim", "scaling")
     missing = [name for name in needed if attention is None or not hasattr(attention, name)]
@@ -68,8 +69,8 @@ def project_query_key(layer: nn.Module, hidden: Tensor, cos: Tensor, sin: Tensor
     Same order of operations as the transformers layers: input norm, projection, per-head q/k norm (when the model
     has one), rotary with the (cos, sin) the layer received.
     """
-    attention = layer.self_attn
-    x = layer.input_layernorm(hidden)  # (B, S, D)
+    attention: Any = layer.self_attn
+    x = layer.get_submodule("input_layernorm")(hidden)  # (B, S, D)
     batch, length = x.shape[:2]
     q = attention.q_proj(x).view(batch, length, -1, attention.head_dim).transpose(1, 2)  # (B, H, S, hd)
     k = attention.k_proj(x).view(batch, length, -1, attention.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
@@ -115,7 +116,7 @@ class LayerEvidence:
         before it, computed from layer ``layer - 1`` (``previous=True``, FastV) or ``layer`` (PyramidDrop)."""
         index, given = self._input(previous)
         layer = self.layers[index]
-        attention = layer.self_attn
+        attention: Any = layer.self_attn
         rows = self.last_slot.view(-1, 1)  # (B, 1)
         take = rows.unsqueeze(-1)
         hidden_last = given.hidden.gather(1, take.expand(-1, -1, given.hidden.shape[-1]))  # (B, 1, D)

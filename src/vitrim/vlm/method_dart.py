@@ -120,7 +120,7 @@ class Dart(Method):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an int >= {least}")
 
-    def default_keep(self) -> float:
+    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
         return 1.0 - DART_REDUCTION_RATIO
 
     def drop_policy(self, options: StageOptions) -> DartDrop:

@@ -59,7 +59,7 @@ class FastV(Method):
 
     defaults: ClassVar[Mapping[str, Any]] = {}
 
-    def default_keep(self) -> float:
+    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
         return 1.0 - FASTV_RATIO
 
     def drop_policy(self, options: StageOptions) -> FastVDrop:

@@ -13,6 +13,7 @@ the earlier token; several images per sample are ranked image by image.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -53,9 +54,9 @@ def check_pyramid(layers: Any, ratios: Any) -> None:
         raise ValueError(f"layers={layers} and ratios={ratios} must be non-empty and of the same length")
     if any(not isinstance(layer, int) or isinstance(layer, bool) for layer in layers):
         raise ValueError(f"layers={layers} must be ints (decoder layer indices)")
-    if any(later <= earlier for earlier, later in zip(layers, layers[1:])):
+    if any(later <= earlier for earlier, later in itertools.pairwise(layers)):
         raise ValueError(f"layers={layers} must increase")
-    if any(not 0.0 < ratio <= 1.0 for ratio in ratios) or any(b > a for a, b in zip(ratios, ratios[1:])):
+    if any(not 0.0 < ratio <= 1.0 for ratio in ratios) or any(b > a for a, b in itertools.pairwise(ratios)):
         raise ValueError(f"ratios={ratios} must be fractions in (0, 1] that do not increase")
 
 
