@@ -30,26 +30,33 @@ def tiny_llama(seed: int = 0, layers: int = 4, implementation: str = "sdpa"):
     return transformers.LlamaForCausalLM(config).double().eval()
 
 
-def prompts(lengths: list[tuple[int, int]], image_tokens: int, seed: int = 0) -> tuple[Tensor, Tensor, ImageSpans]:
-    """A left-padded batch: sample b is ``before`` text tokens, ``image_tokens`` image positions, ``after`` text
-    tokens, for (before, after) in ``lengths``. Returns input_ids (B, L), attention_mask (B, L), spans."""
+def prompts(
+    lengths: list[tuple[int, ...]], image_tokens: int, seed: int = 0, side: str = "left"
+) -> tuple[Tensor, Tensor, ImageSpans]:
+    """A padded batch: sample b is ``before`` text tokens, ``images`` times (``image_tokens`` image positions and one
+    text token), then ``after`` text tokens, for (before, after[, images = 1]) in ``lengths``.
+    Returns input_ids (B, L), attention_mask (B, L), spans."""
     generator = torch.Generator().manual_seed(seed)
-    rows, images = [], []
-    for before, after in lengths:
-        ids = torch.randint(3, VOCAB, (before + image_tokens + after,), generator=generator)
+    rows, images, counts = [], [], []
+    for before, after, *rest in lengths:
+        number = rest[0] if rest else 1
+        ids = torch.randint(3, VOCAB, (before + number * (image_tokens + 1) + after,), generator=generator)
         image = torch.zeros_like(ids, dtype=torch.bool)
-        image[before : before + image_tokens] = True
+        for start in range(before, before + number * (image_tokens + 1), image_tokens + 1):
+            image[start : start + image_tokens] = True
         rows.append(ids)
         images.append(image)
+        counts += [image_tokens] * number
     width = max(len(row) for row in rows)
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
     is_image = torch.zeros(len(rows), width, dtype=torch.bool)
     for b, (row, image) in enumerate(zip(rows, images, strict=True)):
-        input_ids[b, width - len(row) :] = row
-        attention_mask[b, width - len(row) :] = 1
-        is_image[b, width - len(row) :] = image
-    return input_ids, attention_mask, spans_from_mask(is_image, [image_tokens] * len(rows))
+        cols = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+        input_ids[b, cols] = row
+        attention_mask[b, cols] = 1
+        is_image[b, cols] = image
+    return input_ids, attention_mask, spans_from_mask(is_image, counts)
 
 
 def positions(attention_mask: Tensor) -> Tensor:

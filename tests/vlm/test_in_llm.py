@@ -15,12 +15,14 @@ from llm_reference import (
 )
 
 from vitrim.vlm.in_llm import InLLMDrop
+from vitrim.vlm.spans import spans_from_mask
 from vitrim.vlm.method_dart import DartDrop
 from vitrim.vlm.method_fastv import FastVDrop
 from vitrim.vlm.method_pdrop import PyramidDrop
 
 IMAGE_TOKENS = 8
 LENGTHS = [(3, 4), (1, 2), (5, 6)]  # (text before, text after) the image, per sample: different prompt lengths
+MIXED = [(3, 4, 1), (2, 3, 0), (1, 2, 2)]  # 1, 0 and 2 images: the samples keep different counts (re-padded)
 
 
 def _keep(count: int):
@@ -49,10 +51,11 @@ def _drops(drop: InLLMDrop, spans) -> dict[int, torch.Tensor]:
     return {stage.layer: kept_keys(spans, kept) for stage, kept in zip(drop.stages, stages, strict=True)}
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, MIXED], ids=["same-images", "mixed-images"])
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_drop_equals_masked_full_model_prefill_and_decode(name):
+def test_drop_equals_masked_full_model_prefill_and_decode(name, lengths):
     model = tiny_llama()
-    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
+    input_ids, attention_mask, spans = prompts(lengths, IMAGE_TOKENS)
     drop, out = _prefill(model, POLICIES[name](), input_ids, attention_mask, spans)
     drops = _drops(drop, spans)
     next_ids = torch.tensor([[5], [7], [9]])
@@ -171,3 +174,32 @@ def test_spans_of_another_input_are_refused():
     with pytest.raises(ValueError, match="image spans cover"):
         model(input_ids=input_ids[:, 1:], attention_mask=attention_mask[:, 1:])
     drop.remove()
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_mixed_image_counts_either_padding_side_equal_each_sample_alone(name, side):
+    model = tiny_llama(seed=7)
+    input_ids, attention_mask, spans = prompts(MIXED, IMAGE_TOKENS, seed=7, side=side)
+    drop, batched = _prefill(model, POLICIES[name](), input_ids, attention_mask, spans)
+    next_ids = torch.tensor([[5], [7], [9]])
+    longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=batched.cache)
+    selection = drop.selection()
+    drop.remove()
+    image = 0
+    for sample, (_, _, images) in enumerate(MIXED):
+        real = attention_mask[sample].bool()
+        ids = input_ids[sample, real][None]
+        alone_spans = spans_from_mask(spans.is_image[sample, real][None], [IMAGE_TOKENS] * images)
+        mask = torch.ones_like(ids)
+        drop, alone = _prefill(model, POLICIES[name](), ids, mask, alone_spans)
+        longer_alone = torch.ones(1, ids.shape[1] + 1, dtype=torch.long)
+        alone_step = model(input_ids=next_ids[sample : sample + 1], attention_mask=longer_alone,
+                           position_ids=positions(longer_alone)[:, -1:], cache=alone.cache)  # fmt: skip
+        alone_selection = drop.selection() if images else []
+        drop.remove()
+        assert [kept.tolist() for kept in alone_selection] == [kept.tolist() for kept in selection[image : image + images]]
+        image += images
+        assert (batched.logits[sample, real] - alone.logits[0]).abs().max() <= 1e-12
+        assert (step.logits[sample] - alone_step.logits[0]).abs().max() <= 1e-12
