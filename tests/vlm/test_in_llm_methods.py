@@ -15,6 +15,7 @@ from vitrim.vlm.method_fastv import FastVDrop, fastv_keep
 from vitrim.vlm.method_pdrop import PyramidDrop, pdrop_keep
 
 IMAGE_TOKENS = 8
+FULL = pytest.mark.full
 LENGTHS = [(3, 4), (1, 2), (5, 6)]
 
 
@@ -41,7 +42,7 @@ def _alone(sample, seed):
     return input_ids, attention_mask, spans
 
 
-@pytest.mark.parametrize(("layer", "keep"), [(1, 3), (2, 5), (3, 1)])
+@pytest.mark.parametrize(("layer", "keep"), [(2, 5), pytest.param(1, 3, marks=FULL), pytest.param(3, 1, marks=FULL)])
 def test_fastv_keeps_the_top_tokens_of_the_last_tokens_attention_at_layer_k_minus_1(layer, keep):
     model = tiny_llama(seed=4)
     stages = _run(model, FastVDrop(layer=layer, tokens=lambda n: keep), seed=4)[3]
@@ -54,7 +55,7 @@ def test_fastv_keeps_the_top_tokens_of_the_last_tokens_attention_at_layer_k_minu
         assert stages[0][sample].tolist() == expected
 
 
-@pytest.mark.parametrize(("layers", "ratios"), [((1, 3), (0.5, 0.25)), ((2, 3), (0.75, 0.375))])
+@pytest.mark.parametrize(("layers", "ratios"), [((1, 3), (0.5, 0.25)), pytest.param((2, 3), (0.75, 0.375), marks=FULL)])
 def test_pdrop_ranks_each_stage_by_its_own_layers_attention_on_the_tokens_still_there(layers, ratios):
     model = tiny_llama(seed=5)
     stages = _run(model, PyramidDrop(layers=layers, ratios=ratios), seed=5)[3]
@@ -101,7 +102,10 @@ def dart_reference(image_norms, text_norms, image_states, text_states, keep, piv
     return sorted(chosen)
 
 
-@pytest.mark.parametrize(("layer", "keep", "pivots"), [(1, 5, (2, 1)), (2, 7, (4, 4)), (2, 3, (4, 4))])
+@pytest.mark.parametrize(
+    ("layer", "keep", "pivots"),
+    [(2, 7, (4, 4)), pytest.param(1, 5, (2, 1), marks=FULL), pytest.param(2, 3, (4, 4), marks=FULL)],
+)
 def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(layer, keep, pivots):
     model = tiny_llama(seed=6)
     policy = DartDrop(layer=layer, tokens=lambda n: keep, pivot_image_token=pivots[0], pivot_text_token=pivots[1])
