@@ -30,6 +30,16 @@ def tiny_llama(seed: int = 0, layers: int = 4, implementation: str = "sdpa"):
     return transformers.LlamaForCausalLM(config).double().eval()
 
 
+def tiny_qwen2(seed: int = 0, layers: int = 3, implementation: str = "sdpa"):
+    """A random Qwen2 (float64): Llama's layout with q/k/v biases."""
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, attn_implementation=implementation,
+    )  # fmt: skip
+    return transformers.Qwen2ForCausalLM(config).double().eval()
+
+
 def prompts(
     lengths: list[tuple[int, ...]], image_tokens: int, seed: int = 0, side: str = "left"
 ) -> tuple[Tensor, Tensor, ImageSpans]:

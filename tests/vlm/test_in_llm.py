@@ -11,6 +11,7 @@ from llm_reference import (
     positions,
     prompts,
     tiny_llama,
+    tiny_qwen2,
     transformers,
 )
 
@@ -177,6 +178,16 @@ def test_bad_layers_and_attention_implementations_are_refused_clearly():
     with pytest.raises(ValueError, match="must be fractions"):
         PyramidDrop(layers=(1, 2), ratios=(0.25, 0.5))
     assert not model.model.layers[0]._forward_pre_hooks  # a refused install leaves no hook behind
+    config = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+    )  # fmt: skip
+    windowed = transformers.Qwen2ForCausalLM(config)
+    with pytest.raises(ValueError, match="decoder layer 1 uses a sliding window"):
+        InLLMDrop(windowed.model, FastVDrop(layer=1, tokens=_keep(2)))
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="runs on 'sdpa' or 'eager' attention; the LLM uses 'flex_attention'"):
+        InLLMDrop(model.model, FastVDrop(layer=1, tokens=_keep(2)))
 
 
 def test_spans_of_another_input_are_refused():
@@ -220,3 +231,20 @@ def test_mixed_image_counts_either_padding_side_equal_each_sample_alone(name, si
         image += images
         assert (batched.logits[sample, real] - alone.logits[0]).abs().max() <= 1e-12
         assert (step.logits[sample] - alone_step.logits[0]).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize(
+    ("implementation", "tolerance"),
+    # eager: transformers' eager attention takes its softmax in float32, whose sums round differently over fewer keys
+    [("sdpa", 1e-12), pytest.param("eager", 1e-5, marks=FULL)],
+)
+def test_qwen2_layers_drop_like_the_masked_model(implementation, tolerance):
+    model = tiny_qwen2(implementation=implementation)
+    lengths = LENGTHS if implementation == "sdpa" else LENGTHS[:1]  # eager float64 turns padded rows into NaN
+    input_ids, attention_mask, spans = prompts(lengths, IMAGE_TOKENS)
+    for policy in (FastVDrop(layer=2, tokens=_keep(3)), DartDrop(layer=1, tokens=_keep(5))):
+        drop, out = _prefill(model, policy, input_ids, attention_mask, spans)
+        keep = kept_keys(spans, drop.selection())
+        drop.remove()
+        reference = masked_forward(model, input_ids, attention_mask, {policy.layer: keep})
+        assert (out.logits - reference)[attention_mask.bool() & keep].abs().max() <= tolerance
