@@ -8,6 +8,7 @@ import torch
 from llm_reference import (
     kept_keys,
     masked_forward,
+    masked_layers,
     positions,
     prompts,
     tiny_llama,
@@ -248,3 +249,30 @@ def test_qwen2_layers_drop_like_the_masked_model(implementation, tolerance):
         drop.remove()
         reference = masked_forward(model, input_ids, attention_mask, {policy.layer: keep})
         assert (out.logits - reference)[attention_mask.bool() & keep].abs().max() <= tolerance
+
+
+@pytest.mark.parametrize("pyramid", [False, pytest.param(True, marks=FULL)])
+def test_qwen2_5_vl_text_stack_with_m_rope_positions_drops_like_the_masked_model(pyramid):
+    """The LLM of Qwen2.5-VL takes (3, B, L) position ids (M-RoPE): gathered with the kept tokens, original values."""
+    text = pytest.importorskip("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
+    config = transformers.Qwen2_5_VLTextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0},
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    lm = text.Qwen2_5_VLTextModel(config).double().eval()
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
+    embeds = lm.embed_tokens(input_ids)
+    position_ids = positions(attention_mask)[None].repeat(3, 1, 1)  # (3, B, L)
+    position_ids[1] = position_ids[1] * 2 % 7  # height/width rows that differ from the temporal one
+    policy = PyramidDrop(layers=(1, 2), ratios=(0.5, 0.25)) if pyramid else FastVDrop(layer=2, tokens=_keep(3))
+    drop = InLLMDrop(lm, policy)
+    drop.on_prefill(spans)
+    out = lm(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    drops = _drops(drop, spans)
+    drop.remove()
+    reference = masked_layers(lm, embeds, attention_mask, position_ids, drops)
+    kept = attention_mask.bool() & list(drops.values())[-1]
+    assert (out - reference)[kept].abs().max() <= 1e-12
