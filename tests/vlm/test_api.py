@@ -25,12 +25,13 @@ def hooks_of(model: torch.nn.Module) -> int:
     )
 
 
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: value.clone() for name, value in model.state_dict().items()}
+def snapshot(model: torch.nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
+    return hooks_of(model), {name: value.clone() for name, value in model.state_dict().items()}
 
 
-def assert_untouched(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
-    assert hooks_of(model) == 0
+def assert_untouched(model: torch.nn.Module, snap: tuple[int, dict[str, torch.Tensor]]) -> None:
+    hooks, before = snap
+    assert hooks_of(model) == hooks
     assert not hasattr(model, "_vitrim_vlm")
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)

@@ -97,6 +97,7 @@ class Method:
     name: ClassVar[str] = ""
     stage: ClassVar[str] = ""
     defaults: ClassVar[Mapping[str, Any]] = {}
+    needs_cls_attention: ClassVar[bool] = False  # pre-LLM: the family must capture VisionEvidence.cls_attention/keys
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))
