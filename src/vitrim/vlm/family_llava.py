@@ -126,6 +126,7 @@ class LlavaPreLLM:
         self.spans: ImageSpans | None = None
         self.seeds: Tensor | None = None
         self.scoring_input: Tensor | None = None
+        self.features: Tensor | None = None
         self.decode: DecodeState | None = None
         self.decode_cache: weakref.ref[Any] | None = None
         self.shortened_now = False
@@ -134,6 +135,7 @@ class LlavaPreLLM:
             adapter.model.register_forward_pre_hook(self.on_model, with_kwargs=True),
             inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True),
             inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
+            inner.multi_modal_projector.register_forward_hook(self.after_projector),
             adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
             adapter.language_model.register_forward_hook(self.after_language_model, with_kwargs=True),
         ]
@@ -170,17 +172,24 @@ class LlavaPreLLM:
     def on_scoring_attention(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.scoring_input = kwargs.get("hidden_states", args[0] if args else None)
 
-    def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        features = args[0]  # (I, N, D)
+    def evidence(self, features: Tensor, projected: Tensor | None = None) -> VisionEvidence:
         cls_attention = keys = None
         if self.method.needs_cls_attention:
-            assert self.scoring_input is not None
+            if self.scoring_input is None:
+                raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
             attention = self.adapter.scoring_layer().self_attn
             cls_attention, keys = cls_attention_and_keys(attention, self.scoring_input)
         self.scoring_input = None
-        evidence = VisionEvidence(features=features, cls_attention=cls_attention, keys=keys, seeds=self.seeds)
-        keep = self.keep.tokens(features.shape[1])
-        selections = self.method.select(evidence, keep)
+        return VisionEvidence(
+            features=features, cls_attention=cls_attention, keys=keys, seeds=self.seeds, projected=projected
+        )
+
+    def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        features = args[0]  # (I, N, D) the tower features of every image of this forward pass
+        self.features = features
+        if self.method.scores_projected:
+            return None  # selected on the projector's output (after_projector)
+        selections = self.method.select(self.evidence(features), self.keep.tokens(features.shape[1]))
         self.last = selections
         merged = [(image, s) for image, s in enumerate(selections) if s.merged is not None]
         if not merged:
@@ -189,6 +198,12 @@ class LlavaPreLLM:
         for image, selection in merged:
             features[image, selection.kept] = selection.merged.to(features.dtype)  # type: ignore[union-attr]
         return (features, *args[1:])
+
+    def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+        if self.method.scores_projected and self.features is not None:
+            evidence = self.evidence(self.features, projected=output)
+            self.last = self.method.select(evidence, self.keep.tokens(output.shape[1]))
+        self.features = None
 
     def on_language_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         cache = kwargs.get("cache")
