@@ -10,7 +10,16 @@
 Importing this package does not import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import method_dart, method_fastv, method_pdrop, method_random  # noqa: F401  (register the methods)
+from vitrim.vlm import (  # noqa: F401  (each registers its method)
+    method_dart,
+    method_divprune,
+    method_fastv,
+    method_fastervlm,
+    method_pdrop,
+    method_random,
+    method_visionzip,
+    method_vispruner,
+)
 from vitrim.vlm.api import apply, last_selection, remove
 from vitrim.vlm.registry import methods
 
