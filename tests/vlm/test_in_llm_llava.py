@@ -59,6 +59,7 @@ def test_apply_drops_inside_the_llm_exactly_as_the_masked_model_and_generate_dec
     handle.remove()
     generate_selection = vitrim.vlm.last_selection(model)  # generate's positions differ (cumsum): its own ranking
     vitrim.vlm.remove(model)
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
     assert [len(kept) for kept in selection] == [APPLIED[name].get("keep", GRID_TOKENS // 4)] * 3
     assert not hasattr(model, "_vitrim_vlm")
 
@@ -100,6 +101,22 @@ def test_keep_all_inside_the_llm_is_the_unmodified_llava_bit_for_bit():
         assert torch.equal(model.generate(**inputs, max_new_tokens=3, do_sample=False), plain_generated)
         assert [kept.tolist() for kept in vitrim.vlm.last_selection(model)] == [list(range(GRID_TOKENS))] * 3
         vitrim.vlm.remove(model)
+
+
+@pytest.mark.full
+def test_beam_search_with_keep_all_is_the_unmodified_beam_search():
+    model = tiny_llava(seed=3)
+    inputs = _inputs(seed=3)
+    plain = model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2)
+    vitrim.vlm.apply(model, "fastv", layer=1, keep=GRID_TOKENS)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2), plain)
+    vitrim.vlm.remove(model)
+    vitrim.vlm.apply(model, "fastv", layer=1, keep=4)
+    pruned = model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2)
+    selection = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    assert pruned.shape == plain.shape
+    assert all(torch.equal(selection[2 * i], selection[2 * i + 1]) for i in range(3))  # beams of one prompt
 
 
 @pytest.mark.parametrize(

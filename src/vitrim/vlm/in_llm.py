@@ -16,13 +16,14 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
 - ``logits`` after a pruned prefill keep the full (B, L) layout: at a kept position they are the pruned model's
   (equal to the masked full model's), at a dropped image position they are the final norm and head applied to the
   hidden state the token had when it was dropped (an early exit; nothing attends to it afterwards). ``generate()``
-  reads the last position, which is always kept.
+  reads the last position, which is always kept. ``output_hidden_states`` of layers ≥ K hold the kept slots only.
 - A drop that keeps every token changes nothing: the hooks then leave every argument as it was (bit for bit).
 
 Handled: decoder stacks whose layers take ``(hidden_states, attention_mask=, position_ids=,
 position_embeddings=(cos, sin), cache=)`` and return the hidden states (transformers ≥ 5: Llama, Qwen2, Mistral,
-...), SDPA or eager attention, greedy/sampled ``generate()``. Refused at install: sliding-window layers, flash/flex
-attention; at decode: a cache whose layers were reordered or cropped (beam search, assisted decoding).
+...), SDPA or eager attention, ``generate()`` greedy, sampled or with beams (the beams of one prompt keep the same
+tokens, so reordering them keeps every layer's cache consistent). Refused at install: sliding-window layers,
+flash/flex attention; at decode: a cache cut outside vitrim (assisted decoding crops it).
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ class InLLMDrop:
         if held != expected:
             raise RuntimeError(
                 f"the KV cache of decoder layer {index} holds {held} tokens where vitrim's in-LLM drop left "
-                f"{expected}; the cache was changed outside vitrim (beam search, assisted decoding)"
+                f"{expected}; the cache was cut outside vitrim (assisted decoding crops it; that is not supported)"
             )
 
     # ---- prefill: dropping --------------------------------------------------------------------------------------
