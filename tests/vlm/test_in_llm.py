@@ -191,6 +191,16 @@ def test_bad_layers_and_attention_implementations_are_refused_clearly():
         InLLMDrop(model.model, FastVDrop(layer=1, tokens=_keep(2)))
 
 
+def test_a_cache_cut_outside_vitrim_is_refused_at_the_next_decode_step():
+    model = tiny_llama()
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
+    drop, out = _prefill(model, FastVDrop(layer=2, tokens=_keep(2)), input_ids, attention_mask, spans)
+    out.cache.crop(-1)  # what assisted decoding does to reject a drafted token
+    with pytest.raises(RuntimeError, match="the KV cache of decoder layer 2 holds"):
+        model(input_ids=torch.tensor([[5], [7], [9]]), attention_mask=attention_mask, cache=out.cache)
+    drop.remove()
+
+
 def test_spans_of_another_input_are_refused():
     model = tiny_llama()
     input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
