@@ -63,23 +63,22 @@ def check_attention_readable(layer: nn.Module, index: int) -> None:
         )
 
 
-def project_query_key(layer: nn.Module, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """The layer's post-rotary query and key of ``hidden`` (B, S, D): q (B, H, S, hd), k (B, Hkv, S, hd).
+def project(layer: nn.Module, hidden: Tensor, cos: Tensor, sin: Tensor, which: str) -> Tensor:
+    """The layer's post-rotary queries (``which="q"``: (B, H, S, hd)) or keys (``"k"``: (B, Hkv, S, hd)) of
+    ``hidden`` (B, S, D).
 
     Same order of operations as the transformers layers: input norm, projection, per-head q/k norm (when the model
-    has one), rotary with the (cos, sin) the layer received.
+    has one), rotary with the (cos, sin) the layer received. Only the asked-for projection runs.
     """
     attention: Any = layer.self_attn
     x = layer.get_submodule("input_layernorm")(hidden)  # (B, S, D)
     batch, length = x.shape[:2]
-    q = attention.q_proj(x).view(batch, length, -1, attention.head_dim).transpose(1, 2)  # (B, H, S, hd)
-    k = attention.k_proj(x).view(batch, length, -1, attention.head_dim).transpose(1, 2)  # (B, Hkv, S, hd)
-    if getattr(attention, "q_norm", None) is not None:
-        q = attention.q_norm(q)
-    if getattr(attention, "k_norm", None) is not None:
-        k = attention.k_norm(k)
-    q, k = rotary_function(attention)(q, k, cos, sin)
-    return q, k
+    heads = getattr(attention, f"{which}_proj")(x).view(batch, length, -1, attention.head_dim).transpose(1, 2)
+    norm = getattr(attention, f"{which}_norm", None)
+    if norm is not None:
+        heads = norm(heads)
+    rotated, _ = rotary_function(attention)(heads, heads[:, :1], cos, sin)  # the model's own rotary on one tensor
+    return rotated
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,8 @@ class LayerEvidence:
         hidden_last = given.hidden.gather(1, take.expand(-1, -1, given.hidden.shape[-1]))  # (B, 1, D)
         cos_last = given.cos.gather(1, take.expand(-1, -1, given.cos.shape[-1]))  # (B, 1, hd)
         sin_last = given.sin.gather(1, take.expand(-1, -1, given.sin.shape[-1]))
-        q, _ = project_query_key(layer, hidden_last, cos_last, sin_last)  # (B, H, 1, hd)
-        _, k = project_query_key(layer, given.hidden, given.cos, given.sin)  # (B, Hkv, S, hd)
+        q = project(layer, hidden_last, cos_last, sin_last, "q")  # (B, H, 1, hd)
+        k = project(layer, given.hidden, given.cos, given.sin, "k")  # (B, Hkv, S, hd)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, hd) GQA: head h reads kv head h // g
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax as the model does
         logits = (q.to(work) @ k.to(work).transpose(-1, -2)).squeeze(2) * attention.scaling  # (B, H, S)
@@ -139,7 +138,7 @@ class LayerEvidence:
         """(B, S, Hkv·hd): the post-rotary keys of layer ``layer - 1`` (``previous=True``) or ``layer``, heads
         concatenated (the vectors the KV cache of that layer holds)."""
         index, given = self._input(previous)
-        _, k = project_query_key(self.layers[index], given.hidden, given.cos, given.sin)  # (B, Hkv, S, hd)
+        k = project(self.layers[index], given.hidden, given.cos, given.sin, "k")  # (B, Hkv, S, hd)
         return k.transpose(1, 2).flatten(2)
 
     def normed_hidden(self) -> Tensor:

@@ -55,17 +55,20 @@ def dart_keep(
         return image_pivots
     text_pivots = top_k_stable(text_key_norms, min(pivot_text_token, text_key_norms.shape[0]))  # (t',)
     pivot_states = torch.cat([image_states[image_pivots], text_states[text_pivots]])  # (P, D) sequence order
+    unit = torch.nn.functional.normalize
+    similarity = unit(pivot_states, dim=-1) @ unit(image_states, dim=-1).T  # (P, n) cosine, all pairs at once
     remaining = keep - image_pivots.numel()
     base, extra = divmod(remaining, pivot_states.shape[0])
     pool = torch.ones(num_image, dtype=torch.bool, device=image_states.device)
     pool[image_pivots] = False
     taken = [image_pivots]
-    for number, pivot in enumerate(pivot_states):
-        quota = min(base + (1 if number < extra else 0), int(pool.sum()))
+    left = int(pool.sum())
+    for number in range(pivot_states.shape[0]):
+        quota = min(base + (1 if number < extra else 0), left)
         candidates = pool.nonzero().flatten()  # (m,) ascending
-        similarity = torch.nn.functional.cosine_similarity(pivot[None, :], image_states[candidates], dim=-1)  # (m,)
-        chosen = candidates[top_k_stable(-similarity, quota)]
+        chosen = candidates[top_k_stable(-similarity[number, candidates], quota)]  # the least similar first
         pool[chosen] = False
+        left -= quota
         taken.append(chosen)
     return torch.cat(taken).sort().values
 
