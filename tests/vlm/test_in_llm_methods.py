@@ -135,3 +135,18 @@ def test_ties_go_to_the_earlier_token():
         got = dart_keep(norms, text_norms, states, text_states, keep, *pivots).tolist()
         assert got == dart_reference(norms, text_norms, states, text_states, keep, *pivots)
         assert len(got) == keep
+
+
+@pytest.mark.parametrize("policy", [FastVDrop(layer=2, tokens=lambda n: 4), DartDrop(layer=2, tokens=lambda n: 5)])
+def test_keys_read_from_the_kv_cache_and_recomputed_select_the_same_tokens(policy):
+    """With a cache, layer K−1's keys come from it; without one, from the layer's weights: the same selection."""
+    model = tiny_llama(seed=8)
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS, seed=8)
+    chosen = []
+    for use_cache in (True, False):
+        drop = InLLMDrop(model.model, policy)
+        drop.on_prefill(spans)
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+        chosen.append([kept.tolist() for kept in drop.selection()])
+        drop.remove()
+    assert chosen[0] == chosen[1]

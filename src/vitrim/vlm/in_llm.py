@@ -266,7 +266,7 @@ class InLLMDrop:
         evidence = LayerEvidence(
             layer=self.stages[stage].layer, layers=self.layers, final_norm=self.final_norm, own=own,
             previous=self._captured, slot_columns=columns, real=real, image_of=image_of, token_of=token_of,
-            last_slot=last_slot, image_sample=image_sample,
+            last_slot=last_slot, image_sample=image_sample, previous_keys=self._cached_keys(stage, hidden),
         )  # fmt: skip
         sizes = [int((spans.image_of == image).sum()) for image in range(len(image_sample))]
         current = [int((image_of == image).sum()) for image in range(len(image_sample))]
@@ -293,6 +293,19 @@ class InLLMDrop:
             self._early_exit = torch.cat([hidden, hidden[:, :1]], dim=1).clone()  # (B, L+1, D): column L is a bin
         self._scatter(self._early_exit, columns, valid, hidden)
         return hidden.gather(1, order.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+    def _cached_keys(self, stage: int, hidden: Tensor) -> Tensor | None:
+        """Layer K−1's keys from the prefill's KV cache when it holds exactly this stage's current slots."""
+        cache = self._pass["kwargs"].get("cache", self._pass["kwargs"].get("past_key_values"))
+        layers = getattr(cache, "layers", None)
+        index = self.stages[stage].layer - 1
+        if not self.policy.needs_previous_layer or layers is None or index >= len(layers):
+            return None
+        keys = getattr(layers[index], "keys", None)
+        expected = (hidden.shape[0], hidden.shape[1])
+        if not isinstance(keys, Tensor) or keys.ndim != 4 or (keys.shape[0], keys.shape[2]) != expected:
+            return None
+        return keys
 
     @staticmethod
     def _image_samples(spans: ImageSpans) -> Tensor:

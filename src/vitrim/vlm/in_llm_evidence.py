@@ -102,6 +102,14 @@ class LayerEvidence:
     token_of: Tensor
     last_slot: Tensor
     image_sample: Tensor
+    previous_keys: Tensor | None = None  # (B, Hkv, S, hd) layer K−1's keys as its KV cache holds them, when it has one
+
+    def _keys(self, index: int, given: LayerInput) -> Tensor:
+        """(B, Hkv, S, hd) post-rotary keys of layer ``index`` on ``given``: read from layer K−1's KV cache when the
+        prefill keeps one (the same computation that layer just ran), recomputed otherwise."""
+        if index == self.layer - 1 and self.previous_keys is not None:
+            return self.previous_keys
+        return project(self.layers[index], given.hidden, given.cos, given.sin, "k")
 
     def _input(self, previous: bool) -> tuple[int, LayerInput]:
         if not previous:
@@ -122,7 +130,7 @@ class LayerEvidence:
         cos_last = given.cos.gather(1, take.expand(-1, -1, given.cos.shape[-1]))  # (B, 1, hd)
         sin_last = given.sin.gather(1, take.expand(-1, -1, given.sin.shape[-1]))
         q = project(layer, hidden_last, cos_last, sin_last, "q")  # (B, H, 1, hd)
-        k = project(layer, given.hidden, given.cos, given.sin, "k")  # (B, Hkv, S, hd)
+        k = self._keys(index, given)  # (B, Hkv, S, hd)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, S, hd) GQA: head h reads kv head h // g
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax as the model does
         logits = (q.to(work) @ k.to(work).transpose(-1, -2)).squeeze(2) * attention.scaling  # (B, H, S)
@@ -138,7 +146,7 @@ class LayerEvidence:
         """(B, S, Hkv·hd): the post-rotary keys of layer ``layer - 1`` (``previous=True``) or ``layer``, heads
         concatenated (the vectors the KV cache of that layer holds)."""
         index, given = self._input(previous)
-        k = project(self.layers[index], given.hidden, given.cos, given.sin, "k")  # (B, Hkv, S, hd)
+        k = self._keys(index, given)  # (B, Hkv, S, hd)
         return k.transpose(1, 2).flatten(2)
 
     def normed_hidden(self) -> Tensor:
