@@ -286,3 +286,22 @@ def test_qwen2_5_vl_text_stack_with_m_rope_positions_drops_like_the_masked_model
     reference = masked_layers(lm, embeds, attention_mask, position_ids, drops)
     kept = attention_mask.bool() & list(drops.values())[-1]
     assert (out - reference)[kept].abs().max() <= 1e-12
+
+
+def test_a_prepared_4d_mask_tells_the_padding_as_the_2d_mask_does():
+    """Handed a ready 4-D mask (transformers passes it through), the drop reads the padding from its last row."""
+    model = tiny_llama(seed=9)
+    input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS, seed=9, side="right")  # last token ≠ last column
+    length = input_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    prepared = (causal[None] & attention_mask.bool()[:, None, :]).unsqueeze(1)  # (B, 1, L, L)
+    chosen, logits = [], []
+    for mask in (attention_mask, prepared):
+        drop = InLLMDrop(model.model, FastVDrop(layer=2, tokens=_keep(3)))
+        drop.on_prefill(spans)
+        logits.append(model(input_ids=input_ids, attention_mask=mask, position_ids=positions(attention_mask)).logits)
+        chosen.append([kept.tolist() for kept in drop.selection()])
+        drop.remove()
+    assert chosen[0] == chosen[1]
+    real = attention_mask.bool()
+    assert (logits[0] - logits[1])[real].abs().max() <= 1e-12

@@ -215,8 +215,7 @@ class InLLMDrop:
                     f"the image spans cover {tuple(spans.is_image.shape)} positions but the LLM's input is "
                     f"{(batch, length)}; build them from the same prefill"
                 )
-            padding = self._padding
-            real = padding[:, -length:] if padding is not None else torch.ones_like(spans.is_image)
+            real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
             columns = torch.arange(length, device=hidden.device).expand(batch, length)
             self._pass.update(
                 active=True, spans=spans, real=real, length=length, columns=columns,
@@ -232,6 +231,18 @@ class InLLMDrop:
             slots.valid = torch.cat([slots.valid, added], dim=1)
             slots.kwargs = {}
         self._pass.update(active=True, query_columns=new)
+
+    def _real_columns(self, layer_mask: Any, is_image: Tensor) -> Tensor:
+        """(B, L) bool, the columns that are not padding: the user's 2-D mask; failing that (the LLM was handed a
+        prepared 4-D mask) the last query row of the mask layer 0 got, which sees every real column before it."""
+        length = is_image.shape[1]
+        if self._padding is not None:
+            return self._padding[:, -length:]
+        if isinstance(layer_mask, Tensor) and layer_mask.ndim == 4:
+            last_row = layer_mask[:, 0, -1, -length:]
+            last_row = last_row if last_row.dtype == torch.bool else last_row == 0
+            return last_row.expand(is_image.shape[0], -1)
+        return torch.ones_like(is_image)
 
     def _check_cache(self, index: int, stage: int, new_tokens: int) -> None:
         cache = self._pass["kwargs"].get("cache", self._pass["kwargs"].get("past_key_values"))
