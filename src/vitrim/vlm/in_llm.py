@@ -6,7 +6,8 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
   method reads :class:`~vitrim.vlm.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
   layers ≥ K then run on the kept slots only: hidden states gathered per sample, rotary (cos, sin) and
   ``position_ids`` gathered so every token keeps its ORIGINAL position, the 4-D attention mask rebuilt on the kept
-  keys. Dropping therefore equals the full model with those keys masked out from layer K on. Samples that keep
+  keys. Dropping therefore equals the full model with those keys masked out from layer K on (to rounding: exactly
+  on SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep
   different counts (different numbers of images) are re-padded with filler slots that attend to nothing and that
   nothing attends to.
 - The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
@@ -20,10 +21,11 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
 - A drop that keeps every token changes nothing: the hooks then leave every argument as it was (bit for bit).
 
 Handled: decoder stacks whose layers take ``(hidden_states, attention_mask=, position_ids=,
-position_embeddings=(cos, sin), cache=)`` and return the hidden states (transformers ≥ 5: Llama, Qwen2, Mistral,
-...), SDPA or eager attention, ``generate()`` greedy, sampled or with beams (the beams of one prompt keep the same
-tokens, so reordering them keeps every layer's cache consistent). Refused at install: sliding-window layers,
-flash/flex attention; at decode: a cache cut outside vitrim (assisted decoding crops it).
+position_embeddings=(cos, sin), cache=)`` and return the hidden states (transformers ≥ 5; tested: Llama, Qwen2,
+the text stack of Qwen2.5-VL with its (3, B, L) M-RoPE positions), SDPA or eager attention, ``generate()``
+greedy, sampled or with beams (the beams of one prompt keep the same tokens, so reordering them keeps every
+layer's cache consistent). Refused at install: sliding-window layers, flash/flex attention; at decode: a cache cut
+outside vitrim (assisted decoding crops it).
 """
 
 from __future__ import annotations
@@ -65,11 +67,10 @@ class DropPolicy(Protocol):
 @dataclass
 class _Slots:
     """The slots layers of one stage run on: columns (B, S) in the prefill sequence (decode columns appended),
-    valid (B, S) False for re-pad fillers; take (B, S) the previous stage's slot each prefill slot comes from."""
+    valid (B, S) False for re-pad fillers."""
 
     columns: Tensor
     valid: Tensor
-    take: Tensor
     differs: bool  # False while no stage up to this one dropped anything (its layers then run untouched)
     kwargs: dict[str, Any] = field(default_factory=dict)  # this pass's fixed-up layer arguments
 
@@ -297,7 +298,7 @@ class InLLMDrop:
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]  # kept slots first, in order
         new_valid = torch.arange(width, device=keep.device) < counts_per_sample[:, None]  # (B, width)
         new_columns = torch.where(new_valid, columns.gather(1, order), 0)
-        self._slots.append(_Slots(new_columns, new_valid, order, differs))
+        self._slots.append(_Slots(new_columns, new_valid, differs))
         if not drops:
             return hidden
         if self._early_exit is None:
