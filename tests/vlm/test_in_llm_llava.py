@@ -148,3 +148,20 @@ def test_bad_in_llm_options_are_refused_at_apply_and_leave_the_model_as_it_was(n
     hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
     assert hooks == 0 and not hasattr(model, "_vitrim_vlm")
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+def test_the_methods_defaults_are_the_authors():
+    model = tiny_llava(seed=4)
+    inputs = _inputs(seed=4)
+    with pytest.raises(ValueError, match="drop layer 2"):  # FastV's and DART's K = 2: this LLM has 2 layers
+        vitrim.vlm.apply(model, "fastv")
+    with pytest.raises(ValueError, match="drop layer 8"):  # PyramidDrop's layers (8, 16, 24)
+        vitrim.vlm.apply(model, "pdrop")
+    expected = {"fastv": 8, "dart": 4}  # FastV: R = 50 % of 16; DART: 1 − 0.778 of 16 = 3.55 -> 4 (128 of 576)
+    for name, count in expected.items():
+        vitrim.vlm.apply(model, name, layer=1)
+        model(**inputs)
+        assert [len(kept) for kept in vitrim.vlm.last_selection(model)] == [count] * 3
+        vitrim.vlm.remove(model)
+    with pytest.raises(ValueError, match=r"ratios=\(0.5, 0.25, 0.125\) must be non-empty and of the same length"):
+        vitrim.vlm.apply(model, "pdrop", layers=(1,))  # the default ratios need three layers
