@@ -109,12 +109,18 @@ def _read_text(url: str) -> str | bytes | None:
 def _count_local(path: str) -> int:
     """Samples in a local tar: keys that have an image file, read from the tar headers alone."""
     keys = set()
+    file_size = os.path.getsize(path)
     try:
         with tarfile.open(path) as tar:
             for member in tar:
                 match = KEY.match(member.name)
                 if member.isfile() and match and match.group(2).lower() in IMAGE_KEYS:
                     _check_member_size(member, path)
+                    if member.offset_data + member.size > file_size:  # tarfile takes a truncated tar for its end
+                        raise ValueError(
+                            f"shard {path!r}: {member.name!r} declares {member.size} bytes, but the file ends before "
+                            "them (a truncated tar)"
+                        )
                     keys.add(match.group(1))
     except (tarfile.TarError, OSError, EOFError, UnicodeError) as err:
         raise ValueError(f"shard {path!r} is not a readable tar file ({_detail(err)})") from None

@@ -4,8 +4,8 @@ A sample is the consecutive files that share a key (the path up to the first dot
 ``0001.cls`` make ``{"__key__": "0001", "png": b"…", "cls": b"3"}``; suffixes are lower-cased, as WebDataset's
 ``group_by_keys`` does. A shard comes from outside, so nothing it says is trusted:
 
-* a file whose header declares more than ``MAX_MEMBER_BYTES`` is not read (a header may declare 8 GiB in a
-  150-byte file, or a real 8 GiB file may sit inside a shard);
+* a file whose header declares more than ``MAX_MEMBER_BYTES`` is not read, and ends its shard (a header may declare
+  8 GiB in a 150-byte file, or a real 8 GiB file may sit inside a shard: skipping it would read it);
 * links, folders and special entries are skipped: only regular files make samples;
 * a corrupt or truncated tar ends the shard: what was read before is kept, and the rest counts as one unreadable
   sample (``None``), which :mod:`vitrim.data.loader` counts and reports as it does an undecodable image.
@@ -40,8 +40,11 @@ def tar_samples(stream: IO[bytes], url: str) -> Iterator[Sample | None]:
                     current = None
                 if current is None:
                     current = {"__key__": key, "__url__": url}
-                if member.size > MAX_MEMBER_BYTES or suffix in current:
-                    current["__bad__"] = True  # too big to read, or a key whose files are not consecutive
+                if member.size > MAX_MEMBER_BYTES:  # skipping it would read as much: the shard ends here
+                    current["__bad__"] = True
+                    break
+                if suffix in current:  # a key whose files are not consecutive
+                    current["__bad__"] = True
                     continue
                 data = tar.extractfile(member)
                 current[suffix] = data.read() if data is not None else b""
