@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from vitrim.data.digits import split_indices
+from vitrim.data.image_file import open_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 TEST_FOLDER_NAMES = ("val", "test")
@@ -34,14 +35,6 @@ def pil_mode(in_chans: int) -> str:
     if in_chans not in (1, 3):
         raise ValueError(f"images can be read for models with 1 or 3 input channels, not in_chans={in_chans}")
     return "L" if in_chans == 1 else "RGB"
-
-
-def open_image(file: str | Path | Any, mode: str) -> Any:
-    """Decode a file (a path or a binary file object) into a PIL image of ``mode``; raises what Pillow raises."""
-    from PIL import Image  # Pillow is optional (the data, train and viz extras)
-
-    with Image.open(file) as image:
-        return image.convert(mode)  # convert loads every pixel: a truncated file fails here, not later
 
 
 class ImageFolder(Dataset):

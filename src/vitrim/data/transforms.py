@@ -23,6 +23,8 @@ from typing import Any
 
 from torch import Tensor
 
+from vitrim.data.image_file import open_image
+from vitrim.data.images import check_image_path, unreadable_image
 from vitrim.data.vision import transforms_v1
 from vitrim.extras import require
 from vitrim.models.data_config import DataConfig
@@ -119,14 +121,9 @@ def read_image_for(path: str | Path, data_config: DataConfig, *, name: str = "im
     """
     transform = eval_transform(data_config)
     require("PIL", feature="reading an image")
-    from PIL import Image
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    check_image_path(path, name)
     try:
-        with Image.open(path) as file:
-            file.load()
-            image = file.copy()
+        image = open_image(path, "RGB" if data_config.input_size[0] == 3 else "L")
     except Exception as err:  # Pillow raises many kinds on a bad file
-        raise ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
+        raise unreadable_image(path, name, err) from None
     return transform(image)
