@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern
+from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern, whole_dataset
 from vitrim.train.config import TrainConfig
 from vitrim.train.distributed import DistInfo, barrier, cleanup_distributed, setup_distributed
 from vitrim.train.evaluate import evaluate
@@ -58,16 +58,16 @@ def load_checkpoint_split(
     check_data(data)
     other = data_options.get("data") is not None and data != run.get("data")
     whole = is_shard_pattern(data) or (other and data != "digits" and not has_split_folders(data))
-    if whole and options["val_data"] is None:
-        options["val_data"] = data
-    splits = build_datasets(
-        data, data_config=model_data_config(model, run), rank=info.rank, world_size=info.world_size, **options
-    )
-    num_classes = int(getattr(model.config, "num_classes", splits.num_classes))
-    if num_classes != splits.num_classes:
-        raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {splits.num_classes}")
-    dataset = splits.test if split == "test" else splits.train
-    return CheckpointSplit(model, run, data, list(splits.classes), dataset, num_classes)
+    data_config = model_data_config(model, run)
+    if whole and options["val_data"] is None:  # no split of its own: every image is evaluated, none held out
+        dataset, classes = whole_dataset(data, data_config=data_config, rank=info.rank, world_size=info.world_size)
+    else:
+        splits = build_datasets(data, data_config=data_config, rank=info.rank, world_size=info.world_size, **options)
+        dataset, classes = (splits.test if split == "test" else splits.train), list(splits.classes)
+    num_classes = int(getattr(model.config, "num_classes", len(classes)))
+    if num_classes != len(classes):
+        raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {len(classes)}")
+    return CheckpointSplit(model, run, data, classes, dataset, num_classes)
 
 
 def evaluate_checkpoint(
