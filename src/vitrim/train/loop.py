@@ -90,8 +90,7 @@ def model_data_config(model: nn.Module, run: dict[str, Any] | None = None) -> Da
     if isinstance(config, DataConfig):
         return config
     if run and "data_config" in run:
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in run["data_config"].items()}
-        return DataConfig(**fields)
+        return DataConfig.from_record(run["data_config"], "run.json's 'data_config'")
     img_size, in_chans = input_spec(model)
     return DataConfig().for_input(in_chans, img_size)
 
