@@ -180,7 +180,7 @@ class ShardSource:
 
 def _user_count(count: str, data: str) -> int:
     text = count.strip()
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit() and len(text) <= 15) or int(text) < 1:
         raise ValueError(f"--data {data!r}: the sample count after '|' must be a positive int, got {text!r}")
     return int(text)
 
