@@ -30,9 +30,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset, get_worker_info
 
+from vitrim import untrusted
+from vitrim.data import tar_samples as tar_reading
 from vitrim.data.folder import Transform, open_image
-from vitrim.data.tar_samples import KEY, MAX_MEMBER_BYTES, tar_samples
-from vitrim.untrusted import MAX_JSON_BYTES, expect_object, parse_json
+from vitrim.data.tar_samples import KEY, tar_samples
+from vitrim.untrusted import expect_object, parse_json
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEY = "cls"
@@ -93,15 +95,17 @@ def _read_text(url: str) -> str | bytes | None:
     if not is_url(url):
         if not os.path.isfile(url):
             return None
-        if os.path.getsize(url) > MAX_JSON_BYTES:
-            raise ValueError(f"{url}: {os.path.getsize(url)} bytes of JSON, over the limit of {MAX_JSON_BYTES}")
+        if os.path.getsize(url) > untrusted.MAX_JSON_BYTES:
+            raise ValueError(
+                f"{url}: {os.path.getsize(url)} bytes of JSON, over the limit of {untrusted.MAX_JSON_BYTES}"
+            )
         with open(url, "rb") as f:
             return f.read()
     import webdataset as wds
 
     try:
         with wds.gopen(url) as f:
-            return f.read(MAX_JSON_BYTES + 1)
+            return f.read(untrusted.MAX_JSON_BYTES + 1)
     except Exception:  # a missing remote file surfaces as whatever the transport raises
         return None
 
@@ -128,10 +132,10 @@ def _count_local(path: str) -> int:
 
 
 def _check_member_size(member: tarfile.TarInfo, shard: str) -> None:
-    if member.size > MAX_MEMBER_BYTES:
+    if member.size > (limit := tar_reading.MAX_MEMBER_BYTES):
         raise ValueError(
-            f"shard {shard!r}: {member.name!r} declares {member.size} bytes, over the limit of {MAX_MEMBER_BYTES} "
-            "(vitrim.data.shards.MAX_MEMBER_BYTES)"
+            f"shard {shard!r}: {member.name!r} declares {member.size} bytes, over the limit of {limit} "
+            "(vitrim.data.tar_samples.MAX_MEMBER_BYTES)"
         )
 
 
