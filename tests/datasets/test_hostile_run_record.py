@@ -13,7 +13,7 @@ from generated import write_shards
 from cli_invocations import tiny_checkpoint
 from vitrim.cli import main
 from vitrim.data import ShardSource
-from vitrim.data.shards import check_local, is_url
+from vitrim.data.shards import _expand, check_local, is_url
 from vitrim.train import evaluate_checkpoint
 
 pytest.importorskip("webdataset")
@@ -103,3 +103,31 @@ def test_run_json_of_the_wrong_shape_is_one_clear_error(
     assert main(["eval", str(checkpoint), "--quiet", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vitrim: error: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["x-{000000..000009}.tar::y-{0..2}.tar", "a/{a..e}{0..10..5}.tar", "{{0..3},{x,y{1..2}}}z{}{,}.tar", "{3..0}"],
+)
+def test_brace_patterns_expand_as_webdataset_does(pattern: str) -> None:
+    import webdataset as wds
+
+    assert _expand(pattern) == wds.shardlists.expand_urls(pattern)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("a/{0..99999999999}.tar", "expands to more than 100000 shards"),  # braceexpand would list 10^11 names
+        ("{a,b}" * 40 + ".tar", "expands to more than 100000 shards"),  # 2^40 names of a product
+        ("a/{0.." + "9" * 5000 + "}.tar", "expands to more than 100000 shards"),
+        ("{" * 40 + "}" * 40 + ".tar", "nests braces over 16 deep"),
+        ("{0..1}}.tar", "is not a valid brace pattern"),
+    ],
+)
+def test_brace_bombs_are_refused_before_expansion(tmp_path: Path, pattern: str, expected: str) -> None:
+    with pytest.raises(ValueError, match=expected):
+        check_local(pattern, "run.json: 'data'")
+    checkpoint = _checkpoint_with_run(tmp_path, {"data": pattern})
+    with pytest.raises(ValueError, match=expected):
+        evaluate_checkpoint(checkpoint, device="cpu")

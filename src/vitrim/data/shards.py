@@ -21,6 +21,7 @@ import itertools
 import os
 import random
 import re
+import string
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ def is_shard_pattern(data: str) -> bool:
     return data.split("|")[0].rstrip().endswith(".tar")
 
 
-MAX_SHARDS = 1_000_000  # a pattern that expands to more is refused before its list is made (ImageNet-21k: ~10^4)
+MAX_SHARDS = 100_000  # a pattern that expands to more is refused before its list is made (ImageNet-21k: ~10^4)
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # what urlparse (and so WebDataset's gopen) takes for a scheme
 
 
@@ -59,16 +60,105 @@ def is_url(text: str) -> bool:
     return text == "-" or _SCHEME.match(text) is not None
 
 
-def _expand(pattern: str, option: str = "--data") -> list[str]:
-    """The shard names of a brace pattern (WebDataset's expansion: ``::`` joins, braces, ``WDS_`` variables)."""
-    import webdataset as wds  # the data extra
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")  # braceexpand's grammar, counted instead of listed
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+_LETTERS = string.ascii_uppercase + string.ascii_lowercase
+MAX_BRACE_DEPTH = 16
 
-    urls = list(itertools.islice(wds.shardlists.expand_urls(pattern), MAX_SHARDS + 1))
-    if len(urls) > MAX_SHARDS:
+
+def _brace_count(pattern: str) -> int:
+    """How many names braceexpand makes of ``pattern`` (capped at ``MAX_SHARDS + 1``), without making them.
+
+    braceexpand lists each range whole before yielding a name (``{0..99999999999}`` never returns) and builds every
+    name of a product (``{a,b}`` 40 times: 2^40), so a pattern is counted before it is expanded.
+    """
+    cap = MAX_SHARDS + 1
+    total, start, depth, pos = 1, 0, 0, 0
+    while pos < len(pattern):
+        char = pattern[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            if depth == 0:
+                start = pos
+            depth += 1
+        elif char == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                total = min(cap, total * _expression_count(pattern[start + 1 : pos]))
+        pos += 1
+    return total
+
+
+def _expression_count(expr: str) -> int:
+    """Names of one ``{…}``: a number range, a letter range, a comma sequence (a sum), or literal braces."""
+    cap = MAX_SHARDS + 1
+    if match := _INT_RANGE.match(expr):
+        first, last, step = match.groups()
+        if max(len(first), len(last), len(step or "")) > 18:
+            return cap
+        return min(cap, abs(int(last) - int(first)) // (int(step or 1) or 1) + 1)
+    if match := _CHAR_RANGE.match(expr):
+        first, last, step = match.groups()
+        return (
+            abs(_LETTERS.index(last) - _LETTERS.index(first)) // (int(step or 1) or 1) + 1
+            if len(step or "") < 18
+            else 1
+        )
+    parts, start, depth, pos = [], 0, 0, 0
+    while pos < len(expr):
+        char = expr[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(expr[start:pos])
+            start = pos + 1
+        pos += 1
+    if not parts:
+        return _brace_count(expr)
+    return min(cap, sum(_brace_count(part) for part in [*parts, expr[start:]]))
+
+
+def _brace_depth(pattern: str) -> int:
+    depth = deepest = 0
+    for char in pattern:
+        depth += (char == "{") - (char == "}")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _expand(pattern: str, option: str = "--data") -> list[str]:
+    """The shard names of a brace pattern, as WebDataset expands it (``::`` joins, ``${VAR}`` from ``WDS_VAR``,
+    braces), refused beyond ``MAX_SHARDS`` names before any list is made."""
+    import braceexpand  # WebDataset's own dependency (the data extra)
+    from webdataset.shardlists import envsubst
+
+    names: list[str] = []
+    for part in pattern.split("::"):
+        for _ in range(10):  # WebDataset substitutes up to 10 times
+            last, part = part, envsubst(part)
+            if part == last:
+                break
+        if _brace_depth(part) > MAX_BRACE_DEPTH:
+            raise ValueError(f"{option} {pattern!r} nests braces over {MAX_BRACE_DEPTH} deep")
+        if len(names) + _brace_count(part) > MAX_SHARDS:
+            names = [""] * (MAX_SHARDS + 1)
+            break
+        try:
+            names += itertools.islice(braceexpand.braceexpand(part), MAX_SHARDS + 1 - len(names))
+        except ValueError as err:  # braceexpand.UnbalancedBracesError among them
+            raise ValueError(f"{option} {pattern!r} is not a valid brace pattern ({err})") from None
+    if len(names) > MAX_SHARDS:
         raise ValueError(
             f"{option} {pattern!r} expands to more than {MAX_SHARDS} shards (vitrim.data.shards.MAX_SHARDS)"
         )
-    return urls
+    return names
 
 
 def check_local(data: str, field: str) -> None:
@@ -140,7 +230,7 @@ def _check_member_size(member: tarfile.TarInfo, shard: str) -> None:
 
 
 def _detail(err: BaseException) -> str:
-    text = str(err).splitlines()[0] if str(err) else ""
+    text = str(err).splitlines()[0].strip().rstrip(":") if str(err).strip() else ""
     return text or type(err).__name__
 
 

@@ -55,7 +55,7 @@ def load_checkpoint_split(
     if data != "digits":
         for key in ("clutter", "noise", "align"):
             options.pop(key)
-    check_data(data)
+    check_data(data, "--data" if data_options.get("data") is not None else "run.json's 'data'")
     other = data_options.get("data") is not None and data != run.get("data")
     whole = is_shard_pattern(data) or (other and data != "digits" and not has_split_folders(data))
     data_config = model_data_config(model, run)
