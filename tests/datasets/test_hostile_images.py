@@ -22,6 +22,7 @@ from vitrim.data import ImageFolder, ShardDataset, ShardSource, eval_transform
 from vitrim.data.image_file import PIXEL_LIMIT_VARIABLE, open_image
 from vitrim.data.images import read_image
 from vitrim.data.transforms import read_image_for
+from vitrim.models.data_config import DataConfig
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -119,3 +120,17 @@ def test_viz_image_bomb_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert err.startswith("vitrim: error: --image ") and TOO_BIG in err and err.count("\n") == 1, err
     assert not (tmp_path / "o.png").exists()
+
+
+def test_an_extreme_aspect_ratio_is_refused_before_the_resize(tmp_path: Path) -> None:
+    """20000×1 pixels pass the decoder's limit, but a shorter side resized to 224 would make 4,480,000×224."""
+    path = tmp_path / "line.png"
+    Image.new("RGB", (20000, 1), (9, 9, 9)).save(path)
+    config = DataConfig(input_size=(3, 224, 224), crop_pct=1.0)
+    with pytest.raises(ValueError, match=r"--image '.*line\.png': image of 20000x1 pixels would be resized to about "):
+        read_image_for(path, config, name="--image")
+    dataset = ImageFolder(tmp_path, ["line.png"], [0], ["a"], eval_transform(config), "RGB")
+    assert dataset[0] is None  # counted as unreadable
+    squash = DataConfig(input_size=(3, 8, 8), crop_pct=1.0, crop_mode="squash")  # resizes each side: no blow-up
+    assert read_image_for(path, squash).shape == (3, 8, 8)
+    assert read_image_for(path, IDENTITY_PIXELS.__class__(input_size=(3, 2, 2), crop_pct=1.0)).shape == (3, 2, 2)

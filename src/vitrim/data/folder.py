@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from vitrim.data.digits import split_indices
-from vitrim.data.image_file import open_image
+from vitrim.data.image_file import ImageRefused, open_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 TEST_FOLDER_NAMES = ("val", "test")
@@ -86,7 +86,10 @@ class ImageFolder(Dataset):
             image = open_image(path, self.mode)
         except Exception:  # Pillow raises many kinds on a bad file; the loader counts it, a run never stops for it
             return None
-        return self.transform(image), int(self.labels[index])
+        try:
+            return self.transform(image), int(self.labels[index])
+        except ImageRefused:  # too large once resized (vitrim.data.transforms.ResizeGuard): counted, as a bad file
+            return None
 
 
 def _list_files(root: Path, classes: list[str]) -> tuple[list[str], list[int], int]:

@@ -33,7 +33,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from vitrim import untrusted
 from vitrim.data import tar_samples as tar_reading
-from vitrim.data.folder import Transform, open_image
+from vitrim.data.folder import Transform
+from vitrim.data.image_file import ImageRefused, open_image
 from vitrim.data.tar_samples import KEY, tar_samples
 from vitrim.untrusted import expect_object, parse_json
 
@@ -427,4 +428,7 @@ class ShardDataset(IterableDataset):
             image = open_image(io.BytesIO(sample[key]), self.mode)
         except Exception:  # a bad sample is counted and skipped (vitrim.data.loader), never the end of a run
             return None
-        return self.transform(image), label
+        try:
+            return self.transform(image), label
+        except ImageRefused:  # too large once resized (vitrim.data.transforms.ResizeGuard): counted, as a bad file
+            return None
