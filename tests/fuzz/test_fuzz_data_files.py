@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -134,10 +135,19 @@ def test_info_json_and_shards(shard_folder: Path, info: object, damage: tuple[in
 
 
 @FAST
-@given(cut=st.integers(0, 200), at=st.integers(0, 200), junk=st.binary(max_size=8), side=st.integers(1, 70000))
-def test_images(tmp_path_factory: pytest.TempPathFactory, cut: int, at: int, junk: bytes, side: int) -> None:
+@given(
+    cut=st.integers(0, 200),
+    at=st.integers(0, 200),
+    junk=st.binary(max_size=8),
+    width=st.integers(1, 64) | st.integers(10_000, 70_000),  # small, or wide enough for a bomb once squared
+    height=st.integers(1, 64) | st.integers(10_000, 70_000),
+)
+def test_images(
+    tmp_path_factory: pytest.TempPathFactory, cut: int, at: int, junk: bytes, width: int, height: int
+) -> None:
     data = bytearray(png_bytes(1, 1, size=16))
-    data[16:24] = side.to_bytes(4, "big") + side.to_bytes(4, "big")  # the header's width and height
+    data[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")  # the header's size
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")  # with its checksum, so Pillow reads on
     data[at : at + len(junk)] = junk
     path = tmp_path_factory.mktemp("img") / "x.png"
     path.write_bytes(bytes(data[: len(data) - cut]))
