@@ -114,12 +114,13 @@ _RUN_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def check_run_record(record: Any, source: str) -> dict[str, Any]:
+def check_run_record(record: Any, source: str, *, opens_data: bool = True) -> dict[str, Any]:
     """``record`` (a run's settings read from ``source``) if every field it has is of its documented shape, else one
     ValueError naming the file, the field, the value and what was expected.
 
-    ``data`` / ``val_data`` must name local paths: a ``pipe:`` or URL pattern in a file is refused
-    (:func:`vitrim.data.shards.check_local`), never opened.
+    ``data`` / ``val_data`` must name local paths when the caller will open them (``opens_data``): a ``pipe:`` or URL
+    pattern in a file is refused (:func:`vitrim.data.shards.check_local`), never opened. A resume only compares them
+    with what the user typed (``opens_data=False``).
     """
     record = expect_object(record, source)
     for name, (types, expected) in _RUN_FIELDS.items():
@@ -129,7 +130,7 @@ def check_run_record(record: Any, source: str) -> dict[str, Any]:
         bad_type = not isinstance(value, types) or isinstance(value, bool)
         if bad_type or not _in_range(name, value):
             raise ValueError(f"{source}: {name!r} must be {expected}, got {_short(value)}")
-    for name in ("data", "val_data"):
+    for name in ("data", "val_data") if opens_data else ():
         if record.get(name) is not None:
             check_local(record[name], f"{source}: {name!r}")
     return record
