@@ -131,3 +131,12 @@ def test_brace_bombs_are_refused_before_expansion(tmp_path: Path, pattern: str, 
     checkpoint = _checkpoint_with_run(tmp_path, {"data": pattern})
     with pytest.raises(ValueError, match=expected):
         evaluate_checkpoint(checkpoint, device="cpu")
+
+
+def test_the_users_own_data_replaces_a_hostile_run_record(tmp_path: Path) -> None:
+    """The record's data is never needed when the user names the data: it is not opened, and eval runs."""
+    marker = tmp_path / "PWNED"
+    checkpoint = _checkpoint_with_run(tmp_path / "run", {"data": f"pipe:touch {marker}; echo a/x.tar", "seed": 3})
+    metrics = evaluate_checkpoint(checkpoint, data="digits", device="cpu")
+    assert metrics["data"] == "digits" and metrics["num_samples"] > 0
+    assert not marker.exists()

@@ -10,12 +10,13 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern, whole_dataset
+from vitrim.data.shards import check_local
 from vitrim.train.config import TrainConfig
 from vitrim.train.distributed import DistInfo, barrier, cleanup_distributed, setup_distributed
 from vitrim.train.evaluate import evaluate
 from vitrim.train.loaders import resolve_workers
 from vitrim.train.loop import model_data_config
-from vitrim.train.state import load_for_eval
+from vitrim.train.state import RUN_RECORD, load_for_eval
 
 # the data options a run records; a checkpoint is evaluated on its own run's split unless told otherwise
 DATA_OPTIONS = ("data", "val_data", "seed", "test_fraction", "clutter", "noise", "align")
@@ -51,6 +52,9 @@ def load_checkpoint_split(
     if data_options.get("data") is not None:
         options["val_data"] = None  # other data: its own evaluation split, not the run's
     options.update({k: v for k, v in data_options.items() if v is not None})
+    for name in ("data", "val_data"):  # what the run's record names is opened only if it is local (no pipe:, URL)
+        if options[name] is not None and data_options.get(name) is None and name in run:
+            check_local(options[name], f"{_record_name(checkpoint)}: {name!r}")
     data = options.pop("data")
     if data != "digits":
         for key in ("clutter", "noise", "align"):
@@ -68,6 +72,10 @@ def load_checkpoint_split(
     if num_classes != len(classes):
         raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {len(classes)}")
     return CheckpointSplit(model, run, data, classes, dataset, num_classes)
+
+
+def _record_name(checkpoint: str | Path) -> str:
+    return str(Path(checkpoint).parent / RUN_RECORD) if Path(checkpoint).suffix != ".pt" else f"{str(checkpoint)!r}"
 
 
 def evaluate_checkpoint(

@@ -91,9 +91,13 @@ def write_run_record(out: str | Path, record: dict[str, Any]) -> Path:
 
 
 def read_run_record(checkpoint: str | Path) -> dict[str, Any]:
-    """The ``run.json`` next to a checkpoint, checked (:func:`check_run_record`), or {} when there is none."""
+    """The ``run.json`` next to a checkpoint, its shape checked (:func:`check_run_record`), or {} when there is none.
+
+    Its ``data`` / ``val_data`` are checked where they are used instead of the user's own
+    (:func:`vitrim.train.checkpoint_eval.load_checkpoint_split`): a user who gives ``--data`` never needs them.
+    """
     path = Path(checkpoint).parent / RUN_RECORD
-    return check_run_record(read_json(path), str(path)) if path.is_file() else {}
+    return check_run_record(read_json(path), str(path), opens_data=False) if path.is_file() else {}
 
 
 # what a run record may say, field by field: (types, what the error says was expected); a checkpoint and its run.json
@@ -169,7 +173,7 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".pt":
         state = load_training_state(path)
-        run = check_run_record(state.get("run", {}), f"{str(path)!r}'s run settings")
+        run = check_run_record(state.get("run", {}), f"{str(path)!r}'s run settings", opens_data=False)
         if "model" not in run:
             raise ValueError(f"{str(path)!r} does not record which model it trained")
         overrides = dict(run.get("overrides", {}))
