@@ -73,7 +73,10 @@ def received_by_hand(
 def full_positions(model: torch.nn.Module, inputs: dict) -> Tensor:
     """(3, B, L): the unmodified model's M-RoPE positions for ``inputs`` (transformers' own ``get_rope_index``)."""
     positions, _ = model.model.get_rope_index(
-        inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"], None, inputs["attention_mask"]
+        inputs["input_ids"],
+        inputs["mm_token_type_ids"],
+        image_grid_thw=inputs["image_grid_thw"],
+        attention_mask=inputs["attention_mask"],
     )
     return positions
 

@@ -1,0 +1,313 @@
+"""Qwen2-VL and Qwen2.5-VL (transformers' ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration``).
+
+The model (transformers ≥ 5): ``model.model.visual`` (patches → blocks → ``PatchMerger``, one token per 2×2
+patches; Qwen2.5 runs most blocks in windows) → scattered into the ``input_ids == image_token_id`` positions of the
+embeddings → ``model.model.language_model`` with M-RoPE: positions (3, B, L) - temporal, height, width - from
+``get_rope_index`` over the whole sequence; an image's tokens take their grid coordinates and the text after it
+continues from the image's largest coordinate + 1, so positions run ahead of or behind the token count by
+``rope_deltas`` (B, 1), which the model stores and adds at decode (position = tokens seen + rope_deltas).
+Images have different sizes, so the token count per image is known only at the forward pass.
+
+What vitrim does (conventions of ``vitrim.vlm.family_qwen2vl_vision`` for the evidence and the index space):
+- **positions**: computed from the FULL sequence as the unmodified model would (its own ``get_rope_index``, or the
+  ``position_ids`` ``generate`` passes), then sliced to the kept tokens, so dropping a token is masking its key;
+- **rope_deltas**: the LLM's cache holds ``n_dropped`` fewer tokens per sample, so after a pruned prefill the model's
+  ``rope_deltas`` is set to the unmodified value + ``n_dropped`` (per sample): the model's own decode positions
+  (kept tokens seen + rope_deltas) then equal the unmodified model's;
+- **decode**: the caller's attention mask (the unpruned layout, as ``generate`` grows it) is mapped onto the cache's
+  layout; ``generate``'s own position ids need nothing (it counts on from the full prefill's positions).
+
+Seams (hooks on this instance's submodules only): a forward pre-hook with kwargs on ``model.model`` (prefill: the
+spans, the full positions and rope_deltas; decode: the mask); a forward pre-hook on the scoring block's attention
+(the received attention, ``family_qwen2vl_vision``); a forward hook with kwargs on ``model.model.visual`` (the
+method selects per image; merged tokens are put through the merger and written into their slots); a forward
+pre-hook with kwargs on ``model.model.language_model`` (the LLM input is shortened, ``vitrim.vlm.sequence``).
+Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.family_qwen2vl_sequence import DecodeLayout, decode_mask, image_seeds, shorten_prefill
+from vitrim.vlm.family_qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
+from vitrim.vlm.keep import KeepSpec
+from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence
+from vitrim.vlm.spans import ImageSpans, spans_from_mask
+
+SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
+
+
+class Qwen2VLAdapter:
+    """The seams of one Qwen2-VL / Qwen2.5-VL instance (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        inner = getattr(model, "model", None)
+        parts = ("visual", "language_model", "get_rope_index")
+        if inner is None or not all(hasattr(inner, part) for part in parts):
+            raise TypeError(
+                f"{type(model).__name__} lacks model.visual / language_model / get_rope_index "
+                "(vitrim.vlm needs transformers >= 5's Qwen2-VL layout)"
+            )
+        self.model = model
+        self.inner = inner
+        self.visual: nn.Module = inner.visual
+        self.language_model: nn.Module = inner.language_model
+        self.config = model.config
+        self.merge_size = int(self.config.vision_config.spatial_merge_size)
+
+    def tokens_per_image(self) -> None:
+        return None  # images keep their own size: (h / 28)·(w / 28) tokens at Qwen's 14-px patches
+
+    def tokens_of(self, grid_thw: Tensor) -> list[int]:
+        """Merged tokens per image (I,) of ``image_grid_thw`` (I, 3)."""
+        return (grid_thw.prod(-1) // (self.merge_size * self.merge_size)).tolist()
+
+    def spans(self, input_ids: Tensor, grid_thw: Tensor) -> ImageSpans:
+        """The image positions of ``input_ids`` (B, L), image i giving ``tokens_of(grid_thw)[i]`` tokens."""
+        return spans_from_mask(input_ids == self.config.image_token_id, self.tokens_of(grid_thw))
+
+    def full_positions(self, kwargs: dict[str, Any], input_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The unmodified model's M-RoPE positions (3, B, L) and rope_deltas (B, 1) for this prefill."""
+        token_types = kwargs.get("mm_token_type_ids")
+        if token_types is None:
+            raise ValueError(
+                "vitrim.vlm needs mm_token_type_ids (the processor returns it with input_ids) to compute Qwen's "
+                "M-RoPE positions"
+            )
+        return self.inner.get_rope_index(
+            input_ids,
+            token_types,
+            kwargs.get("image_grid_thw"),
+            kwargs.get("video_grid_thw"),
+            attention_mask=kwargs.get("attention_mask"),
+        )
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if kwargs.get("pixel_values") is None:
+                return  # a decode step (generate drops pixel_values after the prefill) or a text-only call
+            on_prefill(self.spans(_input_ids(args, kwargs), kwargs["image_grid_thw"]))
+
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
+        return handle.remove
+
+    def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
+        return QwenPreLLM(self, method, keep)
+
+
+def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    if input_ids is None:
+        raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
+    return input_ids
+
+
+@dataclass
+class TowerRun:
+    """One run of the tower on images, with the method's choice per image (reading order)."""
+
+    grid: Tensor  # (I, 3) image_grid_thw
+    selections: list[ImageSelection]
+
+
+@dataclass
+class Prefill:
+    """The model-level inputs of the prefill in flight (the LLM hook needs them, transformers hands it none)."""
+
+    input_ids: Tensor  # (B, L)
+    attention_mask: Tensor | None  # (B, L)
+    token_types: Tensor  # (B, L) mm_token_type_ids
+
+
+class QwenPreLLM:
+    """A pre-LLM method installed on a Qwen2-VL / Qwen2.5-VL instance (an :class:`Installation`).
+
+    The tower may run inside the model's forward (``model(pixel_values=...)``) or before it (``generate`` encodes
+    the images first and passes ``mm_encoder_outputs``), so the method selects in the tower's own hook, for the
+    images of that run, and the LLM hook takes the last run's choice.
+    """
+
+    def __init__(self, adapter: Qwen2VLAdapter, method: Method, keep: KeepSpec) -> None:
+        self.adapter = adapter
+        self.method = method
+        self.keep = keep
+        self.capture: ScoringCapture | None = None
+        self.tower: TowerRun | None = None
+        self.prefill: Prefill | None = None
+        self.layout: DecodeLayout | None = None
+        self.selections: list[ImageSelection] | None = None
+        self.rope_deltas_before = adapter.inner.rope_deltas
+        inner, visual = adapter.inner, adapter.visual
+        self.handles = [
+            inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
+            visual.blocks[SCORING_BLOCK].attn.register_forward_pre_hook(self.before_scoring, with_kwargs=True),
+            visual.register_forward_hook(self.after_tower, with_kwargs=True),
+            adapter.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
+        ]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.adapter.inner.rope_deltas = self.rope_deltas_before
+
+    def selection(self) -> list[ImageSelection] | None:
+        return self.selections
+
+    # the tower: score, select, write merged tokens
+
+    def before_scoring(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        with torch.no_grad():
+            self.capture = capture_scoring_block(module, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"])
+
+    def after_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        capture, self.capture = self.capture, None
+        if capture is None:
+            raise RuntimeError("vitrim.vlm: the Qwen tower ran without its scoring block")
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        pixels = args[0] if args else kwargs["hidden_states"]
+        tokens = self.adapter.tokens_of(grid)
+        keep = [self.keep.tokens(n) for n in tokens]  # ValueError naming keep when an int exceeds an image
+        if keep == tokens:
+            self.tower = TowerRun(grid, [_keep_all(n, grid.device) for n in tokens])
+            return None  # every token stays: the tower's output is untouched
+        with torch.no_grad():
+            evidence = image_evidence(
+                capture, output.last_hidden_state, grid, self.adapter.merge_size, self.window_index(grid)
+            )
+        seeds = image_seeds(list(pixels.split(grid.prod(-1).tolist())))  # (I,)
+        selections, rows, merged_tokens = [], [], []
+        start = 0
+        for image, (item, k) in enumerate(zip(evidence, keep, strict=True)):
+            found = VisionEvidence(
+                features=item.features[None],
+                cls_attention=item.received[None],
+                keys=item.keys[None],
+                seeds=seeds[image : image + 1],
+            )
+            chosen = self.method.select(found, k)[0]
+            selections.append(chosen)
+            if chosen.merged is not None:
+                unit = self.adapter.merge_size**2
+                merged = chosen.merged.reshape(k * unit, -1).to(output.last_hidden_state.dtype)
+                rows.append(chosen.kept + start)
+                merged_tokens.append(self.adapter.visual.merger(merged))  # (k, D): the projector on merged states
+            start += tokens[image]
+        self.tower = TowerRun(grid, selections)
+        if rows:
+            pooled = output.pooler_output.clone()
+            pooled[torch.cat(rows)] = torch.cat(merged_tokens).to(pooled.dtype)
+            output.pooler_output = pooled
+        return output
+
+    def window_index(self, grid: Tensor) -> Tensor | None:
+        """Qwen2.5's window order of the tower's row groups (None for Qwen2-VL, which keeps raster order)."""
+        visual = self.adapter.visual
+        if not hasattr(visual, "fullatt_block_indexes"):
+            return None
+        from transformers.vision_utils import get_vision_window_index
+
+        window_index, _ = get_vision_window_index(
+            grid, visual.spatial_merge_size, visual.window_size, visual.patch_size
+        )
+        return window_index
+
+    # the model: what a prefill holds, the decode steps after a pruned one
+
+    def before_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
+        cache = kwargs.get("cache")
+        seen = cache.get_seq_length() if cache is not None else 0
+        encoded = kwargs.get("mm_encoder_outputs") or {}
+        has_images = kwargs.get("pixel_values") is not None or encoded.get("image") is not None
+        self.prefill = None
+        if kwargs.get("pixel_values_videos") is not None or encoded.get("video") is not None:
+            raise ValueError("vitrim.vlm reduces images only; this Qwen input holds videos")
+        if not has_images:
+            if seen == 0:
+                self.layout = None  # a text-only forward: nothing of ours in its cache
+                return None
+            return None if self.layout is None else self.decode_inputs(args, kwargs, seen)
+        if seen:
+            raise ValueError("vitrim.vlm cannot reduce images that follow a cached prefix; run them in the prefill")
+        if encoded.get("image") is not None and self.tower is None:
+            raise ValueError("vitrim.vlm needs the image features made by this model after apply (mm_encoder_outputs)")
+        if kwargs.get("pixel_values") is not None:
+            self.tower = None  # the tower runs inside this forward
+        input_ids = _input_ids(args, kwargs)
+        token_types = kwargs.get("mm_token_type_ids")
+        if token_types is None:
+            token_types = (input_ids == self.adapter.config.image_token_id).int()
+        self.layout = None
+        self.prefill = Prefill(input_ids, kwargs.get("attention_mask"), token_types)
+        return None
+
+    def decode_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any], seen: int) -> tuple | None:
+        """A decode step after a pruned prefill: the caller's mask mapped onto the cache, positions where needed."""
+        assert self.layout is not None
+        given = kwargs.get("attention_mask")
+        if given is None and bool(self.layout.kept_mask.all()):
+            return None  # the model's own positions: tokens in the cache + the corrected rope_deltas
+        query = _query_length(args, kwargs)
+        mask = decode_mask(self.layout, given, seen, query)  # (B, seen + query)
+        kwargs["attention_mask"] = mask
+        if kwargs.get("position_ids") is None:
+            # what the model computes from a mask (tokens seen + rope_deltas), for this step's columns only
+            deltas = self.adapter.inner.rope_deltas  # (B, 1), corrected at the prefill
+            steps = mask.long().cumsum(-1)[:, -query:] - 1 + deltas  # (B, q)
+            kwargs["position_ids"] = steps[None].expand(3, -1, -1)
+        return args, kwargs
+
+    # the LLM: the shortened prefill
+
+    def before_llm(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple | None:
+        prefill, self.prefill = self.prefill, None
+        tower, self.tower = self.tower, None
+        if prefill is None:
+            return None
+        if tower is None:
+            raise RuntimeError("vitrim.vlm: a Qwen prefill with images reached the LLM without a tower run")
+        self.selections = tower.selections
+        tokens = self.adapter.tokens_of(tower.grid)
+        if [len(s.kept) for s in tower.selections] == tokens:
+            return None  # every token stays: the model runs untouched
+        spans = self.adapter.spans(prefill.input_ids, tower.grid)
+        kept = _kept_columns(spans, tower.selections)  # (B, L) bool
+        positions = kwargs["position_ids"]  # the full sequence's, from the model or generate
+        shortened, self.layout = shorten_prefill(kept, kwargs["inputs_embeds"], kwargs.get("attention_mask"), positions)
+        kwargs.update(shortened)
+        _, deltas = self.adapter.inner.get_rope_index(
+            prefill.input_ids, prefill.token_types, image_grid_thw=tower.grid, attention_mask=prefill.attention_mask
+        )
+        dropped = (spans.is_image & ~kept).sum(1)  # (B,)
+        self.adapter.inner.rope_deltas = deltas + dropped[:, None].to(deltas.device)
+        return args, kwargs
+
+
+def _query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    tokens = kwargs.get("input_ids", args[0] if args else None)
+    if tokens is None:
+        tokens = kwargs["inputs_embeds"]
+    return int(tokens.shape[1])
+
+
+def _keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
+    kept = torch.arange(num_tokens, device=device)
+    return ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0)))
+
+
+def _kept_columns(spans: ImageSpans, selections: list[ImageSelection]) -> Tensor:
+    """(B, L) bool: True where the LLM input keeps its token (every non-image position; the selected image ones)."""
+    kept_of_image = []
+    for selection in selections:
+        kept_of_image.append(selection.kept)
+    keep = ~spans.is_image
+    for image, kept in enumerate(kept_of_image):
+        chosen = spans.image_of == image
+        keep |= chosen & torch.isin(spans.token_of, kept)
+    return keep
