@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_qwen2vl_sequence import DecodeLayout, decode_mask, image_seeds, shorten_prefill
+from vitrim.vlm.family_qwen2vl_sequence import DecodeLayout, decode_mask, shorten_prefill
 from vitrim.vlm.family_qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence
+from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
 from vitrim.vlm.spans import ImageSpans, spans_from_mask
 
 SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
@@ -55,11 +55,11 @@ class Qwen2VLAdapter:
                 "(vitrim.vlm needs transformers >= 5's Qwen2-VL layout)"
             )
         self.model = model
-        self.inner = inner
-        self.visual: nn.Module = inner.visual
+        self.inner: Any = inner  # transformers' Qwen2VLModel / Qwen2_5_VLModel
+        self.visual: Any = inner.visual
         self.language_model: nn.Module = inner.language_model
-        self.config = model.config
-        self.merge_size = int(self.config.vision_config.spatial_merge_size)
+        self.config: Any = model.config
+        self.merge_size = int(inner.visual.spatial_merge_size)
 
     def tokens_per_image(self) -> None:
         return None  # images keep their own size: (h / 28)·(w / 28) tokens at Qwen's 14-px patches
@@ -170,8 +170,8 @@ class QwenPreLLM:
         capture, self.capture = self.capture, None
         if capture is None:
             raise RuntimeError("vitrim.vlm: the Qwen tower ran without its scoring block")
-        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
-        pixels = args[0] if args else kwargs["hidden_states"]
+        grid: Tensor = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
+        pixels: Tensor = args[0] if args else kwargs["hidden_states"]
         tokens = self.adapter.tokens_of(grid)
         keep = [self.keep.tokens(n) for n in tokens]  # ValueError naming keep when an int exceeds an image
         if keep == tokens:
@@ -181,7 +181,7 @@ class QwenPreLLM:
             evidence = image_evidence(
                 capture, output.last_hidden_state, grid, self.adapter.merge_size, self.window_index(grid)
             )
-        seeds = image_seeds(list(pixels.split(grid.prod(-1).tolist())))  # (I,)
+        seeds = torch.tensor([content_seed(image) for image in pixels.split(grid.prod(-1).tolist())])  # (I,)
         selections, rows, merged_tokens = [], [], []
         start = 0
         for image, (item, k) in enumerate(zip(evidence, keep, strict=True)):

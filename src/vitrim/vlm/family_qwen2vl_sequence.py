@@ -10,7 +10,6 @@ The shortened input always carries an explicit 2-D mask: gapped positions withou
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -70,12 +69,3 @@ def decode_mask(layout: DecodeLayout, attention_mask: Tensor | None, cached: int
         f"attention_mask has {attention_mask.shape[-1]} columns after a pruned prefill of {layout.full_length} "
         f"tokens and {decoded} since; expected {layout.full_length + decoded} (the unpruned layout)"
     )
-
-
-def image_seeds(pixels: list[Tensor]) -> Tensor:
-    """(I,) long: a number drawn from each image's own pixels (its bytes hashed), the same alone or in a batch."""
-    seeds = []
-    for image in pixels:
-        digest = hashlib.blake2b(image.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).digest()
-        seeds.append(int.from_bytes(digest, "little") % (1 << 62))
-    return torch.tensor(seeds, dtype=torch.long)

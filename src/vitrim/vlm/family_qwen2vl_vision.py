@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 QUERY_CHUNK = 1024  # rows of the attention map formed at once: H · 1024 · n values, not H · n²
 
@@ -84,7 +85,7 @@ def received_attention(query: Tensor, key: Tensor, cu_seqlens: Tensor, scale: fl
 
 
 def capture_scoring_block(
-    attention: nn.Module, hidden: Tensor, cu_seqlens: Tensor, rotary: tuple[Tensor, Tensor]
+    attention: Any, hidden: Tensor, cu_seqlens: Tensor, rotary: tuple[Tensor, Tensor]
 ) -> ScoringCapture:
     """Recompute the scoring block's q/k from its input (the ``attn`` module's own ``qkv`` and rotary) and score.
 
