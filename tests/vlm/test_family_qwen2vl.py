@@ -68,7 +68,7 @@ def kept_logits(logits: torch.Tensor, keep: torch.Tensor, shortened: torch.Tenso
     return pairs
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
 def test_keep_all_is_the_unmodified_model_bit_for_bit(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)
@@ -102,6 +102,7 @@ def test_dropping_equals_the_full_model_with_those_keys_masked(family: str) -> N
         torch.testing.assert_close(pruned.logits[b, width - n :], reference[b, kept[b]], rtol=0, atol=1e-12)
 
 
+@pytest.mark.full
 def test_the_reference_is_the_unmodified_model_when_nothing_is_masked() -> None:
     model = BUILDERS["qwen2_5_vl"]()
     inputs = batch(THREE)
@@ -113,7 +114,10 @@ def test_the_reference_is_the_unmodified_model_when_nothing_is_masked() -> None:
     torch.testing.assert_close(reference[valid], own[valid], rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize(("family", "padded"), [("qwen2_vl", False), ("qwen2_5_vl", False), ("qwen2_5_vl", True)])
+@pytest.mark.parametrize(
+    ("family", "padded"),
+    [("qwen2_vl", False), pytest.param("qwen2_5_vl", False, marks=pytest.mark.full), ("qwen2_5_vl", True)],
+)
 def test_a_decode_step_after_a_pruned_prefill_equals_the_masked_full_cache(family: str, padded: bool) -> None:
     """Unpadded, no mask: the model's own decode positions (tokens in the cache + rope_deltas) are right after the
     rope_deltas fix. Padded: the caller's mask (unpruned layout) is mapped onto the cache. (transformers 5.24's
@@ -135,7 +139,7 @@ def test_a_decode_step_after_a_pruned_prefill_equals_the_masked_full_cache(famil
     torch.testing.assert_close(step, expected, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
 def test_generate_runs_unchanged_and_matches_the_reference_steps(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)
@@ -158,7 +162,7 @@ def test_generate_runs_unchanged_and_matches_the_reference_steps(family: str) ->
     assert torch.equal(new_tokens[:, 0], first.argmax(-1)) and torch.equal(new_tokens[:, 1], second.argmax(-1))
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
 def test_each_sample_of_a_padded_batch_equals_that_sample_alone(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)
@@ -191,6 +195,7 @@ def test_each_sample_of_a_padded_batch_equals_that_sample_alone(family: str) -> 
         torch.testing.assert_close(together[b, together.shape[1] - logits.shape[0] :], logits, rtol=0, atol=1e-12)
 
 
+@pytest.mark.full
 def test_remove_restores_the_model_exactly() -> None:
     model = BUILDERS["qwen2_5_vl"]()
     inputs = batch(THREE)
