@@ -128,3 +128,21 @@ def test_a_merged_token_is_the_merger_on_the_mean_of_its_patch_states() -> None:
     for b in range(3):
         n = int(kept[b].sum())
         torch.testing.assert_close(pruned[b, width - n :], reference[b, kept[b]], rtol=0, atol=1e-12)
+
+
+def test_watch_spans_sees_every_prefill_under_generate_and_direct_calls() -> None:
+    """generate encodes the images before the forward (mm_encoder_outputs, no pixel_values): the watch still fires."""
+    model = BUILDERS["qwen2_5_vl"]()
+    inputs = batch(THREE)
+    seen = []
+    unwatch = Qwen2VLAdapter(model).watch_spans(seen.append)
+    with torch.no_grad():
+        model.generate(**inputs, max_new_tokens=2, do_sample=False)
+        model(**inputs)
+    unwatch()
+    assert len(seen) == 2 and hooks_of(model) == 0
+    for spans in seen:
+        assert torch.equal(spans.is_image, inputs["input_ids"] == IMAGE)
+        firsts = spans.token_of == 0
+        assert spans.image_of[firsts].tolist() == [0, 1, 2, 3]  # images in reading order
+        assert [int((spans.image_of == i).sum()) for i in range(4)] == tokens_of(inputs)

@@ -72,27 +72,26 @@ class Qwen2VLAdapter:
         """The image positions of ``input_ids`` (B, L), image i giving ``tokens_of(grid_thw)[i]`` tokens."""
         return spans_from_mask(input_ids == self.config.image_token_id, self.tokens_of(grid_thw))
 
-    def full_positions(self, kwargs: dict[str, Any], input_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """The unmodified model's M-RoPE positions (3, B, L) and rope_deltas (B, 1) for this prefill."""
-        token_types = kwargs.get("mm_token_type_ids")
-        if token_types is None:
-            raise ValueError(
-                "vitrim.vlm needs mm_token_type_ids (the processor returns it with input_ids) to compute Qwen's "
-                "M-RoPE positions"
-            )
-        return self.inner.get_rope_index(
-            input_ids,
-            token_types,
-            kwargs.get("image_grid_thw"),
-            kwargs.get("video_grid_thw"),
-            attention_mask=kwargs.get("attention_mask"),
-        )
+    def prefill_token_counts(self, kwargs: dict[str, Any]) -> list[int] | None:
+        """Merged tokens per image of a forward's images, None when it has none (a decode step, text only).
+
+        The images come as ``pixel_values`` + ``image_grid_thw`` (a direct call) or, under ``generate``, already
+        encoded as ``mm_encoder_outputs["image"]`` (whose ``pooler_output`` holds one tensor per image).
+        """
+        if kwargs.get("pixel_values") is not None:
+            return self.tokens_of(kwargs["image_grid_thw"])
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
+        if encoded is not None:
+            return [int(image.shape[0]) for image in encoded.pooler_output]
+        return None
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if kwargs.get("pixel_values") is None:
-                return  # a decode step (generate drops pixel_values after the prefill) or a text-only call
-            on_prefill(self.spans(_input_ids(args, kwargs), kwargs["image_grid_thw"]))
+            counts = self.prefill_token_counts(kwargs)
+            if counts is None:
+                return  # a decode step or a text-only call
+            is_image = _input_ids(args, kwargs) == self.config.image_token_id
+            on_prefill(spans_from_mask(is_image, counts))
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove
