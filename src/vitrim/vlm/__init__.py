@@ -10,7 +10,13 @@
 Importing this package does not import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import method_random  # noqa: F401  (registers the method)
+from vitrim.vlm import (  # noqa: F401  (each registers its method)
+    method_divprune,
+    method_fastervlm,
+    method_random,
+    method_visionzip,
+    method_vispruner,
+)
 from vitrim.vlm.api import apply, last_selection, remove
 from vitrim.vlm.registry import methods
 
