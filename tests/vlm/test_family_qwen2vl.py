@@ -60,12 +60,21 @@ def tokens_of(inputs: dict) -> list[int]:
     return (inputs["image_grid_thw"].prod(-1) // 4).tolist()
 
 
-def kept_logits(logits: torch.Tensor, keep: torch.Tensor, shortened: torch.Tensor) -> list[torch.Tensor]:
-    """Per sample, the reference's logits at its kept valid columns and the shortened model's at its valid ones."""
-    pairs = []
-    for b in range(logits.shape[0]):
-        pairs.append((logits[b, keep[b]], shortened[b]))
-    return pairs
+def assert_kept_columns_match(
+    pruned: torch.Tensor, reference: torch.Tensor, inputs: dict, dropped: torch.Tensor
+) -> None:
+    """The shortened logits (B, L', V) against the reference's (B, L, V) at every valid column that stays.
+
+    The shortened input holds, per sample, the columns that stay (text, padding, kept image tokens) in order,
+    right-aligned in a left-padded batch (vitrim.vlm.sequence)."""
+    stays = ~dropped  # (B, L)
+    width = int(stays.sum(1).max())
+    assert pruned.shape[1] == width
+    for b in range(stays.shape[0]):
+        columns = stays[b].nonzero().flatten()
+        valid = inputs["attention_mask"][b, columns].bool()
+        short = pruned[b, width - len(columns) :]
+        torch.testing.assert_close(short[valid], reference[b, columns][valid], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
@@ -94,12 +103,7 @@ def test_dropping_equals_the_full_model_with_those_keys_masked(family: str) -> N
     assert dropped.sum() == sum(n - n // 2 for n in tokens_of(inputs))  # keep 0.5: round(n/2) of n = 6, 6, 4, 8
     with torch.no_grad():
         reference = masked_reference(model, inputs, dropped).logits
-    kept = inputs["attention_mask"].bool() & ~dropped  # (B, L)
-    width = int(kept.sum(1).max())
-    assert pruned.logits.shape[1] == width
-    for b in range(3):
-        n = int(kept[b].sum())
-        torch.testing.assert_close(pruned.logits[b, width - n :], reference[b, kept[b]], rtol=0, atol=1e-12)
+    assert_kept_columns_match(pruned.logits, reference, inputs, dropped)
 
 
 @pytest.mark.full

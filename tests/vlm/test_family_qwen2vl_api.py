@@ -10,7 +10,7 @@ import pytest
 import torch
 from qwen_reference import masked_reference
 from qwen_tiny import BUILDERS, IMAGE, MERGE, VIDEO, batch, one
-from test_family_qwen2vl import THREE, dropped_positions, tokens_of
+from test_family_qwen2vl import THREE, assert_kept_columns_match, dropped_positions, tokens_of
 
 import vitrim.vlm
 from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
@@ -123,11 +123,7 @@ def test_a_merged_token_is_the_merger_on_the_mean_of_its_patch_states() -> None:
     with torch.no_grad():
         reference = masked_reference(model, inputs, dropped).logits
     handle.remove()
-    kept = inputs["attention_mask"].bool() & ~dropped
-    width = pruned.shape[1]
-    for b in range(3):
-        n = int(kept[b].sum())
-        torch.testing.assert_close(pruned[b, width - n :], reference[b, kept[b]], rtol=0, atol=1e-12)
+    assert_kept_columns_match(pruned, reference, inputs, dropped)
 
 
 def test_watch_spans_sees_every_prefill_under_generate_and_direct_calls() -> None:

@@ -34,10 +34,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_qwen2vl_sequence import DecodeLayout, decode_mask, shorten_prefill
 from vitrim.vlm.family_qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
+from vitrim.vlm.sequence import (
+    DecodeState,
+    columns_to_keep,
+    decode_attention_mask,
+    gather_columns,
+    plan_short_sequence,
+)
 from vitrim.vlm.spans import ImageSpans, spans_from_mask
 
 SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
@@ -139,7 +145,7 @@ class QwenPreLLM:
         self.capture: ScoringCapture | None = None
         self.tower: TowerRun | None = None
         self.prefill: Prefill | None = None
-        self.layout: DecodeLayout | None = None
+        self.layout: DecodeState | None = None
         self.selections: list[ImageSelection] | None = None
         self.rope_deltas_before = adapter.inner.rope_deltas
         inner, visual = adapter.inner, adapter.visual
@@ -250,10 +256,10 @@ class QwenPreLLM:
         """A decode step after a pruned prefill: the caller's mask mapped onto the cache, positions where needed."""
         assert self.layout is not None
         given = kwargs.get("attention_mask")
-        if given is None and bool(self.layout.kept_mask.all()):
+        if given is None and bool(self.layout.prefill_mask.all()):
             return None  # the model's own positions: tokens in the cache + the corrected rope_deltas
         query = _query_length(args, kwargs)
-        mask = decode_mask(self.layout, given, seen, query)  # (B, seen + query)
+        mask = decode_attention_mask(self.layout, given, seen, query)  # (B, seen + query)
         kwargs["attention_mask"] = mask
         if kwargs.get("position_ids") is None:
             # what the model computes from a mask (tokens seen + rope_deltas), for this step's columns only
@@ -276,10 +282,13 @@ class QwenPreLLM:
         if [len(s.kept) for s in tower.selections] == tokens:
             return None  # every token stays: the model runs untouched
         spans = self.adapter.spans(prefill.input_ids, tower.grid)
-        kept = _kept_columns(spans, tower.selections)  # (B, L) bool
-        positions = kwargs["position_ids"]  # the full sequence's, from the model or generate
-        shortened, self.layout = shorten_prefill(kept, kwargs["inputs_embeds"], kwargs.get("attention_mask"), positions)
-        kwargs.update(shortened)
+        kept = columns_to_keep(spans, tower.selections, max(tokens))  # (B, L) bool
+        short = plan_short_sequence(kept, kwargs.get("attention_mask"))
+        positions = kwargs["position_ids"]  # the full sequence's (3 or 4, B, L), from the model or generate
+        kwargs["inputs_embeds"] = gather_columns(short, kwargs["inputs_embeds"])
+        kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
+        kwargs["attention_mask"] = short.attention_mask
+        self.layout = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
         _, deltas = self.adapter.inner.get_rope_index(
             prefill.input_ids, prefill.token_types, image_grid_thw=tower.grid, attention_mask=prefill.attention_mask
         )
@@ -298,15 +307,3 @@ def _query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 def _keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
     kept = torch.arange(num_tokens, device=device)
     return ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0)))
-
-
-def _kept_columns(spans: ImageSpans, selections: list[ImageSelection]) -> Tensor:
-    """(B, L) bool: True where the LLM input keeps its token (every non-image position; the selected image ones)."""
-    kept_of_image = []
-    for selection in selections:
-        kept_of_image.append(selection.kept)
-    keep = ~spans.is_image
-    for image, kept in enumerate(kept_of_image):
-        chosen = spans.image_of == image
-        keep |= chosen & torch.isin(spans.token_of, kept)
-    return keep
