@@ -26,6 +26,7 @@ class TopReceived(Method):
 
     name = "test_top_received"
     stage = "pre_llm"
+    needs_cls_attention = True
     defaults: ClassVar[Mapping[str, Any]] = {}
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:

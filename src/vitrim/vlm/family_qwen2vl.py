@@ -151,10 +151,12 @@ class QwenPreLLM:
         inner, visual = adapter.inner, adapter.visual
         self.handles = [
             inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
-            visual.blocks[SCORING_BLOCK].attn.register_forward_pre_hook(self.before_scoring, with_kwargs=True),
             visual.register_forward_hook(self.after_tower, with_kwargs=True),
             adapter.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
         ]
+        if method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
+            scoring = visual.blocks[SCORING_BLOCK].attn
+            self.handles.append(scoring.register_forward_pre_hook(self.before_scoring, with_kwargs=True))
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -173,7 +175,7 @@ class QwenPreLLM:
 
     def after_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         capture, self.capture = self.capture, None
-        if capture is None:
+        if capture is None and self.method.needs_cls_attention:
             raise RuntimeError("vitrim.vlm: the Qwen tower ran without its scoring block")
         grid: Tensor = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
         pixels: Tensor = args[0] if args else kwargs["hidden_states"]
@@ -192,8 +194,8 @@ class QwenPreLLM:
         for image, (item, k) in enumerate(zip(evidence, keep, strict=True)):
             found = VisionEvidence(
                 features=item.features[None],
-                cls_attention=item.received[None],
-                keys=item.keys[None],
+                cls_attention=None if item.received is None else item.received[None],
+                keys=None if item.keys is None else item.keys[None],
                 seeds=seeds[image : image + 1],
             )
             chosen = self.method.select(found, k)[0]

@@ -54,11 +54,12 @@ class ImageEvidence:
     features: (N, m²·C)   the merger's input, the m² patch states of each merged token concatenated
     received: (H, N)      attention received at the scoring block, per head (sums to 1 over N per head)
     keys: (H, N, hd)      the scoring block's keys before rotary, averaged over each token's m² patches
+    (received and keys are None when the scoring block was not captured: a method that needs no attention)
     """
 
     features: Tensor
-    received: Tensor
-    keys: Tensor
+    received: Tensor | None
+    keys: Tensor | None
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -110,7 +111,7 @@ def merged_order(window_index: Tensor | None, num_groups: int, device: torch.dev
 
 
 def image_evidence(
-    capture: ScoringCapture,
+    capture: ScoringCapture | None,
     tower_states: Tensor,
     grid_thw: Tensor,
     merge_size: int,
@@ -124,7 +125,6 @@ def image_evidence(
     num_patches, channels = tower_states.shape
     num_groups = num_patches // unit
     order = merged_order(window_index, num_groups, tower_states.device)  # (G,) tower group -> raster group
-    num_heads = capture.received.shape[0]
 
     def to_raster(grouped: Tensor) -> Tensor:  # (G, ...) in tower order -> (G, ...) in raster order
         raster = torch.empty_like(grouped)
@@ -132,19 +132,22 @@ def image_evidence(
         return raster
 
     features = to_raster(tower_states.reshape(num_groups, unit * channels))  # (G, m²C)
-    received = to_raster(capture.received.reshape(num_heads, num_groups, unit).sum(-1).T)  # (G, H)
-    keys = to_raster(capture.keys.reshape(num_groups, unit, num_heads, -1).mean(1))  # (G, H, hd)
+    received = keys = None
+    if capture is not None:
+        num_heads = capture.received.shape[0]
+        received = to_raster(capture.received.reshape(num_heads, num_groups, unit).sum(-1).T)  # (G, H)
+        keys = to_raster(capture.keys.reshape(num_groups, unit, num_heads, -1).mean(1))  # (G, H, hd)
 
-    patches_per_image = grid_thw.prod(-1).tolist()
     evidence = []
     start = 0
-    for patches in patches_per_image:
+    for patches in grid_thw.prod(-1).tolist():
         stop = start + patches // unit
         evidence.append(
             ImageEvidence(
                 features=features[start:stop],
-                received=received[start:stop].T / patches,  # (H, N): the mean over the image's queries
-                keys=keys[start:stop].transpose(0, 1),  # (H, N, hd)
+                # (H, N): summed over the image's queries -> their mean; (H, N, hd)
+                received=None if received is None else received[start:stop].T / patches,
+                keys=None if keys is None else keys[start:stop].transpose(0, 1),
             )
         )
         start = stop
