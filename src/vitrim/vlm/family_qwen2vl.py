@@ -197,6 +197,7 @@ class QwenPreLLM:
                 cls_attention=None if item.received is None else item.received[None],
                 keys=None if item.keys is None else item.keys[None],
                 seeds=seeds[image : image + 1],
+                projected=output.pooler_output[start : start + tokens[image]][None],  # the merger's (raster) output
             )
             chosen = self.method.select(found, k)[0]
             selections.append(chosen)
