@@ -62,19 +62,19 @@ def tokens_of(inputs: dict) -> list[int]:
 
 
 def assert_kept_columns_match(
-    pruned: torch.Tensor, reference: torch.Tensor, inputs: dict, dropped: torch.Tensor
+    pruned: torch.Tensor, reference: torch.Tensor, inputs: dict, dropped: torch.Tensor, side: str = "left"
 ) -> None:
     """The shortened logits (B, L', V) against the reference's (B, L, V) at every valid column that stays.
 
     The shortened input holds, per sample, the columns that stay (text, padding, kept image tokens) in order,
-    right-aligned in a left-padded batch (vitrim.vlm.sequence)."""
+    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.sequence)."""
     stays = ~dropped  # (B, L)
     width = int(stays.sum(1).max())
     assert pruned.shape[1] == width
     for b in range(stays.shape[0]):
         columns = stays[b].nonzero().flatten()
         valid = inputs["attention_mask"][b, columns].bool()
-        short = pruned[b, width - len(columns) :]
+        short = pruned[b, width - len(columns) :] if side == "left" else pruned[b, : len(columns)]
         torch.testing.assert_close(short[valid], reference[b, columns][valid], rtol=0, atol=1e-12)
 
 
@@ -91,20 +91,26 @@ def test_keep_all_is_the_unmodified_model_bit_for_bit(family: str) -> None:
     assert [s.kept.tolist() for s in installation.selection()] == [list(range(n)) for n in tokens_of(inputs)]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
-def test_dropping_equals_the_full_model_with_those_keys_masked(family: str) -> None:
+WITH_TEXT_ONLY = [THREE[0], ([[1, 5, 6, 7, 8, 9, 10, 11, 12]], []), THREE[2]]  # the middle sample has no image
+
+
+@pytest.mark.parametrize(
+    ("family", "prompts", "side"),
+    [("qwen2_vl", THREE, "left"), ("qwen2_5_vl", THREE, "left"), ("qwen2_5_vl", WITH_TEXT_ONLY, "right")],
+)
+def test_dropping_equals_the_full_model_with_those_keys_masked(family: str, prompts: list, side: str) -> None:
     model = BUILDERS[family]()
-    inputs = batch(THREE)
+    inputs = batch(prompts, side=side)
     installation = install(model, 0.5)
     with torch.no_grad():
         pruned = model(**inputs)
     selection = installation.selection()
     installation.remove()
     dropped = dropped_positions(inputs, selection, tokens_of(inputs))
-    assert dropped.sum() == sum(n - n // 2 for n in tokens_of(inputs))  # keep 0.5: round(n/2) of n = 6, 6, 4, 8
+    assert dropped.sum() == sum(n - n // 2 for n in tokens_of(inputs))  # keep 0.5 of even counts
     with torch.no_grad():
         reference = masked_reference(model, inputs, dropped).logits
-    assert_kept_columns_match(pruned.logits, reference, inputs, dropped)
+    assert_kept_columns_match(pruned.logits, reference, inputs, dropped, side)
 
 
 @pytest.mark.full
