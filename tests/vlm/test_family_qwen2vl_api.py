@@ -142,3 +142,22 @@ def test_watch_spans_sees_every_prefill_under_generate_and_direct_calls() -> Non
         firsts = spans.token_of == 0
         assert spans.image_of[firsts].tolist() == [0, 1, 2, 3]  # images in reading order
         assert [int((spans.image_of == i).sum()) for i in range(4)] == tokens_of(inputs)
+
+
+def test_beam_search_prefills_every_beam_like_its_prompt() -> None:
+    """generate expands each prompt to its beams after encoding the images once: every beam's prefill is the
+    prompt's own pruned prefill, and last_selection stays per image of the prompts."""
+    model = BUILDERS["qwen2_5_vl"]()
+    inputs = batch(THREE)
+    vitrim.vlm.apply(model, "fastervlm", keep=3)
+    with torch.no_grad():
+        single = model(**inputs).logits[:, -1]  # (3, V)
+    selection = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+    steps: list[torch.Tensor] = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: steps.append(out[:, -1]))
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=2, num_beams=2, do_sample=False)
+    handle.remove()
+    assert out.shape[0] == 3
+    torch.testing.assert_close(steps[0], single.repeat_interleave(2, dim=0), rtol=0, atol=1e-12)
+    assert [k.tolist() for k in vitrim.vlm.last_selection(model)] == selection

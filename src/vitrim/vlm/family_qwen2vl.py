@@ -284,6 +284,8 @@ class QwenPreLLM:
         tokens = self.adapter.tokens_of(tower.grid)
         if [len(s.kept) for s in tower.selections] == tokens:
             return None  # every token stays: the model runs untouched
+        tower = _expanded(tower, prefill.input_ids == self.adapter.config.image_token_id, tokens)
+        tokens = self.adapter.tokens_of(tower.grid)
         spans = self.adapter.spans(prefill.input_ids, tower.grid)
         kept = columns_to_keep(spans, tower.selections, max(tokens))  # (B, L) bool
         short = plan_short_sequence(kept, kwargs.get("attention_mask"))
@@ -305,6 +307,25 @@ def _query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     if tokens is None:
         tokens = kwargs["inputs_embeds"]
     return int(tokens.shape[1])
+
+
+def _expanded(tower: TowerRun, is_image: Tensor, tokens: list[int]) -> TowerRun:
+    """The tower's run for a batch ``generate`` expanded (beams, ``num_return_sequences``): each prompt's row
+    repeated n times in a row, the images encoded once per prompt; unchanged when the batch was not expanded."""
+    copies, rest = divmod(int(is_image.sum()), sum(tokens))
+    if copies <= 1 or rest or is_image.shape[0] % copies:
+        return tower  # not an expansion: ImageSpans reports any mismatch
+    per_prompt = is_image[::copies].sum(1).tolist()  # image tokens of each prompt
+    order, image = [], 0
+    for count in per_prompt:
+        mine = []
+        while count > 0:
+            mine.append(image)
+            count -= tokens[image]
+            image += 1
+        order += mine * copies
+    index = torch.tensor(order, dtype=torch.long, device=tower.grid.device)
+    return TowerRun(grid=tower.grid[index], selections=[tower.selections[i] for i in order])
 
 
 def _keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
