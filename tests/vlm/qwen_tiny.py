@@ -80,7 +80,31 @@ def qwen2_5_vl(seed: int = 0) -> torch.nn.Module:
     return transformers.Qwen2_5_VLForConditionalGeneration(config).double().eval()
 
 
-BUILDERS = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl}
+def qwen3_vl(seed: int = 0) -> torch.nn.Module:
+    """A tiny Qwen3VLForConditionalGeneration in float64 on SDPA: 3 vision blocks, DeepStack after blocks 0 and 1."""
+    text = {**TEXT, "head_dim": 8, "rope_parameters": {**TEXT["rope_parameters"], "mrope_interleaved": True}}
+    config = transformers.Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=3,
+            hidden_size=16,
+            intermediate_size=24,
+            num_heads=2,
+            out_hidden_size=32,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=1,
+            in_channels=CHANNELS,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0, 1],
+        ),
+        **TOKENS,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen3VLForConditionalGeneration(config).double().eval()
+
+
+BUILDERS = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl}
 
 
 def prompt(texts: list[list[int]], grids: list[tuple[int, int]]) -> list[int]:

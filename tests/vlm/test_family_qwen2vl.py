@@ -78,7 +78,10 @@ def assert_kept_columns_match(
         torch.testing.assert_close(short[valid], reference[b, columns][valid], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl", pytest.param("qwen3_vl", marks=pytest.mark.full)],
+)
 def test_keep_all_is_the_unmodified_model_bit_for_bit(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)
@@ -96,7 +99,13 @@ WITH_TEXT_ONLY = [THREE[0], ([[1, 5, 6, 7, 8, 9, 10, 11, 12]], []), THREE[2]]  #
 
 @pytest.mark.parametrize(
     ("family", "prompts", "side"),
-    [("qwen2_vl", THREE, "left"), ("qwen2_5_vl", THREE, "left"), ("qwen2_5_vl", WITH_TEXT_ONLY, "right")],
+    [
+        ("qwen2_vl", THREE, "left"),
+        ("qwen2_5_vl", THREE, "left"),
+        ("qwen2_5_vl", WITH_TEXT_ONLY, "right"),
+        ("qwen3_vl", THREE, "left"),
+        pytest.param("qwen3_vl", WITH_TEXT_ONLY, "right", marks=pytest.mark.full),
+    ],
 )
 def test_dropping_equals_the_full_model_with_those_keys_masked(family: str, prompts: list, side: str) -> None:
     model = BUILDERS[family]()
@@ -127,7 +136,12 @@ def test_the_reference_is_the_unmodified_model_when_nothing_is_masked() -> None:
 
 @pytest.mark.parametrize(
     ("family", "padded"),
-    [("qwen2_vl", False), pytest.param("qwen2_5_vl", False, marks=pytest.mark.full), ("qwen2_5_vl", True)],
+    [
+        ("qwen2_vl", False),
+        pytest.param("qwen2_5_vl", False, marks=pytest.mark.full),
+        ("qwen2_5_vl", True),
+        pytest.param("qwen3_vl", True, marks=pytest.mark.full),
+    ],
 )
 def test_a_decode_step_after_a_pruned_prefill_equals_the_masked_full_cache(family: str, padded: bool) -> None:
     """Unpadded, no mask: the model's own decode positions (tokens in the cache + rope_deltas) are right after the
@@ -150,7 +164,10 @@ def test_a_decode_step_after_a_pruned_prefill_equals_the_masked_full_cache(famil
     torch.testing.assert_close(step, expected, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl", pytest.param("qwen3_vl", marks=pytest.mark.full)],
+)
 def test_generate_runs_unchanged_and_matches_the_reference_steps(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)
@@ -173,7 +190,10 @@ def test_generate_runs_unchanged_and_matches_the_reference_steps(family: str) ->
     assert torch.equal(new_tokens[:, 0], first.argmax(-1)) and torch.equal(new_tokens[:, 1], second.argmax(-1))
 
 
-@pytest.mark.parametrize("family", [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl"])
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param("qwen2_vl", marks=pytest.mark.full), "qwen2_5_vl", pytest.param("qwen3_vl", marks=pytest.mark.full)],
+)
 def test_each_sample_of_a_padded_batch_equals_that_sample_alone(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)

@@ -98,8 +98,10 @@ class MergeTail(Method):
         return [ImageSelection(kept=kept, groups=groups, merged=merged)]
 
 
-def test_a_merged_token_is_the_merger_on_the_mean_of_its_patch_states() -> None:
-    model = BUILDERS["qwen2_vl"]()  # raster tower order: merged token g is patch rows 4g … 4g+3
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_a_merged_token_is_the_merger_on_the_mean_of_its_patch_states(family: str) -> None:
+    """Qwen3-VL: the slot's DeepStack rows are the mean of its group's."""
+    model = BUILDERS[family]()  # raster tower order: merged token g is patch rows 4g … 4g+3
     inputs = batch(THREE)
     installation = Qwen2VLAdapter(model).install_pre_llm(MergeTail(), parse_keep(3))
     with torch.no_grad():
@@ -111,11 +113,16 @@ def test_a_merged_token_is_the_merger_on_the_mean_of_its_patch_states() -> None:
     def write_merged(module, args, kwargs, output):  # the reference: slot 2 of each image <- merger(mean of 2 … N-1)
         states = output.last_hidden_state.reshape(-1, MERGE * MERGE * output.last_hidden_state.shape[-1])
         pooled, start = output.pooler_output.clone(), 0
+        deepstack = [rows.clone() for rows in getattr(output, "deepstack_features", None) or []]
         for n in tokens_of(inputs):
             mean = states[start + 2 : start + n].mean(0)
             pooled[start + 2] = module.merger(mean.reshape(MERGE * MERGE, -1))[0]
+            for rows in deepstack:
+                rows[start + 2] = rows[start + 2 : start + n].mean(0)
             start += n
         output.pooler_output = pooled
+        if deepstack:
+            output.deepstack_features = deepstack
         return output
 
     handle = model.model.visual.register_forward_hook(write_merged, with_kwargs=True)

@@ -56,7 +56,12 @@ def tower_to_raster(states: torch.Tensor, grids: list[tuple[int, int]], window: 
 
 @pytest.mark.parametrize(
     ("family", "block_index"),
-    [("qwen2_vl", 1), pytest.param("qwen2_5_vl", 1, marks=pytest.mark.full), ("qwen2_5_vl", 0)],
+    [
+        ("qwen2_vl", 1),
+        pytest.param("qwen2_5_vl", 1, marks=pytest.mark.full),
+        ("qwen2_5_vl", 0),
+        pytest.param("qwen3_vl", 2, marks=pytest.mark.full),
+    ],
 )
 def test_received_attention_keys_and_features_match_a_hand_computation(family: str, block_index: int) -> None:
     model = BUILDERS[family]()

@@ -51,6 +51,7 @@ FAMILIES: dict[str, Callable[[nn.Module], FamilyAdapter]] = {
     "LlavaForConditionalGeneration": LlavaAdapter,
     "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLAdapter,
+    "Qwen3VLForConditionalGeneration": Qwen2VLAdapter,
 }
 
 

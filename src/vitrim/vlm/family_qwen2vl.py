@@ -1,4 +1,4 @@
-"""Qwen2-VL and Qwen2.5-VL (transformers' ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration``).
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (transformers' ``Qwen2VL…``, ``Qwen2_5_VL…``, ``Qwen3VL…`` classes).
 
 The model (transformers ≥ 5): ``model.model.visual`` (patches → blocks → ``PatchMerger``, one token per 2×2
 patches; Qwen2.5 runs most blocks in windows) → scattered into the ``input_ids == image_token_id`` positions of the
@@ -23,6 +23,11 @@ spans, the full positions and rope_deltas; decode: the mask); a forward pre-hook
 method selects per image; merged tokens are put through the merger and written into their slots); a forward
 pre-hook with kwargs on ``model.model.language_model`` (the LLM input is shortened, ``vitrim.vlm.sequence``).
 Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
+
+Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per image token for each of the LLM's
+first layers (``deepstack_visual_embeds``, added at ``visual_pos_masks``); those rows go with their tokens, and a
+merged slot's rows are the mean of its group's. ``generate()`` encodes the images before its first forward
+(``mm_encoder_outputs``) and expands beams after; both are handled (the method selects in the tower's own hook).
 """
 
 from __future__ import annotations
@@ -212,6 +217,8 @@ class QwenPreLLM:
             pooled = output.pooler_output.clone()
             pooled[torch.cat(rows)] = torch.cat(merged_tokens).to(pooled.dtype)
             output.pooler_output = pooled
+            if getattr(output, "deepstack_features", None):
+                output.deepstack_features = _merge_deepstack(output.deepstack_features, selections, tokens)
         return output
 
     def window_index(self, grid: Tensor) -> Tensor | None:
@@ -293,6 +300,10 @@ class QwenPreLLM:
         kwargs["inputs_embeds"] = gather_columns(short, kwargs["inputs_embeds"])
         kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
         kwargs["attention_mask"] = short.attention_mask
+        if kwargs.get("visual_pos_masks") is not None:  # Qwen3-VL's DeepStack: its rows go with their tokens
+            stays = kept[kwargs["visual_pos_masks"]]  # (V,) per visual position, reading order
+            kwargs["visual_pos_masks"] = gather_columns(short, kwargs["visual_pos_masks"])
+            kwargs["deepstack_visual_embeds"] = [rows[stays] for rows in kwargs["deepstack_visual_embeds"]]
         self.layout = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
         _, deltas = self.adapter.inner.get_rope_index(
             prefill.input_ids, prefill.token_types, image_grid_thw=tower.grid, attention_mask=prefill.attention_mask
@@ -326,6 +337,20 @@ def _expanded(tower: TowerRun, is_image: Tensor, tokens: list[int]) -> TowerRun:
         order += mine * copies
     index = torch.tensor(order, dtype=torch.long, device=tower.grid.device)
     return TowerRun(grid=tower.grid[index], selections=[tower.selections[i] for i in order])
+
+
+def _merge_deepstack(features: list[Tensor], selections: list[ImageSelection], tokens: list[int]) -> list[Tensor]:
+    """Qwen3-VL's DeepStack rows (T, D) per tapped layer, a merged slot's row the mean of its group's rows (the
+    taps see intermediate states the method's merge formula does not cover; the mean is what vitrim uses)."""
+    merged = [rows.clone() for rows in features]
+    start = 0
+    for selection, count in zip(selections, tokens, strict=True):
+        for slot, group in zip(selection.kept.tolist(), selection.groups, strict=True):
+            if len(group) > 1:
+                for rows, out in zip(features, merged, strict=True):
+                    out[start + slot] = rows[start + group.to(rows.device)].mean(0)
+        start += count
+    return merged
 
 
 def _keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
