@@ -296,7 +296,9 @@ class QwenPreLLM:
         spans = self.adapter.spans(prefill.input_ids, tower.grid)
         kept = columns_to_keep(spans, tower.selections, max(tokens))  # (B, L) bool
         short = plan_short_sequence(kept, kwargs.get("attention_mask"))
-        positions = kwargs["position_ids"]  # the full sequence's (3 or 4, B, L), from the model or generate
+        positions = kwargs.get("position_ids")  # the full sequence's (3 or 4, B, L), from the model or generate
+        if positions is None:
+            raise ValueError("vitrim.vlm needs Qwen's M-RoPE positions at the prefill (pass mm_token_type_ids)")
         kwargs["inputs_embeds"] = gather_columns(short, kwargs["inputs_embeds"])
         kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
         kwargs["attention_mask"] = short.attention_mask
