@@ -85,12 +85,18 @@ def assert_kept_columns_match(
 def test_keep_all_is_the_unmodified_model_bit_for_bit(family: str) -> None:
     model = BUILDERS[family]()
     inputs = batch(THREE)
+    steps: list[torch.Tensor] = []  # every generate step's LM-head output, float64
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: steps.append(out))
     with torch.no_grad():
         before = model(**inputs).logits
+        generated_before = model.generate(**inputs, max_new_tokens=3, do_sample=False)
         installation = install(model, 1.0)
         after = model(**inputs).logits
+        generated_after = model.generate(**inputs, max_new_tokens=3, do_sample=False)
         installation.remove()
-    assert torch.equal(before, after)
+    handle.remove()
+    assert torch.equal(before, after) and torch.equal(generated_before, generated_after)
+    assert all(torch.equal(a, b) for a, b in zip(steps[1:4], steps[5:8], strict=True))  # the generate steps
     assert [s.kept.tolist() for s in installation.selection()] == [list(range(n)) for n in tokens_of(inputs)]
 
 
