@@ -328,6 +328,8 @@ def _expanded(tower: TowerRun, is_image: Tensor, tokens: list[int]) -> TowerRun:
     copies, rest = divmod(int(is_image.sum()), sum(tokens))
     if copies <= 1 or rest or is_image.shape[0] % copies:
         return tower  # not an expansion: ImageSpans reports any mismatch
+    if not torch.equal(is_image, is_image[::copies].repeat_interleave(copies, dim=0)):
+        return tower
     per_prompt = is_image[::copies].sum(1).tolist()  # image tokens of each prompt
     order, image = [], 0
     for count in per_prompt:
