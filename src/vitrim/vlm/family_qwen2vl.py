@@ -15,13 +15,16 @@ What vitrim does (conventions of ``vitrim.vlm.family_qwen2vl_vision`` for the ev
   ``rope_deltas`` is set to the unmodified value + ``n_dropped`` (per sample): the model's own decode positions
   (kept tokens seen + rope_deltas) then equal the unmodified model's;
 - **decode**: the caller's attention mask (the unpruned layout, as ``generate`` grows it) is mapped onto the cache's
-  layout; ``generate``'s own position ids need nothing (it counts on from the full prefill's positions).
+  layout; ``generate``'s own position ids need nothing (it counts on from the full prefill's positions). A caller
+  who passes a mask and no positions gets the positions the model means (mask count + rope_deltas, this step's
+  columns): transformers 5.24's unmodified Qwen fails on that path (it builds positions for the whole mask).
 
-Seams (hooks on this instance's submodules only): a forward pre-hook with kwargs on ``model.model`` (prefill: the
-spans, the full positions and rope_deltas; decode: the mask); a forward pre-hook on the scoring block's attention
-(the received attention, ``family_qwen2vl_vision``); a forward hook with kwargs on ``model.model.visual`` (the
-method selects per image; merged tokens are put through the merger and written into their slots); a forward
-pre-hook with kwargs on ``model.model.language_model`` (the LLM input is shortened, ``vitrim.vlm.sequence``).
+Seams (hooks on this instance's submodules only): a forward pre-hook with kwargs on ``model.model`` (prefill: its
+input ids, mask and token types; decode: the mask); a forward pre-hook on the scoring block's attention (the
+received attention, ``family_qwen2vl_vision``; only for methods that read it); a forward hook with kwargs on
+``model.model.visual`` (the method selects per image; merged tokens are put through the merger and written into
+their slots); a forward pre-hook with kwargs on ``model.model.language_model`` (the LLM input is shortened,
+``vitrim.vlm.sequence``, at the full sequence's positions; rope_deltas corrected).
 Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
 
 Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per image token for each of the LLM's
@@ -55,7 +58,7 @@ SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpar
 
 
 class Qwen2VLAdapter:
-    """The seams of one Qwen2-VL / Qwen2.5-VL instance (see the module docstring)."""
+    """The seams of one Qwen2-VL / Qwen2.5-VL / Qwen3-VL instance (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
         inner = getattr(model, "model", None)
@@ -136,7 +139,7 @@ class Prefill:
 
 
 class QwenPreLLM:
-    """A pre-LLM method installed on a Qwen2-VL / Qwen2.5-VL instance (an :class:`Installation`).
+    """A pre-LLM method installed on a Qwen2-VL / Qwen2.5-VL / Qwen3-VL instance (an :class:`Installation`).
 
     The tower may run inside the model's forward (``model(pixel_values=...)``) or before it (``generate`` encodes
     the images first and passes ``mm_encoder_outputs``), so the method selects in the tower's own hook, for the
