@@ -78,3 +78,15 @@ def test_visionzip_dominant_by_received_attention_and_its_merged_tokens_through_
         singles = {int(g) for g in groups if len(g) == 1}
         dominant = set(torch.argsort(-s, stable=True)[:3].tolist())
         assert dominant <= singles
+
+
+@pytest.mark.full
+def test_a_bfloat16_model_generates_after_apply() -> None:
+    model = BUILDERS["qwen2_5_vl"]().to(torch.bfloat16)
+    inputs = batch(THREE)
+    inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+    vitrim.vlm.apply(model, "visionzip", keep=4, contextual=1)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert out.shape == (3, inputs["input_ids"].shape[1] + 3)
+    assert [len(k) for k in vitrim.vlm.last_selection(model)] == [4, 4, 4, 4]

@@ -94,9 +94,10 @@ def capture_scoring_block(
     """
     num_patches = hidden.shape[0]
     num_heads = int(attention.num_heads)
-    qkv = attention.qkv(hidden).reshape(num_patches, 3, num_heads, -1)  # (P, 3, H, hd)
+    work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower's map is scored in float32
+    qkv = attention.qkv(hidden).reshape(num_patches, 3, num_heads, -1).to(work)  # (P, 3, H, hd)
     query, key = qkv[:, 0], qkv[:, 1]  # (P, H, hd) each
-    cos, sin = (r.to(hidden.dtype).unsqueeze(-2) for r in rotary)  # (P, 1, hd)
+    cos, sin = (r.to(work).unsqueeze(-2) for r in rotary)  # (P, 1, hd)
     query_rot = query * cos + rotate_half(query) * sin
     key_rot = key * cos + rotate_half(key) * sin
     received = received_attention(query_rot, key_rot, cu_seqlens, float(attention.scaling))  # (H, P)
