@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-QUERY_CHUNK = 1024  # rows of the attention map formed at once: H · 1024 · n values, not H · n²
+QUERY_CHUNK = 256  # rows of the attention map formed at once: H · 256 · n values, not H · n² (n: 1000s of patches)
 
 
 @dataclass(frozen=True)
