@@ -7,6 +7,7 @@ import torch
 from qwen_reference import received_by_hand, window_of
 from qwen_tiny import BUILDERS, MERGE, batch
 
+from vitrim.vlm import family_qwen2vl_vision
 from vitrim.vlm.family_qwen2vl_vision import capture_scoring_block, image_evidence
 
 GRIDS = [(4, 6), (6, 4), (2, 2)]  # 6, 6 and 1 merged tokens; 2.5's 2x2-token windows split the first two unevenly
@@ -63,7 +64,10 @@ def tower_to_raster(states: torch.Tensor, grids: list[tuple[int, int]], window: 
         pytest.param("qwen3_vl", 2, marks=pytest.mark.full),
     ],
 )
-def test_received_attention_keys_and_features_match_a_hand_computation(family: str, block_index: int) -> None:
+def test_received_attention_keys_and_features_match_a_hand_computation(
+    family: str, block_index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(family_qwen2vl_vision, "QUERY_CHUNK", 5)  # several chunks per image, a ragged last one
     model = BUILDERS[family]()
     inputs = batch([([[1], [2], [3], [4]], GRIDS)])
     visual = model.model.visual
