@@ -90,3 +90,22 @@ def test_a_bfloat16_model_generates_after_apply() -> None:
         out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
     assert out.shape == (3, inputs["input_ids"].shape[1] + 3)
     assert [len(k) for k in vitrim.vlm.last_selection(model)] == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize(
+    ("family", "method", "options"),
+    [
+        ("qwen2_5_vl", "fastv", {"layer": 1, "keep": 0.5}),
+        pytest.param("qwen2_vl", "dart", {"layer": 1, "keep": 0.5}, marks=pytest.mark.full),
+        pytest.param("qwen3_vl", "pdrop", {"layers": (1,), "ratios": (0.5,)}, marks=pytest.mark.full),
+    ],
+)
+def test_in_llm_methods_find_qwens_image_tokens_under_generate(family: str, method: str, options: dict) -> None:
+    """The in-LLM stage reads the family's spans (images arrive as mm_encoder_outputs under generate)."""
+    model = BUILDERS[family]()
+    inputs = batch(THREE)
+    vitrim.vlm.apply(model, method, **options)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert out.shape == (3, inputs["input_ids"].shape[1] + 3)
+    assert [len(k) for k in vitrim.vlm.last_selection(model)] == [n // 2 for n in tokens_of(inputs)]
