@@ -44,7 +44,7 @@ def generate_positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0) * mask
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", pytest.param("eager", marks=pytest.mark.full)])
 def test_keeping_every_token_is_the_unmodified_model_bit_for_bit(
     models: dict[str, torch.nn.Module], model: torch.nn.Module, attn: str
 ) -> None:
