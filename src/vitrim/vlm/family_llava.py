@@ -133,12 +133,13 @@ class LlavaPreLLM:
         inner = adapter.inner
         handles = [
             adapter.model.register_forward_pre_hook(self.on_model, with_kwargs=True),
-            inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True),
             inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
             inner.multi_modal_projector.register_forward_hook(self.after_projector),
             adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
             adapter.language_model.register_forward_hook(self.after_language_model, with_kwargs=True),
         ]
+        if method.needs_seeds:
+            handles.append(inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
         scoring = adapter.scoring_layer()
         if method.needs_cls_attention and scoring is not None:
             handles.append(scoring.self_attn.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
