@@ -193,3 +193,31 @@ def test_last_selection_groups_are_one_index_per_kept_token(model: torch.nn.Modu
     kept = vitrim.vlm.last_selection(model)[0]
     groups = vitrim.vlm.last_selection(model, groups=True)[0]
     assert [g.tolist() for g in groups] == [[i] for i in kept.tolist()]
+
+
+def test_generate_without_a_cache_shortens_every_step_alike(model: torch.nn.Module) -> None:
+    ids, pv = prompt(3, 2, images=2, seed=9)[None], pixels(2, seed=9)
+    vitrim.vlm.apply(model, "visionzip", keep=6, contextual=2)
+    cached = model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False)
+    uncached = model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_the_random_draw_depends_on_the_seed_and_on_the_image(model: torch.nn.Module) -> None:
+    ids, pv = prompt(1, 1, images=2)[None], pixels(2)
+    draws = {}
+    for seed in (0, 1):
+        vitrim.vlm.apply(model, "random", keep=6, seed=seed)
+        model(input_ids=ids, pixel_values=pv)
+        draws[seed] = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+        vitrim.vlm.remove(model)
+    assert draws[0][0] != draws[0][1] and draws[0] != draws[1]
+
+
+def test_importing_vitrim_vlm_does_not_import_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, vitrim.vlm; assert 'transformers' not in sys.modules, 'imported'; print(vitrim.vlm.methods())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "visionzip" in out.stdout

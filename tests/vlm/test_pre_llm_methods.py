@@ -172,3 +172,13 @@ def test_every_selection_breaks_ties_as_the_references_do(seed: int) -> None:
             for slot, index in enumerate(slots[image]):
                 position = selection.kept.tolist().index(index)
                 assert torch.equal(selection.merged[position], tokens[image, slot])
+
+
+def test_on_an_sdpa_tower_the_selections_are_the_same(authors_tensors: dict[str, torch.Tensor]) -> None:
+    """The [CLS] row is computed from q/k, so the tower keeps SDPA (which returns no attention maps)."""
+    sdpa = tiny_llava(attn="sdpa")  # the same weights as the eager fixture (same seed)
+    pv, attentions, hidden = authors_tensors["pixels"], authors_tensors["attentions"], authors_tensors["hidden"]
+    assert selected(sdpa, pv, "fastervlm", keep=5) == fastervlm_reference(attentions, 5)
+    assert selected(sdpa, pv, "vispruner", keep=6) == vispruner_reference(attentions, hidden, 6, 0.5)
+    slots, _ = visionzip_reference(attentions, hidden, authors_tensors["keys"], 4, 2)
+    assert selected(sdpa, pv, "visionzip", keep=6, contextual=2) == [sorted(s) for s in slots]
