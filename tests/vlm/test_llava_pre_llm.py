@@ -221,3 +221,20 @@ def test_importing_vitrim_vlm_does_not_import_transformers() -> None:
     code = "import sys, vitrim.vlm; assert 'transformers' not in sys.modules, 'imported'; print(vitrim.vlm.methods())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "visionzip" in out.stdout
+
+
+def test_watch_spans_reports_every_prefill_plain_and_under_generate(model: torch.nn.Module) -> None:
+    from vitrim.vlm.family import find_family
+
+    seen = []
+    unwatch = find_family(model).watch_spans(seen.append)
+    ids, pv = prompt(2, 1, images=2)[None], pixels(2)
+    model(input_ids=ids, pixel_values=pv)
+    model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False)  # one prefill, two decodes
+    unwatch()
+    model(input_ids=ids, pixel_values=pv)
+    assert len(seen) == 2
+    for spans in seen:
+        image_columns = (ids[0] == 3).nonzero()[:, 0]
+        assert spans.image_of[0, image_columns].tolist() == [0] * GRID_TOKENS + [1] * GRID_TOKENS
+        assert spans.token_of[0, image_columns].tolist() == list(range(GRID_TOKENS)) * 2

@@ -64,14 +64,24 @@ class LlavaAdapter:
         num_images = int(is_image.sum()) // per_image
         return spans_from_mask(is_image, [per_image] * num_images)
 
+    def prefill_input_ids(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+        """The ``input_ids`` of a forward pass that carries images (a prefill), None for one without (a decode step
+        or text alone). generate() encodes the images before its first forward and passes them as
+        ``mm_encoder_outputs``, a plain call as ``pixel_values``."""
+        pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
+        if pixel_values is None and encoded is None:
+            return None
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is None:
+            raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
+        return input_ids
+
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if kwargs.get("pixel_values") is None:
-                return  # a decode step (generate drops pixel_values after the prefill) or a text-only call
-            input_ids = kwargs.get("input_ids", args[0] if args else None)
-            if input_ids is None:
-                raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-            on_prefill(self.spans(input_ids))
+            input_ids = self.prefill_input_ids(args, kwargs)
+            if input_ids is not None:
+                on_prefill(self.spans(input_ids))
 
         handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove
@@ -154,17 +164,9 @@ class LlavaPreLLM:
         return self.last
 
     def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # generate() encodes the images before its first forward and passes them as mm_encoder_outputs, so the
-        # selection (made at the projector) may come before this hook: a forward carrying images uses the latest one
-        self.spans = None
-        pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
-        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
-        if pixel_values is None and encoded is None:
-            return
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if input_ids is None:
-            raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-        self.spans = self.adapter.spans(input_ids)
+        # the selection (made at the projector) may come before this hook: generate() encodes the images first
+        input_ids = self.adapter.prefill_input_ids(args, kwargs)
+        self.spans = None if input_ids is None else self.adapter.spans(input_ids)
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
