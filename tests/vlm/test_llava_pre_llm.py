@@ -238,3 +238,21 @@ def test_watch_spans_reports_every_prefill_plain_and_under_generate(model: torch
         image_columns = (ids[0] == 3).nonzero()[:, 0]
         assert spans.image_of[0, image_columns].tolist() == [0] * GRID_TOKENS + [1] * GRID_TOKENS
         assert spans.token_of[0, image_columns].tolist() == list(range(GRID_TOKENS)) * 2
+
+
+def test_beam_search_equals_beam_search_on_the_masked_model(model: torch.nn.Module) -> None:
+    """generate() repeats each prompt and its images per beam; the selection is repeated alike."""
+    prompts, images = three_samples()
+    ids, mask = batch(prompts[:2], "left")
+    pv = torch.cat(images[:2])
+    options = dict(max_new_tokens=3, do_sample=False, num_beams=2, num_return_sequences=2)
+    vitrim.vlm.apply(model, "fastervlm", keep=5)
+    pruned = model.generate(input_ids=ids, attention_mask=mask, pixel_values=pv, **options)
+    kept = vitrim.vlm.last_selection(model)
+    assert len(kept) == 3  # the prompts' images, not the beams'
+    vitrim.vlm.remove(model)
+    masked = dropped_mask(ids, mask, kept)
+    reference = model.generate(
+        input_ids=ids, attention_mask=masked, position_ids=generate_positions(mask), pixel_values=pv, **options
+    )
+    assert torch.equal(pruned, reference)

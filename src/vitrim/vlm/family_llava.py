@@ -218,14 +218,9 @@ class LlavaPreLLM:
         return None
 
     def shorten_prefill(self, kwargs: dict[str, Any]) -> Any:
-        selections, spans = self.last, self.spans
+        spans = self.spans
         assert spans is not None
-        if selections is None or len(selections) != spans.num_images:
-            raise ValueError(
-                f"the input holds {spans.num_images} images but vitrim.vlm selected tokens for "
-                f"{0 if selections is None else len(selections)} (beam search and other input expansions are not "
-                "supported with a pre-LLM method)"
-            )
+        selections = expand_selections(self.last, spans)
         num_tokens = self.adapter.tokens_per_image()
         if all(len(s.kept) == num_tokens for s in selections):
             self.decode = None  # every token stays: the model runs unmodified
@@ -259,3 +254,30 @@ class LlavaPreLLM:
         if kwargs.get("position_ids") is None:
             kwargs["position_ids"] = decode_position_ids(self.decode, past, new, embeds.device)
         return (), kwargs
+
+
+def expand_selections(selections: list[ImageSelection] | None, spans: ImageSpans) -> list[ImageSelection]:
+    """The selection per image of ``spans``: the images as selected, or, when generate() expanded the batch (beam
+    search, several sequences per prompt: each row repeated e times with its own images), each row's images'
+    selections repeated alike. ``ValueError`` when the two cannot be matched."""
+    count = 0 if selections is None else len(selections)
+    if selections is not None and spans.num_images == count:
+        return selections
+    per_row = [int(row.unique().numel()) - int(bool((row < 0).any())) for row in spans.image_of]  # images per row
+    expand = spans.num_images // count if count and spans.num_images % count == 0 else 0
+    consistent = (
+        selections is not None
+        and expand > 0
+        and len(per_row) % expand == 0
+        and spans.num_images == expand * count
+        and all(per_row[row] == per_row[row - row % expand] for row in range(len(per_row)))
+    )
+    if not consistent:
+        raise ValueError(f"the input holds {spans.num_images} images but vitrim.vlm selected tokens for {count}")
+    assert selections is not None
+    starts = [sum(per_row[:row:expand]) for row in range(0, len(per_row), expand)]  # first image of each prompt
+    expanded: list[ImageSelection] = []
+    for row, images in enumerate(per_row):
+        start = starts[row // expand]
+        expanded += selections[start : start + images]
+    return expanded
