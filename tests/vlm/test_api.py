@@ -138,3 +138,16 @@ def test_without_transformers_apply_names_the_extra(model: torch.nn.Module, monk
         ModuleNotFoundError, match=r"vitrim.vlm needs transformers, which is not installed: pip install 'vitrim\[vlm\]'"
     ):
         vitrim.vlm.apply(model, "random", keep=4)
+
+
+def test_cls_attention_methods_are_refused_when_the_features_hold_cls() -> None:
+    full = tiny_llava()
+    full.config.vision_feature_select_strategy = "full"  # the image's tokens are [CLS] and the 16 patches
+    before = snapshot(full)
+    with pytest.raises(ValueError, match="scores by \\[CLS\\] attention at one tower layer"):
+        vitrim.vlm.apply(full, "visionzip", keep=8)
+    assert_untouched(full, before)
+    with pytest.raises(ValueError, match="keep=18 is more than the image's 17 tokens"):
+        vitrim.vlm.apply(full, "divprune", keep=18)
+    vitrim.vlm.apply(full, "divprune", keep=17)  # every token: allowed
+    vitrim.vlm.remove(full)

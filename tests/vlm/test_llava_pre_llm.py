@@ -256,3 +256,15 @@ def test_beam_search_equals_beam_search_on_the_masked_model(model: torch.nn.Modu
         input_ids=ids, attention_mask=masked, position_ids=generate_positions(mask), pixel_values=pv, **options
     )
     assert torch.equal(pruned, reference)
+
+
+def test_calling_the_inner_llava_model_directly_prunes_too(model: torch.nn.Module) -> None:
+    ids, pv = prompt(2, 2)[None], pixels(1)
+    vitrim.vlm.apply(model, "fastervlm", keep=4)
+    hidden = model.model(input_ids=ids, pixel_values=pv).last_hidden_state
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    mask = dropped_mask(ids, torch.ones_like(ids), kept)
+    full = model.model(input_ids=ids, pixel_values=pv, attention_mask=mask).last_hidden_state
+    assert hidden.shape[1] == ids.shape[1] - (GRID_TOKENS - 4)
+    assert (full[0, mask[0].bool()] - hidden[0]).abs().max() <= TOL

@@ -6,7 +6,8 @@ The model (transformers ≥ 5): ``model.model.vision_tower`` (CLIP) → ``hidden
 (image_size / patch_size)² tokens (576 for LLaVA-1.5 at 336 px), +1 under the "full" strategy.
 
 Seams used (hooks on this instance's submodules only):
-- a forward pre-hook with kwargs on the model itself: the ``input_ids`` and ``pixel_values`` of a prefill;
+- a forward pre-hook with kwargs on ``model.model`` (so calling it directly prunes too): the ``input_ids`` and
+  ``pixel_values`` (or, under generate(), ``mm_encoder_outputs``) of a prefill;
 - a forward pre-hook on the scoring layer's attention (tower layer ``vision_feature_layer``): its input hidden
   states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
 - a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
@@ -83,7 +84,7 @@ class LlavaAdapter:
             if input_ids is not None:
                 on_prefill(self.spans(input_ids))
 
-        handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove
 
     def scoring_layer(self) -> Any:
@@ -142,7 +143,7 @@ class LlavaPreLLM:
         self.shortened_now = False
         inner = adapter.inner
         handles = [
-            adapter.model.register_forward_pre_hook(self.on_model, with_kwargs=True),
+            inner.register_forward_pre_hook(self.on_model, with_kwargs=True),
             inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
             inner.multi_modal_projector.register_forward_hook(self.after_projector),
             adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
