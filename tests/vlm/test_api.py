@@ -151,3 +151,13 @@ def test_cls_attention_methods_are_refused_when_the_features_hold_cls() -> None:
         vitrim.vlm.apply(full, "divprune", keep=18)
     vitrim.vlm.apply(full, "divprune", keep=17)  # every token: allowed
     vitrim.vlm.remove(full)
+
+
+def test_content_seed_reads_any_dtype_and_tells_images_apart() -> None:
+    from vitrim.vlm.registry import content_seed
+
+    image = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        assert content_seed(image.to(dtype)) == content_seed(image.to(dtype).clone())
+    assert content_seed(image) != content_seed(image + 1e-3)
+    assert 0 <= content_seed(image) < 2**63
