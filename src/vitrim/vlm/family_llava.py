@@ -53,15 +53,19 @@ class LlavaAdapter:
         self.language_model: nn.Module = inner.language_model
         self.config: Any = model.config
 
-    def tokens_per_image(self) -> int:
+    def tile_tokens(self) -> int:
+        """Tokens of one tower image entering the projector: the grid, +1 ([CLS]) under the "full" strategy."""
         vision = self.config.vision_config
         grid = (vision.image_size // vision.patch_size) ** 2
         return grid + (1 if self.config.vision_feature_select_strategy == "full" else 0)
 
+    def tokens_per_image(self) -> int | None:
+        return self.tile_tokens()
+
     def spans(self, input_ids: Tensor) -> ImageSpans:
         """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
         is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
-        per_image = self.tokens_per_image()
+        per_image = self.tile_tokens()
         num_images = int(is_image.sum()) // per_image
         return spans_from_mask(is_image, [per_image] * num_images)
 
@@ -169,6 +173,17 @@ class LlavaPreLLM:
         input_ids = self.adapter.prefill_input_ids(args, kwargs)
         self.spans = None if input_ids is None else self.adapter.spans(input_ids)
 
+    def image_selections(self) -> tuple[list[ImageSelection], int]:
+        """The selection per image of the prompts (before any expansion by generate()) in the index space of
+        the image's LLM tokens, and the most tokens an image has. LLaVA-1.5: one tower image per image."""
+        assert self.last is not None
+        return self.last, self.adapter.tile_tokens()
+
+    def keeps_everything(self) -> bool:
+        """Every tower image keeps all its tokens (and nothing merged): the LLM input stays as it is."""
+        assert self.last is not None
+        return all(len(s.kept) == self.adapter.tile_tokens() for s in self.last)
+
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
         self.seeds = torch.tensor([content_seed(image) for image in pixel_values], dtype=torch.long)
@@ -221,9 +236,11 @@ class LlavaPreLLM:
     def shorten_prefill(self, kwargs: dict[str, Any]) -> Any:
         spans = self.spans
         assert spans is not None
-        selections = expand_selections(self.last, spans)
-        num_tokens = self.adapter.tokens_per_image()
-        if all(len(s.kept) == num_tokens for s in selections):
+        if self.last is None:
+            raise ValueError("vitrim.vlm saw images enter the LLM but no selection was made for them")
+        images, num_tokens = self.image_selections()
+        selections = expand_selections(images, spans)
+        if self.keeps_everything():
             self.decode = None  # every token stays: the model runs unmodified
             return None
         cache = kwargs.get("cache")
