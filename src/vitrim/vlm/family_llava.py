@@ -108,6 +108,9 @@ class LlavaAdapter:
                 f"vision_feature_layer={self.config.vision_feature_layer!r} and vision_feature_select_strategy="
                 f"{self.config.vision_feature_select_strategy!r} (expected an int layer and 'default')"
             )
+        return self.make_pre_llm(method, keep)
+
+    def make_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
         return LlavaPreLLM(self, method, keep)
 
 
