@@ -111,7 +111,7 @@ def dropped_mask(ids: torch.Tensor, kept: list[torch.Tensor]) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("method", ["fastervlm", "divprune"])
+@pytest.mark.parametrize("method", ["fastervlm", pytest.param("divprune", marks=pytest.mark.full)])
 def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.Module, method: str) -> None:
     vitrim.vlm.apply(model, method, keep=5)
     pruned = model(**inputs()).logits

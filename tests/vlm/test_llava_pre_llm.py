@@ -195,6 +195,7 @@ def test_last_selection_groups_are_one_index_per_kept_token(model: torch.nn.Modu
     assert [g.tolist() for g in groups] == [[i] for i in kept.tolist()]
 
 
+@pytest.mark.full
 def test_generate_without_a_cache_shortens_every_step_alike(model: torch.nn.Module) -> None:
     ids, pv = prompt(3, 2, images=2, seed=9)[None], pixels(2, seed=9)
     vitrim.vlm.apply(model, "visionzip", keep=6, contextual=2)
@@ -214,6 +215,7 @@ def test_the_random_draw_depends_on_the_seed_and_on_the_image(model: torch.nn.Mo
     assert draws[0][0] != draws[0][1] and draws[0] != draws[1]
 
 
+@pytest.mark.full  # a fresh interpreter (seconds); the static check below runs by default
 def test_importing_vitrim_vlm_does_not_import_transformers() -> None:
     import subprocess
     import sys
@@ -268,3 +270,16 @@ def test_calling_the_inner_llava_model_directly_prunes_too(model: torch.nn.Modul
     full = model.model(input_ids=ids, pixel_values=pv, attention_mask=mask).last_hidden_state
     assert hidden.shape[1] == ids.shape[1] - (GRID_TOKENS - 4)
     assert (full[0, mask[0].bool()] - hidden[0]).abs().max() <= TOL
+
+
+def test_no_vlm_module_imports_transformers_at_its_top() -> None:
+    import ast
+    from pathlib import Path
+
+    package = Path(vitrim.vlm.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:  # module level only: a function may import it when called
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "transformers" for n in names), path.name
