@@ -155,3 +155,27 @@ def test_keep_counts_per_tile_and_is_checked_against_a_tile(model: torch.nn.Modu
         vitrim.vlm.apply(model, "fastervlm", keep=17)
     assert not hasattr(model, "_vitrim_vlm")
     assert "get_image_features" not in model.model.__dict__
+
+
+@pytest.mark.full
+def test_a_left_padded_batch_and_beam_search_equal_each_prompt_alone(model: torch.nn.Module) -> None:
+    generator = torch.Generator().manual_seed(2)
+    prompts = [
+        torch.tensor([5] + [IMAGE_TOKEN] * TOKENS[0] + [7, 8]),
+        torch.tensor([5, 6, 9, 10] + [IMAGE_TOKEN] * TOKENS[1] + [7]),
+    ]
+    pv = torch.randn(2, 5, 3, 16, 16, dtype=torch.float64, generator=generator)
+    length = max(len(p) for p in prompts)
+    ids = torch.full((2, length), PAD)
+    mask = torch.zeros(2, length, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, length - len(p) :], mask[row, length - len(p) :] = p, 1
+    options = dict(max_new_tokens=3, do_sample=False, num_beams=2, num_return_sequences=2)
+    vitrim.vlm.apply(model, "fastervlm", keep=4)
+    together = model.generate(input_ids=ids, attention_mask=mask, pixel_values=pv, image_sizes=SIZES, **options)
+    assert [len(k) for k in vitrim.vlm.last_selection(model)] == [3 * 4 + 4, 5 * 4 + 8]
+    for row, p in enumerate(prompts):
+        alone = model.generate(
+            input_ids=p[None], pixel_values=pv[row : row + 1], image_sizes=SIZES[row : row + 1], **options
+        )
+        assert together[2 * row : 2 * row + 2, length:].tolist() == alone[:, len(p) :].tolist()

@@ -67,8 +67,9 @@ class LlavaNextAdapter(LlavaAdapter):
         return [image[:, 0].round().long() for image in packed]
 
     def spans_for(self, input_ids: Tensor, image_sizes: Tensor) -> ImageSpans:
+        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
         counts = [len(m) for m in self.token_maps(image_sizes)]
-        return spans_from_mask(input_ids == self.config.image_token_id, counts)
+        return spans_from_mask(is_image, expanded_counts(counts, is_image.sum(1).tolist()))
 
     def prefill_spans(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ImageSpans | None:
         input_ids = self.prefill_input_ids(args, kwargs)
@@ -156,6 +157,24 @@ class LlavaNextPreLLM(LlavaPreLLM):
             for start, count, token_map in zip(starts, tiles, maps)
         ]
         return self.reported, max(len(m) for m in maps)
+
+
+def expanded_counts(counts: list[int], row_tokens: list[int]) -> list[int]:
+    """Tokens per image of the input's rows: ``counts`` as they are, or, when generate() repeated every prompt e
+    times with its images (beam search, several sequences per prompt), each prompt's counts repeated e times.
+    ``row_tokens``: image tokens per row. Unmatched inputs are left to :func:`spans_from_mask`'s error."""
+    total, given = sum(row_tokens), sum(counts)
+    if total == given or given == 0 or total % given or len(row_tokens) % (total // given):
+        return counts
+    repeat = total // given
+    expanded, image = [], 0
+    for row in range(0, len(row_tokens), repeat):
+        group: list[int] = []
+        while sum(group) < row_tokens[row] and image < len(counts):
+            group.append(counts[image])
+            image += 1
+        expanded += group * repeat
+    return expanded
 
 
 def tiles_to_image(tiles: list[ImageSelection], token_map: Tensor, tokens: int) -> ImageSelection:
