@@ -283,3 +283,13 @@ def test_no_vlm_module_imports_transformers_at_its_top() -> None:
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not any(n.split(".")[0] == "transformers" for n in names), path.name
+
+
+def test_labels_are_refused_while_the_input_is_shortened(model: torch.nn.Module) -> None:
+    ids, pv = prompt(1, 2)[None], pixels(1)
+    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)  # every token: nothing shortened, the loss runs
+    assert model(input_ids=ids, pixel_values=pv, labels=ids).loss is not None
+    vitrim.vlm.remove(model)
+    vitrim.vlm.apply(model, "random", keep=4)
+    with pytest.raises(ValueError, match=r"labels= .* cannot be computed while vitrim.vlm shortens the LLM input"):
+        model(input_ids=ids, pixel_values=pv, labels=ids)

@@ -132,10 +132,11 @@ def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tenso
 class LlavaPreLLM:
     """A pre-LLM method installed on one LLaVA instance: selects at the projector, shortens the LLM input.
 
-    Per forward pass with images: the tower's pre-hook keeps each image's seed; the scoring layer's pre-hook its
-    input; the projector's pre-hook selects (``method.select``) and writes merged features into their slots; the
-    language model's pre-hook shortens its input (vitrim.vlm.sequence) and remembers what decoding needs; the
-    language model's forward hook remembers the cache it returned, so a later call on that cache is a decode step.
+    Per forward pass with images: the tower's pre-hook keeps each image's seed (for the seeded method); the
+    scoring layer's pre-hook its input; the projector's pre-hook selects (``method.select``) and writes merged
+    features into their slots; the language model's pre-hook shortens its input (vitrim.vlm.sequence) and remembers
+    what decoding needs; the language model's forward hook remembers the cache it returned, so a later call on that
+    cache is a decode step.
     """
 
     def __init__(self, adapter: LlavaAdapter, method: Method, keep: KeepSpec) -> None:
@@ -156,6 +157,8 @@ class LlavaPreLLM:
             adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
             adapter.language_model.register_forward_hook(self.after_language_model, with_kwargs=True),
         ]
+        if not keep.keeps_all(adapter.tile_tokens()):
+            handles.append(adapter.model.register_forward_pre_hook(self.refuse_labels, with_kwargs=True))
         if method.needs_seeds:
             handles.append(inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
         scoring = adapter.scoring_layer()
@@ -186,6 +189,13 @@ class LlavaPreLLM:
         """Every tower image keeps all its tokens (and nothing merged): the LLM input stays as it is."""
         assert self.last is not None
         return all(len(s.kept) == self.adapter.tile_tokens() for s in self.last)
+
+    def refuse_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if kwargs.get("labels") is not None:
+            raise ValueError(
+                "labels= (a loss over every position) cannot be computed while vitrim.vlm shortens the LLM input; "
+                "call vitrim.vlm.remove(model) to train or score with labels"
+            )
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
