@@ -161,3 +161,17 @@ def test_content_seed_reads_any_dtype_and_tells_images_apart() -> None:
         assert content_seed(image.to(dtype)) == content_seed(image.to(dtype).clone())
     assert content_seed(image) != content_seed(image + 1e-3)
     assert 0 <= content_seed(image) < 2**63
+
+
+def test_inputs_embeds_with_images_is_refused_rather_than_left_unpruned(model: torch.nn.Module) -> None:
+    ids = torch.tensor([[5] + [3] * GRID_TOKENS + [6]])
+    embeds = model.get_input_embeddings()(ids)
+    vitrim.vlm.apply(model, "random", keep=4)
+    try:
+        with pytest.raises(ValueError, match=r"vitrim.vlm needs input_ids \(not inputs_embeds\)"):
+            model(inputs_embeds=embeds, pixel_values=torch.zeros(1, 3, 16, 16, dtype=torch.float64))
+        model(input_ids=ids, pixel_values=torch.zeros(1, 3, 16, 16, dtype=torch.float64))
+        text = model.model.language_model(inputs_embeds=embeds)  # a direct text call after a prefill: untouched
+        assert text.last_hidden_state.shape[1] == ids.shape[1]
+    finally:
+        vitrim.vlm.remove(model)

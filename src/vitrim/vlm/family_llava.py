@@ -276,6 +276,7 @@ class LlavaPreLLM:
             cache = getattr(output, "cache", None)
             self.decode_cache = weakref.ref(cache) if cache is not None else None
         self.shortened_now = False
+        self.spans = None  # this prefill's; a later direct call of the language model is not one
 
     def fix_decode(self, kwargs: dict[str, Any], cache: Any) -> Any:
         assert self.decode is not None
