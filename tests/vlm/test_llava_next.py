@@ -87,6 +87,7 @@ def test_keeping_every_token_is_the_unmodified_model_bit_for_bit(model: torch.nn
     assert torch.equal(model(**inputs()).logits, reference)
 
 
+@pytest.mark.full
 def test_watch_spans_sees_the_packed_image_tokens_under_generate(model: torch.nn.Module) -> None:
     seen = []
     unwatch = find_family(model).watch_spans(seen.append)

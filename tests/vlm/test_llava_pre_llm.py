@@ -242,6 +242,7 @@ def test_watch_spans_reports_every_prefill_plain_and_under_generate(model: torch
         assert spans.token_of[0, image_columns].tolist() == list(range(GRID_TOKENS)) * 2
 
 
+@pytest.mark.full
 def test_beam_search_equals_beam_search_on_the_masked_model(model: torch.nn.Module) -> None:
     """generate() repeats each prompt and its images per beam; the selection is repeated alike."""
     prompts, images = three_samples()

@@ -80,7 +80,7 @@ def test_the_cls_row_and_keys_equal_transformers_attention_maps(
     assert torch.equal(keys, authors_tensors["keys"][:, :, 1:])
 
 
-@pytest.mark.parametrize("keep", [pytest.param(1, marks=pytest.mark.full), 5, 12])
+@pytest.mark.parametrize("keep", [pytest.param(1, marks=pytest.mark.full), 5, pytest.param(12, marks=pytest.mark.full)])
 def test_fastervlm_equals_the_authors_top_k(eager, authors_tensors, keep: int) -> None:
     expected = fastervlm_reference(authors_tensors["attentions"], keep)
     assert selected(eager, authors_tensors["pixels"], "fastervlm", keep=keep) == expected
@@ -88,7 +88,12 @@ def test_fastervlm_equals_the_authors_top_k(eager, authors_tensors, keep: int) -
 
 @pytest.mark.parametrize(
     ("keep", "ratio"),
-    [(4, 0.5), pytest.param(9, 0.5, marks=pytest.mark.full), (6, 0.0), pytest.param(5, 1.0, marks=pytest.mark.full)],
+    [
+        (4, 0.5),
+        pytest.param(9, 0.5, marks=pytest.mark.full),
+        pytest.param(6, 0.0, marks=pytest.mark.full),
+        pytest.param(5, 1.0, marks=pytest.mark.full),
+    ],
 )
 def test_vispruner_equals_the_authors_selection(eager, authors_tensors, keep: int, ratio: float) -> None:
     expected = vispruner_reference(authors_tensors["attentions"], authors_tensors["hidden"], keep, ratio)
