@@ -101,13 +101,19 @@ def test_checkpoint_metadata_json_is_read_as_data(saved, tmp_path, text, words) 
     assert_clear(err.value, *words)
 
 
-def test_limits_can_be_raised_for_a_trusted_file(saved, tmp_path, monkeypatch) -> None:
+def test_limits_can_be_raised_for_a_trusted_file(saved, tmp_path) -> None:
     config = json.loads(saved[1]["vitrim.config"]) | {"embed_dim": 16}
-    monkeypatch.setitem(config_limits.LIMITS, "embed_dim", 8)
-    with pytest.raises(ValueError, match="embed_dim = 16 is over the limit of 8"):
-        vitrim.load_model(with_config(saved, tmp_path, json.dumps(config)))
-    monkeypatch.setitem(config_limits.LIMITS, "embed_dim", 16)
-    assert vitrim.load_model(with_config(saved, tmp_path, json.dumps(config))).config.embed_dim == 16
+    path = with_config(saved, tmp_path, json.dumps(config))
+    with (
+        config_limits.raised_limits(embed_dim=8),
+        pytest.raises(ValueError, match="embed_dim = 16 is over the limit of 8"),
+    ):
+        vitrim.load_model(path)
+    assert config_limits.LIMITS["embed_dim"] == 16384  # restored
+    with config_limits.raised_limits(embed_dim=16):
+        assert vitrim.load_model(path).config.embed_dim == 16
+    with pytest.raises(ValueError, match="unknown limit"), config_limits.raised_limits(embed_dims=16):
+        pass
 
 
 @FAST

@@ -12,11 +12,11 @@ loader checks both before it makes a single tensor:
   :data:`MAX_FRESH_VALUES` (a fresh classifier head, register tokens the weights lack). A config of
   ``num_classes: 10**9`` beside 60 KB of weights is refused here, however its fields sit within the limits.
 
-The limits are module-level, for whoever loads a model bigger than they allow, from a file they trust::
+The limits are module-level (:data:`LIMITS`, :data:`MAX_FRESH_VALUES`); to load a bigger model from a file you
+trust, raise them for that load only::
 
-    import vitrim.models.config_limits as limits
-    limits.LIMITS["embed_dim"] = 32768
-    limits.MAX_FRESH_VALUES = 2**28
+    with raised_limits(embed_dim=32768, max_fresh_values=2**28):
+        model = vitrim.load_model("big.safetensors")
 
 What the user passes in Python (``create_model(..., embed_dim=...)``, ``load_model(path, img_size=...)``) is the
 user's choice and is not bounded here.
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -85,6 +86,24 @@ RANGES: dict[str, tuple[float, float, bool]] = {
 MAX_FRESH_VALUES = 2**24  # values a model may hold beyond its file's (64 MiB in float32): a fresh head, registers
 
 
+@contextmanager
+def raised_limits(*, max_fresh_values: int | None = None, **limits: int) -> Iterator[None]:
+    """Within the ``with`` block, the named :data:`LIMITS` (and :data:`MAX_FRESH_VALUES`) are the values given."""
+    global MAX_FRESH_VALUES
+    unknown = sorted(set(limits) - set(LIMITS))
+    if unknown:
+        raise ValueError(f"raised_limits: unknown limit(s) {unknown}; known: {sorted(LIMITS)}")
+    saved, saved_fresh = dict(LIMITS), MAX_FRESH_VALUES
+    LIMITS.update(limits)
+    MAX_FRESH_VALUES = saved_fresh if max_fresh_values is None else max_fresh_values
+    try:
+        yield
+    finally:
+        LIMITS.clear()
+        LIMITS.update(saved)
+        MAX_FRESH_VALUES = saved_fresh
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -104,7 +123,7 @@ def _check_size(name: str, value: Any, source: str) -> None:
         if size > LIMITS[name]:
             raise ValueError(
                 f"{source}: {name} = {size} is over the limit of {LIMITS[name]} for a config read from a file "
-                "(vitrim.models.config_limits.LIMITS says how to raise it for a file you trust)"
+                "(raise it for a file you trust with vitrim.models.config_limits.raised_limits)"
             )
 
 
@@ -149,7 +168,8 @@ def count_values(build: Callable[[], nn.Module]) -> tuple[int, str, tuple[int, .
     device: shapes only, no memory, no initialisation."""
     with torch.device("meta"):
         model = build()
-    total, largest, shape = 0, "", ()
+    total, largest = 0, ""
+    shape: tuple[int, ...] = ()
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
         total += tensor.numel()
         if not shape or tensor.numel() > math.prod(shape):
@@ -165,7 +185,7 @@ def check_fits_weights(build: Callable[[], nn.Module], weights: Mapping[str, Ten
         raise ValueError(
             f"{source}: its config describes a model of {needed:,} values (largest: {largest} {list(shape)}), but "
             f"the file holds {held:,}; a config may ask for at most {MAX_FRESH_VALUES:,} values its weights lack "
-            "(vitrim.models.config_limits.MAX_FRESH_VALUES)"
+            "(vitrim.models.config_limits.raised_limits(max_fresh_values=...) raises it)"
         )
 
 
