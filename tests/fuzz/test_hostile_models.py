@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import resource
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -337,3 +339,26 @@ def test_fuzz_relevance_target(tiny, target) -> None:
         assert_clear(err, "target")
         return
     assert rel.shape == (2, 2, 2) and torch.isfinite(rel).all()
+
+
+# -- CLI: a failing call's error is the only line on stderr -------------------------------------------------------
+
+
+@pytest.mark.full  # an ONNX export: ~40 s on the loaded 2-core machine
+def test_export_with_an_unreachable_opset_prints_one_line(saved, tmp_path) -> None:
+    pytest.importorskip("onnxscript")
+    tensors, metadata = saved
+    checkpoint = tmp_path / "m.safetensors"
+    save_file(tensors, str(checkpoint), metadata=metadata)
+    run = subprocess.run(
+        [
+            *(sys.executable, "-c", "from vitrim.cli import main; raise SystemExit(main())", "export"),
+            *(str(checkpoint), "--onnx", str(tmp_path / "m.onnx"), "--opset", "3"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()], run.stderr  # one line, no torch warnings
+    assert run.stderr.startswith("vitrim: error: opset_version 3") and not (tmp_path / "m.onnx").exists()
