@@ -45,8 +45,10 @@ from vitrim.atomic import atomic_write
 from vitrim.checkpoint_formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint
 from vitrim.checkpoint_hf import convert_hf, hf_config_to_vit_fields, hf_pos_embed_antialias, vision_config
 from vitrim.models.config import ViTConfig
+from vitrim.models.config_limits import check_file_model
 from vitrim.models.pos_embed import resample_pos_embed
 from vitrim.models.vit import VisionTransformer
+from vitrim.untrusted import expect_object, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ def _source_grid(raw: RawCheckpoint, fmt: str) -> tuple[int, int] | None:
     """The checkpoint's patch grid when its config says so (non-square grids need this), else None."""
     try:
         if fmt == "vitrim" and "vitrim.config" in raw.metadata:
-            cfg = json.loads(raw.metadata["vitrim.config"])
+            cfg = _metadata_config(raw)
             size, patch = cfg["img_size"], cfg["patch_size"]
         elif raw.hf_config is not None:
             hf = vision_config(raw.hf_config)
@@ -175,7 +177,7 @@ def _source_antialias(raw: RawCheckpoint, fmt: str) -> bool | None:
     if fmt == "huggingface":
         return hf_pos_embed_antialias(raw.hf_config, raw.state_dict)
     if fmt == "vitrim":
-        value = json.loads(raw.metadata.get("vitrim.config", "{}")).get("pos_embed_antialias")
+        value = _metadata_config(raw).get("pos_embed_antialias") if "vitrim.config" in raw.metadata else None
         return value if isinstance(value, bool) else None
     return True  # timm, DeiT and DynamicViT weights: timm's resampling
 
@@ -343,13 +345,21 @@ def load_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides: Any) -
         config_cls = _import_vitrim(raw.metadata.get("vitrim.config_class", _qualified(ViTConfig)), "config class")
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise ValueError(f"checkpoint names model class {raw.metadata['vitrim.class']!r}, not an nn.Module")
-        fields = json.loads(raw.metadata["vitrim.config"])
+        fields = _metadata_config(raw)
+        where = f"checkpoint {str(raw.path)!r} metadata vitrim.config"
+        check_file_model(
+            fields,
+            lambda: getattr(cls, "from_config", cls)(_config_from(config_cls, fields, {})),
+            raw.state_dict,
+            where,
+        )
         config = _config_from(config_cls, fields, overrides)
         model = getattr(cls, "from_config", cls)(config)
         for spec in _reducer_specs(raw.metadata.get("vitrim.reducers")):
             reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
     elif fmt == "huggingface" and raw.hf_config is not None:
         fields = hf_config_to_vit_fields(raw.hf_config, convert_hf(raw.state_dict)[0])
+        check_file_model(fields, lambda: VisionTransformer(ViTConfig.from_dict(fields)), raw.state_dict, str(raw.path))
         model = VisionTransformer(_config_from(ViTConfig, fields, overrides))
     else:
         where = "a Hugging Face checkpoint without config.json" if fmt == "huggingface" else f"a bare {fmt} state dict"
@@ -366,13 +376,19 @@ def _reducer_specs(text: str | None) -> list[dict[str, Any]]:
     reducer registry only, so a file cannot make vitrim build anything else."""
     if text is None:
         return []
-    specs = json.loads(text)
+    specs = parse_json(text, "checkpoint metadata vitrim.reducers")
     keys = {"name", "layers", "options"}
     if not isinstance(specs, list) or not all(isinstance(s, dict) and set(s) == keys for s in specs):
         raise ValueError(
             f"checkpoint metadata vitrim.reducers must be a list of {sorted(keys)} records, got {text!r:.200}"
         )
     return specs
+
+
+def _metadata_config(raw: RawCheckpoint) -> dict[str, Any]:
+    """The ``vitrim.config`` metadata as a JSON object (through :mod:`vitrim.untrusted`)."""
+    source = f"checkpoint {str(raw.path)!r} metadata vitrim.config"
+    return expect_object(parse_json(raw.metadata["vitrim.config"], source), source)
 
 
 def _config_from(config_cls: Any, fields: dict[str, Any], overrides: dict[str, Any]) -> Any:

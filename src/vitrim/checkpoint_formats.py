@@ -20,7 +20,6 @@ Formats are recognised by content, never by file name:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import pickle
@@ -33,6 +32,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from vitrim import untrusted
 from vitrim.checkpoint_hf import has_hf_keys
 from vitrim.models.eva_names import from_eva_names
 
@@ -106,7 +106,7 @@ def _read_hf_directory(directory: Path) -> RawCheckpoint:
         if not isinstance(weight_map, dict):
             raise ValueError(f"{str(weights)!r} has no 'weight_map'; not a Hugging Face shard index")
         state_dict: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
+        for shard in sorted({shard_name(name, weights) for name in weight_map.values()}):
             state_dict.update(_read_weights_file(check_path(directory / shard))[0])
     else:
         state_dict = _read_weights_file(weights)[0]
@@ -116,13 +116,15 @@ def _read_hf_directory(directory: Path) -> RawCheckpoint:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{str(path)!r} holds a JSON {type(value).__name__}, expected an object")
-    return value
+    """A JSON object from a file from outside (:mod:`vitrim.untrusted`: size, depth, non-finite numbers)."""
+    return untrusted.expect_object(untrusted.read_json(path), str(path))
+
+
+def shard_name(name: object, index: Path) -> str:
+    """A shard index's file name: a plain name beside the index, never a path that leads elsewhere."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"{str(index)!r}: weight_map names shard {name!r:.80}; expected a file name beside the index")
+    return name
 
 
 def sniff(path: Path) -> str:

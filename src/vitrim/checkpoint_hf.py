@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vitrim.models.config_limits import check_file_config
+
 SUPPORTED = ("vit", "dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
 PATCH_KEYS = ("embeddings.patch_embeddings.projection.weight", "embeddings.patch_embedding.weight")
 ACTIVATIONS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
@@ -197,6 +199,7 @@ def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Ten
     """
     config = vision_config(hf_config)
     model_type = check_model_type(hf_config)
+    check_file_config(config, "config.json")  # sizes typed, finite and bounded before anything divides or builds
     act = config.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise ValueError(f"config.json has hidden_act {act!r}; vitrim supports {sorted(ACTIVATIONS)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,15 +107,24 @@ def example_input(model: nn.Module, img_size: int | tuple[int, int] | None, batc
 
 @contextlib.contextmanager
 def _quiet_version_converter() -> Iterator[None]:
-    """Silence onnxscript's converter, which logs a traceback when it cannot reach the opset asked for: the check
-    after the export turns that case into one clear error."""
-    logger = logging.getLogger("onnxscript.version_converter")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """Silence onnxscript's converter, which logs a traceback when it cannot reach the opset asked for, and torch's
+    exporter, which warns that it will try: the check after the export turns that case into one clear error, with
+    nothing else on stderr. Python warnings raised meanwhile are shown only if the export succeeds."""
+    loggers = [logging.getLogger(name) for name in ("onnxscript.version_converter", "torch.onnx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for category in (FutureWarning, DeprecationWarning):  # torch's notes to itself (the exporter's own
+                warnings.simplefilter("ignore", category)  # catch_warnings would print them past the record)
+            yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+    for warning in caught:  # reached only when the export succeeded
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @contextlib.contextmanager

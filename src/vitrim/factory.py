@@ -13,6 +13,7 @@ from torch import nn
 
 from vitrim import hub, reduce
 from vitrim.checkpoint import load_checkpoint
+from vitrim.models.config_limits import check_file_model
 from vitrim.models.pretrained_tags import pretrained_repo, split_tag
 from vitrim.models.registry import build_model, check_registered
 from vitrim.pretrained import load_model, load_weights, read_weights, timm_data_config
@@ -81,7 +82,11 @@ def _with_pretrained_weights(
     raw = read_weights(repo.weights)
     if "num_classes" not in overrides:
         head = raw.state_dict.get("head.weight")
-        overrides["num_classes"] = int((repo.config or {}).get("num_classes", 0 if head is None else head.shape[0]))
+        overrides["num_classes"] = (repo.config or {}).get("num_classes", 0 if head is None else int(head.shape[0]))
+        where = f"{repo.name} config.json"
+        check_file_model(
+            {"num_classes": overrides["num_classes"]}, lambda: build_model(arch, **overrides), raw.state_dict, where
+        )
     model = build_model(arch, **overrides)
     if reducer is not None:
         reduce.apply(model, reducer, **reducer_options)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitrim.checkpoint_formats import read_json
+from vitrim.checkpoint_formats import read_json, shard_name
 from vitrim.extras import require
 
 HUB_PREFIX = "hf-hub:"
@@ -162,8 +162,8 @@ def fetch(repo_id: str, revision: str | None = None, *, need_config: bool = True
         shards = read_json(weights).get("weight_map")
         if not isinstance(shards, dict):
             raise ValueError(f"{where}: {weights.name} has no 'weight_map'; not a shard index")
-        for shard in sorted(set(shards.values())):
-            download(repo_id, str(shard), revision)
+        for shard in sorted({shard_name(name, weights) for name in shards.values()}):
+            download(repo_id, shard, revision)
     preprocessor = None
     if config is not None and "model_type" in config:  # transformers' layout: its image processor's settings
         path = download(repo_id, "preprocessor_config.json", revision, required=False)

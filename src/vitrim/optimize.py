@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.devices import parse_device
+from vitrim.models.layers import to_2tuple
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -56,13 +57,25 @@ class OptimizedModel(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """images (B, C, H, W) of exactly the optimised shape, on the optimised device -> logits (B, classes)."""
+        if not isinstance(images, Tensor):
+            raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
         if tuple(images.shape) != self.input_shape:
             raise ValueError(
                 f"images of shape {tuple(images.shape)}, but the model was optimized for {self.input_shape} "
                 "(batch, channels, height, width); call vitrim.optimize again for another shape"
             )
-        if images.device != self.device:
+        if _same_device(images.device) != self.device:
             raise ValueError(f"images on {images.device}, but the model was optimized for {self.device}")
+        weight = next(self.model.parameters(), None)
+        expected = weight.dtype if weight is not None else torch.float32
+        if images.dtype != expected:
+            raise TypeError(
+                f"images have dtype {images.dtype}, but the model was optimized for {expected} inputs"
+                + (f" (run under autocast to {self.dtype})" if self.dtype is not None else "")
+                + "; convert them with images.to("
+                + str(expected)
+                + ")"
+            )
         autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
         with torch.inference_mode(), autocast:
             out = self._compiled(images)
@@ -97,7 +110,8 @@ def optimize(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    target = parse_device(device)
+    target = _same_device(parse_device(device))
+    _check_backend(backend)
     if mode is None:
         mode = "reduce-overhead" if target.type == "cuda" else "default"
     if mode not in MODES:
@@ -109,7 +123,10 @@ def optimize(
     size = img_size if img_size is not None else getattr(config, "img_size", None)
     if size is None:
         raise ValueError(f"img_size: {type(model).__name__} has no config.img_size; pass img_size=(H, W)")
-    h, w = (size, size) if isinstance(size, int) else size
+    h, w = to_2tuple(size, "img_size")
+    patch = getattr(config, "patch_size", 1)
+    if h % patch or w % patch:
+        raise ValueError(f"img_size {size!r} is not divisible by the model's patch size {patch}")
     shape = (batch_size, int(getattr(config, "in_chans", 3)), int(h), int(w))
     model = model.to(target).eval()
     _make_room_for_one_more()
@@ -123,6 +140,24 @@ def optimize(
 
 
 _optimized = 0  # models optimised in this process
+
+
+def _same_device(device: torch.device) -> torch.device:
+    """One name per device: ``cpu:0`` is ``cpu`` (as tensors report it), ``cuda`` is ``cuda:<current>``."""
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _check_backend(backend: object) -> None:
+    """A callable, or one of ``torch._dynamo.list_backends()`` (refused here, not deep inside torch.compile)."""
+    if callable(backend):
+        return
+    known = sorted(torch._dynamo.list_backends(exclude_tags=None))
+    if not isinstance(backend, str) or backend not in known:
+        raise ValueError(f"backend must be a torch.compile backend, one of {known}, or a callable; got {backend!r}")
 
 
 def _make_room_for_one_more() -> None:

@@ -35,6 +35,7 @@ from vitrim.checkpoint_formats import RawCheckpoint, detect_format, read_checkpo
 from vitrim.checkpoint_hf import check_model_type, convert_hf, has_hf_keys, hf_config_to_vit_fields
 from vitrim.models import data_config as data_configs
 from vitrim.models.config import ViTConfig
+from vitrim.models.config_limits import check_file_model
 from vitrim.models.data_config import DataConfig
 from vitrim.models.registry import build_model, list_models
 from vitrim.models.vit import VisionTransformer
@@ -147,8 +148,9 @@ def from_timm_config(config: dict[str, Any], raw: RawCheckpoint, overrides: dict
             "vitrim.list_models() (timm's names)"
         )
     args = timm_model_args(dict(config.get("model_args") or {}), where)
-    if isinstance(config.get("num_classes"), int):
+    if "num_classes" in config:
         args["num_classes"] = config["num_classes"]
+    check_file_model(args, lambda: build_model(arch, **args), raw.state_dict, f"{where} config.json")
     model = build_model(arch, **{**args, **overrides})
     load_weights(model, raw, where)
     legacy = config if "mean" in config else None  # older timm repos: one flat config.json, data keys at the top
@@ -191,7 +193,11 @@ def from_transformers_config(
         )
     if projection:
         raw = _with_projection_head(raw, model_type, where)
-    fields = hf_config_to_vit_fields(hf_config, convert_hf(raw.state_dict)[0])
+    try:
+        fields = hf_config_to_vit_fields(hf_config, convert_hf(raw.state_dict)[0])
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    check_file_model(fields, lambda: VisionTransformer(ViTConfig.from_dict(fields)), raw.state_dict, where)
     model = VisionTransformer(ViTConfig.from_dict(fields).replace(**overrides))
     load_weights(model, raw, where)
     c = model.config

@@ -74,7 +74,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, c.num_pos_prefix + self.patch_embed.num_patches, c.embed_dim))
         self.pos_drop = nn.Dropout(c.drop_rate)
         self.norm_pre: nn.Module = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
-        rates = torch.linspace(0, c.drop_path_rate, c.depth).tolist()
+        rates = torch.linspace(0, c.drop_path_rate, c.depth, device="cpu").tolist()  # (CPU: also under meta)
         mlp = ("swiglu" if c.scale_mlp else "glu") if c.swiglu_mlp else "mlp"
         self.blocks = nn.ModuleList(
             Block(

@@ -25,6 +25,7 @@ Conventions (owned here):
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,14 +114,21 @@ def resolve_target(logits: Tensor, target: Target) -> Tensor:
     B, C = logits.shape
     if target is None:
         return logits.argmax(dim=-1)
-    if isinstance(target, bool):
-        raise TypeError(f"target must be None, a class index, or one per sample, got {target!r}")
+    array_like = isinstance(target, (Tensor, Sequence)) or hasattr(target, "__array__")  # numpy too
+    if isinstance(target, (bool, str, bytes)) or not (isinstance(target, int) or array_like):
+        raise TypeError(f"target must be None, a class index, or one per sample, got {target!r:.80}")
     if isinstance(target, int):
+        _check_class(target, C, target)
         index = torch.full((B,), target, dtype=torch.long, device=logits.device)
     else:
+        if isinstance(target, Sequence):  # plain ints, each a class, before torch sees them
+            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in target):
+                raise TypeError(f"target must hold integer class indices, got {target!r:.80}")
+            for t in target:
+                _check_class(int(t), C, target)
         try:
             index = torch.as_tensor(target, device=logits.device)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RuntimeError):
             raise TypeError(f"target must be None, a class index, or one per sample, got {target!r:.80}") from None
         if index.is_floating_point() or index.dtype == torch.bool or index.dim() != 1 or index.shape[0] != B:
             raise ValueError(f"target must hold {B} integer class indices (one per image), got {target!r:.80}")
@@ -128,6 +136,11 @@ def resolve_target(logits: Tensor, target: Target) -> Tensor:
     if int(index.min()) < 0 or int(index.max()) >= C:
         raise ValueError(f"target must be a class index in [0, {C}), got {target!r:.80}")
     return index
+
+
+def _check_class(value: int, num_classes: int, target: object) -> None:
+    if not 0 <= value < num_classes:
+        raise ValueError(f"target must be a class index in [0, {num_classes}), got {target!r:.80}")
 
 
 def explained_row(config: ViTConfig, state: TokenState, batch: int, dtype: torch.dtype) -> Tensor | None:
