@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.utils.data import IterableDataset, get_worker_info
 
 from vitrim.data.folder import Transform, open_image
+from vitrim.seeds import epoch_seed
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEY = "cls"
@@ -129,7 +130,7 @@ def shards_for(
     """Indices of the shards one worker of one rank reads in ``epoch`` (module doc: together, a partition)."""
     order = list(range(num_shards))
     if shuffle:
-        order = torch.randperm(num_shards, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        order = torch.randperm(num_shards, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch))).tolist()
     return order[rank::world_size][worker::num_workers]
 
 
@@ -175,7 +176,7 @@ class ShardDataset(IterableDataset):
             iter({"url": self.source.urls[i]} for i in mine)
         )
         if self.shuffle and self.shuffle_buffer > 1:
-            seed = ((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank) * 1_009 + worker
+            seed = epoch_seed(self.seed, self.epoch, self.rank, worker)
             initial = min(self.shuffle_buffer, 100)
             samples = wds.shuffle(self.shuffle_buffer, initial, rng=random.Random(seed))(samples)
         return samples

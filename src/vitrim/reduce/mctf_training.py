@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrim.losses import classification_loss
 from vitrim.reduce.registry import get_reducer
 
 
@@ -124,12 +124,11 @@ class MCTFObjective:
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
         (logits, features), (teacher_logits, teacher_features) = model(images)
-        soft = labels.is_floating_point()  # mixup / cutmix targets (B, K), smoothed already
-        smoothing = 0.0 if soft else self.label_smoothing
-        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
-        loss = loss + self.teacher_weight * F.cross_entropy(teacher_logits, labels, label_smoothing=smoothing)
+        loss = classification_loss(logits, labels, self.label_smoothing)
+        loss = loss + self.teacher_weight * classification_loss(teacher_logits, labels, self.label_smoothing)
         with torch.no_grad():
-            target = labels.argmax(dim=1) if soft else labels  # (B,) the class the image is most of
+            # (B,) the class the image is most of: soft targets (B, K) come from mixup / cutmix
+            target = labels.argmax(dim=1) if labels.is_floating_point() else labels
             confident = (logits.softmax(-1).gather(1, target[:, None])[:, 0] > self.confidence).to(logits.dtype)
         gap = ((teacher_features.detach() - features) ** 2).mean(dim=1)  # (B,)
         consistency = (gap * confident).sum() / confident.sum().clamp_min(1)  # 0 when no image is confident
