@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -211,10 +210,7 @@ class DynamicViTLoss(nn.Module):
             token_gap = distill_tokens(tokens, teacher_tokens, masks[-1].detach() > 0.5)
 
         total = (
-            self.cls_weight * cls
-            + self.ratio_weight * ratio
-            + self.distill_weight * kl
-            + self.token_weight * token_gap
+            self.cls_weight * cls + self.ratio_weight * ratio + self.distill_weight * kl + self.token_weight * token_gap
         )
         return DynamicViTLossParts(total, cls, ratio, kl, token_gap)
 

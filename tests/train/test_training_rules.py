@@ -52,7 +52,7 @@ def test_the_old_import_path_of_dynamicvit_loss_warns_and_hands_on() -> None:
     import vitrim.losses
 
     old = importlib.import_module("vitrim.reduce.dynamicvit_loss")
-    with pytest.warns(DeprecationWarning, match="use vitrim.losses.DynamicViTLoss"):
+    with pytest.warns(DeprecationWarning, match=r"use vitrim\.losses\.DynamicViTLoss"):
         assert old.DynamicViTLoss is vitrim.losses.DynamicViTLoss
-    with pytest.raises(AttributeError, match="moved to 'vitrim.losses'"):
+    with pytest.raises(AttributeError, match=r"moved to 'vitrim\.losses'"):
         old.NoSuchName  # noqa: B018
