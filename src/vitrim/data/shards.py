@@ -89,18 +89,18 @@ class ShardSource:
         pattern = pattern.strip()
         urls = tuple(_expand(pattern))
         if not urls:
-            raise ValueError(f"--data {data!r} expands to no shard")
+            raise ValueError(f"data {data!r} expands to no shard")
         local = "://" not in urls[0] and not urls[0].startswith("pipe:")
         missing = [u for u in urls if local and not os.path.isfile(u)]
         if missing:
-            raise FileNotFoundError(f"--data {data!r}: shard {missing[0]!r} does not exist ({len(missing)} missing)")
+            raise FileNotFoundError(f"data {data!r}: shard {missing[0]!r} does not exist ({len(missing)} missing)")
         info_text = _read_text(os.path.join(os.path.dirname(urls[0]), INFO_FILE))
         info = json.loads(info_text) if info_text else {}
         classes = _classes(info, data)
         num_samples = int(count) if count.strip() else _info_count(info, urls)
         if num_samples is None:
             if not local:
-                raise ValueError(f"--data {data!r}: give the sample count as '{pattern}|N' or in {INFO_FILE}")
+                raise ValueError(f"data {data!r}: give the sample count as '{pattern}|N' or in {INFO_FILE}")
             num_samples = sum(_count_local(u) for u in urls)
         return cls(urls, num_samples, classes, pattern)
 
@@ -111,7 +111,7 @@ def _classes(info: dict, data: str) -> tuple[str, ...]:
     if "num_classes" in info:
         return tuple(str(i) for i in range(int(info["num_classes"])))
     raise ValueError(
-        f"--data {data!r}: no {INFO_FILE} with 'classes' (a list of names) or 'num_classes' beside the shards"
+        f"data {data!r}: no {INFO_FILE} with 'classes' (a list of names) or 'num_classes' beside the shards"
     )
 
 

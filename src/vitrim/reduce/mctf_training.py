@@ -99,11 +99,13 @@ class MCTFObjective:
             ("consistency_weight", consistency_weight),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"--mctf {name} must be a number >= 0, got {value!r}")
+                raise ValueError(f"mctf option {name} must be a number >= 0, got {value!r}")
         if teacher_r < 1 and teacher_r * 100 < 1:
-            raise ValueError(f"--mctf teacher_r must be >= 0.01 (r' is drawn from 0 … teacher_r), got {teacher_r!r}")
+            raise ValueError(
+                f"mctf option teacher_r must be >= 0.01 (r' is drawn from 0 … teacher_r), got {teacher_r!r}"
+            )
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
-            raise ValueError(f"--mctf confidence must be a number in [0, 1), got {confidence!r}")
+            raise ValueError(f"mctf option confidence must be a number in [0, 1), got {confidence!r}")
         self.label_smoothing = label_smoothing
         self.teacher_r = teacher_r
         self.teacher_weight = teacher_weight
@@ -112,11 +114,11 @@ class MCTFObjective:
 
     @classmethod
     def from_options(cls, label_smoothing: float, options: dict[str, Any]) -> MCTFObjective:
-        """From ``vitrim train --mctf key=value,…`` (unknown keys are named in the error)."""
+        """From ``TrainConfig.mctf`` (``vitrim train --mctf key=value,…``); unknown keys are named in the error."""
         known = {"teacher_r", "teacher_weight", "consistency_weight", "confidence"}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"--mctf takes {sorted(known)}, got unknown key(s) {unknown}")
+            raise ValueError(f"mctf takes {sorted(known)}, got unknown key(s) {unknown}")
         return cls(label_smoothing, **options)
 
     def wrap(self, model: nn.Module) -> nn.Module:
