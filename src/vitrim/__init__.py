@@ -6,18 +6,16 @@ import importlib
 from typing import Any
 
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
-from vitrim.checkpoint import load_checkpoint, save_checkpoint
 from vitrim.factory import create_model
-from vitrim.in_memory import from_timm, from_transformers
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
 from vitrim.optimize import OptimizedModel, optimize
-from vitrim.pretrained import load_model
+from vitrim.weights import from_timm, from_transformers, load_checkpoint, load_model, save_checkpoint
 
 __version__ = "0.1.0"
 
 # The subpackages `import vitrim` hands out on first use (`vitrim.data.eval_transform(cfg)`), imported then, so that
 # `import vitrim` stays cheap and imports no optional library. A new public subpackage is one more name here.
-SUBPACKAGES = ("bench", "data", "export", "losses", "reduce", "train", "viz")
+SUBPACKAGES = ("bench", "data", "export", "losses", "reduce", "train", "viz", "weights")
 
 
 def __getattr__(name: str) -> Any:

@@ -31,8 +31,6 @@ from torch import Tensor, nn
 
 from vitrim import reduce
 from vitrim.atomic import atomic_write, remove_stale_temps
-from vitrim.checkpoint import save_checkpoint
-from vitrim.checkpoint_formats import read_checkpoint
 from vitrim.data import DataSplits, MixupCutmix, build_datasets, dataset_classes
 from vitrim.factory import create_model
 from vitrim.models.data_config import DataConfig
@@ -58,6 +56,8 @@ from vitrim.train.state import (
     write_run_record,
 )
 from vitrim.train.teacher import load_teacher, teacher_architecture
+from vitrim.weights.checkpoint import save_checkpoint
+from vitrim.weights.formats import read_checkpoint
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
 METRICS = "metrics.jsonl"

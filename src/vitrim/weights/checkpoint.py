@@ -1,7 +1,7 @@
 """Load any supported checkpoint into a model, save vitrim checkpoints, and build a model from a checkpoint.
 
 ``load_checkpoint(model, path)`` reads vitrim, timm, DeiT, official DynamicViT and Hugging Face ViT weights
-(recognised by content; see :mod:`vitrim.checkpoint_formats`, which also says what is safe to unpickle), then
+(recognised by content; see :mod:`vitrim.weights.formats`, which also says what is safe to unpickle), then
 adapts them to the model:
 
 * a position embedding learned for another patch grid is resampled as the weights' library resamples it (bicubic;
@@ -21,7 +21,8 @@ missing keys, unexpected keys and shape mismatches; with ``strict=False`` what m
 reported in the returned :class:`LoadResult`.
 
 ``save_checkpoint`` writes safetensors with the model's class and config in the metadata (atomically: a temp
-file in the same folder, then ``os.replace``), so ``load_model`` can rebuild the model with no code from the file.
+file in the same folder, then ``os.replace``), so ``vitrim.load_model`` can rebuild the model with no code from the
+file.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ from torch import Tensor, nn
 
 from vitrim import reduce
 from vitrim.atomic import atomic_write
-from vitrim.checkpoint_formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint
-from vitrim.checkpoint_hf import convert_hf, hf_config_to_vit_fields, hf_pos_embed_antialias, vision_config
 from vitrim.models.config import ViTConfig
 from vitrim.models.pos_embed import resample_pos_embed
 from vitrim.models.vit import VisionTransformer
+from vitrim.weights.formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint
+from vitrim.weights.hf_names import hf_config_to_vit_fields, hf_pos_embed_antialias, vision_config
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,8 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
     result = LoadResult(format=fmt)
     state_dict = dict(raw.state_dict)
     if fmt == "huggingface":
-        state_dict, result.ignored = convert_hf(state_dict)
+        converted, ignored = raw.hf_in_vitrim_names()
+        state_dict, result.ignored = dict(converted), list(ignored)  # copies: the adapters below edit them
         _warn_on_hf_eps(model, raw)
     else:
         state_dict = convert_timm(state_dict)
@@ -327,8 +329,9 @@ def _import_vitrim(name: str, what: str) -> Any:
     return obj
 
 
-def load_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides: Any) -> nn.Module:
-    """Build the model a checkpoint describes and load its weights; returns it in eval mode.
+def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides: Any) -> nn.Module:
+    """Build the model a vitrim file (or a Hugging Face ViT folder) describes and load its weights; returns it in
+    eval mode. :func:`vitrim.load_model` reads these, and every other source, through it.
 
     ``path``: a file written by :func:`save_checkpoint`, or a Hugging Face ViT directory (``config.json`` plus
     weights), or HF weights next to their ``config.json``. ``overrides`` change config fields (e.g.
@@ -349,7 +352,7 @@ def load_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides: Any) -
         for spec in _reducer_specs(raw.metadata.get("vitrim.reducers")):
             reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
     elif fmt == "huggingface" and raw.hf_config is not None:
-        fields = hf_config_to_vit_fields(raw.hf_config, convert_hf(raw.state_dict)[0])
+        fields = hf_config_to_vit_fields(raw.hf_config, raw.hf_in_vitrim_names()[0])
         model = VisionTransformer(_config_from(ViTConfig, fields, overrides))
     else:
         where = "a Hugging Face checkpoint without config.json" if fmt == "huggingface" else f"a bare {fmt} state dict"

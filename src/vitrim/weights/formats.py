@@ -33,8 +33,8 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from vitrim.checkpoint_hf import has_hf_keys
 from vitrim.models.eva_names import from_eva_names
+from vitrim.weights.hf_names import convert_hf, has_hf_keys
 
 # Harmless classes that training scripts pickle next to the weights; nothing else is unpickled.
 SAFE_GLOBALS: list[Any] = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
@@ -48,7 +48,8 @@ except (ImportError, AttributeError):  # pragma: no cover - numpy is a dependenc
     pass
 
 NESTED_STATE_DICT_KEYS = ("model", "state_dict", "model_state_dict")
-HF_WEIGHT_FILES = (
+# weight files in the order transformers and timm look for them; an index names the shards of a sharded save
+WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
@@ -68,6 +69,14 @@ class RawCheckpoint:
     state_dict: dict[str, Tensor]
     metadata: dict[str, str] = field(default_factory=dict)
     hf_config: dict[str, Any] | None = None
+    _in_vitrim_names: tuple[dict[str, Tensor], list[str]] | None = field(default=None, init=False, repr=False)
+
+    def hf_in_vitrim_names(self) -> tuple[dict[str, Tensor], list[str]]:
+        """Hugging Face tensors under vitrim's names, and the keys dropped (:func:`convert_hf`), converted once per
+        checkpoint however many steps of a load read them (the config's fields, then the load itself)."""
+        if self._in_vitrim_names is None:
+            self._in_vitrim_names = convert_hf(self.state_dict)
+        return self._in_vitrim_names
 
 
 def check_path(path: object, name: str = "path") -> Path:
@@ -94,25 +103,30 @@ def read_checkpoint(path: str | os.PathLike[str]) -> RawCheckpoint:
 
 
 def _read_hf_directory(directory: Path) -> RawCheckpoint:
-    weights = next((directory / name for name in HF_WEIGHT_FILES if (directory / name).is_file()), None)
+    weights = next((directory / name for name in WEIGHT_FILES if (directory / name).is_file()), None)
     if weights is None:
         found = sorted(p.name for p in directory.iterdir())[:10]
         raise ValueError(
-            f"directory {str(directory)!r} is not a checkpoint: expected one of {list(HF_WEIGHT_FILES)}, found {found}"
+            f"directory {str(directory)!r} is not a checkpoint: expected one of {list(WEIGHT_FILES)}, found {found}"
         )
     if weights.name.endswith(".index.json"):
-        # a sharded save_pretrained: the index maps every tensor name to the shard that holds it
-        weight_map = read_json(weights).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{str(weights)!r} has no 'weight_map'; not a Hugging Face shard index")
         state_dict: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
+        for shard in shard_files(weights):
             state_dict.update(_read_weights_file(check_path(directory / shard))[0])
     else:
         state_dict = _read_weights_file(weights)[0]
     config_file = directory / "config.json"
     hf_config = read_json(config_file) if config_file.is_file() else None
     return RawCheckpoint(weights, state_dict, {}, hf_config)
+
+
+def shard_files(index: Path) -> list[str]:
+    """The shard files a sharded save's index (``*.index.json``) names, in order: its ``weight_map`` maps every
+    tensor name to the shard that holds it."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{str(index)!r} has no 'weight_map'; not a Hugging Face shard index")
+    return sorted({str(shard) for shard in weight_map.values()})
 
 
 def read_json(path: Path) -> dict[str, Any]:

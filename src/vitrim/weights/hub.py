@@ -17,17 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitrim.checkpoint_formats import read_json
 from vitrim.extras import require
+from vitrim.weights.formats import WEIGHT_FILES, read_json, shard_files
 
 HUB_PREFIX = "hf-hub:"
-# weight files in the order transformers and timm look for them; an index names the shards of a sharded save
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's reading of a boolean environment variable
 
 
@@ -159,11 +152,12 @@ def fetch(repo_id: str, revision: str | None = None, *, need_config: bool = True
             raise FileNotFoundError(_offline_message(where, f"a weights file ({', '.join(WEIGHT_FILES)})"))
         raise FileNotFoundError(f"{where} has no weights: expected one of {list(WEIGHT_FILES)}")
     if weights.name.endswith(".index.json"):
-        shards = read_json(weights).get("weight_map")
-        if not isinstance(shards, dict):
-            raise ValueError(f"{where}: {weights.name} has no 'weight_map'; not a shard index")
-        for shard in sorted(set(shards.values())):
-            download(repo_id, str(shard), revision)
+        try:
+            shards = shard_files(weights)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        for shard in shards:
+            download(repo_id, shard, revision)
     preprocessor = None
     if config is not None and "model_type" in config:  # transformers' layout: its image processor's settings
         path = download(repo_id, "preprocessor_config.json", revision, required=False)

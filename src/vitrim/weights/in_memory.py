@@ -5,7 +5,8 @@ with the same weights and the same outputs, and its data config, so a reducer go
     vitrim.reduce.apply(model, "tome", r=13)
 
 Neither imports timm or transformers: each reads what the model object carries, through the converters that read
-those libraries' files (:mod:`vitrim.pretrained`), so a model in memory and the same model saved give one result.
+those libraries' files (:mod:`vitrim.weights.pretrained`), so a model in memory and the same model saved give one
+result.
 
 * timm: the architecture is ``pretrained_cfg["architecture"]`` (timm's name, which vitrim's registry shares); its
   constructor arguments are those timm recorded (``_model_args``), with the sizes read off the model itself (so a
@@ -26,8 +27,8 @@ from typing import Any, cast
 
 from torch import nn
 
-from vitrim.checkpoint_formats import RawCheckpoint
-from vitrim.pretrained import from_timm_config, from_transformers_config
+from vitrim.weights.formats import RawCheckpoint
+from vitrim.weights.pretrained import from_timm_config, from_transformers_config
 
 
 def from_timm(timm_model: nn.Module) -> nn.Module:

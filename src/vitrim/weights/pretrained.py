@@ -3,10 +3,10 @@ with them.
 
 ``vitrim.load_model(source, *, projection=False, **overrides)`` takes
 
-* ``"hf-hub:ORG/NAME[@REVISION]"``: a Hugging Face Hub repo, through :mod:`vitrim.hub` (huggingface_hub's cache),
-  in either layout: timm's (``config.json`` with ``architecture``, ``model_args``, ``pretrained_cfg``; weights with
-  timm's names) or transformers' (``config.json`` with ``model_type``: ViT, DINOv2 with or without registers, CLIP,
-  SigLIP, and the vision tower of a full CLIP or SigLIP model; its ``preprocessor_config.json``);
+* ``"hf-hub:ORG/NAME[@REVISION]"``: a Hugging Face Hub repo, through :mod:`vitrim.weights.hub` (huggingface_hub's
+  cache), in either layout: timm's (``config.json`` with ``architecture``, ``model_args``, ``pretrained_cfg``;
+  weights with timm's names) or transformers' (``config.json`` with ``model_type``: ViT, DINOv2 with or without
+  registers, CLIP, SigLIP, and the vision tower of a full CLIP or SigLIP model; its ``preprocessor_config.json``);
 * a local folder in either layout (``save_pretrained``, timm's ``save_for_hf``), or a file vitrim wrote.
 
 The model's ``data_config`` (:class:`~vitrim.models.data_config.DataConfig`) comes from timm's ``pretrained_cfg`` or
@@ -28,16 +28,17 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from vitrim import hub
-from vitrim.checkpoint import CheckpointMismatchError, load_checkpoint
-from vitrim.checkpoint import load_model as load_vitrim_file
-from vitrim.checkpoint_formats import RawCheckpoint, detect_format, read_checkpoint, read_json
-from vitrim.checkpoint_hf import check_model_type, convert_hf, has_hf_keys, hf_config_to_vit_fields
+from vitrim import reduce
 from vitrim.models import data_config as data_configs
 from vitrim.models.config import ViTConfig
 from vitrim.models.data_config import DataConfig
-from vitrim.models.registry import build_model, list_models
+from vitrim.models.registry import build_model, check_registered, list_models
 from vitrim.models.vit import VisionTransformer
+from vitrim.weights import hub
+from vitrim.weights.checkpoint import CheckpointMismatchError, build_saved_model, load_checkpoint
+from vitrim.weights.formats import RawCheckpoint, detect_format, read_checkpoint, read_json
+from vitrim.weights.hf_names import check_model_type, has_hf_keys, hf_config_to_vit_fields
+from vitrim.weights.tags import pretrained_repo
 
 # timm's constructor arguments that change nothing in vitrim's model (it takes any image size a patch divides;
 # initialisation is overwritten by the weights; dropout vitrim has not is off in evaluation anyway)
@@ -82,7 +83,7 @@ def load_model(
         return from_config(raw.hf_config, raw, processor, projection, overrides, where=str(raw.path)).eval()
     if projection:
         raise ValueError(f"projection=True applies to CLIP and SigLIP weights; {str(raw.path)!r} is a vitrim file")
-    return load_vitrim_file(raw, **overrides)
+    return build_saved_model(raw, **overrides)
 
 
 def read_weights(path: Path) -> RawCheckpoint:
@@ -149,10 +150,47 @@ def from_timm_config(config: dict[str, Any], raw: RawCheckpoint, overrides: dict
     args = timm_model_args(dict(config.get("model_args") or {}), where)
     if isinstance(config.get("num_classes"), int):
         args["num_classes"] = config["num_classes"]
-    model = build_model(arch, **{**args, **overrides})
-    load_weights(model, raw, where)
     legacy = config if "mean" in config else None  # older timm repos: one flat config.json, data keys at the top
-    model.data_config = timm_data_config(config.get("pretrained_cfg") or legacy, model)  # type: ignore[assignment]
+    return timm_model(arch, raw, {**args, **overrides}, config.get("pretrained_cfg") or legacy, where=where)
+
+
+def from_timm_name(
+    name: str, overrides: dict[str, Any], reducer: str | None = None, reducer_options: dict[str, Any] | None = None
+) -> nn.Module:
+    """timm's pretrained weights for ``name`` (``vitrim.create_model(name, pretrained=True)``): the repo
+    ``timm/<arch>.<tag>``, the weights' class count unless ``overrides`` say otherwise, ``reducer`` attached before
+    the weights load (a learned reducer's modules stay fresh when the weights lack them)."""
+    arch, repo_id = pretrained_repo(name)
+    check_registered(arch)  # before any download
+    repo = hub.fetch(repo_id, need_config=False)
+    raw = read_weights(repo.weights)
+    config = repo.config or {}
+    if "num_classes" not in overrides:
+        head = raw.state_dict.get("head.weight")
+        overrides = {**overrides, "num_classes": int(config.get("num_classes", 0 if head is None else head.shape[0]))}
+    return timm_model(
+        arch, raw, overrides, config.get("pretrained_cfg"), where=repo.name, reducer=reducer,
+        reducer_options=reducer_options,
+    )  # fmt: skip
+
+
+def timm_model(
+    arch: str,
+    raw: RawCheckpoint,
+    kwargs: dict[str, Any],
+    pretrained_cfg: dict[str, Any] | None,
+    *,
+    where: str,
+    reducer: str | None = None,
+    reducer_options: dict[str, Any] | None = None,
+) -> nn.Module:
+    """The one way timm's weights become a model: build ``arch`` with ``kwargs``, attach ``reducer``, load ``raw``
+    strictly, and give it the data config of ``pretrained_cfg`` (the registry's when None)."""
+    model = build_model(arch, **kwargs)
+    if reducer is not None:
+        reduce.apply(model, reducer, **(reducer_options or {}))
+    load_weights(model, raw, where)
+    model.data_config = timm_data_config(pretrained_cfg, model)  # type: ignore[assignment]
     return model
 
 
@@ -191,7 +229,7 @@ def from_transformers_config(
         )
     if projection:
         raw = _with_projection_head(raw, model_type, where)
-    fields = hf_config_to_vit_fields(hf_config, convert_hf(raw.state_dict)[0])
+    fields = hf_config_to_vit_fields(hf_config, raw.hf_in_vitrim_names()[0])
     model = VisionTransformer(ViTConfig.from_dict(fields).replace(**overrides))
     load_weights(model, raw, where)
     c = model.config

@@ -1,0 +1,5 @@
+"""Deprecated (one release): moved to :mod:`vitrim.weights.in_memory`."""
+
+from vitrim.moved import moved_to
+
+__getattr__ = moved_to(__name__, "vitrim.weights.in_memory")
