@@ -1,15 +1,32 @@
 """vitrim: attention and Vision Transformers that trim their own tokens."""
 
-from vitrim import losses, reduce, viz  # the modules: vitrim.losses.DynamicViTLoss, vitrim.reduce.apply, vitrim.viz
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
-from vitrim.checkpoint import load_checkpoint, save_checkpoint
 from vitrim.factory import create_model
-from vitrim.in_memory import from_timm, from_transformers
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
 from vitrim.optimize import OptimizedModel, optimize
-from vitrim.pretrained import load_model
+from vitrim.weights import from_timm, from_transformers, load_checkpoint, load_model, save_checkpoint
 
 __version__ = "0.1.0"
+
+# The subpackages `import vitrim` hands out on first use (`vitrim.data.eval_transform(cfg)`), imported then, so that
+# `import vitrim` stays cheap and imports no optional library. A new public subpackage is one more name here.
+SUBPACKAGES = ("bench", "data", "export", "losses", "reduce", "train", "viz", "vlm", "weights")
+
+
+def __getattr__(name: str) -> Any:
+    if name in SUBPACKAGES:
+        return importlib.import_module(f"vitrim.{name}")  # the import also sets it on the package: asked once
+    raise AttributeError(f"module 'vitrim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *SUBPACKAGES})
+
 
 __all__ = [
     "MultiHeadAttention",
@@ -23,12 +40,10 @@ __all__ = [
     "from_timm",
     "from_transformers",
     "list_models",
-    "losses",
-    "reduce",
-    "viz",
     "load_checkpoint",
     "load_model",
     "optimize",
     "save_checkpoint",
     "scaled_dot_product_attention",
+    *SUBPACKAGES,
 ]

@@ -42,6 +42,7 @@ from vitrim.shipped import copy_run_files, shipped_run
 from vitrim.train import TrainConfig, evaluate_checkpoint, train
 from vitrim.train.loop import input_spec
 from vitrim.train.state import load_for_eval
+from vitrim.viz.labels import label_points
 from vitrim.viz.maps import new_figure, save_figure
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
 
@@ -330,12 +331,13 @@ def _pictures(out: Path, models: dict[str, nn.Module], images: torch.Tensor, sum
             save_figure(fig, out / file)
             names.append(file)
 
-    fig = new_figure((5.0, 3.6))
+    fig = new_figure((6.4, 3.6))  # the labels take a column right of the axes (vitrim.viz.labels)
     ax = fig.subplots()
-    for name in (n for n in NAMES if n in summary):
-        row = summary[name]
-        ax.scatter(row["images_per_s"], 100 * row["top1"], s=60)
-        ax.annotate(f"{name}\n{row['gflops'] * 1e3:.1f} MFLOPs", (row["images_per_s"], 100 * row["top1"]), fontsize=8)
+    shown = [name for name in NAMES if name in summary]
+    points = [(summary[name]["images_per_s"], 100 * summary[name]["top1"]) for name in shown]
+    for point in points:
+        ax.scatter(*point, s=60)
+    label_points(ax, points, [f"{name}\n{summary[name]['gflops'] * 1e3:.1f} MFLOPs" for name in shown])
     ax.set_xlabel("images/s (batch inference, this machine)")
     ax.set_ylabel("top-1 on held-out digits (%)")
     ax.set_title("accuracy vs speed", fontsize=10)

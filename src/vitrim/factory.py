@@ -1,7 +1,7 @@
 """``vitrim.create_model``: a registered model, its weights and its token reducers, composed in one call.
 
-This is the one place where the floors meet (models build, checkpoint and pretrained load, reduce attaches), so
-none of them has to import another against the layering.
+It only composes: the registry builds (:mod:`vitrim.models`), :mod:`vitrim.weights` brings the weights (a file, a
+hub repo, timm's pretrained weights by name), :mod:`vitrim.reduce` attaches the reducers.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 from torch import nn
 
-from vitrim import hub, reduce
-from vitrim.checkpoint import load_checkpoint
-from vitrim.models.config_limits import check_file_model
-from vitrim.models.pretrained_tags import pretrained_repo, split_tag
-from vitrim.models.registry import build_model, check_registered
-from vitrim.pretrained import load_model, load_weights, read_weights, timm_data_config
+from vitrim import reduce
+from vitrim.models.registry import build_model
+from vitrim.weights import hub
+from vitrim.weights.checkpoint import load_checkpoint
+from vitrim.weights.pretrained import from_timm_name, load_model, read_weights
+from vitrim.weights.tags import split_tag
 
 
 def create_model(
@@ -59,7 +59,7 @@ def create_model(
             raise ValueError(f"model {name!r} is a hub repo with its own weights; checkpoint=... does not apply")
         model = load_model(name, **overrides)
     elif pretrained:
-        model = _with_pretrained_weights(name, overrides, reducer, reducer_options)
+        model = from_timm_name(name, overrides, reducer, reducer_options)
         reducer = None  # attached before the weights loaded
     else:
         model = build_model(split_tag(name)[0], **{"num_classes": 1000, **overrides})
@@ -69,29 +69,6 @@ def create_model(
         load_checkpoint(
             model, read_weights(_hub_weights(str(checkpoint))) if hub.is_hub_name(checkpoint) else checkpoint
         )
-    return model
-
-
-def _with_pretrained_weights(
-    name: str, overrides: dict[str, Any], reducer: str | None, reducer_options: dict[str, Any]
-) -> nn.Module:
-    """timm's pretrained weights for ``name`` (see :func:`create_model`), their class count unless overridden."""
-    arch, repo_id = pretrained_repo(name)
-    check_registered(arch)  # before any download
-    repo = hub.fetch(repo_id, need_config=False)
-    raw = read_weights(repo.weights)
-    if "num_classes" not in overrides:
-        head = raw.state_dict.get("head.weight")
-        overrides["num_classes"] = (repo.config or {}).get("num_classes", 0 if head is None else int(head.shape[0]))
-        where = f"{repo.name} config.json"
-        check_file_model(
-            {"num_classes": overrides["num_classes"]}, lambda: build_model(arch, **overrides), raw.state_dict, where
-        )
-    model = build_model(arch, **overrides)
-    if reducer is not None:
-        reduce.apply(model, reducer, **reducer_options)
-    load_weights(model, raw, repo.name)
-    model.data_config = timm_data_config((repo.config or {}).get("pretrained_cfg"), model)  # type: ignore[assignment]
     return model
 
 

@@ -12,9 +12,9 @@ Layout (``src/vitrim/data/demo/``), the same as the run folders, so that shippin
     vision/<model>/last.safetensors, run.json one per demo model (dense, dynamicvit, dense_reg, dynamicvit_reg, cnn)
     translate/model.safetensors, vocab.json, summary.json
 
-Only safetensors and JSON are shipped: nothing in them can run code (:mod:`vitrim.checkpoint`). Weights are stored
-as float16 (3 MB instead of 6; the demos' top-1 and exact match are the same as with the float32 weights they were
-trained to, which ``summary.json`` records and the report compares).
+Only safetensors and JSON are shipped: nothing in them can run code (:mod:`vitrim.weights.checkpoint`). Weights are
+stored as float16 (3 MB instead of 6; the demos' top-1 and exact match are the same as with the float32 weights they
+were trained to, which ``summary.json`` records and the report compares).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_stream_reads_every_sample_once_and_counts_a_bad_one(tmp_path: Path) -> 
 def test_shards_need_evaluation_data_and_check_its_classes(tmp_path: Path) -> None:
     train = write_shards(tmp_path / "train", "train", [4, 4], num_classes=2)
     val = write_shards(tmp_path / "val", "val", [3], num_classes=2, first_id=100)
-    with pytest.raises(ValueError, match="--val-data"):
+    with pytest.raises(ValueError, match="as val_data"):  # the argument; the CLI shows --val-data
         build_datasets(train, data_config=IDENTITY_PIXELS)
     splits = build_datasets(train, data_config=IDENTITY_PIXELS, val_data=val)
     assert splits.classes == ["class_0", "class_1"]

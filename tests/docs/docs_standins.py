@@ -7,6 +7,7 @@ mentions, once per test session, and links them into the page's working folder.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,4 +95,23 @@ def standins_for(text: str, cache: Path, workdir: Path) -> list[str]:
             STANDINS[name](made)
         (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name.rstrip("/")).symlink_to(made)
+    return used
+
+
+# Models a page loads with pretrained=True: the repo pretrained=True reads (timm/<name>.<default tag>), put into a
+# Hugging Face cache on disk that the page's blocks read offline (HF_HUB_CACHE, HF_HUB_OFFLINE=1).
+HUB_STANDINS = {"deit_small_patch16_224": "timm/deit_small_patch16_224.fb_in1k"}
+
+
+def hub_standins_for(text: str, cache: Path) -> list[str]:
+    """Fill the hub cache ``cache`` (once) with a stand-in repo of every model ``text`` loads with pretrained=True."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
+    from hub_cache import add_repo
+
+    used = [name for name in HUB_STANDINS if f'"{name}", pretrained=True' in text]
+    for name in used:
+        weights = cache.parent / f"{name}.safetensors"
+        if not weights.exists():
+            _timm_weights(name, lambda sd, p: save_file(sd, str(p)))(weights)
+            add_repo(cache, HUB_STANDINS[name], {"model.safetensors": weights})
     return used

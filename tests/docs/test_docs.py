@@ -18,7 +18,7 @@ from pathlib import Path
 
 import matplotlib
 import pytest
-from docs_standins import standins_for
+from docs_standins import hub_standins_for, standins_for
 from markdown_blocks import Block, code_blocks, vitrim_commands
 
 import vitrim.reduce.registry
@@ -54,6 +54,9 @@ def _registry_restored() -> Iterator[None]:
 def test_python_blocks_run(page: Path, tmp_path: Path, standin_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     matplotlib.use("Agg")
     standins_for(page.read_text(encoding="utf-8"), standin_cache, tmp_path)
+    if hub_standins_for(page.read_text(encoding="utf-8"), standin_cache / "hub"):
+        monkeypatch.setenv("HF_HUB_CACHE", str(standin_cache / "hub"))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the page reads the stand-in repos; nothing is downloaded
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__docs__"}
     with _registry_restored():

@@ -12,8 +12,8 @@ import torch
 from hub_cache import add_folder, add_repo
 
 import vitrim
-from vitrim.checkpoint import CheckpointMismatchError
 from vitrim.cli import main
+from vitrim.weights.checkpoint import CheckpointMismatchError
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -312,7 +312,7 @@ def test_the_cli_takes_hub_names_wherever_it_takes_a_checkpoint(
 
 
 def test_the_cache_is_where_the_environment_says_now(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from vitrim.hub import cache_dir
+    from vitrim.weights.hub import cache_dir
 
     for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(variable, raising=False)

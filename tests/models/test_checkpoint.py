@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import vitrim
-from vitrim.checkpoint import CheckpointMismatchError
+from vitrim.weights.checkpoint import CheckpointMismatchError
 
 TINY = dict(embed_dim=32, depth=2, num_heads=2, img_size=32, patch_size=8, num_classes=5)
 
@@ -81,7 +81,7 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path, monkeypatch: py
         Path(filename).write_bytes(b"half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr("vitrim.checkpoint.save_file", broken_save)
+    monkeypatch.setattr("vitrim.weights.checkpoint.save_file", broken_save)
     with pytest.raises(OSError, match=r"disk full"):
         vitrim.save_checkpoint(tiny(seed=1), path)
     assert path.read_bytes() == before  # the old checkpoint survives a failed save

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vitrim
-from vitrim.checkpoint_hf import TRANSFORMERS_DEFAULTS
+from vitrim.weights.hf_names import TRANSFORMERS_DEFAULTS
 
 transformers = pytest.importorskip("transformers")
 CONFIG_CLASSES = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import vitrim
-from vitrim.models.pretrained_tags import DEFAULT_TAGS, WEIGHTS_OF, pretrained_repo
+from vitrim.weights.tags import DEFAULT_TAGS, WEIGHTS_OF, pretrained_repo
 
 timm = pytest.importorskip("timm")
 

@@ -80,3 +80,16 @@ def test_eval_refuses_data_with_other_classes(tmp_path: Path) -> None:
             Image.new("L", (16, 16), 40 * i).save(tmp_path / "imgs" / name / f"{i}.png")
     with pytest.raises(ValueError, match=r"predicts 10 classes but data .* has 3"):
         evaluate_checkpoint(tmp_path / "run" / "last.safetensors", data=str(tmp_path / "imgs"))
+
+
+def test_library_errors_name_arguments_and_the_cli_shows_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vitrim.data import check_data
+
+    missing = str(tmp_path / "no-such-folder")
+    with pytest.raises(FileNotFoundError, match=r"^data '.*no-such-folder' does not exist"):
+        check_data(missing)  # the library's own word: the argument
+    assert main(["train", "--model", "cnn_small", "--data", missing, "--out", str(tmp_path / "run")]) == 2
+    assert f"vitrim: error: --data {missing!r} does not exist" in capsys.readouterr().err  # the command's: the flag
+    argv = ["train", "--model", "vit_tiny_patch16_224", "--set", "reducer=mctf,r=8", "--mctf", "weight=1"]
+    assert main([*argv, "--out", str(tmp_path / "mctf")]) == 2
+    assert "vitrim: error: --mctf takes ['confidence'" in capsys.readouterr().err

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitrim import reduce
-from vitrim.hub import is_hub_name
 from vitrim.literals import parse_assignments, split_top_level
-from vitrim.models.pretrained_tags import split_tag
 from vitrim.models.registry import check_registered
+from vitrim.weights.hub import is_hub_name
+from vitrim.weights.tags import split_tag
 
 
 @dataclass(frozen=True)

@@ -24,30 +24,31 @@ import torch
 
 from vitrim.bench.memory import measure_in_fresh_process, peak_rss_bytes
 from vitrim.factory import create_model
+from vitrim.models.vit import VisionTransformer
 from vitrim.viz.attnlrp import attnlrp_relevance
 from vitrim.viz.chefer import chefer_relevance, gradient_weighted_heads
-from vitrim.viz.maps import model_config
+from vitrim.viz.maps import model_config, vision_transformer
 from vitrim.viz.relevance_trace import leaf_tokens
 
 MODES = ("backward", "backward_maps", "chefer", "chefer_all", "attnlrp")
 
 
-def _backward(model: torch.nn.Module, images: torch.Tensor, need_weights: bool) -> torch.Tensor:
+def _backward(model: VisionTransformer, images: torch.Tensor, need_weights: bool) -> torch.Tensor:
     with torch.enable_grad():
         state, tokens = leaf_tokens(model, images)
-        state, _ = model.forward_blocks(state, need_weights=need_weights)  # type: ignore[operator]
-        logits = model.forward_head(model.norm(state.tokens))  # type: ignore[operator]
+        state, _ = model.forward_blocks(state, need_weights=need_weights)
+        logits = model.forward_head(model.norm(state.tokens))
         (gradient,) = torch.autograd.grad(logits[:, 0].sum(), tokens)
     return gradient
 
 
-def _chefer_all(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+def _chefer_all(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
         state, _ = leaf_tokens(model, images)
-        state, maps = model.forward_blocks(state, need_weights=True)  # type: ignore[operator]
+        state, maps = model.forward_blocks(state, need_weights=True)
         for attention in maps:
             attention.retain_grad()
-        model.forward_head(model.norm(state.tokens))[:, 0].sum().backward()  # type: ignore[operator]
+        model.forward_head(model.norm(state.tokens))[:, 0].sum().backward()
     B, _, N, _ = maps[0].shape
     R = torch.eye(N).expand(B, N, N).clone()
     for attention in maps:
@@ -59,11 +60,11 @@ def _chefer_all(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
 def run_mode(model: torch.nn.Module, images: torch.Tensor, mode: str) -> torch.Tensor:
     """One relevance (or backward) computation in ``mode`` (module doc)."""
     if mode in ("backward", "backward_maps"):
-        return _backward(model, images, mode == "backward_maps")
+        return _backward(vision_transformer(model), images, mode == "backward_maps")
     if mode == "chefer":
         return chefer_relevance(model, images, 0)[0]
     if mode == "chefer_all":
-        return _chefer_all(model, images)
+        return _chefer_all(vision_transformer(model), images)
     if mode == "attnlrp":
         return attnlrp_relevance(model, images, 0)[0]
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz
-from vitrim.cli.common import apply_threads
+from vitrim.cli.common import apply_threads, in_flags
 from vitrim.extras import missing_extra_message
 
 COMMANDS = {
@@ -57,5 +57,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"vitrim: error: {message}", file=sys.stderr)
+        print(f"vitrim: error: {in_flags(str(message))}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,16 @@ def check_output_folder(path: str, option: str) -> Path:
         if part.exists() and not part.is_dir():
             raise ValueError(f"{option} {path!r}: {str(part)!r} is a file, expected a folder")
     return out
+
+
+# The library's arguments that a command's flags set: a library error names the argument (``data 'x' expands to no
+# shard``); the command shows the flag the user typed (``--data 'x' …``).
+FLAGS = {"data": "--data", "val_data": "--val-data", "mctf": "--mctf", "teacher": "--teacher"}
+_LEADING = re.compile(r"^(data|mctf|teacher)\b")  # plain words: only as the subject the message starts with
+_ANYWHERE = re.compile(r"(?<![\w-])(val_data)\b")  # names no prose uses
+
+
+def in_flags(message: str) -> str:
+    """A library error in the command's words: the arguments it names (:data:`FLAGS`) become their flags."""
+    message = _LEADING.sub(lambda m: FLAGS[m[1]], message)
+    return _ANYWHERE.sub(lambda m: FLAGS[m[1]], message)

@@ -11,8 +11,8 @@ from vitrim import reduce
 from vitrim.cli.common import check_output_folder
 from vitrim.export import compare_with_onnxruntime, export_onnx
 from vitrim.factory import create_model
-from vitrim.hub import is_hub_name
 from vitrim.train.state import load_for_eval
+from vitrim.weights.hub import is_hub_name
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -31,12 +31,12 @@ from vitrim.data import DigitsCanvas
 from vitrim.data.images import read_image
 from vitrim.data.transforms import read_image_for
 from vitrim.extras import require
-from vitrim.hub import is_hub_name
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
 from vitrim.viz.relevance import METHODS, relevance_map
 from vitrim.viz.relevance_plot import plot_relevance
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
+from vitrim.weights.hub import is_hub_name
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -54,8 +54,9 @@ def dataset_classes(data: str) -> list[str]:
     return list(_shards(data).classes) if is_shard_pattern(data) else folder_classes(data)
 
 
-def check_data(data: str, option: str = "--data") -> None:
-    """FileNotFoundError / ValueError naming ``option`` when ``data`` is neither digits, a folder nor shards."""
+def check_data(data: str, option: str = "data") -> None:
+    """FileNotFoundError / ValueError naming ``option`` (the argument that gave ``data``) when ``data`` is neither
+    digits, a folder nor shards."""
     if data == "digits":
         return
     if is_shard_pattern(data):
@@ -106,7 +107,7 @@ def build_datasets(
         classes = list(source.classes)
         test_set = _val_split(val_data, classes, test_tf, mode, streams) if val_data else None
         if test_set is None:
-            raise ValueError(f"--data {data!r} is shards: give the evaluation shards or folder as --val-data")
+            raise ValueError(f"data {data!r} is shards: give the evaluation shards or folder as val_data")
         return DataSplits(train_set, test_set, classes, data)
     train_f, test_f = image_folder_splits(
         data,
@@ -144,7 +145,7 @@ def _val_split(val_data: str, classes: list[str], transform: Any, mode: str, str
         dataset = ImageFolder.of_class_folders(val_data, transform, mode)
         found = dataset.classes
     if found != classes:
-        raise ValueError(f"--val-data {val_data!r} has classes {found[:5]}… that differ from the training data's")
+        raise ValueError(f"val_data {val_data!r} has classes {found[:5]}… that differ from the training data's")
     return dataset
 
 

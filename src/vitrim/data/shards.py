@@ -36,6 +36,7 @@ from vitrim.data import tar_samples as tar_reading
 from vitrim.data.folder import Transform
 from vitrim.data.image_file import ImageRefused, open_image
 from vitrim.data.tar_samples import KEY, tar_samples
+from vitrim.seeds import epoch_seed
 from vitrim.untrusted import expect_object, parse_json
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
@@ -248,18 +249,17 @@ class ShardSource:
     def parse(cls, data: str) -> ShardSource:
         """Expand ``data`` (module doc), read ``_info.json``, count the samples; errors name what is missing."""
         if not isinstance(data, str):
-            raise TypeError(f"--data must be a string, got {type(data).__name__}")
+            raise TypeError(f"data must be a string, got {type(data).__name__}")
         pattern, _, count = data.partition("|")
         pattern = pattern.strip()
         urls = tuple(_expand(pattern))
         if not urls:
-            raise ValueError(f"--data {data!r} expands to no shard")
+            raise ValueError(f"data {data!r} expands to no shard")
         local = not is_url(urls[0])
         missing = [u for u in urls if local and not os.path.isfile(u)]
         if missing:
             raise FileNotFoundError(
-                f"--data {data!r}: shard {missing[0]!r} does not exist or is not a regular file "
-                f"({len(missing)} missing)"
+                f"data {data!r}: shard {missing[0]!r} does not exist or is not a regular file ({len(missing)} missing)"
             )
         info_path = os.path.join(os.path.dirname(urls[0]), INFO_FILE)
         info_text = _read_text(info_path)
@@ -268,7 +268,7 @@ class ShardSource:
         num_samples = _user_count(count, data) if count.strip() else _info_count(info, urls, info_path)
         if num_samples is None:
             if not local:
-                raise ValueError(f"--data {data!r}: give the sample count as '{pattern}|N' or in {INFO_FILE}")
+                raise ValueError(f"data {data!r}: give the sample count as '{pattern}|N' or in {INFO_FILE}")
             num_samples = sum(_count_local(u) for u in urls)
         return cls(urls, num_samples, classes, pattern)
 
@@ -276,7 +276,7 @@ class ShardSource:
 def _user_count(count: str, data: str) -> int:
     text = count.strip()
     if not (text.isascii() and text.isdigit() and len(text) <= 15) or int(text) < 1:
-        raise ValueError(f"--data {data!r}: the sample count after '|' must be a positive int, got {text!r}")
+        raise ValueError(f"data {data!r}: the sample count after '|' must be a positive int, got {text!r}")
     return int(text)
 
 
@@ -299,7 +299,7 @@ def _classes(info: dict, data: str, source: str) -> tuple[str, ...]:
             raise ValueError(f"{source}: 'num_classes' must be an int from 1 to {MAX_CLASSES}, got {_short(number)}")
         return tuple(str(i) for i in range(number))
     raise ValueError(
-        f"--data {data!r}: no {INFO_FILE} with 'classes' (a list of names) or 'num_classes' beside the shards"
+        f"data {data!r}: no {INFO_FILE} with 'classes' (a list of names) or 'num_classes' beside the shards"
     )
 
 
@@ -344,7 +344,7 @@ def shards_for(
     """Indices of the shards one worker of one rank reads in ``epoch`` (module doc: together, a partition)."""
     order = list(range(num_shards))
     if shuffle:
-        order = torch.randperm(num_shards, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        order = torch.randperm(num_shards, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch))).tolist()
     return order[rank::world_size][worker::num_workers]
 
 
@@ -388,7 +388,7 @@ class ShardDataset(IterableDataset):
         )  # fmt: skip
         samples: Iterator[Any] = itertools.chain.from_iterable(self._read_shard(self.source.urls[i]) for i in mine)
         if self.shuffle and self.shuffle_buffer > 1:
-            seed = ((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank) * 1_009 + worker
+            seed = epoch_seed(self.seed, self.epoch, self.rank, worker)
             initial = min(self.shuffle_buffer, 100)
             samples = wds.shuffle(self.shuffle_buffer, initial, rng=random.Random(seed))(samples)
         return samples

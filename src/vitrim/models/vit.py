@@ -197,6 +197,17 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(self.fc_norm(self.pool(tokens, patch_weights)))
         return x if pre_logits else self.head(x)
 
+    def forward_head_with_weights(
+        self, tokens: Tensor, patch_weights: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`forward_head`'s logits (B, num_classes), and the attention pool's query attention (B, H, 1, n) over
+        the patch tokens (None for a [CLS] or mean pool, which attend to nothing): what relevance methods weigh by
+        its gradient, as any other attention map, without knowing how the head is built."""
+        if self.attn_pool is None:
+            return self.forward_head(tokens, patch_weights=patch_weights), None
+        pooled, weights = self.attn_pool.pool_with_weights(tokens[:, self.num_prefix :], patch_weights)  # (B, D)
+        return self.head(self.head_drop(self.fc_norm(pooled))), weights
+
     def forward(self, images: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes)."""
         state, _ = self.forward_blocks(self.embed(images, record=False))

@@ -107,6 +107,10 @@ class Reducer:
         looks_ahead: True if the block calls :meth:`reduce_ahead` (MCTF's one-step-ahead attention).
         static_counts: True if the tokens it keeps depend only on the input's shape, never on its values (every
             reducer here): a forward of one shape is then one fixed graph, which ``vitrim.optimize`` captures.
+        constant_ranking_scores: True if attribution takes the scores it ranks and weighs tokens by as constants
+            (AttnLRP's gate rule: a fused token's relevance goes to the tokens it fused, by those weights); the
+            reducer detaches them itself while its ``attributing`` flag is set (``vitrim.viz.lrp_rules`` sets it on
+            this model's reducers and clears it after), so relevance replaces none of its methods.
     """
 
     name: ClassVar[str] = ""
@@ -118,7 +122,9 @@ class Reducer:
     strength_option: ClassVar[StrengthOption | None] = None
     looks_ahead: ClassVar[bool] = False
     static_counts: ClassVar[bool] = True
+    constant_ranking_scores: ClassVar[bool] = False
     applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
+    attributing: bool = False  # set while a relevance method runs (see constant_ranking_scores)
 
     @classmethod
     def default_layers(cls, depth: int) -> tuple[int, ...]:

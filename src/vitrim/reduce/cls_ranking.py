@@ -170,6 +170,7 @@ class ClsRankingReducer(KeepCountReducer):
     decide what happens to the rest."""
 
     needs_cls_token = True
+    constant_ranking_scores = True  # [CLS]'s attention ranks (discrete) and, in EViT, weighs the fused token
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
         n = state.num_patch_tokens
@@ -179,6 +180,8 @@ class ClsRankingReducer(KeepCountReducer):
         if state.keep_policy is not None:
             raise ValueError(f"{type(self).__name__} cannot follow a training-time keep_policy (DynamicViT training)")
         scores = ranking_scores(attention, state.num_prefix)  # (B, N), prefix raised
+        if self.attributing and self.constant_ranking_scores:
+            scores = scores.detach()  # same values; relevance takes them as constants (Reducer doc)
         # topk, not a full sort: only the k best are needed (ties, which float scores do not make, may stand either way)
         return self.reduce(state, scores, scores.topk(state.num_prefix + k, dim=1).indices)
 

@@ -1,7 +1,7 @@
 """DynamicViT's fine-tuning objective from a dense teacher, the paper's recipe (Rao et al., 2021, Sec. 4.1).
 
 The dense checkpoint initialises the student's backbone (the prediction modules start fresh) and, frozen, serves as
-the teacher (``vitrim.train`` loads both). The loss is :class:`vitrim.reduce.dynamicvit_loss.DynamicViTLoss`
+the teacher (``vitrim.train`` loads both). The loss is :class:`vitrim.losses.DynamicViTLoss`
 (classification + keep ratio + logit and token distillation). The prediction modules learn at the full learning
 rate, the backbone at ``backbone_lr_scale`` × it (0.01 in the paper) and not at all during the first
 ``freeze_backbone_epochs`` epochs, so the predictors first learn to score tokens of a backbone that does not move
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.reduce.dynamicvit_loss import DynamicViTLoss, PrunedOutput
+from vitrim.losses import DynamicViTLoss, PrunedOutput
 
 PREDICTOR_PREFIX = "score_predictor."  # the parameters of the prediction modules (the model attribute's name)
 

@@ -205,7 +205,7 @@ class MCTF(Reducer):
         """The authors' fine-tuning: token-reduction consistency (:mod:`vitrim.reduce.mctf_training`); its teacher
         is the model itself at a smaller r, so a dense ``teacher`` is refused."""
         if teacher is not None:
-            raise ValueError("MCTF trains against itself at a smaller r (--mctf); --teacher is for DynamicViT")
+            raise ValueError("teacher is for DynamicViT: MCTF trains against itself at a smaller r (its mctf options)")
         return MCTFObjective.from_options(label_smoothing, options.get("mctf", {}))
 
     @classmethod

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrim.losses import classification_loss
 from vitrim.reduce.registry import get_reducer
 
 
@@ -99,11 +99,13 @@ class MCTFObjective:
             ("consistency_weight", consistency_weight),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"--mctf {name} must be a number >= 0, got {value!r}")
+                raise ValueError(f"mctf option {name} must be a number >= 0, got {value!r}")
         if teacher_r < 1 and teacher_r * 100 < 1:
-            raise ValueError(f"--mctf teacher_r must be >= 0.01 (r' is drawn from 0 … teacher_r), got {teacher_r!r}")
+            raise ValueError(
+                f"mctf option teacher_r must be >= 0.01 (r' is drawn from 0 … teacher_r), got {teacher_r!r}"
+            )
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence < 1:
-            raise ValueError(f"--mctf confidence must be a number in [0, 1), got {confidence!r}")
+            raise ValueError(f"mctf option confidence must be a number in [0, 1), got {confidence!r}")
         self.label_smoothing = label_smoothing
         self.teacher_r = teacher_r
         self.teacher_weight = teacher_weight
@@ -112,11 +114,11 @@ class MCTFObjective:
 
     @classmethod
     def from_options(cls, label_smoothing: float, options: dict[str, Any]) -> MCTFObjective:
-        """From ``vitrim train --mctf key=value,…`` (unknown keys are named in the error)."""
+        """From ``TrainConfig.mctf`` (``vitrim train --mctf key=value,…``); unknown keys are named in the error."""
         known = {"teacher_r", "teacher_weight", "consistency_weight", "confidence"}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"--mctf takes {sorted(known)}, got unknown key(s) {unknown}")
+            raise ValueError(f"mctf takes {sorted(known)}, got unknown key(s) {unknown}")
         return cls(label_smoothing, **options)
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -124,12 +126,11 @@ class MCTFObjective:
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
         (logits, features), (teacher_logits, teacher_features) = model(images)
-        soft = labels.is_floating_point()  # mixup / cutmix targets (B, K), smoothed already
-        smoothing = 0.0 if soft else self.label_smoothing
-        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
-        loss = loss + self.teacher_weight * F.cross_entropy(teacher_logits, labels, label_smoothing=smoothing)
+        loss = classification_loss(logits, labels, self.label_smoothing)
+        loss = loss + self.teacher_weight * classification_loss(teacher_logits, labels, self.label_smoothing)
         with torch.no_grad():
-            target = labels.argmax(dim=1) if soft else labels  # (B,) the class the image is most of
+            # (B,) the class the image is most of: soft targets (B, K) come from mixup / cutmix
+            target = labels.argmax(dim=1) if labels.is_floating_point() else labels
             confident = (logits.softmax(-1).gather(1, target[:, None])[:, 0] > self.confidence).to(logits.dtype)
         gap = ((teacher_features.detach() - features) ** 2).mean(dim=1)  # (B,)
         consistency = (gap * confident).sum() / confident.sum().clamp_min(1)  # 0 when no image is confident

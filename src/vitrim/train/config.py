@@ -96,7 +96,7 @@ class TrainConfig:
             raise ValueError(f"warmup epochs must be >= 0, got {self.warmup_epochs!r}")
         check_data(self.data)
         if self.val_data is not None:
-            check_data(self.val_data, "--val-data")
+            check_data(self.val_data, "val_data")
         elif is_shard_pattern(self.data):
             raise ValueError(f"--data {self.data!r} is shards: give the evaluation shards or folder as --val-data")
         self.augment()

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from vitrim.seeds import epoch_seed
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -127,7 +129,7 @@ class GlobalBatchSampler(Sampler[int]):
     def _order(self) -> Tensor:
         if not self.shuffle:
             return torch.arange(self.num_samples)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         return torch.randperm(self.num_samples, generator=g)
 
     def _indices(self) -> list[int]:

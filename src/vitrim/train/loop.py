@@ -31,11 +31,10 @@ from torch import Tensor, nn
 
 from vitrim import reduce
 from vitrim.atomic import atomic_write, remove_stale_temps
-from vitrim.checkpoint import save_checkpoint
-from vitrim.checkpoint_formats import read_checkpoint
 from vitrim.data import DataSplits, MixupCutmix, build_datasets, dataset_classes
 from vitrim.factory import create_model
 from vitrim.models.data_config import DataConfig
+from vitrim.seeds import epoch_seed
 from vitrim.train.config import TrainConfig
 from vitrim.train.distributed import (
     DistInfo,
@@ -58,6 +57,8 @@ from vitrim.train.state import (
     write_run_record,
 )
 from vitrim.train.teacher import load_teacher, teacher_architecture
+from vitrim.weights.checkpoint import save_checkpoint
+from vitrim.weights.formats import read_checkpoint
 
 LAST, BEST, WEIGHTS = "last.pt", "best.safetensors", "last.safetensors"
 METRICS = "metrics.jsonl"
@@ -70,7 +71,7 @@ class TrainingDiverged(ValueError):
 
 def _seed_epoch(seed: int, epoch: int, rank: int) -> None:
     """Dropout / drop-path randomness of an epoch depends on (seed, epoch, rank) only, so resuming is exact."""
-    value = (seed * 1_000_003 + epoch) * 1_009 + rank
+    value = epoch_seed(seed, epoch, rank)
     torch.manual_seed(value)
     random.seed(value)
 

@@ -10,13 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def smoothing_for(labels: Tensor, label_smoothing: float) -> float:
-    """The smoothing to apply to ``labels``: none for soft targets (B, K), which mixup already smoothed."""
-    return 0.0 if labels.is_floating_point() else label_smoothing
+from vitrim.losses import classification_loss
 
 
 class Objective(Protocol):
@@ -49,7 +45,7 @@ class CrossEntropyObjective:
         self.label_smoothing = label_smoothing
 
     def __call__(self, model: nn.Module, images: Tensor, labels: Tensor, epoch: int) -> Tensor:
-        return F.cross_entropy(model(images), labels, label_smoothing=smoothing_for(labels, self.label_smoothing))
+        return classification_loss(model(images), labels, self.label_smoothing)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model

@@ -4,7 +4,7 @@ A run folder holds:
 
 * ``last.pt``: everything to resume (model, optimiser, scheduler, next epoch, best top-1, RNG states, the run's
   settings). Plain tensors and Python containers only, read back with ``torch.load(weights_only=True)``.
-* ``last.safetensors`` and ``best.safetensors``: model weights written by :func:`vitrim.checkpoint.save_checkpoint`
+* ``last.safetensors`` and ``best.safetensors``: model weights written by :func:`vitrim.weights.save_checkpoint`
   (model class and config in the metadata: ``vitrim.load_model`` rebuilds the model).
 * ``run.json``: the run's settings (model name, overrides, class names, data options), for ``vitrim eval``.
 
@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from vitrim.atomic import atomic_write
-from vitrim.checkpoint import load_model
 from vitrim.data.shards import check_local
 from vitrim.factory import create_model
-from vitrim.hub import is_hub_name
-from vitrim.pretrained import load_model as load_pretrained_model
 from vitrim.untrusted import expect_object, read_json
+from vitrim.weights.checkpoint import build_saved_model
+from vitrim.weights.hub import is_hub_name
+from vitrim.weights.pretrained import load_model
 
 RUN_RECORD = "run.json"
 
@@ -162,12 +162,12 @@ def _short(value: Any) -> str:
 def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild a trained model and load its weights: (model in eval mode, its run record or {}).
 
-    ``.safetensors`` written by :func:`vitrim.checkpoint.save_checkpoint` rebuild from their metadata; a resume
+    ``.safetensors`` written by :func:`vitrim.weights.save_checkpoint` rebuild from their metadata; a resume
     file (``last.pt``) rebuilds from the run settings stored in it; a hub name (``"hf-hub:ORG/NAME"``) is
     :func:`vitrim.load_model`'s, with no run record.
     """
     if is_hub_name(checkpoint):
-        return load_pretrained_model(str(checkpoint)), {}
+        return load_model(str(checkpoint)), {}
     path = Path(checkpoint)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
@@ -180,4 +180,4 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         model = create_model(run["model"], **overrides)
         model.load_state_dict(state["model"], strict=True)
         return model.eval(), run
-    return load_model(path), read_run_record(path)
+    return build_saved_model(path), read_run_record(path)

@@ -10,8 +10,8 @@ from typing import Any
 from torch import nn
 
 from vitrim import reduce
-from vitrim.checkpoint import load_checkpoint, load_model
-from vitrim.checkpoint_formats import RawCheckpoint
+from vitrim.weights.checkpoint import build_saved_model, load_checkpoint
+from vitrim.weights.formats import RawCheckpoint
 
 # architecture fields a student copies from its teacher's config (all but the head size and regularisation)
 _ARCHITECTURE = (
@@ -36,7 +36,7 @@ def load_teacher(student: nn.Module, checkpoint: RawCheckpoint) -> nn.Module:
     load_checkpoint(student, checkpoint, strict=True)  # a reducer's modules (predictors) are optional: fresh
     device = next(student.parameters()).device
     try:
-        return load_model(checkpoint).to(device)
+        return build_saved_model(checkpoint).to(device)
     except ValueError:  # a state dict without a config: the student's architecture is the teacher's
         teacher = reduce.remove(copy.deepcopy(student))
     if any(getattr(block, "reducer", None) is not None for block in getattr(teacher, "blocks", ())):

@@ -95,7 +95,7 @@ def run_translate_demo(
             log(f"== training {sum(p.numel() for p in Seq2SeqTransformer(config).parameters()):,} parameters")
         model, history = train_model(config, train, plan.train, seed=seed, log=log)
 
-    from vitrim.checkpoint import save_checkpoint
+    from vitrim.weights.checkpoint import save_checkpoint
 
     hypotheses = translate_batch(model, test, target_vocab)
     summary: dict[str, Any] = translation_scores(test, hypotheses)

@@ -35,13 +35,13 @@ class Translation:
 
 def load_run(folder: str | Path) -> TrainedRun:
     """The model and vocabularies that ``vitrim demo translate`` wrote to ``folder``."""
-    from vitrim.checkpoint import load_model
+    from vitrim.weights.checkpoint import build_saved_model
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"--run {str(folder)!r} is not a folder; train one with `vitrim demo translate`")
     source, target, info = load_vocabs(folder / VOCAB_FILE)
-    model = load_model(folder / MODEL_FILE)
+    model = build_saved_model(folder / MODEL_FILE)
     if not isinstance(model, Seq2SeqTransformer):
         raise ValueError(f"{str(folder / MODEL_FILE)!r} holds a {type(model).__name__}, not a Seq2SeqTransformer")
     return TrainedRun(model.eval(), source, target, list(info["languages"]), int(info.get("alignment_layer", -1)))

@@ -24,7 +24,9 @@ gradient and the merged token's relevance goes to its sources by share, s_i x_i 
 DynamicViT) is a gather, so a dropped token keeps the relevance that flowed into it while it was present, and
 nothing is lost; the ranking and matching are discrete (no gradient). EViT's fused token Σ a_i x_i weighs tokens by
 attention: its weights are treated as constants (the gate rule), so the fused token's relevance goes to the tokens
-it fused, conserved. Reducers that merge by the block's own attention ahead of it (MCTF) are refused.
+it fused, conserved (a reducer declares this with ``constant_ranking_scores`` and detaches them itself while
+:func:`lrp_rules` sets its ``attributing`` flag). Reducers that merge by the block's own attention ahead of it
+(MCTF) are refused.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from torch import Tensor, nn
 
 from vitrim.attention import MultiHeadAttention
 from vitrim.models.layers import GluMlp, QuickGELU, SwiGLU
-from vitrim.reduce.cls_ranking import ClsRankingReducer
+from vitrim.models.vit import VisionTransformer
 from vitrim.viz.relevance_trace import Target, check_images, eval_model, leaf_tokens, resolve_target
 
 AttentionRule = Literal["attnlrp", "cp"]
@@ -113,12 +115,8 @@ def _qkv_rule(module: MultiHeadAttention, rule: str, x: Tensor, context: Tensor 
     return share_gradient(q, 0.25), share_gradient(k, 0.25), share_gradient(v, 0.5)
 
 
-def _detached_scores(reduce: Any, state: Any, scores: Tensor, index: Tensor) -> Any:
-    return reduce(state, scores.detach(), index)
-
-
 @contextmanager
-def lrp_rules(model: nn.Module, attention: AttentionRule = "attnlrp") -> Iterator[nn.Module]:
+def lrp_rules(model: VisionTransformer, attention: AttentionRule = "attnlrp") -> Iterator[VisionTransformer]:
     """Within the block, ``model``'s backward pass computes AttnLRP's modified gradients (module doc).
 
     Only this model's own modules are changed (an instance attribute each), and all of them are restored on exit,
@@ -144,15 +142,15 @@ def lrp_rules(model: nn.Module, attention: AttentionRule = "attnlrp") -> Iterato
                 patch(module, "forward", partial(_swiglu_rule, module))
             elif isinstance(module, MultiHeadAttention):
                 patch(module, "project_qkv", partial(_qkv_rule, module, attention))
-        for block in model.blocks:  # type: ignore[union-attr]
+        for block in model.blocks:
             reducer = getattr(block, "reducer", None)
             if reducer is not None and reducer.looks_ahead:
                 raise ValueError(
                     f"AttnLRP cannot follow {type(reducer).__name__}: it merges by attention computed ahead of the "
                     "block, outside the rules; use method='chefer'"
                 )
-            if isinstance(reducer, ClsRankingReducer):
-                patch(reducer, "reduce", partial(_detached_scores, type(reducer).reduce.__get__(reducer)))
+            if reducer is not None and reducer.constant_ranking_scores:
+                patch(reducer, "attributing", True)  # it detaches its ranking scores itself (module doc)
         yield model
     finally:
         for obj, name in reversed(patched):
@@ -174,17 +172,17 @@ def attnlrp_relevance(
         (relevance (B, num_prefix + P): x ⊙ g summed over the channels of each token entering the first block,
         prefix first, then the grid in row-major order; logits (B, classes); target (B,)).
     """
-    model, _, was_training = eval_model(model)
+    vit, _, was_training = eval_model(model)
     images = check_images(images)
     try:
-        with lrp_rules(model, attention), torch.enable_grad():
-            state, tokens0 = leaf_tokens(model, images)
-            state, _ = model.forward_blocks(state)  # type: ignore[operator]
-            logits = model.forward_head(model.norm(state.tokens), patch_weights=state.patch_weights())  # type: ignore[operator]
+        with lrp_rules(vit, attention), torch.enable_grad():
+            state, tokens0 = leaf_tokens(vit, images)
+            state, _ = vit.forward_blocks(state)
+            logits = vit.forward_head(vit.norm(state.tokens), patch_weights=state.patch_weights())
             index = resolve_target(logits, target)
             (gradient,) = torch.autograd.grad(logits.gather(1, index[:, None]).sum(), tokens0)
     finally:
-        model.train(was_training)
+        vit.train(was_training)
     return (tokens0 * gradient).sum(dim=-1).detach(), logits.detach(), index
 
 

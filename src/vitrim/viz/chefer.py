@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from vitrim.models.vit import VisionTransformer
 from vitrim.viz.relevance_trace import (
     Target,
     TokenSpace,
@@ -96,24 +97,22 @@ def chefer_relevance(model: nn.Module, images: Tensor, target: Target = None) ->
         (relevance (B, num_prefix + P) over the original tokens, prefix first, then the grid in row-major order;
         logits (B, classes); target (B,)). For a [CLS] model ``relevance[:, 1:]`` is the authors' ``R[0, 1:]``.
     """
-    model, config, was_training = eval_model(model)
+    vit, config, was_training = eval_model(model)
     images = check_images(images)
     try:
         with torch.enable_grad():
-            return _chefer(model, images, target, config.num_prefix, config.global_pool == "map")
+            return _chefer(vit, images, target, config.num_prefix)
     finally:
-        model.train(was_training)
+        vit.train(was_training)
 
 
-def _chefer(
-    model: nn.Module, images: Tensor, target: Target, p: int, attention_pool: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+def _chefer(model: VisionTransformer, images: Tensor, target: Target, p: int) -> tuple[Tensor, Tensor, Tensor]:
     state, tokens0 = leaf_tokens(model, images)
     B, N = tokens0.shape[:2]
     P = N - p
     spaces: list[TokenSpace] = []
     maps: list[Tensor] = []
-    for block in model.blocks:  # type: ignore[union-attr]
+    for block in model.blocks:
         state, weights = block(state, need_weights=True)
         if weights is None:
             raise TypeError(f"block {type(block).__name__} returned no attention weights")
@@ -122,15 +121,12 @@ def _chefer(
     fold = _RowFold(spaces, current_space(state, P), p)
     for b, weights in enumerate(maps):
         weights.register_hook(_block_hook(fold, b, weights))
-    final = model.norm(state.tokens)  # type: ignore[operator]
-    if attention_pool:
-        pooled, pool_weights = model.attn_pool.pool_with_weights(final[:, p:], state.patch_weights())  # type: ignore[union-attr, operator]
-        assert pool_weights is not None
-        logits = model.head(model.fc_norm(pooled))  # type: ignore[operator]
+    # the head hands out the attention its pool ran (SigLIP's query), None for a [CLS] or mean pool
+    logits, pool_weights = model.forward_head_with_weights(model.norm(state.tokens), state.patch_weights())
+    if pool_weights is not None:
         pool_weights.register_hook(_pool_hook(fold, pool_weights, p))
     else:
-        logits = model.forward_head(final, patch_weights=state.patch_weights())  # type: ignore[operator]
-        row = explained_row(model.config, state, B, torch.promote_types(tokens0.dtype, torch.float32))  # type: ignore[arg-type]
+        row = explained_row(model.config, state, B, torch.promote_types(tokens0.dtype, torch.float32))
         assert row is not None
         fold.start(row)
     index = resolve_target(logits, target)

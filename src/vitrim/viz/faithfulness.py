@@ -28,13 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from vitrim.extras import require
 from vitrim.viz.maps import model_config
-from vitrim.viz.relevance import relevance
+from vitrim.viz.relevance import Method, relevance
 
 ATTRIBUTIONS = ("chefer", "attnlrp", "rollout", "gradient_x_input", "integrated_gradients", "random")
 
@@ -47,7 +48,7 @@ def patch_attribution(
     B = images.shape[0]
     gh, gw = images.shape[-2] // config.patch_size, images.shape[-1] // config.patch_size
     if method in ("chefer", "attnlrp", "rollout"):
-        return relevance(model, images, target, method=method).reshape(B, gh * gw)  # type: ignore[arg-type]
+        return relevance(model, images, target, method=cast(Method, method)).reshape(B, gh * gw)
     if method == "random":
         g = torch.Generator().manual_seed(seed)
         return torch.rand(B, gh * gw, generator=g)

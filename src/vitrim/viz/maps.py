@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from vitrim.extras import require
 from vitrim.models.config import ViTConfig
+from vitrim.models.vit import VisionTransformer
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -251,6 +252,15 @@ def model_config(model: nn.Module) -> ViTConfig:
     if not isinstance(config, ViTConfig) or not hasattr(model, "forward_detailed"):
         raise TypeError(f"model must be a vitrim VisionTransformer (with a ViTConfig), got {type(model).__name__}")
     return config
+
+
+def vision_transformer(model: nn.Module) -> VisionTransformer:
+    """``model`` as the vitrim VisionTransformer it must be (DynamicViT's is one): the type that relevance and rollout
+    read (its blocks, ``embed``, ``forward_head_with_weights``); TypeError otherwise."""
+    model_config(model)
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"model must be a vitrim VisionTransformer (with a ViTConfig), got {type(model).__name__}")
+    return model
 
 
 def _patch_size(model: nn.Module) -> int:

@@ -26,9 +26,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vitrim.models.vit import VisionTransformer
 from vitrim.viz.attnlrp import attnlrp_relevance
 from vitrim.viz.chefer import chefer_relevance
-from vitrim.viz.maps import model_config
+from vitrim.viz.maps import model_config, vision_transformer
 from vitrim.viz.relevance_trace import Target, check_images, resolve_target
 from vitrim.viz.rollout import attention_rollout_model
 
@@ -80,7 +81,8 @@ def relevance_map(model: nn.Module, images: Tensor, target: Target = None, metho
             )
         tokens, logits, index = _rollout_row(model, images, target)
     B = images.shape[0]
-    final = _final_patch_map(model, images) if _reduces(model) else None
+    vit = vision_transformer(model)
+    final = _final_patch_map(vit, images) if _reduces(vit) else None
     grid = tokens[:, p:].float().reshape(B, gh, gw)
     return RelevanceMap(grid, tokens.float(), logits, index, final, method)
 
@@ -97,17 +99,17 @@ def _rollout_row(model: nn.Module, images: Tensor, target: Target) -> tuple[Tens
     return rollout[:, 0].clone(), logits.clone(), resolve_target(logits, target)
 
 
-def _reduces(model: nn.Module) -> bool:
-    return any(getattr(block, "reducer", None) is not None for block in model.blocks)  # type: ignore[union-attr]
+def _reduces(model: VisionTransformer) -> bool:
+    return any(getattr(block, "reducer", None) is not None for block in model.blocks)
 
 
-def _final_patch_map(model: nn.Module, images: Tensor) -> Tensor | None:
+def _final_patch_map(model: VisionTransformer, images: Tensor) -> Tensor | None:
     """(B, P) the final patch token of every patch (−1: dropped), from the provenance the model recorded."""
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            out = model.forward_detailed(images)  # type: ignore[operator]
+            out = model.forward_detailed(images)
     finally:
         model.train(was_training)
     return out.patch_to_token[-1].clone() if out.patch_to_token else None

@@ -33,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.models.config import ViTConfig
+from vitrim.models.vit import VisionTransformer
 from vitrim.reduce import TokenState
-from vitrim.viz.maps import model_config
+from vitrim.viz.maps import vision_transformer
 
 Target = int | Sequence[int] | Tensor | None
 
@@ -162,14 +163,14 @@ def explained_row(config: ViTConfig, state: TokenState, batch: int, dtype: torch
     return row
 
 
-def eval_model(model: nn.Module) -> tuple[nn.Module, ViTConfig, bool]:
+def eval_model(model: nn.Module) -> tuple[VisionTransformer, ViTConfig, bool]:
     """The vitrim ViT (TypeError otherwise), its config, and whether it was in training mode (to restore)."""
-    config = model_config(model)
+    vit = vision_transformer(model)
     if torch.is_inference_mode_enabled():
         raise RuntimeError("relevance needs gradients; call it outside torch.inference_mode()")
-    was_training = model.training
-    model.eval()
-    return model, config, was_training
+    was_training = vit.training
+    vit.eval()
+    return vit, vit.config, was_training
 
 
 def check_images(images: Tensor) -> Tensor:
@@ -181,8 +182,8 @@ def check_images(images: Tensor) -> Tensor:
     return images
 
 
-def leaf_tokens(model: nn.Module, images: Tensor) -> tuple[TokenState, Tensor]:
+def leaf_tokens(model: VisionTransformer, images: Tensor) -> tuple[TokenState, Tensor]:
     """``model.embed(images)`` with its tokens replaced by a leaf that requires grad: (state, tokens (B, N, D))."""
-    state = model.embed(images)  # type: ignore[operator]
+    state = model.embed(images)
     tokens = state.tokens.detach().requires_grad_(True)
     return state.replace(tokens=tokens), tokens

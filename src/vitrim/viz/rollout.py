@@ -40,6 +40,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vitrim.models.vit import VisionTransformer
+
 HeadFusion = Literal["mean", "max", "min"]
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -247,14 +249,13 @@ def attention_rollout_model(
 
     Returns R (B, N, N) float32, as :func:`attention_rollout`.
     """
-    for name in ("embed", "blocks", "num_prefix"):
-        if not hasattr(model, name):
-            raise TypeError(f"model must be a vitrim VisionTransformer (needs .{name}), got {type(model).__name__}")
-    num_prefix = int(model.num_prefix)  # type: ignore[arg-type]
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"model must be a vitrim VisionTransformer, got {type(model).__name__}")
+    num_prefix = model.num_prefix
     with torch.inference_mode():
-        state = model.embed(images)  # type: ignore[operator]
+        state = model.embed(images)
         rollout = Rollout(head_fusion, discard_ratio, num_prefix, num_tokens=state.tokens.shape[1])
-        for block in model.blocks:  # type: ignore[union-attr]
+        for block in model.blocks:
             state, weights = block(state, need_weights=True)
             if weights is None:
                 raise TypeError(f"block {type(block).__name__} returned no attention weights")

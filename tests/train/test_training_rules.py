@@ -1,0 +1,58 @@
+"""The training rules written once (vitrim.losses, vitrim.seeds): the seeds every sampler draws from, the smoothing
+rule every objective applies, and the shim of the loss's old import path."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitrim.losses import classification_loss, distill_logits, distill_tokens
+from vitrim.seeds import epoch_seed
+
+
+def test_epoch_seed_is_the_formula_the_samplers_used() -> None:
+    # hand-written: the order shared by every rank, a rank's stream, a worker's stream of one rank
+    assert epoch_seed(5, 3) == 5 * 1_000_003 + 3
+    assert epoch_seed(5, 3, 2) == (5 * 1_000_003 + 3) * 1_009 + 2
+    assert epoch_seed(5, 3, 2, 7) == ((5 * 1_000_003 + 3) * 1_009 + 2) * 1_009 + 7
+    seeds = {epoch_seed(s, e, r, w) for s in range(3) for e in range(4) for r in range(3) for w in range(3)}
+    assert len(seeds) == 3 * 4 * 3 * 3  # distinct tuples, distinct seeds
+    with pytest.raises(ValueError, match="worker=1 needs the rank"):
+        epoch_seed(0, 0, worker=1)
+
+
+def test_smoothing_applies_to_hard_labels_only() -> None:
+    torch.manual_seed(0)
+    logits, labels = torch.randn(4, 5), torch.tensor([0, 3, 1, 4])
+    log_p = logits.log_softmax(-1)
+    smoothed = 0.9 * F.one_hot(labels, 5) + 0.1 / 5  # (B, K) the smoothed targets, by hand
+    expected = -(smoothed * log_p).sum(-1).mean()
+    assert torch.allclose(classification_loss(logits, labels, 0.1), expected, atol=1e-6)
+    # soft targets (mixup) carry their smoothing already: the same targets as probabilities are not smoothed again
+    assert torch.allclose(classification_loss(logits, smoothed, 0.1), expected, atol=1e-6)
+
+
+def test_distillation_terms_against_their_formulas() -> None:
+    torch.manual_seed(1)
+    student, teacher = torch.randn(3, 4), torch.randn(3, 4)
+    p = teacher.softmax(-1)
+    expected = (p * (p.log() - student.log_softmax(-1))).sum() / 3
+    assert torch.allclose(distill_logits(student, teacher), expected, atol=1e-6)
+    tokens, theirs = torch.randn(2, 1 + 3, 6), torch.randn(2, 2 + 3, 6)
+    kept = torch.tensor([[True, False, True], [False, False, True]])
+    gaps = [(tokens[b, 1 + j] - theirs[b, 2 + j]).pow(2).mean() for b in range(2) for j in range(3) if kept[b, j]]
+    assert torch.allclose(distill_tokens(tokens, theirs, kept), torch.stack(gaps).mean(), atol=1e-6)
+    assert distill_tokens(tokens, theirs, torch.zeros(2, 3, dtype=torch.bool)) == 0
+
+
+def test_the_old_import_path_of_dynamicvit_loss_warns_and_hands_on() -> None:
+    import vitrim.losses
+
+    old = importlib.import_module("vitrim.reduce.dynamicvit_loss")
+    with pytest.warns(DeprecationWarning, match=r"use vitrim\.losses\.DynamicViTLoss"):
+        assert old.DynamicViTLoss is vitrim.losses.DynamicViTLoss
+    with pytest.raises(AttributeError, match=r"moved to 'vitrim\.losses'"):
+        old.NoSuchName  # noqa: B018
