@@ -241,3 +241,42 @@ def test_keep_larger_than_the_pooled_grid_is_refused_at_apply(model: torch.nn.Mo
     with pytest.raises(ValueError, match="17"):
         vitrim.vlm.apply(model, "random", keep=GRID_TOKENS + 1)
     assert not hasattr(model, "_vitrim_vlm")
+
+
+@pytest.mark.full
+def test_without_token_types_dropping_equals_the_causal_model_with_those_keys_masked(model: torch.nn.Module) -> None:
+    """A caller who passes no token_type_ids gets Gemma 3's causal masks (no image block); the same holds there."""
+    ids, pv = prompt(3, 4, images=2)[None], pixels(2)
+    vitrim.vlm.apply(model, "random", keep=5, seed=3)
+    out = model(input_ids=ids, pixel_values=pv)
+    kept = vitrim.vlm.last_selection(model)
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    step = model(input_ids=token, cache=out.cache)  # no mask at all: vitrim supplies the cache's layout
+    vitrim.vlm.remove(model)
+    masked = dropped_mask(ids, torch.ones_like(ids), kept)
+    positions = torch.arange(ids.shape[1])[None]
+    reference = model(input_ids=ids, pixel_values=pv, attention_mask=masked, position_ids=positions)
+    decoded = model(
+        input_ids=token,
+        attention_mask=torch.cat([masked, torch.ones_like(token)], 1),
+        position_ids=positions[:, -1:] + 1,
+        cache=reference.cache,
+    )
+    assert (out.logits[0] - reference.logits[0, masked[0].bool()]).abs().max() <= TOL
+    assert (step.logits - decoded.logits).abs().max() <= TOL
+
+
+@pytest.mark.full
+def test_eager_attention_gets_additive_masks_and_the_same_result() -> None:
+    """On eager attention the masks are additive floats; Gemma 3's eager softmax runs in float32, hence 1e-5."""
+    model = tiny_gemma3(attn="eager")
+    ids, pv = prompt(3, 4, images=2)[None], pixels(2)
+    vitrim.vlm.apply(model, "random", keep=5, seed=4)
+    out = model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids))
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    step = model(input_ids=token, attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=torch.long), cache=out.cache)
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    prefill, decoded = masked_reference(model, ids, pv, torch.ones_like(ids), kept, steps=1)
+    assert (out.logits[0] - prefill[0]).abs().max() <= 1e-5
+    assert (step.logits[:, -1] - decoded[:, 0]).abs().max() <= 1e-5
