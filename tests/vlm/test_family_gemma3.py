@@ -280,3 +280,18 @@ def test_eager_attention_gets_additive_masks_and_the_same_result() -> None:
     prefill, decoded = masked_reference(model, ids, pv, torch.ones_like(ids), kept, steps=1)
     assert (out.logits[0] - prefill[0]).abs().max() <= 1e-5
     assert (step.logits[:, -1] - decoded[:, 0]).abs().max() <= 1e-5
+
+
+def test_a_static_cache_is_refused_not_left_unpruned(model: torch.nn.Module) -> None:
+    """generate() prepares 4-D masks for a static cache before the model runs; vitrim cannot prune them exactly."""
+    ids, pv = prompt(2, 2)[None], pixels(1)
+    vitrim.vlm.apply(model, "random", keep=4)
+    with pytest.raises(ValueError, match="static or compiled cache"):
+        model.generate(
+            input_ids=ids,
+            pixel_values=pv,
+            token_type_ids=token_types(ids),
+            max_new_tokens=2,
+            do_sample=False,
+            cache_implementation="static",
+        )

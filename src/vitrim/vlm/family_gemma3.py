@@ -239,6 +239,8 @@ class Gemma3PreLLM:
         tokens = input_ids if input_ids is not None else kwargs["inputs_embeds"]
         new = int(tokens.shape[1])
         past = int(kwargs["cache"].get_seq_length())  # (not `cache`: mypy narrows it to the weakref's type)
+        if isinstance(kwargs.get("attention_mask"), dict):
+            raise ValueError(_PREPARED_MASKS)
         mask_2d = decode_attention_mask(self.decode, kwargs.get("attention_mask"), past, new)  # (B, past + new)
         positions = kwargs.get("position_ids")
         if positions is None:
@@ -280,13 +282,14 @@ class Gemma3PreLLM:
         if cache is not None and cache.get_seq_length() > 0:
             raise ValueError("vitrim.vlm prunes a prefill that starts a cache; got a cache already holding tokens")
         embeds = kwargs["inputs_embeds"]  # (B, L, D)
+        masks: Any = kwargs.get("attention_mask")  # a dict per layer type, checked below
+        lengths = {mask.shape[-1] for mask in masks.values() if mask is not None} if isinstance(masks, dict) else {0}
+        if isinstance(self.user_mask, dict) or not lengths <= {embeds.shape[1]}:
+            raise ValueError(_PREPARED_MASKS)
         short = plan_short_sequence(columns_to_keep(spans, selections, num_tokens), self.user_mask)
         positions = kwargs.get("position_ids")
         if positions is None:  # what the unmodified LLM would use: 0 … L−1 for every sample
             positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
-        masks = kwargs.get("attention_mask")
-        if not isinstance(masks, dict):
-            raise ValueError("vitrim.vlm expects Gemma 3's per-layer-type attention masks at the LLM")
         config = self.adapter.text_config
         kwargs["attention_mask"] = gather_masks(
             masks, short, config.sliding_window, config._attn_implementation, embeds.dtype
@@ -303,6 +306,13 @@ class Gemma3PreLLM:
             cache = getattr(output, "cache", None)
             self.decode_cache = weakref.ref(cache) if cache is not None else None
         self.shortened_now = False
+
+
+_PREPARED_MASKS = (
+    "vitrim.vlm builds Gemma 3's masks for a pruned prefill from the unmodified model's (one per layer type, one "
+    "column per token) and needs the 2-D attention_mask at decode; got masks prepared for a static or compiled "
+    "cache (use generate's default dynamic cache)"
+)
 
 
 def _dtype(module: nn.Module) -> torch.dtype:
