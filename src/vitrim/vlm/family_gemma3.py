@@ -9,7 +9,8 @@ whose masks are built per layer type (full and sliding-window layers) with the i
 
 Index space: the image tokens entering the LLM are the projector's pooled tokens, so indices are raster indices of
 the pooled t×t grid (row-major, 0 … t²−1); pooled token (r, c) stands for the k×k patches of rows r·k … r·k+k−1 and
-columns c·k … c·k+k−1 of the tower's grid.
+columns c·k … c·k+k−1 of the tower's grid. Under the processor's pan-and-scan each crop is a picture of its own
+(its own ``pixel_values`` row and run of image tokens), so it is one "image" of ``last_selection`` and keeps ``keep``.
 
 Evidence (:class:`~vitrim.vlm.registry.VisionEvidence`) in that space:
 - ``features``: the pooled tower states (what the projector's norm and matmul read), so a merged token is the mean
@@ -202,7 +203,7 @@ class Gemma3PreLLM:
             return None  # every token stays: the projector's output is untouched
         kernel = int(module.kernel_size)
         with torch.no_grad():
-            pooled = pool_to_tokens(tower_states, kernel, "mean")  # (I, N, C), what the projector's norm reads
+            pooled = _projector_pool(module, tower_states)  # (I, N, C), what the projector's norm reads
             received = keys = None
             if self.method.needs_cls_attention:
                 received, keys = self.received_and_keys(kernel)
@@ -313,6 +314,14 @@ _PREPARED_MASKS = (
     "column per token) and needs the 2-D attention_mask at decode; got masks prepared for a static or compiled "
     "cache (use generate's default dynamic cache)"
 )
+
+
+def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:
+    """(I, P, C) -> (I, N, C): the projector's own average pool (so a token kept as it is stays bit for bit)."""
+    images, _, channels = tower_states.shape
+    side = int(projector.patches_per_image)
+    grid = tower_states.transpose(1, 2).reshape(images, channels, side, side).contiguous()
+    return projector.avg_pool(grid).flatten(2).transpose(1, 2)
 
 
 def _dtype(module: nn.Module) -> torch.dtype:
