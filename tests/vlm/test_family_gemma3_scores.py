@@ -34,3 +34,15 @@ def test_fastervlm_keeps_the_pooled_tokens_that_receive_the_most_attention() -> 
         for image in range(3):
             expected = torch.sort(scores[image], descending=True, stable=True).indices[:keep].sort().values
             assert torch.equal(kept[image], expected), (keep, image)
+
+
+def test_patch_to_token_grouping_is_the_projectors_pool_at_gemma_3_4b_size() -> None:
+    """Gemma-3-4B (896-px images, 14-px patches, mm_tokens_per_image 256) pools 64×64 patches to 16×16 tokens,
+    kernel 4: the patch→token map the scores are summed by is the one torch's average pool uses."""
+    from vitrim.vlm.family_gemma3 import pool_to_tokens
+
+    values = torch.randn(2, 64 * 64, 3, dtype=torch.float64)
+    grid = values.transpose(1, 2).reshape(2, 3, 64, 64)
+    expected = torch.nn.functional.avg_pool2d(grid, 4).flatten(2).transpose(1, 2)  # (2, 256, 3)
+    assert torch.allclose(pool_to_tokens(values, 4, "mean"), expected, rtol=0, atol=1e-14)
+    assert torch.allclose(pool_to_tokens(values, 4, "sum"), expected * 16, rtol=0, atol=1e-13)
