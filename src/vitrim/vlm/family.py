@@ -15,6 +15,7 @@ from typing import Protocol
 
 from torch import nn
 
+from vitrim.vlm.family_gemma3 import Gemma3Adapter
 from vitrim.vlm.family_llava import LlavaAdapter
 from vitrim.vlm.family_llava_next import LlavaNextAdapter
 from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
@@ -54,6 +55,7 @@ FAMILIES: dict[str, Callable[[nn.Module], FamilyAdapter]] = {
     "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen3VLForConditionalGeneration": Qwen2VLAdapter,
+    "Gemma3ForConditionalGeneration": Gemma3Adapter,
 }
 
 
