@@ -46,7 +46,7 @@ def _keeps(text: str) -> tuple[int, ...]:
 
 
 def format_rows(rows: list[PrefillCost]) -> str:
-    """A Markdown table: GMACs by part, the ratio to the first (unmodified) row, image tokens entering and on average."""
+    """A Markdown table: GMACs by part, the ratio to the first (unmodified) row, image tokens entering, averaged."""
     base = rows[0].total
     lines = [
         "| method | keep | tower | projector | LLM | method's own | total | ratio | image tokens into LLM | "
