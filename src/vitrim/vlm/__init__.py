@@ -10,7 +10,7 @@
 Importing this package does not import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import method_random  # noqa: F401  (registers the method)
+from vitrim.vlm import method_random, tower  # noqa: F401  (registers the methods)
 from vitrim.vlm.api import apply, last_selection, remove
 from vitrim.vlm.registry import methods
 
