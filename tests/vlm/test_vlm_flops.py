@@ -126,7 +126,8 @@ def test_cutting_counts_what_runs() -> None:
     assert full.tokens_per_layer == (670,) * 32
     pre = prefill_cost(LLAVA_15_7B, "visionzip", 64, text_tokens=text)
     assert pre.tokens_per_layer == (158,) * 32 and pre.image_tokens_entering_llm == 64
-    assert pre.projector == 64 * (1024 * 4096 + 4096 * 4096) and pre.tower == full.tower
+    # vitrim's plumbing runs the projector on every slot and drops slots at the LLM's input
+    assert pre.projector == full.projector == 576 * (1024 * 4096 + 4096 * 4096) and pre.tower == full.tower
     fastv = prefill_cost(LLAVA_15_7B, "fastv", 64, text_tokens=text)
     assert fastv.tokens_per_layer == (670, 670) + (158,) * 30
     assert fastv.image_tokens_entering_llm == 576
@@ -134,9 +135,8 @@ def test_cutting_counts_what_runs() -> None:
     pdrop = prefill_cost(LLAVA_15_7B, "pdrop", 128, text_tokens=text)  # 576 | 128 | 64 | 32 from layers 8, 16, 24
     assert pdrop.tokens_per_layer == (670,) * 8 + (222,) * 8 + (158,) * 8 + (126,) * 8
     assert pdrop.image_tokens_layer_mean == (576 + 128 + 64 + 32) / 4
-    # Qwen2.5-VL selects among the merger's outputs: the merger still runs on every token
-    qwen = prefill_cost(QWEN25_VL_7B, "random", 64)
-    assert qwen.projector == prefill_cost(QWEN25_VL_7B).projector
+    qwen = prefill_cost(QWEN25_VL_7B, "random", 64)  # Qwen2.5-VL's merger makes the LLM tokens: it runs on all
+    assert qwen.projector == prefill_cost(QWEN25_VL_7B).projector == 576 * (5120 * 5120 + 5120 * 3584)
 
 
 def test_tome_in_the_tower_shrinks_blocks_after_the_feature_layer_too() -> None:

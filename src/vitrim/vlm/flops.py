@@ -83,9 +83,10 @@ class VLM:
     """A vision-language model: tower, projector, LLM, and how image tokens flow between them.
 
     ``projector``: the (in, out) matrices applied to each LLM image token; ``pool``: tower patches per LLM image
-    token (LLaVA 1, Qwen2.5-VL's 2×2 merger 4, Gemma 3's 4×4 average pool 16); ``cut_before_projector``: whether a
-    pre-LLM method selects the tokens the projector then runs on (LLaVA, Gemma: the selection's features enter the
-    projector), or selects among the projector's outputs (Qwen2.5-VL: the LLM tokens are made by the merger).
+    token (LLaVA 1, Qwen2.5-VL's 2×2 merger 4, Gemma 3's 4×4 average pool 16); ``cut_before_projector``: whether the
+    projector runs on the kept tokens only. vitrim's plumbing (:mod:`vitrim.vlm.family_llava`) writes merged
+    features into their slots, runs the projector on every slot and drops slots at the LLM's input, so it is False
+    for every config here; a gathering implementation would save (N − keep) projector rows (LLaVA: 10.8 GMACs).
     """
 
     name: str
@@ -113,7 +114,7 @@ LLAVA_15_7B = VLM(
     projector=((1024, 4096), (4096, 4096)),
     pool=1,
     llm=LanguageModel("Vicuna-7B v1.5", 4096, 32, 32, 32, 128, 11008, 32064),
-    cut_before_projector=True,
+    cut_before_projector=False,
 )
 
 # Qwen2.5-VL-7B, Qwen/Qwen2.5-VL-7B-Instruct config.json: vision_config depth 32, hidden_size 1280, num_heads 16,
@@ -155,7 +156,7 @@ GEMMA3_4B = VLM(
     projector=((1152, 2560),),
     pool=16,
     llm=LanguageModel("Gemma-3-4B", 2560, 34, 8, 4, 256, 10240, 262208),
-    cut_before_projector=True,
+    cut_before_projector=False,
 )
 
 CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, GEMMA3_4B)}
@@ -310,7 +311,8 @@ def prefill_cost(
                 f"{vlm.name} pools {vlm.pool} patches into each (its projector needs the whole grid)"
             )
         tower_cost = tower_macs(tower, tome_tower_schedule(tower, k))
-        entering = projected = k
+        entering = k
+        projected = k if vlm.cut_before_projector else n_img  # vitrim.vlm.tower writes the tokens into their slots
         cuts = [(0, k)]
         # ToMe's bipartite similarity in each block: (n/2) × (n/2) dot products of width d over the keys
         own = sum((n // 2) * (n - n // 2) * tower.width for n in tome_tower_schedule(tower, k)[: tower.reducing_layers])
