@@ -25,19 +25,20 @@ def hooks_of(model: torch.nn.Module) -> int:
     )
 
 
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: value.clone() for name, value in model.state_dict().items()}
+def snapshot(model: torch.nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
+    return hooks_of(model), {name: value.clone() for name, value in model.state_dict().items()}
 
 
-def assert_untouched(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
-    assert hooks_of(model) == 0
+def assert_untouched(model: torch.nn.Module, snap: tuple[int, dict[str, torch.Tensor]]) -> None:
+    hooks, before = snap
+    assert hooks_of(model) == hooks
     assert not hasattr(model, "_vitrim_vlm")
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
 
 
-def test_methods_lists_the_registered_pre_llm_baseline() -> None:
-    assert "random" in vitrim.vlm.methods()
+def test_methods_lists_the_pre_llm_methods() -> None:
+    assert {"random", "fastervlm", "vispruner", "visionzip", "divprune"} <= set(vitrim.vlm.methods())
     assert vitrim.vlm.methods() == sorted(vitrim.vlm.methods())
 
 
@@ -57,6 +58,17 @@ def test_methods_lists_the_registered_pre_llm_baseline() -> None:
         ("random", {}, ValueError, "vlm method 'random' needs keep="),
         ("random", {"keep": 4, "layer": 1}, ValueError, "layer=1 is for in-LLM methods"),
         ("random", {"keep": 4, "seed": "x"}, TypeError, "seed='x' must be an int"),
+        ("visionzip", {}, ValueError, "keep=64 is more than the image's 16 tokens"),  # the authors' 54 + 10
+        ("visionzip", {"keep": 8, "dominant": 5, "contextual": 2}, ValueError, "keep=8 differs from dominant"),
+        ("visionzip", {"keep": 8, "contextual": 9}, ValueError, "visionzip cannot keep 8 tokens"),
+        ("visionzip", {"keep": 8, "contextual": -1}, ValueError, "contextual=-1 must be an int >= 0"),
+        (
+            "vispruner",
+            {"keep": 8, "important_ratio": 1.5},
+            ValueError,
+            "important_ratio=1.5 must be a number in [0, 1]",
+        ),
+        ("fastervlm", {"keep": 8, "important_ratio": 0.5}, ValueError, "unknown option 'important_ratio'"),
     ],
 )
 def test_bad_options_are_refused_at_apply_and_leave_the_model(

@@ -10,7 +10,14 @@
 Importing this package does not import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import method_random, tower  # noqa: F401  (registers the methods)
+from vitrim.vlm import (  # noqa: F401  (each registers its method or methods)
+    method_divprune,
+    method_fastervlm,
+    method_random,
+    method_visionzip,
+    method_vispruner,
+    tower,
+)
 from vitrim.vlm.api import apply, last_selection, remove
 from vitrim.vlm.registry import methods
 

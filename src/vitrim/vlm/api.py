@@ -103,7 +103,11 @@ def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | Non
         if default is None:
             return None
         keep = default
-    return parse_keep(keep, family.tokens_per_image())
+    spec = parse_keep(keep, family.tokens_per_image())
+    num_tokens = family.tokens_per_image()
+    if num_tokens is not None:
+        method.check_keep(spec.tokens(num_tokens))
+    return spec
 
 
 def _stage_module(stage: str, method: str) -> Any:

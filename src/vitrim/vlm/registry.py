@@ -43,12 +43,15 @@ class VisionEvidence:
     keys: (I, H, N, hd) | None     that layer's keys of the image tokens, per head (VisionZip's merge metric)
     seeds: (I,) long | None        a number drawn from each image's own pixels, so a seeded method selects the same
                                    tokens for an image alone or in a batch
+    projected: (I, N, E) | None    the image tokens as the LLM receives them (the projector's output), for methods
+                                   with ``scores_projected`` (they select after the projector and cannot merge)
     """
 
     features: Tensor
     cls_attention: Tensor | None = None
     keys: Tensor | None = None
     seeds: Tensor | None = None
+    projected: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class Method:
     name: ClassVar[str] = ""
     stage: ClassVar[str] = ""
     defaults: ClassVar[Mapping[str, Any]] = {}
+    needs_cls_attention: ClassVar[bool] = False  # pre-LLM: the family must capture VisionEvidence.cls_attention/keys
+    scores_projected: ClassVar[bool] = False  # pre-LLM: select on VisionEvidence.projected (after the projector)
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))
@@ -104,6 +109,7 @@ class Method:
             known = ", ".join([*GENERIC_OPTIONS, *sorted(self.defaults)])
             raise ValueError(f"unknown option {unknown[0]!r} for vlm method {self.name!r}; expected one of: {known}")
         self.options: dict[str, Any] = {**self.defaults, **options}
+        self.given = frozenset(options)  # the options the caller named (the rest are defaults)
         self.check()
 
     def check(self) -> None:
@@ -112,6 +118,9 @@ class Method:
     def default_keep(self) -> int | None:
         """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``), else None."""
         return None
+
+    def check_keep(self, keep: int) -> None:
+        """Raise ``ValueError`` when this method cannot keep ``keep`` tokens per image with its options."""
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         """pre-LLM methods: ``keep`` tokens per image (1 ≤ keep ≤ N, already validated)."""
