@@ -53,12 +53,13 @@ def test_a_reducer_that_removes_nothing_leaves_the_model_bit_for_bit(name: str, 
         options = {"keep_rate": 1.0}
     with torch.no_grad():
         reference = llava(**inputs).logits
-        vitrim.vlm.apply(llava, name, to_grid=True, **options)
-        try:
-            logits = llava(**inputs).logits
-        finally:
-            vitrim.vlm.remove(llava)
-    assert torch.equal(logits, reference)
+        for to_grid in (True, False):  # the tokens back on the grid, or only the tower's tokens into the LLM
+            vitrim.vlm.apply(llava, name, to_grid=to_grid, **options)
+            try:
+                logits = llava(**inputs).logits
+            finally:
+                vitrim.vlm.remove(llava)
+            assert torch.equal(logits, reference), to_grid
 
 
 def _vitrim_feature_state(hf_tower: torch.nn.Module, reducer: str, options: dict[str, Any], images: torch.Tensor):
@@ -155,3 +156,34 @@ def test_bad_options_fail_at_apply_and_leave_the_model(name, options, error, mes
         vitrim.vlm.apply(llava, name, **options)
     assert not any("forward" in layer.__dict__ for layer in llava.model.vision_tower.encoder.layers)
     assert not hasattr(llava, "_vitrim_vlm")
+
+
+def test_fewer_tokens_enter_the_llm_as_the_masked_full_model_with_vitrim_s_tokens(llava, inputs) -> None:
+    """LLaVA's default: only the tower's tokens enter the LLM, at their positions' slots with the original position
+    ids. Reference: the unmodified model fed vitrim's own tower tokens in those slots, every other image slot's key
+    masked out (the same as dropping it, positions unchanged)."""
+    options = {"r": 2, "layers": (0, 1, 2, 3)}
+    with torch.no_grad():
+        expected = _vitrim_feature_state(llava.model.vision_tower, "tome", options, inputs["pixel_values"])
+        slots = torch.zeros(2, 16, 32, dtype=torch.float64)
+        for image in range(2):
+            slots[image, expected.positions[image]] = expected.tokens[image, 1:]
+        handle = llava.model.multi_modal_projector.register_forward_pre_hook(lambda module, args: (slots,))
+        mask = inputs["attention_mask"].clone()
+        for row in range(2):
+            image_columns = (inputs["input_ids"][row] == 3).nonzero().flatten()
+            dropped = torch.ones(16, dtype=torch.bool)
+            dropped[expected.positions[row]] = False
+            mask[row, image_columns[dropped]] = 0
+        try:
+            reference = llava(**{**inputs, "attention_mask": mask}).logits[:, -1]
+        finally:
+            handle.remove()
+        vitrim.vlm.apply(llava, "tome", r=2)
+        try:
+            logits = llava(**inputs).logits[:, -1]
+            kept = vitrim.vlm.last_selection(llava)
+        finally:
+            vitrim.vlm.remove(llava)
+    assert [k.tolist() for k in kept] == [p.sort().values.tolist() for p in expected.positions]
+    torch.testing.assert_close(logits, reference, rtol=0, atol=1e-10)
