@@ -29,6 +29,7 @@ from torch import nn
 
 from vitrim.extras import require
 from vitrim.vlm import apply, methods, remove
+from vitrim.vlm.api import STATE_ATTRIBUTE
 from vitrim.vlm.flops import LLAVA_15_7B, METHODS, VLM, LanguageModel, prefill_cost
 from vitrim.vlm.registry import method_class
 
@@ -59,10 +60,18 @@ class VLMBenchSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vision_layers", "llm_layers", "repeats", "image_size", "patch_size", "text_tokens"):
+        sizes = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "image_size",
+                 "patch_size", "llm_width", "llm_mlp", "llm_heads", "repeats")  # fmt: skip
+        for name in (*sizes, "text_tokens", "warmup", "seed"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "text_tokens" else 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            least = 1 if name in sizes else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        for width, heads in (("vision_width", "vision_heads"), ("llm_width", "llm_heads")):
+            if getattr(self, width) % getattr(self, heads):
+                raise ValueError(f"{width}={getattr(self, width)} is not divisible by {heads}={getattr(self, heads)}")
+        if self.image_size < self.patch_size:
+            raise ValueError(f"image_size={self.image_size} is smaller than patch_size={self.patch_size}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.vocab <= IMAGE_TOKEN:
@@ -110,6 +119,7 @@ def build_model(s: VLMBenchSettings) -> nn.Module:
     _import_torchvision_if_any()
     import transformers
 
+    _extra: dict[str, Any] = {"image_token_id": IMAGE_TOKEN}  # transformers 5's name (its typing still says _index)
     config = transformers.LlavaConfig(
         vision_config=dict(
             model_type="clip_vision_model", hidden_size=s.vision_width, intermediate_size=s.vision_mlp,
@@ -121,7 +131,7 @@ def build_model(s: VLMBenchSettings) -> nn.Module:
             num_hidden_layers=s.llm_layers, num_attention_heads=s.llm_heads, num_key_value_heads=s.llm_heads,
             max_position_embeddings=4096,
         ),
-        image_token_id=IMAGE_TOKEN,
+        **_extra,
         vision_feature_layer=-2 if s.vision_layers >= 2 else -1,
         vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
@@ -169,7 +179,8 @@ class _Stopwatch:
         self.tower = 0.0
         self.own = 0.0
         self._start = 0.0
-        tower = model.model.vision_tower  # type: ignore[union-attr]
+        inner: Any = model.model
+        tower = inner.vision_tower
         self._handles = [tower.register_forward_pre_hook(self._tower_in), tower.register_forward_hook(self._tower_out)]
 
     def _tower_in(self, *args: Any) -> None:
@@ -190,7 +201,7 @@ class _Stopwatch:
 
     def watch_method(self, model: nn.Module) -> None:
         """Time the applied method's ``select`` and its installation's ``evidence`` (instance attributes only)."""
-        applied = model._vitrim_vlm  # type: ignore[union-attr]
+        applied: Any = getattr(model, STATE_ATTRIBUTE)
         for owner in (applied.method, applied.installation):
             for name in ("select", "evidence"):
                 if callable(getattr(owner, name, None)):
