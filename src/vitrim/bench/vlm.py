@@ -33,7 +33,6 @@ from vitrim.vlm.api import STATE_ATTRIBUTE
 from vitrim.vlm.flops import LLAVA_15_7B, METHODS, VLM, LanguageModel, prefill_cost
 from vitrim.vlm.registry import method_class
 
-IMAGE_TOKEN = 32000  # LLaVA-1.5's image token id (the first id past Llama's 32,000); below ``vocab`` when scaled
 TEXT_BEFORE_IMAGE = 35  # the system prompt and "USER: " before the image in LLaVA-1.5's template
 
 
@@ -43,7 +42,7 @@ class VLMBenchSettings:
 
     vision_layers: int = 2
     llm_layers: int = 1
-    vocab: int = 32001  # the image token's id + 1
+    vocab: int = 1024  # the last id is the image token (LLaVA-1.5's 32,064-word head on one position: 0.1 GMACs)
     vision_width: int = 1024
     vision_mlp: int = 4096
     vision_heads: int = 16
@@ -74,8 +73,8 @@ class VLMBenchSettings:
             raise ValueError(f"image_size={self.image_size} is smaller than patch_size={self.patch_size}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if self.vocab <= IMAGE_TOKEN:
-            raise ValueError(f"vocab must exceed the image token id {IMAGE_TOKEN}, got {self.vocab}")
+        if self.vocab < 2:
+            raise ValueError(f"vocab must be >= 2 (text and the image token), got {self.vocab}")
         patches = (self.image_size // self.patch_size) ** 2
         bad = [k for k in self.keeps if not 1 <= k <= patches]
         if not self.keeps or bad:
@@ -119,7 +118,7 @@ def build_model(s: VLMBenchSettings) -> nn.Module:
     _import_torchvision_if_any()
     import transformers
 
-    _extra: dict[str, Any] = {"image_token_id": IMAGE_TOKEN}  # transformers 5's name (its typing still says _index)
+    _extra: dict[str, Any] = {"image_token_id": s.vocab - 1}  # transformers 5's name (its typing still says _index)
     config = transformers.LlavaConfig(
         vision_config=dict(
             model_type="clip_vision_model", hidden_size=s.vision_width, intermediate_size=s.vision_mlp,
@@ -155,9 +154,9 @@ def bench_inputs(s: VLMBenchSettings) -> dict[str, torch.Tensor]:
     """One prompt: ``text_tokens`` text ids around the image's (image_size / patch_size)² image tokens."""
     generator = torch.Generator().manual_seed(s.seed)
     patches = (s.image_size // s.patch_size) ** 2
-    text = torch.randint(1, min(s.vocab, IMAGE_TOKEN), (s.text_tokens,), generator=generator)
+    text = torch.randint(0, s.vocab - 1, (s.text_tokens,), generator=generator)
     before = min(TEXT_BEFORE_IMAGE, s.text_tokens)
-    ids = torch.cat([text[:before], torch.full((patches,), IMAGE_TOKEN), text[before:]])[None]
+    ids = torch.cat([text[:before], torch.full((patches,), s.vocab - 1), text[before:]])[None]
     pixels = torch.randn(1, 3, s.image_size, s.image_size, generator=generator)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
 
