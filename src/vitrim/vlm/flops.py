@@ -314,8 +314,9 @@ def prefill_cost(
         entering = k
         projected = k if vlm.cut_before_projector else n_img  # vitrim.vlm.tower writes the tokens into their slots
         cuts = [(0, k)]
-        # ToMe's bipartite similarity in each block: (n/2) × (n/2) dot products of width d over the keys
-        own = sum((n // 2) * (n - n // 2) * tower.width for n in tome_tower_schedule(tower, k)[: tower.reducing_layers])
+        # ToMe's bipartite similarity in each block: (n/2) × (n/2) cosines of the keys summed over heads (head width)
+        head = tower.width // tower.heads
+        own = sum((n // 2) * (n - n // 2) * head for n in tome_tower_schedule(tower, k)[: tower.reducing_layers])
     counts = _stage_counts(n_img, text_tokens, llm.layers, cuts)
     return PrefillCost(
         model=vlm.name,
