@@ -186,3 +186,12 @@ def test_cli_prints_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_cli_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["vlm", "flops", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_vispruner_s_own_count_follows_the_authors_rounds_by_hand() -> None:
+    # 16 image tokens (a 4×4 grid of width 8 and [CLS]), keep 8: 4 important, 4 diverse from a rest of 12; one round
+    # compares 6 a-tokens with 6 b-tokens (36 cosines of width 8) and drops 8, leaving 4. The [CLS] row: its query
+    # (8 × 8), the 17 keys (17 × 8 × 8) and 17 dot products of width 8.
+    tower = VisionTower("tiny", 8, 2, 8, 2, 2, 16, cls_token=True, feature_layer=-2)
+    vlm = dataclasses.replace(LLAVA_15_7B, tower=tower, projector=((8, 8),))
+    assert prefill_cost(vlm, "vispruner", 8).method_own == 8 * 8 + 17 * 8 * 8 + 17 * 8 + 36 * 8

@@ -353,9 +353,13 @@ def _pre_llm_own(vlm: VLM, method: str, keep: int) -> int:
         return 0
     if method == "fastervlm":
         return scores
-    if method == "vispruner":  # half by score, the rest deduplicated by cosine similarity among the remaining
-        rest = n - keep // 2
-        return scores + rest * rest * d
+    if method == "vispruner":  # half by score; then rounds that split the rest in halves a, b, compare them (cosines
+        # of the features) and drop the 8 a-tokens nearest to b, until keep - keep // 2 remain (the authors' loop)
+        diverse, rest, similarities = keep - keep // 2, n - keep // 2, 0
+        while rest > diverse and diverse > 0:
+            similarities += ((rest + 1) // 2) * (rest // 2) * d
+            rest -= min(8, rest - diverse)
+        return scores + similarities
     if method == "visionzip":  # dominant by score; the rest merged into ~1/6 of keep contextual targets by keys
         contextual = max(1, round(keep * 10 / 64))  # the authors' 54 + 10, 108 + 20, 162 + 30
         return scores + (n - keep) * contextual * d
