@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_llava import batch, pixels, prompt, tiny_llava
+from tiny_llava import batch, pixels, prompt, tiny_llava, transformers
 
 import vitrim
 import vitrim.vlm
@@ -187,3 +187,37 @@ def test_fewer_tokens_enter_the_llm_as_the_masked_full_model_with_vitrim_s_token
             vitrim.vlm.remove(llava)
     assert [k.tolist() for k in kept] == [p.sort().values.tolist() for p in expected.positions]
     torch.testing.assert_close(logits, reference, rtol=0, atol=1e-10)
+
+
+def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
+    """Gemma 3's and PaliGemma's tower: SigLIP, no [CLS]; the same seam on its encoder layers."""
+    from vitrim.vlm.tower import TowerPlan
+
+    config = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=3,
+                                             num_attention_heads=4, image_size=16, patch_size=4)  # fmt: skip
+    torch.manual_seed(0)
+    siglip = transformers.SiglipVisionModel(config).double().eval()
+    with torch.no_grad():
+        for param in siglip.parameters():
+            param.copy_((param + torch.randn_like(param) * 0.2).float().double())
+    images = pixels(2)
+    plan = TowerPlan(siglip.encoder.layers, num_prefix=0, patches=16, feature_index=2)
+    with torch.no_grad():
+        reference = siglip(images).last_hidden_state
+        for r, expect_equal in ((0, True), (2, False)):
+            reduction = TowerReduction(plan, build_reducers("tome", 3, has_cls=False, patches=16, num_prefix=0,
+                                                            width=32, options={"r": r}))  # fmt: skip
+            try:
+                out = siglip(images).last_hidden_state
+                state = reduction.feature_state()
+            finally:
+                reduction.remove()
+            assert torch.equal(out, reference) == expect_equal
+        model = vitrim.from_transformers(siglip).double().eval()
+        vitrim.reduce.apply(model, "tome", r=2)
+        expected = model.embed(images)
+        for block in model.blocks:
+            expected, _ = block(expected)
+    assert state is not None and state.tokens.shape == (2, 10, 32)
+    torch.testing.assert_close(state.tokens, expected.tokens, rtol=0, atol=1e-12)
+    assert torch.equal(state.positions, expected.positions)
