@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
+import torch
 from torch import Tensor
 
 from vitrim.vlm.keep import KeepSpec
@@ -166,5 +167,5 @@ def methods() -> list[str]:
 def content_seed(values: Tensor) -> int:
     """A number drawn from a tensor's bytes (blake2b of its CPU copy, 63 bits): the same for the same values
     wherever they sit in a batch. Family adapters compute :attr:`VisionEvidence.seeds` from each image's pixels."""
-    data = values.detach().to("cpu").contiguous().numpy().tobytes()
+    data = values.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()  # any dtype (bf16)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1

@@ -1,0 +1,143 @@
+"""Tiny float64 Qwen2-VL and Qwen2.5-VL instances built from a config alone, and prompts with images for them.
+
+Sizes follow transformers' own tests (hidden 32, 4 heads / 2 KV heads, mrope_section [2, 1, 1]) with a 96-token
+vocabulary and 2-pixel patches so an image is a few dozen patches. The Qwen2.5 tower has a window of 2×2 merged
+tokens (``window_size = 2 · merge · patch = 8`` px) and full attention in its last block only, so its first block is
+windowed and grids of 4×6 patches (2×3 merged tokens) make windows of different sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+IMAGE, VIDEO, VISION_START, VISION_END, PAD = 90, 91, 92, 93, 0
+MERGE = 2
+PATCH = 2
+CHANNELS = 3
+
+TEXT = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=37,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0},
+    pad_token_id=PAD,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+TOKENS = dict(
+    image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END
+)
+
+
+def qwen2_vl(seed: int = 0) -> torch.nn.Module:
+    """A tiny Qwen2VLForConditionalGeneration in float64 on SDPA (2 vision blocks of width 16, 2 heads)."""
+    config = transformers.Qwen2VLConfig(
+        text_config=TEXT,
+        vision_config=dict(
+            depth=2,
+            embed_dim=16,
+            hidden_size=32,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=1,
+            in_channels=CHANNELS,
+        ),
+        **TOKENS,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen2VLForConditionalGeneration(config).double().eval()
+
+
+def qwen2_5_vl(seed: int = 0) -> torch.nn.Module:
+    """A tiny Qwen2_5_VLForConditionalGeneration in float64 on SDPA: block 0 windowed, block 1 full attention."""
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=TEXT,
+        vision_config=dict(
+            depth=2,
+            hidden_size=16,
+            intermediate_size=24,
+            num_heads=2,
+            out_hidden_size=32,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=1,
+            in_channels=CHANNELS,
+            window_size=2 * MERGE * PATCH,
+            fullatt_block_indexes=[1],
+        ),
+        **TOKENS,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen2_5_VLForConditionalGeneration(config).double().eval()
+
+
+def qwen3_vl(seed: int = 0) -> torch.nn.Module:
+    """A tiny Qwen3VLForConditionalGeneration in float64 on SDPA: 3 vision blocks, DeepStack after blocks 0 and 1."""
+    text = {**TEXT, "head_dim": 8, "rope_parameters": {**TEXT["rope_parameters"], "mrope_interleaved": True}}
+    config = transformers.Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=3,
+            hidden_size=16,
+            intermediate_size=24,
+            num_heads=2,
+            out_hidden_size=32,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=1,
+            in_channels=CHANNELS,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0, 1],
+        ),
+        **TOKENS,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen3VLForConditionalGeneration(config).double().eval()
+
+
+BUILDERS = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl}
+
+
+def prompt(texts: list[list[int]], grids: list[tuple[int, int]]) -> list[int]:
+    """Token ids: text pieces with an image (vision_start, its merged tokens, vision_end) between consecutive ones."""
+    ids = list(texts[0])
+    for (h, w), text in zip(grids, texts[1:]):
+        ids += [VISION_START] + [IMAGE] * ((h // MERGE) * (w // MERGE)) + [VISION_END] + list(text)
+    return ids
+
+
+def batch(prompts: list[tuple[list[list[int]], list[tuple[int, int]]]], seed: int = 0, side: str = "left") -> dict:
+    """Processor-like inputs for several prompts, padded on ``side``: input_ids, attention_mask, mm_token_type_ids,
+    pixel_values (patches of every image in reading order), image_grid_thw. Pixels are drawn per image from ``seed``."""
+    rows = [prompt(texts, grids) for texts, grids in prompts]
+    length = max(map(len, rows))
+    ids = torch.full((len(rows), length), PAD)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for b, row in enumerate(rows):
+        span = slice(length - len(row), length) if side == "left" else slice(0, len(row))
+        ids[b, span] = torch.tensor(row)
+        mask[b, span] = 1
+    grids = [grid for _, image_grids in prompts for grid in image_grids]
+    generator = torch.Generator().manual_seed(seed)
+    pixels = [torch.randn(h * w, CHANNELS * PATCH * PATCH, generator=generator, dtype=torch.float64) for h, w in grids]
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "mm_token_type_ids": (ids == IMAGE).int(),
+        "pixel_values": torch.cat(pixels),
+        "image_grid_thw": torch.tensor([[1, h, w] for h, w in grids]),
+    }
+
+
+def one(texts: list[list[int]] | None = None, grids: list[tuple[int, int]] | None = None, seed: int = 0) -> dict:
+    """One prompt: text, a 4×6-patch image (6 merged tokens), text."""
+    return batch([(texts or [[1, 5, 6], [7, 8, 9]], grids or [(4, 6)])], seed=seed)
