@@ -266,7 +266,8 @@ def prefill_cost(
     """The prefill MACs of one image and ``text_tokens`` text tokens (default 94: LLaVA-1.5's ~670-token prompt).
 
     ``keep``: image tokens kept per image (pre-LLM: entering the LLM; fastv/dart: from their layer K on; pdrop: from
-    its first stage on, later stages scaled by its ratios, 0.5 : 0.25 : 0.125 -> keep, keep/2, keep/4; tome: left
+    its first stage on, later stages scaled by its ratios, 0.5 : 0.25 : 0.125 -> keep, keep/2, keep/4, which
+    ``vitrim.vlm`` runs as ``ratios=(keep / N, keep / 2N, keep / 4N)``; tome: left
     at the tower's feature layer). ``method="none"`` needs no ``keep``.
     """
     if method not in METHODS:
