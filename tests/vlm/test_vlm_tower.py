@@ -221,3 +221,12 @@ def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
     assert state is not None and state.tokens.shape == (2, 10, 32)
     torch.testing.assert_close(state.tokens, expected.tokens, rtol=0, atol=1e-12)
     assert torch.equal(state.positions, expected.positions)
+
+
+def test_a_model_without_a_clip_or_siglip_tower_is_refused_at_apply() -> None:
+    from qwen_tiny import qwen2_vl
+
+    model = qwen2_vl()
+    with pytest.raises(TypeError, match=r"Qwen2VLForConditionalGeneration has none: it has no model\.vision_tower"):
+        vitrim.vlm.apply(model, "tome", r=2)
+    assert not hasattr(model, "_vitrim_vlm")

@@ -267,9 +267,10 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     layers = getattr(encoder, "layers", None)
     kinds = {type(layer).__name__ for layer in layers} if isinstance(layers, nn.ModuleList) else set()
     if not kinds or not kinds <= {"CLIPEncoderLayer", "SiglipEncoderLayer"}:
+        found = f"its tower's layers are {sorted(kinds)}" if kinds else "it has no model.vision_tower encoder"
         raise TypeError(
-            f"{type(model).__name__}'s vision tower is not a CLIP or SigLIP encoder (found {sorted(kinds) or 'none'}); "
-            "vitrim reducers run inside those towers"
+            f"vitrim reducers run inside CLIP and SigLIP vision towers (LLaVA-1.5); {type(model).__name__} has none: "
+            f"{found}"
         )
     assert isinstance(layers, nn.ModuleList)
     config = tower.config  # type: ignore[union-attr]
