@@ -122,13 +122,15 @@ def test_selection_and_groups_describe_the_tokens_entering_the_projector(llava, 
 
 def test_keep_spreads_a_count_based_reducer_to_exactly_keep(llava, inputs) -> None:
     with torch.no_grad():
-        for name in ("tome", "evit", "topk"):
-            vitrim.vlm.apply(llava, name, keep=6, to_grid=True)
+        for name, to_grid in (("tome", True), ("evit", True), ("topk", False)):
+            vitrim.vlm.apply(llava, name, keep=6, to_grid=to_grid)
             try:
-                llava(**inputs)
+                logits = llava(**inputs).logits
                 assert [len(k) for k in vitrim.vlm.last_selection(llava)] == [6, 6], name
             finally:
                 vitrim.vlm.remove(llava)
+            # to_grid=False: 10 of each image's 16 image positions left the LLM input
+            assert logits.shape[1] == inputs["input_ids"].shape[1] - (0 if to_grid else 10), name
 
 
 def test_generate_runs_unchanged_with_a_cheaper_tower(llava, inputs) -> None:
