@@ -35,6 +35,7 @@ def test_the_mac_counts_are_what_torch_counts_in_the_timed_model() -> None:
     assert pruned == 2 * prefill_cost(vlm, "random", 5, text_tokens=94).total
 
 
+@pytest.mark.full  # the CLI test runs the same path with one method
 def test_every_case_is_timed_against_the_unmodified_model() -> None:
     settings = VLMBenchSettings(**TINY, keeps=(4, 8), methods=("random", "fastervlm"), repeats=2, warmup=0)  # type: ignore[arg-type]
     results = run_bench(settings)
