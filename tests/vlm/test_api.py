@@ -138,3 +138,40 @@ def test_without_transformers_apply_names_the_extra(model: torch.nn.Module, monk
         ModuleNotFoundError, match=r"vitrim.vlm needs transformers, which is not installed: pip install 'vitrim\[vlm\]'"
     ):
         vitrim.vlm.apply(model, "random", keep=4)
+
+
+def test_cls_attention_methods_are_refused_when_the_features_hold_cls() -> None:
+    full = tiny_llava()
+    full.config.vision_feature_select_strategy = "full"  # the image's tokens are [CLS] and the 16 patches
+    before = snapshot(full)
+    with pytest.raises(ValueError, match="scores by \\[CLS\\] attention at one tower layer"):
+        vitrim.vlm.apply(full, "visionzip", keep=8)
+    assert_untouched(full, before)
+    with pytest.raises(ValueError, match="keep=18 is more than the image's 17 tokens"):
+        vitrim.vlm.apply(full, "divprune", keep=18)
+    vitrim.vlm.apply(full, "divprune", keep=17)  # every token: allowed
+    vitrim.vlm.remove(full)
+
+
+def test_content_seed_reads_any_dtype_and_tells_images_apart() -> None:
+    from vitrim.vlm.registry import content_seed
+
+    image = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        assert content_seed(image.to(dtype)) == content_seed(image.to(dtype).clone())
+    assert content_seed(image) != content_seed(image + 1e-3)
+    assert 0 <= content_seed(image) < 2**63
+
+
+def test_inputs_embeds_with_images_is_refused_rather_than_left_unpruned(model: torch.nn.Module) -> None:
+    ids = torch.tensor([[5] + [3] * GRID_TOKENS + [6]])
+    embeds = model.get_input_embeddings()(ids)
+    vitrim.vlm.apply(model, "random", keep=4)
+    try:
+        with pytest.raises(ValueError, match=r"vitrim.vlm needs input_ids \(not inputs_embeds\)"):
+            model(inputs_embeds=embeds, pixel_values=torch.zeros(1, 3, 16, 16, dtype=torch.float64))
+        model(input_ids=ids, pixel_values=torch.zeros(1, 3, 16, 16, dtype=torch.float64))
+        text = model.model.language_model(inputs_embeds=embeds)  # a direct text call after a prefill: untouched
+        assert text.last_hidden_state.shape[1] == ids.shape[1]
+    finally:
+        vitrim.vlm.remove(model)

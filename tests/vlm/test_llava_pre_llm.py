@@ -44,7 +44,7 @@ def generate_positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0) * mask
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", pytest.param("eager", marks=pytest.mark.full)])
 def test_keeping_every_token_is_the_unmodified_model_bit_for_bit(
     models: dict[str, torch.nn.Module], model: torch.nn.Module, attn: str
 ) -> None:
@@ -193,3 +193,104 @@ def test_last_selection_groups_are_one_index_per_kept_token(model: torch.nn.Modu
     kept = vitrim.vlm.last_selection(model)[0]
     groups = vitrim.vlm.last_selection(model, groups=True)[0]
     assert [g.tolist() for g in groups] == [[i] for i in kept.tolist()]
+
+
+@pytest.mark.full
+def test_generate_without_a_cache_shortens_every_step_alike(model: torch.nn.Module) -> None:
+    ids, pv = prompt(3, 2, images=2, seed=9)[None], pixels(2, seed=9)
+    vitrim.vlm.apply(model, "visionzip", keep=6, contextual=2)
+    cached = model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False)
+    uncached = model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_the_random_draw_depends_on_the_seed_and_on_the_image(model: torch.nn.Module) -> None:
+    ids, pv = prompt(1, 1, images=2)[None], pixels(2)
+    draws = {}
+    for seed in (0, 1):
+        vitrim.vlm.apply(model, "random", keep=6, seed=seed)
+        model(input_ids=ids, pixel_values=pv)
+        draws[seed] = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+        vitrim.vlm.remove(model)
+    assert draws[0][0] != draws[0][1] and draws[0] != draws[1]
+
+
+@pytest.mark.full  # a fresh interpreter (seconds); the static check below runs by default
+def test_importing_vitrim_vlm_does_not_import_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, vitrim.vlm; assert 'transformers' not in sys.modules, 'imported'; print(vitrim.vlm.methods())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "visionzip" in out.stdout
+
+
+def test_watch_spans_reports_every_prefill_plain_and_under_generate(model: torch.nn.Module) -> None:
+    from vitrim.vlm.family import find_family
+
+    seen = []
+    unwatch = find_family(model).watch_spans(seen.append)
+    ids, pv = prompt(2, 1, images=2)[None], pixels(2)
+    model(input_ids=ids, pixel_values=pv)
+    model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False)  # one prefill, two decodes
+    unwatch()
+    model(input_ids=ids, pixel_values=pv)
+    assert len(seen) == 2
+    for spans in seen:
+        image_columns = (ids[0] == 3).nonzero()[:, 0]
+        assert spans.image_of[0, image_columns].tolist() == [0] * GRID_TOKENS + [1] * GRID_TOKENS
+        assert spans.token_of[0, image_columns].tolist() == list(range(GRID_TOKENS)) * 2
+
+
+@pytest.mark.full
+def test_beam_search_equals_beam_search_on_the_masked_model(model: torch.nn.Module) -> None:
+    """generate() repeats each prompt and its images per beam; the selection is repeated alike."""
+    prompts, images = three_samples()
+    ids, mask = batch(prompts[:2], "left")
+    pv = torch.cat(images[:2])
+    options = dict(max_new_tokens=3, do_sample=False, num_beams=2, num_return_sequences=2)
+    vitrim.vlm.apply(model, "fastervlm", keep=5)
+    pruned = model.generate(input_ids=ids, attention_mask=mask, pixel_values=pv, **options)
+    kept = vitrim.vlm.last_selection(model)
+    assert len(kept) == 3  # the prompts' images, not the beams'
+    vitrim.vlm.remove(model)
+    masked = dropped_mask(ids, mask, kept)
+    reference = model.generate(
+        input_ids=ids, attention_mask=masked, position_ids=generate_positions(mask), pixel_values=pv, **options
+    )
+    assert torch.equal(pruned, reference)
+
+
+def test_calling_the_inner_llava_model_directly_prunes_too(model: torch.nn.Module) -> None:
+    ids, pv = prompt(2, 2)[None], pixels(1)
+    vitrim.vlm.apply(model, "fastervlm", keep=4)
+    hidden = model.model(input_ids=ids, pixel_values=pv).last_hidden_state
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    mask = dropped_mask(ids, torch.ones_like(ids), kept)
+    full = model.model(input_ids=ids, pixel_values=pv, attention_mask=mask).last_hidden_state
+    assert hidden.shape[1] == ids.shape[1] - (GRID_TOKENS - 4)
+    assert (full[0, mask[0].bool()] - hidden[0]).abs().max() <= TOL
+
+
+def test_no_vlm_module_imports_transformers_at_its_top() -> None:
+    import ast
+    from pathlib import Path
+
+    package = Path(vitrim.vlm.__file__).parent
+    for path in package.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:  # module level only: a function may import it when called
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "transformers" for n in names), path.name
+
+
+def test_labels_are_refused_while_the_input_is_shortened(model: torch.nn.Module) -> None:
+    ids, pv = prompt(1, 2)[None], pixels(1)
+    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)  # every token: nothing shortened, the loss runs
+    assert model(input_ids=ids, pixel_values=pv, labels=ids).loss is not None
+    vitrim.vlm.remove(model)
+    vitrim.vlm.apply(model, "random", keep=4)
+    with pytest.raises(ValueError, match=r"labels= .* cannot be computed while vitrim.vlm shortens the LLM input"):
+        model(input_ids=ids, pixel_values=pv, labels=ids)

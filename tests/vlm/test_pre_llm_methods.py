@@ -80,19 +80,27 @@ def test_the_cls_row_and_keys_equal_transformers_attention_maps(
     assert torch.equal(keys, authors_tensors["keys"][:, :, 1:])
 
 
-@pytest.mark.parametrize("keep", [1, 5, 12])
+@pytest.mark.parametrize("keep", [pytest.param(1, marks=pytest.mark.full), 5, pytest.param(12, marks=pytest.mark.full)])
 def test_fastervlm_equals_the_authors_top_k(eager, authors_tensors, keep: int) -> None:
     expected = fastervlm_reference(authors_tensors["attentions"], keep)
     assert selected(eager, authors_tensors["pixels"], "fastervlm", keep=keep) == expected
 
 
-@pytest.mark.parametrize(("keep", "ratio"), [(4, 0.5), (9, 0.5), (6, 0.0), (5, 1.0)])
+@pytest.mark.parametrize(
+    ("keep", "ratio"),
+    [
+        (4, 0.5),
+        pytest.param(9, 0.5, marks=pytest.mark.full),
+        pytest.param(6, 0.0, marks=pytest.mark.full),
+        pytest.param(5, 1.0, marks=pytest.mark.full),
+    ],
+)
 def test_vispruner_equals_the_authors_selection(eager, authors_tensors, keep: int, ratio: float) -> None:
     expected = vispruner_reference(authors_tensors["attentions"], authors_tensors["hidden"], keep, ratio)
     assert selected(eager, authors_tensors["pixels"], "vispruner", keep=keep, important_ratio=ratio) == expected
 
 
-@pytest.mark.parametrize(("keep", "contextual"), [(6, 2), (9, 3), (4, 4)])
+@pytest.mark.parametrize(("keep", "contextual"), [(6, 2), pytest.param(9, 3, marks=pytest.mark.full), (4, 4)])
 def test_visionzip_equals_the_authors_selection_and_merge(eager, authors_tensors, keep: int, contextual: int) -> None:
     pv = authors_tensors["pixels"]
     slots, tokens = visionzip_reference(
@@ -117,7 +125,7 @@ def test_visionzip_equals_the_authors_selection_and_merge(eager, authors_tensors
             assert (captured["out"][image, index] - expected[image, slot]).abs().max() <= 1e-12, (image, index)
 
 
-@pytest.mark.parametrize("keep", [1, 4, 10])
+@pytest.mark.parametrize("keep", [pytest.param(1, marks=pytest.mark.full), 4, 10])
 def test_divprune_equals_the_papers_greedy(eager, authors_tensors, keep: int) -> None:
     expected = divprune_reference(authors_tensors["projected"], keep)
     assert selected(eager, authors_tensors["pixels"], "divprune", keep=keep) == expected
@@ -151,7 +159,7 @@ def authors_form(evidence: VisionEvidence) -> tuple[torch.Tensor, torch.Tensor, 
     return attentions, hidden, keys
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.full), pytest.param(2, marks=pytest.mark.full)])
 def test_every_selection_breaks_ties_as_the_references_do(seed: int) -> None:
     evidence = tied_evidence(seed)
     attentions, hidden, keys = authors_form(evidence)
@@ -169,3 +177,13 @@ def test_every_selection_breaks_ties_as_the_references_do(seed: int) -> None:
             for slot, index in enumerate(slots[image]):
                 position = selection.kept.tolist().index(index)
                 assert torch.equal(selection.merged[position], tokens[image, slot])
+
+
+def test_on_an_sdpa_tower_the_selections_are_the_same(authors_tensors: dict[str, torch.Tensor]) -> None:
+    """The [CLS] row is computed from q/k, so the tower keeps SDPA (which returns no attention maps)."""
+    sdpa = tiny_llava(attn="sdpa")  # the same weights as the eager fixture (same seed)
+    pv, attentions, hidden = authors_tensors["pixels"], authors_tensors["attentions"], authors_tensors["hidden"]
+    assert selected(sdpa, pv, "fastervlm", keep=5) == fastervlm_reference(attentions, 5)
+    assert selected(sdpa, pv, "vispruner", keep=6) == vispruner_reference(attentions, hidden, 6, 0.5)
+    slots, _ = visionzip_reference(attentions, hidden, authors_tensors["keys"], 4, 2)
+    assert selected(sdpa, pv, "visionzip", keep=6, contextual=2) == [sorted(s) for s in slots]

@@ -16,6 +16,7 @@ from typing import Protocol
 from torch import nn
 
 from vitrim.vlm.family_llava import LlavaAdapter
+from vitrim.vlm.family_llava_next import LlavaNextAdapter
 from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import Installation, Method
@@ -49,6 +50,7 @@ class FamilyAdapter(Protocol):
 # class name (anywhere in the model's MRO) -> adapter factory
 FAMILIES: dict[str, Callable[[nn.Module], FamilyAdapter]] = {
     "LlavaForConditionalGeneration": LlavaAdapter,
+    "LlavaNextForConditionalGeneration": LlavaNextAdapter,
     "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen3VLForConditionalGeneration": Qwen2VLAdapter,

@@ -6,7 +6,8 @@ The model (transformers ≥ 5): ``model.model.vision_tower`` (CLIP) → ``hidden
 (image_size / patch_size)² tokens (576 for LLaVA-1.5 at 336 px), +1 under the "full" strategy.
 
 Seams used (hooks on this instance's submodules only):
-- a forward pre-hook with kwargs on the model itself: the ``input_ids`` and ``pixel_values`` of a prefill;
+- a forward pre-hook with kwargs on ``model.model`` (so calling it directly prunes too): the ``input_ids`` and
+  ``pixel_values`` (or, under generate(), ``mm_encoder_outputs``) of a prefill;
 - a forward pre-hook on the scoring layer's attention (tower layer ``vision_feature_layer``): its input hidden
   states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
 - a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
@@ -52,29 +53,42 @@ class LlavaAdapter:
         self.language_model: nn.Module = inner.language_model
         self.config: Any = model.config
 
-    def tokens_per_image(self) -> int:
+    def tile_tokens(self) -> int:
+        """Tokens of one tower image entering the projector: the grid, +1 ([CLS]) under the "full" strategy."""
         vision = self.config.vision_config
         grid = (vision.image_size // vision.patch_size) ** 2
         return grid + (1 if self.config.vision_feature_select_strategy == "full" else 0)
 
+    def tokens_per_image(self) -> int | None:
+        return self.tile_tokens()
+
     def spans(self, input_ids: Tensor) -> ImageSpans:
         """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
         is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
-        per_image = self.tokens_per_image()
+        per_image = self.tile_tokens()
         num_images = int(is_image.sum()) // per_image
         return spans_from_mask(is_image, [per_image] * num_images)
 
+    def prefill_input_ids(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+        """The ``input_ids`` of a forward pass that carries images (a prefill), None for one without (a decode step
+        or text alone). generate() encodes the images before its first forward and passes them as
+        ``mm_encoder_outputs``, a plain call as ``pixel_values``."""
+        pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
+        if pixel_values is None and encoded is None:
+            return None
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is None:
+            raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
+        return input_ids
+
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")  # generate() encodes images first
-            if kwargs.get("pixel_values") is None and encoded is None:
-                return  # a decode step (generate drops pixel_values after the prefill) or a text-only call
-            input_ids = kwargs.get("input_ids", args[0] if args else None)
-            if input_ids is None:
-                raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-            on_prefill(self.spans(input_ids))
+            input_ids = self.prefill_input_ids(args, kwargs)
+            if input_ids is not None:
+                on_prefill(self.spans(input_ids))
 
-        handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove
 
     def scoring_layer(self) -> Any:
@@ -94,6 +108,9 @@ class LlavaAdapter:
                 f"vision_feature_layer={self.config.vision_feature_layer!r} and vision_feature_select_strategy="
                 f"{self.config.vision_feature_select_strategy!r} (expected an int layer and 'default')"
             )
+        return self.make_pre_llm(method, keep)
+
+    def make_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
         return LlavaPreLLM(self, method, keep)
 
 
@@ -115,10 +132,11 @@ def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tenso
 class LlavaPreLLM:
     """A pre-LLM method installed on one LLaVA instance: selects at the projector, shortens the LLM input.
 
-    Per forward pass with images: the tower's pre-hook keeps each image's seed; the scoring layer's pre-hook its
-    input; the projector's pre-hook selects (``method.select``) and writes merged features into their slots; the
-    language model's pre-hook shortens its input (vitrim.vlm.sequence) and remembers what decoding needs; the
-    language model's forward hook remembers the cache it returned, so a later call on that cache is a decode step.
+    Per forward pass with images: the tower's pre-hook keeps each image's seed (for the seeded method); the
+    scoring layer's pre-hook its input; the projector's pre-hook selects (``method.select``) and writes merged
+    features into their slots; the language model's pre-hook shortens its input (vitrim.vlm.sequence) and remembers
+    what decoding needs; the language model's forward hook remembers the cache it returned, so a later call on that
+    cache is a decode step.
     """
 
     def __init__(self, adapter: LlavaAdapter, method: Method, keep: KeepSpec) -> None:
@@ -133,13 +151,16 @@ class LlavaPreLLM:
         self.shortened_now = False
         inner = adapter.inner
         handles = [
-            adapter.model.register_forward_pre_hook(self.on_model, with_kwargs=True),
-            inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True),
+            inner.register_forward_pre_hook(self.on_model, with_kwargs=True),
             inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
             inner.multi_modal_projector.register_forward_hook(self.after_projector),
             adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
             adapter.language_model.register_forward_hook(self.after_language_model, with_kwargs=True),
         ]
+        if not keep.keeps_all(adapter.tile_tokens()):
+            handles.append(adapter.model.register_forward_pre_hook(self.refuse_labels, with_kwargs=True))
+        if method.needs_seeds:
+            handles.append(inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
         scoring = adapter.scoring_layer()
         if method.needs_cls_attention and scoring is not None:
             handles.append(scoring.self_attn.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
@@ -154,17 +175,27 @@ class LlavaPreLLM:
         return self.last
 
     def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # generate() encodes the images before its first forward and passes them as mm_encoder_outputs, so the
-        # selection (made at the projector) may come before this hook: a forward carrying images uses the latest one
-        self.spans = None
-        pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
-        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
-        if pixel_values is None and encoded is None:
-            return
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if input_ids is None:
-            raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-        self.spans = self.adapter.spans(input_ids)
+        # the selection (made at the projector) may come before this hook: generate() encodes the images first
+        input_ids = self.adapter.prefill_input_ids(args, kwargs)
+        self.spans = None if input_ids is None else self.adapter.spans(input_ids)
+
+    def image_selections(self) -> tuple[list[ImageSelection], int]:
+        """The selection per image of the prompts (before any expansion by generate()) in the index space of
+        the image's LLM tokens, and the most tokens an image has. LLaVA-1.5: one tower image per image."""
+        assert self.last is not None
+        return self.last, self.adapter.tile_tokens()
+
+    def keeps_everything(self) -> bool:
+        """Every tower image keeps all its tokens (and nothing merged): the LLM input stays as it is."""
+        assert self.last is not None
+        return all(len(s.kept) == self.adapter.tile_tokens() for s in self.last)
+
+    def refuse_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if kwargs.get("labels") is not None:
+            raise ValueError(
+                "labels= (a loss over every position) cannot be computed while vitrim.vlm shortens the LLM input; "
+                "call vitrim.vlm.remove(model) to train or score with labels"
+            )
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
@@ -216,16 +247,13 @@ class LlavaPreLLM:
         return None
 
     def shorten_prefill(self, kwargs: dict[str, Any]) -> Any:
-        selections, spans = self.last, self.spans
+        spans = self.spans
         assert spans is not None
-        if selections is None or len(selections) != spans.num_images:
-            raise ValueError(
-                f"the input holds {spans.num_images} images but vitrim.vlm selected tokens for "
-                f"{0 if selections is None else len(selections)} (beam search and other input expansions are not "
-                "supported with a pre-LLM method)"
-            )
-        num_tokens = self.adapter.tokens_per_image()
-        if all(len(s.kept) == num_tokens for s in selections):
+        if self.last is None:
+            raise ValueError("vitrim.vlm saw images enter the LLM but no selection was made for them")
+        images, num_tokens = self.image_selections()
+        selections = expand_selections(images, spans)
+        if self.keeps_everything():
             self.decode = None  # every token stays: the model runs unmodified
             return None
         cache = kwargs.get("cache")
@@ -248,6 +276,7 @@ class LlavaPreLLM:
             cache = getattr(output, "cache", None)
             self.decode_cache = weakref.ref(cache) if cache is not None else None
         self.shortened_now = False
+        self.spans = None  # this prefill's; a later direct call of the language model is not one
 
     def fix_decode(self, kwargs: dict[str, Any], cache: Any) -> Any:
         assert self.decode is not None
@@ -257,3 +286,30 @@ class LlavaPreLLM:
         if kwargs.get("position_ids") is None:
             kwargs["position_ids"] = decode_position_ids(self.decode, past, new, embeds.device)
         return (), kwargs
+
+
+def expand_selections(selections: list[ImageSelection] | None, spans: ImageSpans) -> list[ImageSelection]:
+    """The selection per image of ``spans``: the images as selected, or, when generate() expanded the batch (beam
+    search, several sequences per prompt: each row repeated e times with its own images), each row's images'
+    selections repeated alike. ``ValueError`` when the two cannot be matched."""
+    count = 0 if selections is None else len(selections)
+    if selections is not None and spans.num_images == count:
+        return selections
+    per_row = [int(row.unique().numel()) - int(bool((row < 0).any())) for row in spans.image_of]  # images per row
+    expand = spans.num_images // count if count and spans.num_images % count == 0 else 0
+    consistent = (
+        selections is not None
+        and expand > 0
+        and len(per_row) % expand == 0
+        and spans.num_images == expand * count
+        and all(per_row[row] == per_row[row - row % expand] for row in range(len(per_row)))
+    )
+    if not consistent:
+        raise ValueError(f"the input holds {spans.num_images} images but vitrim.vlm selected tokens for {count}")
+    assert selections is not None
+    starts = [sum(per_row[:row:expand]) for row in range(0, len(per_row), expand)]  # first image of each prompt
+    expanded: list[ImageSelection] = []
+    for row, images in enumerate(per_row):
+        start = starts[row // expand]
+        expanded += selections[start : start + images]
+    return expanded

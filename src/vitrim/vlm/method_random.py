@@ -33,6 +33,7 @@ class RandomSelection(Method):
     """Options: ``seed`` (int, default 0)."""
 
     defaults: ClassVar[Mapping[str, Any]] = {"seed": 0}
+    needs_seeds = True
 
     def check(self) -> None:
         seed = self.options["seed"]

@@ -39,12 +39,13 @@ def vispruner_keep(scores: Tensor, features: Tensor, keep: int, important_ratio:
     if diverse == 0:
         return important_indices
     normalized = features / features.norm(dim=-1, keepdim=True)  # (N, D)
+    cosine = normalized @ normalized.T  # (N, N) once; each round reads its a × b block (the authors recompute it)
     while True:
         drop = min(DROP_PER_ROUND, len(residual) - diverse)
         if drop <= 0:
             break
         a, b = residual[0::2], residual[1::2]  # (⌈R/2⌉,), (⌊R/2⌋,)
-        similarity = (normalized[a] @ normalized[b].T).max(-1).values  # (⌈R/2⌉,)
+        similarity = cosine[a][:, b].max(-1).values  # (⌈R/2⌉,)
         distinct = torch.sort(similarity, descending=True, stable=True).indices[drop:]
         residual = torch.cat([a[distinct], b])
     return torch.cat([important_indices, residual])

@@ -103,6 +103,7 @@ class Method:
     defaults: ClassVar[Mapping[str, Any]] = {}
     needs_cls_attention: ClassVar[bool] = False  # pre-LLM: the family must capture VisionEvidence.cls_attention/keys
     scores_projected: ClassVar[bool] = False  # pre-LLM: select on VisionEvidence.projected (after the projector)
+    needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))

@@ -1,0 +1,201 @@
+"""LLaVA-NeXT (transformers' ``LlavaNextForConditionalGeneration``): anyres tiles and the newline tokens.
+
+An image becomes tiles (a base view and a grid of crops, ``image_size_to_num_patches``), each a CLIP image of N
+tokens; transformers packs them (``pack_image_features``): the base tile's N tokens, then the grid's tokens in
+raster order over the whole grid, unpadded to the image's aspect ratio, each row followed by one ``image_newline``
+token. That packed sequence is the image's tokens in the LLM, and its order is vitrim's index space for LLaVA-NeXT
+(``last_selection``: positions 0 … T−1 among them, newline tokens included).
+
+Where vitrim cuts, as the authors of FasterVLM and VisPruner do on LLaVA-NeXT: every tile is selected alone, with
+``keep`` tokens per tile (so an image of t tiles has t·keep selected tokens before unpadding); newline tokens
+always stay; a token the unpadding removes is not in the LLM input, kept or not (a VisionZip contextual token whose
+target is unpadded away is lost with it, as in the authors' pipeline). ``keep`` as an int is therefore a count per
+tile (1 … N), as a float a fraction of each tile.
+
+The packing is transformers' own: vitrim runs the model's ``pack_image_features`` on a tensor of token numbers to
+learn where each tile token lands. generate() encodes the images before its first forward without passing
+``image_sizes`` to it, so the adapter wraps ``get_image_features`` on the instance (an instance attribute, removed
+again) to see them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.family_llava import LlavaAdapter, LlavaPreLLM
+from vitrim.vlm.keep import KeepSpec
+from vitrim.vlm.registry import ImageSelection, Installation, Method
+from vitrim.vlm.spans import ImageSpans, spans_from_mask
+
+NEWLINE = -1  # in a token map: the position holds the image_newline token
+
+
+class LlavaNextAdapter(LlavaAdapter):
+    """The seams of one ``LlavaNextForConditionalGeneration`` instance (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.image_sizes: Tensor | None = None  # of the last get_image_features call
+        self.watchers = 0
+        self.modeling = sys.modules[type(self.inner).__module__]  # transformers' llava_next module, already loaded
+
+    def tokens_per_image(self) -> int | None:
+        return None  # depends on each image's size
+
+    def tiles_of(self, image_sizes: Tensor) -> list[int]:
+        image_size = self.config.vision_config.image_size
+        pinpoints = self.config.image_grid_pinpoints
+        return [int(self.modeling.image_size_to_num_patches(size, pinpoints, image_size)) for size in image_sizes]
+
+    def token_maps(self, image_sizes: Tensor) -> list[Tensor]:
+        """Per image (T_i,) long: for each of its LLM tokens, ``tile · N + token`` of the tile token it shows
+        (tiles numbered within the image), or NEWLINE."""
+        tiles = self.tiles_of(image_sizes)
+        tokens = self.tile_tokens()
+        numbers = [
+            torch.arange(count * tokens, dtype=torch.float64).view(count, tokens, 1) for count in tiles
+        ]  # exact integers in float64, packed like features
+        newline = torch.tensor([float(NEWLINE)], dtype=torch.float64)
+        strategy = self.config.vision_feature_select_strategy
+        packed, _ = self.inner.pack_image_features(numbers, image_sizes.cpu(), strategy, image_newline=newline)
+        return [image[:, 0].round().long() for image in packed]
+
+    def spans_for(self, input_ids: Tensor, image_sizes: Tensor) -> ImageSpans:
+        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
+        counts = [len(m) for m in self.token_maps(image_sizes)]
+        return spans_from_mask(is_image, expanded_counts(counts, is_image.sum(1).tolist()))
+
+    def prefill_spans(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ImageSpans | None:
+        input_ids = self.prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
+        sizes = sizes if sizes is not None else self.image_sizes
+        if sizes is None:
+            raise ValueError("vitrim.vlm needs the image_sizes of a LLaVA-NeXT prefill")
+        return self.spans_for(input_ids, torch.as_tensor(sizes))
+
+    def see_image_sizes(self) -> Callable[[], None]:
+        """Wrap ``get_image_features`` on the instance to remember ``image_sizes``; returns the undo."""
+        original = self.inner.get_image_features
+
+        @functools.wraps(original)  # generate() reads its signature to pick the arguments it passes
+        def get_image_features(*args: Any, **kwargs: Any) -> Any:
+            sizes = kwargs.get("image_sizes", args[1] if len(args) > 1 else None)
+            self.image_sizes = None if sizes is None else torch.as_tensor(sizes)
+            return original(*args, **kwargs)
+
+        self.inner.get_image_features = get_image_features
+
+        def undo() -> None:
+            if self.inner.__dict__.get("get_image_features") is get_image_features:
+                del self.inner.get_image_features
+
+        return undo
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        undo_sizes = self.see_image_sizes()
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            spans = self.prefill_spans(args, kwargs)
+            if spans is not None:
+                on_prefill(spans)
+
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
+
+        def remove() -> None:
+            handle.remove()
+            undo_sizes()
+
+        return remove
+
+    def make_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
+        keep.tokens(self.tile_tokens())  # keep counts per tile here: checked against a tile's tokens
+        return LlavaNextPreLLM(self, method, keep)
+
+
+class LlavaNextPreLLM(LlavaPreLLM):
+    """LLaVA's pre-LLM plumbing with tiles: selected per tile at the projector, mapped to the packed tokens."""
+
+    adapter: LlavaNextAdapter
+
+    def __init__(self, adapter: LlavaNextAdapter, method: Method, keep: KeepSpec) -> None:
+        super().__init__(adapter, method, keep)
+        self.reported: list[ImageSelection] | None = None
+        self.sizes: Tensor | None = None
+        self.undo_sizes = adapter.see_image_sizes()
+
+    def remove(self) -> None:
+        super().remove()
+        self.undo_sizes()
+
+    def selection(self) -> list[ImageSelection] | None:
+        return self.reported
+
+    def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.spans = self.adapter.prefill_spans(args, kwargs)
+        if self.spans is not None:
+            sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
+            self.sizes = torch.as_tensor(sizes) if sizes is not None else self.adapter.image_sizes
+
+    def image_selections(self) -> tuple[list[ImageSelection], int]:
+        assert self.last is not None and self.sizes is not None
+        maps = self.adapter.token_maps(self.sizes)
+        tiles = self.adapter.tiles_of(self.sizes)
+        if sum(tiles) != len(self.last):
+            raise ValueError(f"the images have {sum(tiles)} tiles but vitrim.vlm selected tokens for {len(self.last)}")
+        tokens = self.adapter.tile_tokens()
+        starts = [sum(tiles[:image]) for image in range(len(tiles))]
+        self.reported = [
+            tiles_to_image(self.last[start : start + count], token_map, tokens)
+            for start, count, token_map in zip(starts, tiles, maps)
+        ]
+        return self.reported, max(len(m) for m in maps)
+
+
+def expanded_counts(counts: list[int], row_tokens: list[int]) -> list[int]:
+    """Tokens per image of the input's rows: ``counts`` as they are, or, when generate() repeated every prompt e
+    times with its images (beam search, several sequences per prompt), each prompt's counts repeated e times.
+    ``row_tokens``: image tokens per row. Unmatched inputs are left to :func:`spans_from_mask`'s error."""
+    total, given = sum(row_tokens), sum(counts)
+    if total == given or given == 0 or total % given or len(row_tokens) % (total // given):
+        return counts
+    repeat = total // given
+    expanded, image = [], 0
+    for row in range(0, len(row_tokens), repeat):
+        group: list[int] = []
+        while sum(group) < row_tokens[row] and image < len(counts):
+            group.append(counts[image])
+            image += 1
+        expanded += group * repeat
+    return expanded
+
+
+def tiles_to_image(tiles: list[ImageSelection], token_map: Tensor, tokens: int) -> ImageSelection:
+    """One image's selection over its packed LLM tokens from the selections of its tiles (in order).
+
+    token_map: (T,) ``tile · N + token`` (tiles counted from the image's first) or NEWLINE for each LLM token;
+    tokens: N, the tokens of one tile.
+    """
+    numbers = token_map.tolist()
+    position_of = {number: position for position, number in enumerate(numbers) if number != NEWLINE}
+    groups = {position: [position] for position, number in enumerate(numbers) if number == NEWLINE}
+    for tile, selection in enumerate(tiles):
+        for kept, group in zip(selection.kept.tolist(), selection.groups):
+            position = position_of.get(tile * tokens + kept)
+            if position is None:
+                continue  # unpadded away: not in the LLM input
+            members = [position_of[tile * tokens + m] for m in group.tolist() if tile * tokens + m in position_of]
+            groups[position] = sorted(members)
+    kept_positions = sorted(groups)
+    device = tiles[0].kept.device
+    return ImageSelection(
+        kept=torch.tensor(kept_positions, dtype=torch.long, device=device),
+        groups=tuple(torch.tensor(groups[p], dtype=torch.long, device=device) for p in kept_positions),
+    )
