@@ -225,10 +225,10 @@ def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
     assert torch.equal(state.positions, expected.positions)
 
 
-def test_a_model_without_a_clip_or_siglip_tower_is_refused_at_apply() -> None:
+def test_a_family_the_tower_stage_does_not_handle_is_refused_at_apply() -> None:
     from qwen_tiny import qwen2_vl
 
     model = qwen2_vl()
-    with pytest.raises(TypeError, match=r"Qwen2VLForConditionalGeneration has none: it has no model\.vision_tower"):
+    with pytest.raises(TypeError, match=r"runs on LLaVA-1\.5 .*Qwen2VLForConditionalGeneration is not handled"):
         vitrim.vlm.apply(model, "tome", r=2)
     assert not hasattr(model, "_vitrim_vlm")

@@ -1,5 +1,8 @@
 """vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
 
+``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``); the layer seam itself
+(:class:`TowerReduction`) also runs on a SigLIP tower, for the Gemma 3 / PaliGemma adapters to come.
+
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
     vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
 
@@ -290,6 +293,11 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     if not isinstance(method, TowerMethod):
         raise TypeError(f"vlm method {method.name!r} is not a tower method")
     model = family.model
+    if type(family).__name__ != "LlavaAdapter":  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
+        raise TypeError(
+            f"tower method {method.name!r} runs on LLaVA-1.5 (LlavaForConditionalGeneration); "
+            f"{type(model).__name__} is not handled in the tower"
+        )
     config = model.config
     feature_layer = getattr(config, "vision_feature_layer", -1)
     if not isinstance(feature_layer, int):
