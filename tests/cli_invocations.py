@@ -104,6 +104,18 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
             "--no-memory",
             *speed,
         ],
+        "bench vlm": [
+            "bench",
+            "vlm",
+            "--set",
+            "vision_width=32,vision_mlp=48,vision_heads=4,image_size=56,llm_width=32,llm_mlp=40,llm_heads=4",
+            "--methods",
+            "random",
+            "--keep",
+            "4",
+            *speed,
+        ],
+        "vlm flops": ["vlm", "flops", "--models", "gemma-3-4b", "--keep", "64"],
         "bench ops": ["bench", "ops", "vit_tiny_patch16_224", "--set", TINY, "--reducer", "tome:r=2"],
         "bench reducers": [
             "bench",

@@ -43,6 +43,8 @@ WITHOUT_EXTRAS = {
     "bench models": None,
     "bench ops": None,
     "bench reducers": "viz",
+    "bench vlm": "vlm",
+    "vlm flops": None,
 }
 
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz
+from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz, vlm
 from vitrim.cli.common import apply_threads, in_flags
 from vitrim.extras import missing_extra_message
 
@@ -26,6 +26,7 @@ COMMANDS = {
     "models": models,
     "train": train,
     "viz": viz,
+    "vlm": vlm,
     "translate": translate,  # last: it also adds `vitrim demo translate` and `vitrim explain --cross`
 }
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths

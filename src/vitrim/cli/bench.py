@@ -13,6 +13,7 @@ from vitrim.bench import attention, models, reducers, reducers_report
 from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
 from vitrim.cli.bench_ops import register_ops
+from vitrim.cli.bench_vlm import register_vlm
 from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
 from vitrim.devices import parse_device
 from vitrim.extras import require
@@ -89,6 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_models)
     register_reducers(kinds)
     register_ops(kinds)
+    register_vlm(kinds)
 
 
 def _add_set_argument(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@
 Importing this package does not import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import (  # noqa: F401  (each registers its method)
+from vitrim.vlm import (  # noqa: F401  (each registers its method or methods)
     method_dart,
     method_divprune,
     method_fastervlm,
@@ -19,6 +19,7 @@ from vitrim.vlm import (  # noqa: F401  (each registers its method)
     method_random,
     method_visionzip,
     method_vispruner,
+    tower,
 )
 from vitrim.vlm.api import apply, last_selection, remove
 from vitrim.vlm.registry import methods

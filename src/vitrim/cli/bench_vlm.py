@@ -1,0 +1,81 @@
+"""``vitrim bench vlm``: prefill time of a scaled-down LLaVA-1.5-7B with each pre-LLM method, against the
+unmodified model in the same run (:mod:`vitrim.bench.vlm`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+
+from vitrim.bench.allocator import pin_malloc_threshold
+from vitrim.cli.common import add_threads_argument, check_output_file, parse_set
+
+SET_FORM = "KEY=VALUE[,KEY=VALUE]"
+SIZES = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "image_size",
+         "patch_size", "llm_width", "llm_mlp", "llm_heads")  # fmt: skip
+
+
+def register_vlm(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser(
+        "vlm",
+        help="prefill time of a scaled-down LLaVA-1.5-7B with each pre-LLM method, against the unmodified model",
+        description="Every layer has LLaVA-1.5-7B's shapes, there are fewer of them (--set vision_layers=2,"
+        "llm_layers=1 by default); cases are timed in turns (median over rounds), the tower and the method's own "
+        "calls apart, and compared with the MAC ratio of vitrim.vlm.flops for the same shapes.",
+    )
+    p.add_argument("--methods", default="", help="comma-separated vlm methods (default: every pre-LLM method)")
+    p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
+    p.add_argument("--text-tokens", type=int, default=94, help="text tokens of the prompt")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (every case once per round)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed prefills per case")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar=SET_FORM,
+        help=f"model sizes, of: {', '.join(SIZES)} (e.g. vision_layers=4,llm_layers=2)",
+    )
+    add_threads_argument(p)
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.set_defaults(func=run_vlm)
+
+
+def run_vlm(args: argparse.Namespace) -> int:
+    from vitrim.bench import vlm
+
+    overrides = parse_set(args.overrides, "--set", SET_FORM)
+    unknown = sorted(set(overrides) - set(SIZES))
+    if unknown:
+        raise ValueError(f"--set {unknown[0]!r} is not a model size; expected some of: {', '.join(SIZES)}")
+    try:
+        keeps = tuple(int(v) for v in args.keep.split(","))
+    except ValueError:
+        raise ValueError(f"--keep must be comma-separated ints, got {args.keep!r}") from None
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    settings = vlm.VLMBenchSettings(
+        **overrides,
+        text_tokens=args.text_tokens,
+        keeps=keeps,
+        methods=methods,
+        repeats=args.repeats,
+        warmup=args.warmup,
+    )
+    vlm.bench_methods(settings)  # an unknown method fails before the model is built
+    out = None if args.json is None else check_output_file(args.json, "--json")
+    pin_malloc_threshold()
+    results = vlm.run_bench(settings, log=lambda line: print(line, file=sys.stderr))
+    print(
+        f"vlm prefill, float32, batch 1, {torch.get_num_threads()} threads, torch {torch.__version__}: LLaVA-1.5-7B "
+        f"shapes, {settings.vision_layers} tower blocks, {settings.llm_layers} LLM layers, "
+        f"{(settings.image_size // settings.patch_size) ** 2} image + {settings.text_tokens} text tokens; "
+        f"median of {settings.repeats} rounds"
+    )
+    print()
+    print(vlm.markdown(results["rows"]), end="")
+    if out is not None:
+        out.write_text(json.dumps({"settings": dataclasses.asdict(settings), **results}, indent=2) + "\n")
+    return 0

@@ -1,0 +1,376 @@
+"""vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
+
+``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``); the layer seam itself
+(:class:`TowerReduction`) also runs on a SigLIP tower, for the Gemma 3 / PaliGemma adapters to come.
+
+    vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
+    vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
+
+The seam, and why it is this one. A reducer of :mod:`vitrim.reduce` acts between a block's attention and its MLP
+(``x = x + attn(LN(x))``; reduce; ``x = x + MLP(LN(x))``), on the keys, queries or values of that attention, and
+later blocks add log(size) to their attention logits (proportional attention). transformers' encoder layer keeps
+the residual in a local variable, so no hook on its submodules can shorten the tokens between the two halves; and
+its ``hidden_states`` output is captured by hooks on the layer instances themselves, so the layers must stay in
+place. So each encoder layer of THIS instance gets an instance attribute ``forward`` (the class is untouched) that
+calls the layer's own ``layer_norm1``, ``self_attn``, ``layer_norm2`` and ``mlp`` in transformers' order, with the
+reducer's hook between them; the attention's q, k and v are read from forward hooks on the layer's own projections
+(nothing is computed twice) and the proportional-attention bias enters through the attention's own
+``attention_mask`` argument, so every attention backend stays as the user chose it. When a reducer removes nothing
+the calls, operands and their order are transformers' own: the tower is bit for bit unmodified. The other option,
+running the tower through vitrim's own equivalent model (:func:`vitrim.from_transformers`), would copy the tower's
+weights and re-create its output object; it is the independent path the tests compare this one with.
+
+What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3:
+the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was merged
+into), ``patch_to_token`` which patches each stands for (:mod:`vitrim.reduce.state`). Per image, the selection is
+the tokens' positions, sorted, with the patches each stands for as its group. A forward pre-hook on the projector
+then either (``to_grid=True``) puts every token back on the patches it stands for
+(:func:`vitrim.reduce.unmerge.tokens_on_grid`: the tower is cheaper, the LLM sees every image token; the only way
+for Gemma 3, whose projector average-pools the 64×64 grid), or (``to_grid=False``, LLaVA's default) writes each
+token into its position's slot, and the family's pre-LLM plumbing drops the other slots, so the LLM sees only the
+tower's tokens. Blocks after the feature layer run unreduced: their output is not used by the VLM.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from vitrim.attention import AttentionResult
+from vitrim.reduce import Reducer, TokenState, get_reducer, list_reducers, reducer_options
+from vitrim.reduce.api import check_layers
+from vitrim.reduce.schedule import Schedule
+from vitrim.reduce.state import patch_positions
+from vitrim.reduce.unmerge import tokens_on_grid
+from vitrim.vlm.keep import KeepSpec
+from vitrim.vlm.registry import ImageSelection, Method, StageOptions, register_method
+
+# vitrim reducers that cannot run here: DynamicViT learns its scorer with the model; MCTF needs the attention
+# weights before the block's attention runs (it merges ahead and reuses them).
+UNSUPPORTED = {"dynamicvit": "it is trained with its model", "mctf": "it needs a block's attention before it runs"}
+RENAMED = {"random": "tower_random"}  # "random" is the pre-LLM baseline; the reducer keeps its name with a prefix
+_UNSET = inspect.Parameter.empty  # an option the user did not give (the reducer's own default then applies)
+
+
+@dataclass
+class TowerPlan:
+    """The tower's layout and where it hands tokens on.
+
+    layers: the encoder's layers (CLIPEncoderLayer / SiglipEncoderLayer); num_prefix: 1 with [CLS], else 0;
+    patches: P, the patches of one image; feature_index: the layer whose output the VLM uses (0-based).
+    """
+
+    layers: nn.ModuleList
+    num_prefix: int
+    patches: int
+    feature_index: int
+
+
+class TowerReduction:
+    """Reducers on the encoder layers of one tower instance (module doc); an :class:`~vitrim.vlm.registry.Installation`.
+
+    ``reducers``: layer index -> reducer (layers up to ``plan.feature_index``). After each forward,
+    :meth:`feature_state` is the token state at the feature layer and :meth:`selection` its per-image selection.
+    """
+
+    def __init__(self, plan: TowerPlan, reducers: Mapping[int, Reducer]) -> None:
+        self.plan = plan
+        self.reducers = dict(reducers)
+        self._state: TokenState | None = None
+        self._feature: TokenState | None = None
+        self._captured: dict[str, Tensor] = {}
+        self._handles: list[Any] = []
+        self._overridden: list[nn.Module] = []
+        for index, layer in enumerate(plan.layers):
+            if index > plan.feature_index:
+                break
+            if index in self.reducers:
+                attention = layer.self_attn
+                for name in ("q_proj", "k_proj", "v_proj"):
+                    self._handles.append(getattr(attention, name).register_forward_hook(self._capture(name)))
+            layer.forward = self._layer_forward(index, layer)  # instance attribute: the class stays as it is
+            self._overridden.append(layer)
+
+    def _capture(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+            self._captured[name] = output
+
+        return hook
+
+    def _layer_forward(self, index: int, layer: Any) -> Callable[..., Tensor]:
+        def forward(hidden_states: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor:
+            return self._run_layer(index, layer, hidden_states, attention_mask, kwargs)
+
+        return forward
+
+    def _run_layer(
+        self, index: int, layer: Any, x: Tensor, attention_mask: Tensor | None, kwargs: dict[str, Any]
+    ) -> Tensor:
+        """transformers' encoder layer, in its order, with vitrim's Block hooks between the halves."""
+        if index == 0 or self._state is None:
+            B = x.shape[0]
+            self._feature = None
+            state = TokenState(
+                x, self.plan.num_prefix, patch_positions(B, self.plan.patches, x.device), grid_patches=self.plan.patches
+            )
+        else:
+            state = self._state.replace(tokens=x)
+        reducer = self.reducers.get(index)
+        if reducer is not None:
+            state = reducer.before_attention(state)
+            x = state.tokens
+        state = state.record_block()
+        bias = state.attention_bias()  # (B, 1, 1, N) log-sizes after a merge, else None
+        mask = bias if attention_mask is None else attention_mask if bias is None else attention_mask + bias
+        self._captured.clear()
+        attn_out, _ = layer.self_attn(hidden_states=layer.layer_norm1(x), attention_mask=mask, **kwargs)
+        x = x + attn_out
+        if reducer is not None:
+            attention = layer.self_attn
+            q, k, v = (self._heads(self._captured[n], attention.num_heads) for n in ("q_proj", "k_proj", "v_proj"))
+            result = AttentionResult(out=attn_out, weights=None, q=q, k=k, scale=attention.scale, mask=mask, v=v)
+            state = reducer.after_attention(state.replace(tokens=x), result)
+            x = state.tokens
+        x = x + layer.mlp(layer.layer_norm2(x))
+        self._state = state.replace(tokens=x)
+        if index == self.plan.feature_index:
+            self._feature = self._state
+        return x
+
+    @staticmethod
+    def _heads(t: Tensor, heads: int) -> Tensor:
+        """(B, N, D) -> (B, H, N, hd), as transformers' attention splits it."""
+        B, N, D = t.shape
+        return t.view(B, N, heads, D // heads).transpose(1, 2)
+
+    def feature_state(self) -> TokenState | None:
+        """The token state the feature layer produced in the last forward (None before any)."""
+        return self._feature
+
+    def selection(self) -> list[ImageSelection] | None:
+        """Per image of the last forward: kept = the feature-layer tokens' positions, sorted; one group per token."""
+        state = self._feature
+        if state is None or state.positions is None:
+            return None
+        p2t = state.patch_to_token[-1] if state.patch_to_token and state.trace else None
+        selections = []
+        for b in range(state.positions.shape[0]):
+            positions = state.positions[b]
+            order = positions.argsort()
+            kept = positions[order]
+            if p2t is None:
+                groups = tuple(kept[:, None].unbind(0))
+            else:
+                groups = tuple((p2t[b] == int(j)).nonzero().flatten() for j in order)
+            selections.append(ImageSelection(kept=kept, groups=groups))
+        return selections
+
+    def tokens_to_slots(self, tokens: Tensor, *, to_grid: bool) -> Tensor:
+        """The feature layer's patch tokens (I, n, D) (prefix removed) on the P image-token slots: (I, P, D).
+
+        to_grid: each token on every patch it stands for (dropped patches zero); else on its position's slot only
+        (the other slots zero, for the plumbing that drops them)."""
+        state = self._feature
+        if state is None or state.positions is None:
+            raise RuntimeError("the tower's reduced tokens reached the projector without a recorded feature layer")
+        if tokens.shape[1] == self.plan.patches and not state.patch_to_token:
+            return tokens  # nothing was reduced
+        if to_grid:
+            return tokens_on_grid(tokens, state.patch_to_token, 0)
+        slots = tokens.new_zeros(tokens.shape[0], self.plan.patches, tokens.shape[2])
+        return slots.scatter(1, state.positions[..., None].expand(-1, -1, tokens.shape[2]), tokens)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for layer in self._overridden:
+            del layer.forward  # the class's forward again
+        self._handles, self._overridden = [], []
+        self._state = self._feature = None
+
+
+def build_reducers(
+    name: str, depth: int, *, has_cls: bool, patches: int, num_prefix: int, width: int, options: dict[str, Any],
+    keep: int | None = None,
+) -> dict[int, Reducer]:  # fmt: skip
+    """Reducers of vitrim reducer ``name`` for the first ``depth`` blocks of a tower, validated as vitrim.reduce.apply
+    validates them; ``keep``: patches left after block ``depth - 1``, spread evenly over the reducer's default blocks
+    (a count-based reducer; its own strength options are then not given)."""
+    cls = get_reducer(name)
+    if name in UNSUPPORTED:
+        raise ValueError(f"reducer {name!r} cannot run in a transformers vision tower: {UNSUPPORTED[name]}")
+    if cls.needs_cls_token and not has_cls:
+        raise ValueError(f"reducer {name!r} ranks tokens by [CLS] attention; this tower (SigLIP) has no [CLS]")
+    allowed = set(reducer_options(name)) - {"schedule"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(
+            f"unknown option {unknown[0]!r} for tower reducer {name!r}; expected some of {sorted(allowed)}"
+        )
+    layers = options.pop("layers", None)
+    if keep is not None:
+        if not cls.takes_schedule():
+            raise ValueError(f"keep= needs a count-based reducer; {name!r} takes its own options ({sorted(allowed)})")
+        if layers is not None:
+            raise ValueError("pass keep= or layers=, not both: keep= spreads the reduction over the reducer's blocks")
+        stages = cls.default_layers(depth)
+        counts, left = [], patches
+        for block in range(depth):
+            if block in stages:
+                done = stages.index(block) + 1
+                left = patches - (patches - keep) * done // len(stages)
+            counts.append(left + num_prefix)
+        schedule = Schedule(f"keep={keep}", "a vlm tower", 0.0, tuple(counts), tuple(counts), patches + num_prefix,
+                            num_prefix, width)  # fmt: skip
+        layers, scheduled = cls.options_for_schedule(schedule)
+        clash = sorted(set(scheduled) & set(options))
+        if clash:
+            raise ValueError(f"keep= sets {clash[0]!r} itself; pass one or the other")
+        options = {**options, **scheduled}
+    chosen = cls.default_layers(depth) if layers is None else check_layers(layers, depth)
+    return {i: r for i, r in cls.for_layers(tuple(chosen), **options).items() if r is not None}
+
+
+class TowerMethod(Method):
+    """A vitrim reducer as a VLM method of stage "tower" (one subclass per reducer, registered below)."""
+
+    reducer: ClassVar[str] = ""
+
+    def reducer_options(self) -> dict[str, Any]:
+        """The options the user gave (the reducer's own defaults apply to the others)."""
+        return {k: v for k, v in self.options.items() if v is not _UNSET and k != "to_grid"}
+
+
+def _register_tower_methods() -> None:
+    for reducer in list_reducers():
+        if reducer in UNSUPPORTED:
+            continue
+        name = RENAMED.get(reducer, reducer)
+        defaults: dict[str, Any] = {option: _UNSET for option in reducer_options(reducer) if option != "schedule"}
+        defaults["to_grid"] = None
+        cls = type(f"Tower_{reducer}", (TowerMethod,), {"defaults": defaults, "reducer": reducer, "__doc__": (
+            f"vitrim reducer {reducer!r} in the vision tower (vitrim.vlm.tower); options: the reducer's, and "
+            "to_grid (put the tokens back on the patch grid before the projector)")})  # fmt: skip
+        register_method(name, stage="tower")(cls)
+
+
+_register_tower_methods()
+
+
+def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
+    """The CLIP / SigLIP vision tower of a VLM (``model.model.vision_tower``) and its feature layer."""
+    inner = getattr(model, "model", model)
+    tower = getattr(inner, "vision_tower", None)
+    vision = getattr(tower, "vision_model", tower)
+    encoder = getattr(vision, "encoder", None)
+    layers = getattr(encoder, "layers", None)
+    kinds = {type(layer).__name__ for layer in layers} if isinstance(layers, nn.ModuleList) else set()
+    if not kinds or not kinds <= {"CLIPEncoderLayer", "SiglipEncoderLayer"}:
+        found = f"its tower's layers are {sorted(kinds)}" if kinds else "it has no model.vision_tower encoder"
+        raise TypeError(
+            f"vitrim reducers run inside CLIP and SigLIP vision towers (LLaVA-1.5); {type(model).__name__} has none: "
+            f"{found}"
+        )
+    assert isinstance(layers, nn.ModuleList)
+    config = tower.config  # type: ignore[union-attr]
+    has_cls = "CLIPEncoderLayer" in kinds
+    depth = len(layers)
+    if not -depth <= feature_layer < depth + 1:
+        raise ValueError(f"vision feature layer {feature_layer} is outside the tower's {depth} layers")
+    # hidden_states[i]: the embeddings for i = 0, the output of layer i - 1 after; negative i counts from the end
+    index = (feature_layer % (depth + 1)) - 1
+    if index < 0:
+        raise ValueError("the vision feature layer is the embeddings: no tower block runs before it")
+    return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
+
+
+def install(family: Any, method: Method, options: StageOptions) -> TowerReduction | TowerThenLLM:
+    """Put ``method``'s reducer on the family's tower and the hand-on to the LLM on its projector (module doc)."""
+    if not isinstance(method, TowerMethod):
+        raise TypeError(f"vlm method {method.name!r} is not a tower method")
+    model = family.model
+    if type(family).__name__ != "LlavaAdapter":  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
+        raise TypeError(
+            f"tower method {method.name!r} runs on LLaVA-1.5 (LlavaForConditionalGeneration); "
+            f"{type(model).__name__} is not handled in the tower"
+        )
+    config = model.config
+    feature_layer = getattr(config, "vision_feature_layer", -1)
+    if not isinstance(feature_layer, int):
+        raise ValueError(f"vision_feature_layer={feature_layer!r}: tower reducers need one feature layer (an int)")
+    plan = find_tower(model, feature_layer)
+    pools = type(getattr(model.model, "multi_modal_projector", None)).__name__ == "Gemma3MultiModalProjector"
+    to_grid = method.options.get("to_grid")
+    if to_grid is None:
+        to_grid = pools
+    elif pools and not to_grid:
+        raise ValueError("to_grid=False: Gemma 3's projector pools the whole patch grid; it needs to_grid=True")
+    keep = _keep_count(options.keep, plan.patches)
+    first: Any = plan.layers[0]
+    width = int(first.self_attn.embed_dim)
+    reducers = build_reducers(
+        method.reducer, plan.feature_index + 1, has_cls=bool(plan.num_prefix), patches=plan.patches,
+        num_prefix=plan.num_prefix, width=width, options=method.reducer_options(), keep=keep,
+    )  # fmt: skip
+    if plan.num_prefix and getattr(config, "vision_feature_select_strategy", "default") != "default":
+        raise ValueError("vision_feature_select_strategy='full' keeps [CLS] among the image tokens; not supported")
+    reduction = TowerReduction(plan, reducers)
+
+    def to_slots(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (reduction.tokens_to_slots(args[0], to_grid=to_grid), *args[1:])
+
+    # registered before the pre-LLM plumbing's own projector hook, which then sees every slot
+    reduction._handles.append(model.model.multi_modal_projector.register_forward_pre_hook(to_slots))
+    if to_grid:
+        return reduction
+    try:
+        handoff = family.install_pre_llm(TowerSelection(reduction), options.keep or KeepSpec(fraction=1.0))
+    except BaseException:
+        reduction.remove()
+        raise
+    return TowerThenLLM(reduction, handoff)
+
+
+class TowerSelection(Method):
+    """Hands the tower's selection to a family's pre-LLM plumbing, which drops the slots no tower token fills."""
+
+    name = "tower"
+    stage = "pre_llm"
+    needs_cls_attention = False
+    scores_projected = False
+
+    def __init__(self, reduction: TowerReduction) -> None:
+        super().__init__()
+        self.reduction = reduction
+
+    def select(self, evidence: Any, keep: int) -> list[ImageSelection]:
+        selection = self.reduction.selection()
+        if selection is None:
+            raise RuntimeError("the projector ran before the tower's feature layer in this forward pass")
+        return selection
+
+
+@dataclass
+class TowerThenLLM:
+    """The tower's reduction and the pre-LLM plumbing that shortens the LLM input, as one installation."""
+
+    reduction: TowerReduction
+    handoff: Any
+
+    def remove(self) -> None:
+        self.handoff.remove()
+        self.reduction.remove()
+
+    def selection(self) -> list[ImageSelection] | None:
+        return self.reduction.selection()
+
+
+def _keep_count(keep: KeepSpec | None, patches: int) -> int | None:
+    return None if keep is None else keep.tokens(patches)
+
+
+__all__ = ["TowerReduction", "TowerSelection", "build_reducers", "find_tower", "install"]
