@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz
+from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz, vlm_demo
 from vitrim.cli.common import apply_threads
 from vitrim.extras import missing_extra_message
 
@@ -26,7 +26,8 @@ COMMANDS = {
     "models": models,
     "train": train,
     "viz": viz,
-    "translate": translate,  # last: it also adds `vitrim demo translate` and `vitrim explain --cross`
+    "translate": translate,  # after demo and explain: it adds `vitrim demo translate` and `vitrim explain --cross`
+    "vlm_demo": vlm_demo,  # after translate and viz: `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`
 }
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
 # The extra to name when a command misses an optional library that several extras install (vitrim.extras).
