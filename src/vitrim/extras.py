@@ -28,6 +28,7 @@ OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribu
     "onnxscript": ("onnxscript", ("export",)),
     "onnxruntime": ("onnxruntime", ("export",)),
     "captum": ("captum", ("explain",)),
+    "transformers": ("transformers", ("vlm",)),
 }
 
 

@@ -1,0 +1,119 @@
+"""``apply`` / ``remove`` / ``last_selection``: validate everything, find the family, install one stage, undo it.
+
+Everything that can be known without running the model is checked before anything is installed (the method and
+its options, ``keep`` against the image's token count where the config fixes it, ``layer`` by the in-LLM stage),
+so an error leaves the model as it was. What ``apply`` installs lives on the instance only (hooks on its own
+submodules and one attribute, :data:`STATE_ATTRIBUTE`); ``remove`` takes all of it away.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import Tensor, nn
+
+from vitrim.extras import require
+from vitrim.vlm.family import FamilyAdapter, find_family
+from vitrim.vlm.keep import KeepSpec, parse_keep
+from vitrim.vlm.registry import Installation, Method, StageOptions, method_class
+
+STATE_ATTRIBUTE = "_vitrim_vlm"
+STAGE_MODULES = {
+    "in_llm": "vitrim.vlm.in_llm",
+    "tower": "vitrim.vlm.tower",
+}  # each has install(family, method, options)
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+@dataclass
+class Applied:
+    """What :func:`apply` left on a model: the method and its installation."""
+
+    method: Method
+    installation: Installation
+
+
+def apply(model: ModelT, method: str, **options: Any) -> ModelT:
+    """Reduce the image tokens of ``model`` (a transformers VLM the caller holds) with ``method``; returns ``model``.
+
+    ``options``: ``keep=`` (int: image tokens per image; float in (0, 1]: a fraction of each image's tokens),
+    ``layer=`` (in-LLM methods), and the method's own options under its authors' names (``vitrim.vlm.methods()``
+    lists the methods; each method's docstring its options and defaults). After ``apply`` the caller's
+    ``model(**inputs)`` and ``model.generate(**inputs, ...)`` run unchanged; ``remove(model)`` restores the model.
+    """
+    require("transformers", feature="vitrim.vlm")
+    cls = method_class(method)
+    generic = {name: options.pop(name) for name in ("keep", "layer") if name in options}
+    instance = cls(**options)
+    family = find_family(model)
+    if hasattr(model, STATE_ATTRIBUTE):
+        applied = getattr(model, STATE_ATTRIBUTE)
+        raise ValueError(
+            f"model already has vlm method {applied.method.name!r} applied; call vitrim.vlm.remove(model) first"
+        )
+    keep = _keep(instance, generic.get("keep"), family)
+    layer = generic.get("layer")
+    if layer is not None and cls.stage != "in_llm":
+        raise ValueError(f"layer={layer!r} is for in-LLM methods; {method!r} cuts at stage {cls.stage!r}")
+    if cls.stage == "pre_llm":
+        if keep is None:
+            raise ValueError(f"vlm method {method!r} needs keep= (image tokens per image, or a fraction in (0, 1])")
+        installation = family.install_pre_llm(instance, keep)
+    else:
+        installation = _stage_module(cls.stage, method).install(family, instance, StageOptions(keep=keep, layer=layer))
+    setattr(model, STATE_ATTRIBUTE, Applied(instance, installation))
+    return model
+
+
+def remove(model: nn.Module) -> None:
+    """Undo :func:`apply`: every hook and attribute it set is removed; ``ValueError`` when none was applied."""
+    applied = _applied(model)
+    applied.installation.remove()
+    delattr(model, STATE_ATTRIBUTE)
+
+
+def last_selection(model: nn.Module, groups: bool = False) -> list[Tensor] | list[list[Tensor]]:
+    """For the last prefill, per image (reading order of the batch): the sorted LongTensor of kept image-token
+    indices, raster order of the image tokens the unmodified model would have produced.
+
+    ``groups=True``: per image, a list with one LongTensor per token entering the LLM, the image-token indices it
+    stands for (one for a kept token, several for a merged one). ``ValueError`` before any prefill.
+    """
+    applied = _applied(model)
+    selection = applied.installation.selection()
+    if selection is None:
+        raise ValueError(f"vlm method {applied.method.name!r} has seen no prefill yet: run the model first")
+    if groups:
+        return [list(image.groups) for image in selection]
+    return [image.kept for image in selection]
+
+
+def _applied(model: nn.Module) -> Applied:
+    applied = getattr(model, STATE_ATTRIBUTE, None)
+    if not isinstance(applied, Applied):
+        raise ValueError(f"no vlm method is applied to this {type(model).__name__}; call vitrim.vlm.apply first")
+    return applied
+
+
+def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | None:
+    if keep is None:
+        default = method.default_keep()
+        if default is None:
+            return None
+        keep = default
+    spec = parse_keep(keep, family.tokens_per_image())
+    num_tokens = family.tokens_per_image()
+    if num_tokens is not None:
+        method.check_keep(spec.tokens(num_tokens))
+    return spec
+
+
+def _stage_module(stage: str, method: str) -> Any:
+    try:
+        return importlib.import_module(STAGE_MODULES[stage])
+    except ModuleNotFoundError as err:
+        if err.name != STAGE_MODULES[stage]:
+            raise
+        raise ValueError(f"vlm method {method!r} cuts at stage {stage!r}, which this build of vitrim lacks") from None

@@ -1,0 +1,170 @@
+"""The VLM methods by name, and the contract between a method and the plumbing that runs it (owned here).
+
+A method is one file: a class decorated with ``@register_method("name", stage=...)`` that holds its options (the
+authors' names, their paper defaults in ``defaults``) and its selection, a pure function of tensors. Where it cuts:
+
+- ``"pre_llm"``: between the vision tower and the LLM. The family adapter captures :class:`VisionEvidence` for a
+  batch of images and calls ``method.select(evidence, keep)``, which returns one :class:`ImageSelection` per image;
+  the adapter then hands only those tokens to the LLM (``vitrim.vlm.sequence``).
+- ``"in_llm"``: inside the LLM from a layer on; installed by ``vitrim.vlm.in_llm.install(family, method, keep)``.
+- ``"tower"``: inside the vision tower; installed by ``vitrim.vlm.tower.install(family, method, keep)``.
+
+Every stage's ``install`` returns an :class:`Installation`; ``vitrim.vlm.remove`` calls its ``remove()`` and
+``vitrim.vlm.last_selection`` reads its ``selection()``.
+
+Index space (every stage): image-token indices are raster indices of the image tokens the UNMODIFIED model would
+hand the LLM for that image (0 … N−1; for LLaVA-1.5 the patches of the feature layer without [CLS]).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from torch import Tensor
+
+from vitrim.vlm.keep import KeepSpec
+
+STAGES = ("pre_llm", "in_llm", "tower")
+GENERIC_OPTIONS = ("keep", "layer")  # read by the plumbing, not by a method's constructor
+
+
+@dataclass(frozen=True)
+class VisionEvidence:
+    """What a family adapter captures from the vision tower for the images of one forward pass (I images).
+
+    features: (I, N, D)            the image tokens entering the projector (LLaVA: the ``vision_feature_layer``
+                                   hidden states without [CLS]); raster order, index space of the module docstring
+    cls_attention: (I, H, N) | None  per head, the softmax attention row of [CLS] at the scoring layer (the layer that
+                                   produces the feature layer, LLaVA-1.5: the tower's layer −2), over the N image
+                                   tokens (the softmax ran over [CLS] and the N tokens, so a row sums to < 1)
+    keys: (I, H, N, hd) | None     that layer's keys of the image tokens, per head (VisionZip's merge metric)
+    seeds: (I,) long | None        a number drawn from each image's own pixels, so a seeded method selects the same
+                                   tokens for an image alone or in a batch
+    projected: (I, N, E) | None    the image tokens as the LLM receives them (the projector's output), for methods
+                                   with ``scores_projected`` (they select after the projector and cannot merge)
+    """
+
+    features: Tensor
+    cls_attention: Tensor | None = None
+    keys: Tensor | None = None
+    seeds: Tensor | None = None
+    projected: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class ImageSelection:
+    """The tokens of one image that enter the LLM.
+
+    kept: (k,) long, sorted   the raster indices whose slots the LLM sees (each keeps its original position id)
+    groups: k tensors         per kept slot, the sorted raster indices it stands for (one index for a kept token,
+                              several for a merged one); ``kept[i]`` is in ``groups[i]``
+    merged: (k, D) | None     features to write into the kept slots before the projector (None: the slots' own)
+    """
+
+    kept: Tensor
+    groups: tuple[Tensor, ...]
+    merged: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """The generic options every stage's ``install`` receives, validated where they can be known without a model.
+
+    keep: the ``keep=`` spec (None when not given; a stage that needs it says so)
+    layer: ``layer=`` as given (in-LLM methods validate it against the LLM's depth), None when not given
+    """
+
+    keep: KeepSpec | None
+    layer: int | None
+
+
+class Installation(Protocol):
+    """What a stage's ``install`` leaves on the model: ``remove()`` undoes every hook and attribute it set;
+    ``selection()`` is, for the last prefill, one :class:`ImageSelection` per image (None before any prefill)."""
+
+    def remove(self) -> None: ...
+
+    def selection(self) -> list[ImageSelection] | None: ...
+
+
+class Method:
+    """Base of every VLM method: options checked once, at construction (so ``apply`` fails before touching a model).
+
+    Subclasses set ``defaults`` (option name -> paper default, the authors' names) and may override ``check``
+    to validate values; ``name`` and ``stage`` are set by :func:`register_method`.
+    """
+
+    name: ClassVar[str] = ""
+    stage: ClassVar[str] = ""
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    needs_cls_attention: ClassVar[bool] = False  # pre-LLM: the family must capture VisionEvidence.cls_attention/keys
+    scores_projected: ClassVar[bool] = False  # pre-LLM: select on VisionEvidence.projected (after the projector)
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            known = ", ".join([*GENERIC_OPTIONS, *sorted(self.defaults)])
+            raise ValueError(f"unknown option {unknown[0]!r} for vlm method {self.name!r}; expected one of: {known}")
+        self.options: dict[str, Any] = {**self.defaults, **options}
+        self.given = frozenset(options)  # the options the caller named (the rest are defaults)
+        self.check()
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the option, its value and what was expected (``self.options``)."""
+
+    def default_keep(self) -> int | None:
+        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``), else None."""
+        return None
+
+    def check_keep(self, keep: int) -> None:
+        """Raise ``ValueError`` when this method cannot keep ``keep`` tokens per image with its options."""
+
+    def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
+        """pre-LLM methods: ``keep`` tokens per image (1 ≤ keep ≤ N, already validated)."""
+        raise NotImplementedError(f"vlm method {self.name!r} ({self.stage}) does not select before the LLM")
+
+
+_METHODS: dict[str, type[Method]] = {}
+M = TypeVar("M", bound=type[Method])
+
+
+def register_method(name: str, *, stage: str) -> Callable[[M], M]:
+    """Class decorator: make ``cls`` the VLM method ``name`` (``vitrim.vlm.apply(model, name, ...)``)."""
+    if stage not in STAGES:
+        raise ValueError(f"stage {stage!r} of vlm method {name!r} is not one of {', '.join(STAGES)}")
+
+    def decorate(cls: M) -> M:
+        if name in _METHODS and _METHODS[name] is not cls:
+            raise ValueError(
+                f"vlm method {name!r} is registered twice ({_METHODS[name].__qualname__}, {cls.__qualname__})"
+            )
+        clashes = sorted(set(cls.defaults) & set(GENERIC_OPTIONS))
+        if clashes:
+            raise ValueError(f"vlm method {name!r} may not define the generic option {clashes[0]!r}")
+        cls.name, cls.stage = name, stage
+        _METHODS[name] = cls
+        return cls
+
+    return decorate
+
+
+def method_class(name: str) -> type[Method]:
+    """The class registered as ``name``; ``ValueError`` listing the known names otherwise."""
+    if not isinstance(name, str) or name not in _METHODS:
+        raise ValueError(f"unknown vlm method {name!r}; expected one of: {', '.join(sorted(_METHODS))}")
+    return _METHODS[name]
+
+
+def methods() -> list[str]:
+    """The registered method names, sorted."""
+    return sorted(_METHODS)
+
+
+def content_seed(values: Tensor) -> int:
+    """A number drawn from a tensor's bytes (blake2b of its CPU copy, 63 bits): the same for the same values
+    wherever they sit in a batch. Family adapters compute :attr:`VisionEvidence.seeds` from each image's pixels."""
+    data = values.detach().to("cpu").contiguous().numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1

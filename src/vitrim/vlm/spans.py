@@ -1,0 +1,59 @@
+"""Where the image tokens sit in the LLM's input: :class:`ImageSpans`, built once per prefill by the family adapter.
+
+Conventions (owned here): positions are columns of the LLM input as the UNMODIFIED model builds it, (B, L), padding
+included; images are numbered 0 … I−1 over the whole batch in reading order (sample 0's images first, each
+sample's from left to right), which is the order the processor stacks ``pixel_values`` and the order of
+``last_selection``'s list; ``token_of`` is the raster index of the image token within its image (the index space of
+``vitrim.vlm.registry``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ImageSpans:
+    """Which positions of the LLM input hold image tokens, of which image, and which token of it.
+
+    is_image: (B, L) bool  positions of the LLM input that hold image tokens
+    image_of: (B, L) long  which image (0..num_images-1 over the whole batch) a position shows, -1 else
+    token_of: (B, L) long  the raster index of that image token in the UNMODIFIED model's tokens, -1 else
+    """
+
+    is_image: Tensor
+    image_of: Tensor
+    token_of: Tensor
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_of.max()) + 1 if self.image_of.numel() else 0
+
+
+def spans_from_mask(is_image: Tensor, tokens_per_image: Sequence[int]) -> ImageSpans:
+    """ImageSpans from the image-token mask (B, L) and each image's token count (I,), images in reading order.
+
+    The i-th run of ``tokens_per_image[i]`` image positions (in reading order) is image i; adjacent images are told
+    apart by the counts, not by gaps. ``ValueError`` when the mask's image positions and the counts disagree.
+    """
+    counts = torch.as_tensor(list(tokens_per_image), dtype=torch.long, device=is_image.device)  # (I,)
+    flat = is_image.reshape(-1)  # (B·L,) reading order
+    total = int(flat.sum())
+    if total != int(counts.sum()):
+        raise ValueError(
+            f"the input holds {total} image tokens but the images give {int(counts.sum())} "
+            f"({', '.join(map(str, counts.tolist()))} per image)"
+        )
+    rank = torch.cumsum(flat.long(), 0) - 1  # (B·L,) index of each image position among all image positions
+    starts = torch.cumsum(counts, 0) - counts  # (I,) first rank of each image
+    image_of_rank = torch.repeat_interleave(torch.arange(len(counts), device=is_image.device), counts)  # (total,)
+    image_of = torch.full_like(rank, -1)
+    token_of = torch.full_like(rank, -1)
+    image_of[flat] = image_of_rank
+    token_of[flat] = rank[flat] - starts[image_of_rank]
+    shape = is_image.shape
+    return ImageSpans(is_image.clone(), image_of.view(shape), token_of.view(shape))
