@@ -61,12 +61,12 @@ def ask(model: nn.Module, canvas: np.ndarray, question: str, *, method: str | No
     inputs = processor(canvas[None], [words])  # checks every word before the model runs
     groups = None
     if method is not None:
-        from vitrim import vlm  # type: ignore[attr-defined]
+        from vitrim import vlm
 
         model = vlm.apply(copy.deepcopy(model), method, keep=keep)
     generated = model.generate(**inputs, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)  # type: ignore[operator]
     if method is not None:
-        from vitrim import vlm  # type: ignore[attr-defined]
+        from vitrim import vlm
 
         groups = list(vlm.last_selection(model, groups=True)[0])
     return Answer(decode_ids(generated[0, inputs["input_ids"].shape[1] :].tolist()), groups)

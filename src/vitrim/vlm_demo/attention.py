@@ -22,7 +22,7 @@ def last_token_attention(model: nn.Module, inputs: dict[str, Tensor], layer: int
     ``layer`` (0-based) of ``model`` (a LlavaForConditionalGeneration with a Llama-style decoder)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-    layers = model.model.language_model.layers  # type: ignore[union-attr]
+    layers: Any = model.model.language_model.layers  # type: ignore[union-attr]
     if not 0 <= layer < len(layers):
         raise ValueError(f"layer must be in [0, {len(layers)}) (decoder layers), got {layer}")
     attention = layers[layer].self_attn

@@ -32,6 +32,7 @@ QUADRANT = CANVAS // 2
 PLACES = (QUADRANT - DIGIT) // PATCH + 1  # 3 positions per axis inside a quadrant
 MAX_DIGITS = 3
 TEST_FRACTION = 0.2
+BACKGROUND = 10  # the patch label of background (Canvas.patch_digits)
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
@@ -45,10 +46,12 @@ class Canvas:
 
     pixels: (CANVAS, CANVAS) float32 ink in [0, 1] (0 background).
     digits: per quadrant (0 … 3, raster order) the digit's value, or -1 for an empty quadrant.
+    patch_digits: (64,) int64, per patch (raster order) the value of the digit whose 2×2 box covers it, else 10.
     """
 
     pixels: np.ndarray
     digits: tuple[int, int, int, int]
+    patch_digits: np.ndarray
 
     @property
     def count(self) -> int:
@@ -109,13 +112,16 @@ class DigitsScenes:
         values = rng.choice(10, size=count, replace=False)
         pixels = np.zeros((CANVAS, CANVAS), dtype=np.float32)
         digits = [-1, -1, -1, -1]
+        grid = CANVAS // PATCH
+        patch_digits = np.full((grid, grid), BACKGROUND, dtype=np.int64)
         for quadrant, value in zip(quadrants, values):
             glyph = self.glyphs[rng.choice(self.by_value[value])]
             y = (quadrant // 2) * QUADRANT + int(rng.integers(PLACES)) * PATCH
             x = (quadrant % 2) * QUADRANT + int(rng.integers(PLACES)) * PATCH
             pixels[y : y + DIGIT, x : x + DIGIT] = glyph
             digits[int(quadrant)] = int(value)
-        return Canvas(pixels, (digits[0], digits[1], digits[2], digits[3]))
+            patch_digits[y // PATCH : (y + DIGIT) // PATCH, x // PATCH : (x + DIGIT) // PATCH] = value
+        return Canvas(pixels, (digits[0], digits[1], digits[2], digits[3]), patch_digits.reshape(-1))
 
     def questions(self, index: int, canvas: Canvas | None = None) -> list[Question]:
         """One question of each type about canvas ``index`` (which quadrant or digit is asked about is seeded)."""
@@ -124,6 +130,7 @@ class DigitsScenes:
         occupied = [q for q, d in enumerate(canvas.digits) if d >= 0]
         asked = occupied[int(rng.integers(len(occupied)))]
         value = DIGIT_WORDS[canvas.digits[asked]]
+        which: tuple[str, ...]
         if canvas.count == 1 and rng.random() < 0.5:
             which = ("which", "digit", "?")
         else:

@@ -28,7 +28,7 @@ from vitrim.shipped import copy_run_files, shipped_run
 from vitrim.vlm_demo.evaluate import HeldOut, held_out, score
 from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, load_model, save_model
 from vitrim.vlm_demo.sweep import SweepResult, available_methods, run_sweep
-from vitrim.vlm_demo.train import TrainPlan, train_model
+from vitrim.vlm_demo.train import TrainPlan, pretrain_tower, train_model
 
 SUMMARY_FILE, DETAILS_FILE, REPORT_FILE = "summary.json", "details.json", "report.md"
 SHIPPED_FILES = (MODEL_FILE, CONFIG_FILE, SUMMARY_FILE, DETAILS_FILE)
@@ -51,12 +51,12 @@ class VLMDemoPlan:
 
 FULL = VLMDemoPlan(
     text=dict(hidden_size=64, intermediate_size=192),
-    train=TrainPlan(steps=1500, batch_size=32, lr=2e-3, warmup_steps=100),
+    train=TrainPlan(steps=700, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=800),
 )
 QUICK = VLMDemoPlan(
     vision=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2),
     text=dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1),
-    train=TrainPlan(steps=3, batch_size=8, warmup_steps=1, canvases_per_epoch=64),
+    train=TrainPlan(steps=3, batch_size=8, warmup_steps=1, canvases_per_epoch=64, tower_steps=2, tower_batch_size=8),
     test_canvases=6,
     timing_batch=6,
     repeats=1,
@@ -89,6 +89,7 @@ def run_vlm_demo(
 
     log: Callable[[str], None] | None = None if quiet else (lambda line: print(line, flush=True))
     out.mkdir(parents=True, exist_ok=True)
+    model: torch.nn.Module
     if shipped:
         source = shipped_run("vlm")
         copy_run_files(source, out, [MODEL_FILE, CONFIG_FILE])
@@ -130,9 +131,12 @@ def _train(plan: VLMDemoPlan, seed: int, log: Callable[[str], None] | None) -> t
     try:
         model = build_model(digits_vlm_config(plan.vision, plan.text), seed=seed)
         load_before = machine_load()
+        tower = pretrain_tower(model, plan.train, seed=seed, log=log)
         result = train_model(model, plan.train, seed=seed, log=log)
         record = {
-            "seconds": result["seconds"],
+            "seconds": tower["seconds"] + result["seconds"],
+            "tower_seconds": tower["seconds"],
+            "tower_digit_patch_accuracy": tower["digit_patch_accuracy"],
             "final_loss": result["loss"],
             "threads": torch.get_num_threads(),
             "load_average_before": load_before,

@@ -88,14 +88,18 @@ def build_model(config: LlavaConfig, seed: int = 0) -> LlavaForConditionalGenera
     return model
 
 
-def save_model(model: LlavaForConditionalGeneration, folder: Path, *, float16: bool = False) -> None:
+def save_model(model: torch.nn.Module, folder: Path, *, float16: bool = False) -> None:
     """Write ``model.safetensors`` and ``config.json`` to ``folder``, each whole or not at all."""
     folder.mkdir(parents=True, exist_ok=True)
     dtype = torch.float16 if float16 else torch.float32
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     atomic_write(folder / MODEL_FILE, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    text = json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n"
-    atomic_write(folder / CONFIG_FILE, lambda tmp: tmp.write_text(text))
+    text = json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n"  # type: ignore[union-attr, operator]
+    atomic_write(folder / CONFIG_FILE, lambda tmp: _write_text(tmp, text))
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text)
 
 
 def load_model(folder: str | Path) -> LlavaForConditionalGeneration:
@@ -108,8 +112,9 @@ def load_model(folder: str | Path) -> LlavaForConditionalGeneration:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{str(folder)!r} has no {name}: not a digits VLM run (vitrim demo vlm)")
     config = LlavaConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
-    if config.text_config.vocab_size != len(WORDS):
-        raise ValueError(f"{str(folder / CONFIG_FILE)!r}: vocab_size {config.text_config.vocab_size}, expected "
+    vocab_size = getattr(config.text_config, "vocab_size", None)
+    if vocab_size != len(WORDS):
+        raise ValueError(f"{str(folder / CONFIG_FILE)!r}: vocab_size {vocab_size}, expected "
                          f"{len(WORDS)} (this vitrim's digits vocabulary)")  # fmt: skip
     model = build_model(config)
     state = {k: v.float() for k, v in load_file(str(folder / MODEL_FILE)).items()}

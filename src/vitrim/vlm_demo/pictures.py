@@ -7,7 +7,7 @@ tinted one colour per group (a kept token standing for itself is not tinted).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ GRID = CANVAS // PATCH
 WASH = 0.8
 
 
-def render_groups(pixels: np.ndarray, groups: Sequence[Tensor]) -> np.ndarray:
+def render_groups(pixels: np.ndarray, groups: Sequence[Tensor | np.ndarray]) -> np.ndarray:
     """(CANVAS, CANVAS, 3) RGB in [0, 1]: ink dark on white; patches in no group washed out, merged groups tinted.
 
     pixels: (CANVAS, CANVAS) ink in [0, 1]; groups: one LongTensor of patch indices (raster order) per LLM token.
@@ -56,7 +56,7 @@ def render_groups(pixels: np.ndarray, groups: Sequence[Tensor]) -> np.ndarray:
 
 
 def plot_selections(
-    pixels: np.ndarray, selections: dict[str, Sequence[Tensor] | None], *, title: str, columns: int = 6
+    pixels: np.ndarray, selections: Mapping[str, Sequence[Tensor] | None], *, title: str, columns: int = 6
 ) -> Figure:
     """One panel per method: the canvas with that method's tokens (``None``: the method did not run)."""
     from vitrim.viz.maps import new_figure
@@ -65,9 +65,9 @@ def plot_selections(
     rows = -(-len(names) // columns)
     fig = new_figure((1.9 * min(columns, len(names)), 2.1 * rows + 0.4))
     axes = np.atleast_1d(fig.subplots(rows, min(columns, len(names)))).reshape(-1)
-    everything = [np.arange(IMAGE_TOKENS)]
+    everything: list[Tensor | np.ndarray] = [np.arange(IMAGE_TOKENS)]
     for ax, name in zip(axes, names):
-        groups = everything if name == "full model" else selections[name]
+        groups: Sequence[Tensor | np.ndarray] | None = everything if name == "full model" else selections[name]
         if groups is None:
             ax.text(0.5, 0.5, "not run", ha="center", va="center")
         else:

@@ -35,7 +35,7 @@ def ink_patches(pixels: np.ndarray) -> np.ndarray:
 @torch.no_grad()
 def selections(model: nn.Module, method: str, fraction: str, pixels: np.ndarray, questions: list[Any]) -> list[Any]:
     """Per prompt, the groups of image-token indices that entered the LLM (``last_selection(groups=True)``)."""
-    from vitrim import vlm  # type: ignore[attr-defined]
+    from vitrim import vlm
 
     pruned = apply_method(model, method, fraction)
     pruned(**processor(pixels, [q.words for q in questions]))

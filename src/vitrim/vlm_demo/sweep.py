@@ -14,6 +14,7 @@ import copy
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ class SweepResult:
 def available_methods() -> list[str]:
     """``vitrim.vlm.methods()``, or [] where vitrim.vlm is not there yet (the report then says no method ran)."""
     try:
-        from vitrim import vlm  # type: ignore[attr-defined]
+        from vitrim import vlm
     except ImportError:
         return []
     return list(vlm.methods())
@@ -53,7 +54,7 @@ def available_methods() -> list[str]:
 
 def apply_method(model: nn.Module, method: str, fraction: str) -> nn.Module:
     """A copy of ``model`` with ``method`` applied at ``keep=float(fraction)`` (the model itself is left as it was)."""
-    from vitrim import vlm  # type: ignore[attr-defined]
+    from vitrim import vlm
 
     return vlm.apply(copy.deepcopy(model), method, keep=float(fraction), **DEMO_OPTIONS.get(method, {}))
 
@@ -81,7 +82,7 @@ def run_sweep(
                 break
             accuracy, answers = score(pruned, data)
             full_times, pruned_times = interleaved_samples(
-                [lambda: model(**timing_inputs), lambda m=pruned: m(**timing_inputs)], repeats, warmup=1
+                _prefills(model, pruned, inputs=timing_inputs), repeats, warmup=1
             )
             speedup = statistics.median(full_times) / statistics.median(pruned_times)
             result.methods.setdefault(method, {})[fraction] = {"accuracy": accuracy, "prefill_speedup": speedup}
@@ -92,10 +93,14 @@ def run_sweep(
     return result
 
 
+def _prefills(*models: nn.Module, inputs: dict[str, Any]) -> list[Callable[[], object]]:
+    return [partial(m, **inputs) for m in models]
+
+
 def kept_selection(model: nn.Module, method: str, fraction: str, pixels: np.ndarray, question: Any) -> Any:
     """One prefill of ``question`` on its canvas (pixels: (64, 64)) with ``method`` applied: the groups of image-token
     indices entering the LLM (``vitrim.vlm.last_selection(groups=True)`` of that one image)."""
-    from vitrim import vlm  # type: ignore[attr-defined]
+    from vitrim import vlm
 
     pruned = apply_method(model, method, fraction)
     pruned(**processor(pixels[None], [question.words]))

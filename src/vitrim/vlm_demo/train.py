@@ -1,6 +1,14 @@
-"""Training the digits VLM from scratch: every weight (tower, projector, decoder) at once, on conversations.
+"""Training the digits VLM from scratch, in LLaVA's order: a vision tower that knows the images first, then the
+whole model on conversations.
 
-One training sample is a canvas and a short conversation about it, as LLaVA's own instruction data is:
+Stage 1 (``tower_steps``) stands in for CLIP's pre-training, which cannot be downloaded here: the tower alone learns
+to label every patch token of its layer −2 output (the features LLaVA hands the LLM) with the digit whose 2×2 box
+covers it, or background, through a linear head that is thrown away afterwards. Dense labels (64 per canvas) teach
+the digits far faster than answers do: trained on answers alone (600 steps of 32 conversations, 589 s) the model
+answered "which" 9 % right, chance, while "count" reached 92 %.
+
+Stage 2, every weight (tower, projector, decoder) at once: one training sample is a canvas and a short conversation
+about it, as LLaVA's own instruction data is:
 ``<bos> <image>×64 Q1 A1 <eos> Q2 A2 <eos> Q3 A3 <eos>`` with one question of each type in a random order, the loss
 on the answers and their ``<eos>`` only. The first turn is exactly what the model is asked at test time (each type
 comes first a third of the time); the two later turns triple the answers learned from one pass over the 64 image
@@ -14,12 +22,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from vitrim.vlm_demo.data import DigitsScenes, Question
+from vitrim.vlm_demo.data import BACKGROUND, DigitsScenes, Question
 from vitrim.vlm_demo.words import EOS_ID, encode_words, left_pad, pixel_values, prompt_ids
 
 
@@ -34,6 +43,9 @@ class TrainPlan:
     weight_decay: float = 0.05
     canvases_per_epoch: int = 4096
     clip_norm: float = 1.0
+    tower_steps: int = 0  # stage 1 (module doc)
+    tower_batch_size: int = 64
+    tower_lr: float = 3e-3
 
 
 def conversation_batch(scenes: DigitsScenes, indices: list[int], order_seed: int) -> dict[str, Tensor]:
@@ -77,6 +89,49 @@ def lr_at(step: int, plan: TrainPlan) -> float:
         return plan.lr * (step + 1) / plan.warmup_steps
     progress = (step - plan.warmup_steps) / max(1, plan.steps - plan.warmup_steps)
     return plan.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def pretrain_tower(
+    model: torch.nn.Module, plan: TrainPlan, *, seed: int = 0, log: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Stage 1 (module doc): ``plan.tower_steps`` steps of per-patch digit labels on the tower alone; returns the
+    patch accuracy of the last 20 steps and the seconds it took."""
+    tower: Any = model.model.vision_tower  # type: ignore[union-attr]
+    layer: int = model.config.vision_feature_layer  # type: ignore[union-attr, assignment]
+    generator = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(tower.config.hidden_size, BACKGROUND + 1)
+    with torch.no_grad():
+        head.weight.normal_(0.0, 0.02, generator=generator)
+        head.bias.zero_()
+    params = [*tower.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=plan.tower_lr, weight_decay=plan.weight_decay)
+    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed + 1)  # other canvases than stage 2's
+    schedule = TrainPlan(steps=plan.tower_steps, lr=plan.tower_lr, warmup_steps=min(50, plan.tower_steps // 4 + 1))
+    per_epoch = plan.canvases_per_epoch // plan.tower_batch_size
+    tower.train()
+    start, right = time.perf_counter(), list[float]()
+    for step in range(plan.tower_steps):
+        epoch, within = divmod(step, per_epoch)
+        scenes.set_epoch(epoch)
+        first = within * plan.tower_batch_size
+        canvases = [scenes.canvas(i) for i in range(first, first + plan.tower_batch_size)]
+        labels = torch.from_numpy(np.stack([c.patch_digits for c in canvases]))  # (B, 64)
+        hidden = tower(pixel_values(np.stack([c.pixels for c in canvases])), output_hidden_states=True)
+        logits = head(hidden.hidden_states[layer][:, 1:])  # (B, 64, 11): the patch tokens LLaVA reads
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, schedule)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, plan.clip_norm)
+        optimizer.step()
+        digit = labels != BACKGROUND
+        right = [*right[-19:], float((logits.argmax(-1) == labels)[digit].float().mean())]
+        if log is not None and ((step + 1) % 100 == 0 or step + 1 == plan.tower_steps):
+            log(f"tower step {step + 1}/{plan.tower_steps}  loss {loss.item():.4f}  digit patches right "
+                f"{sum(right) / len(right):.3f}  {time.perf_counter() - start:.0f} s")  # fmt: skip
+    tower.eval()
+    return {"digit_patch_accuracy": sum(right) / max(1, len(right)), "seconds": time.perf_counter() - start}
 
 
 def train_model(
