@@ -108,7 +108,7 @@ def test_training_batch_labels_the_answer_and_eos_only_at_generate_positions() -
 
 def test_words_errors_and_decoding() -> None:
     assert split_words("How many digits") == ["how", "many", "digits", "?"]
-    with pytest.raises(ValueError, match="'colour'.*knows: which"):
+    with pytest.raises(ValueError, match=r"'colour'.*knows: which"):
         processor(np.zeros((1, 64, 64)), ["which colour ?"])
     with pytest.raises(ValueError, match="question is empty"):
         split_words("  ")

@@ -10,10 +10,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from vitrim.vlm_demo.attention import last_token_attention  # noqa: E402
-from vitrim.vlm_demo.demo import QUICK  # noqa: E402
-from vitrim.vlm_demo.model import MODEL_FILE, build_model, digits_vlm_config, load_model, save_model  # noqa: E402
-from vitrim.vlm_demo.words import IMAGE_ID, processor  # noqa: E402
+from vitrim.vlm_demo.attention import last_token_attention
+from vitrim.vlm_demo.demo import QUICK
+from vitrim.vlm_demo.model import MODEL_FILE, build_model, digits_vlm_config, load_model, save_model
+from vitrim.vlm_demo.words import IMAGE_ID, processor
 
 
 def _tiny(seed: int = 0) -> torch.nn.Module:
@@ -50,7 +50,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="has no model.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"has no model\.safetensors"):
         load_model(tmp_path)
     save_model(_tiny(), tmp_path)
     from safetensors.torch import load_file, save_file
