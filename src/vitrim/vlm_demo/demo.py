@@ -33,6 +33,7 @@ from vitrim.vlm_demo.train import TrainPlan, pretrain_tower, train_model
 SUMMARY_FILE, DETAILS_FILE, REPORT_FILE = "summary.json", "details.json", "report.md"
 SHIPPED_FILES = (MODEL_FILE, CONFIG_FILE, SUMMARY_FILE, DETAILS_FILE)
 TARGET_WHICH = 0.95
+ANSWERS_RECORDED = 60
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def run_vlm_demo(
         "methods_asked": chosen,
         "not_run": sweep.not_run,
         "evaluation_seconds": time.perf_counter() - start,
+        "full_model_answers": answers[:ANSWERS_RECORDED],  # the first held-out questions' answers, for a cheap test
         "load_average_at_evaluation": machine_load(),
         "torch_threads_at_evaluation": torch.get_num_threads(),
         "target_which_at_least_0.95": full.get("which", 0.0) >= TARGET_WHICH,
