@@ -76,6 +76,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     ship_to = check_ship_to(args)
     if args.seed != 0 and not (args.retrain or args.quick):
         raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")
+    require("transformers", feature="the VLM demo")
     require("matplotlib", "PIL", feature="the VLM demo's pictures")
     out = check_output_folder(args.out, "--out")
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -120,8 +121,8 @@ def _run_ask(args: argparse.Namespace) -> int:
     from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas
 
     keep = parse_keep(args.keep)
-    canvas = read_canvas(args.image)
     model = load_demo_model(args.run)
+    canvas = read_canvas(args.image)
     result = ask(model, canvas, args.question, method=args.method, keep=keep)
     print(result.text)
     if result.groups is not None:
