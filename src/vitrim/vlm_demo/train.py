@@ -3,9 +3,12 @@ whole model on conversations.
 
 Stage 1 (``tower_steps``) stands in for CLIP's pre-training, which cannot be downloaded here: the tower alone learns
 to label every patch token of its layer −2 output (the features LLaVA hands the LLM) with the digit whose 2×2 box
-covers it, or background, through a linear head that is thrown away afterwards. Dense labels (64 per canvas) teach
-the digits far faster than answers do: trained on answers alone (600 steps of 32 conversations, 589 s) the model
-answered "which" 9 % right, chance, while "count" reached 92 %.
+covers it, or background, and with its quadrant, through linear heads that are thrown away afterwards. Dense labels
+(64 per canvas) teach the digits far faster than answers do: trained on answers alone (600 steps of 32
+conversations, 589 s) the model answered "which" 9 % right, chance, while "count" reached 92 %. With the digit
+labels only (800 tower steps, 94 % of digit patches right) "which" reached 22 % and "where" 41 %: the decoder could
+not tell which tokens lie in which quadrant (RoPE gives it the raster distance, not the column); the quadrant labels
+put "where" into every token's features, where attention can match it.
 
 Stage 2, every weight (tower, projector, decoder) at once: one training sample is a canvas and a short conversation
 about it, as LLaVA's own instruction data is:
@@ -28,8 +31,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitrim.vlm_demo.data import BACKGROUND, DigitsScenes, Question
+from vitrim.vlm_demo.data import BACKGROUND, CANVAS, PATCH, DigitsScenes, Question
 from vitrim.vlm_demo.words import EOS_ID, encode_words, left_pad, pixel_values, prompt_ids
+
+GRID = CANVAS // PATCH
 
 
 @dataclass(frozen=True)
@@ -99,11 +104,12 @@ def pretrain_tower(
     tower: Any = model.model.vision_tower  # type: ignore[union-attr]
     layer: int = model.config.vision_feature_layer  # type: ignore[union-attr, assignment]
     generator = torch.Generator().manual_seed(seed)
-    head = torch.nn.Linear(tower.config.hidden_size, BACKGROUND + 1)
+    head = torch.nn.Linear(tower.config.hidden_size, BACKGROUND + 1 + 4)  # digit or background; quadrant
     with torch.no_grad():
         head.weight.normal_(0.0, 0.02, generator=generator)
         head.bias.zero_()
     params = [*tower.parameters(), *head.parameters()]
+    quadrant_of = torch.tensor([(i // GRID // (GRID // 2)) * 2 + (i % GRID) // (GRID // 2) for i in range(GRID * GRID)])
     optimizer = torch.optim.AdamW(params, lr=plan.tower_lr, weight_decay=plan.weight_decay)
     scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed + 1)  # other canvases than stage 2's
     schedule = TrainPlan(steps=plan.tower_steps, lr=plan.tower_lr, warmup_steps=min(50, plan.tower_steps // 4 + 1))
@@ -117,8 +123,10 @@ def pretrain_tower(
         canvases = [scenes.canvas(i) for i in range(first, first + plan.tower_batch_size)]
         labels = torch.from_numpy(np.stack([c.patch_digits for c in canvases]))  # (B, 64)
         hidden = tower(pixel_values(np.stack([c.pixels for c in canvases])), output_hidden_states=True)
-        logits = head(hidden.hidden_states[layer][:, 1:])  # (B, 64, 11): the patch tokens LLaVA reads
+        both = head(hidden.hidden_states[layer][:, 1:])  # (B, 64, 15): the patch tokens LLaVA reads
+        logits, where = both[..., : BACKGROUND + 1], both[..., BACKGROUND + 1 :]  # (B, 64, 11), (B, 64, 4)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss = loss + torch.nn.functional.cross_entropy(where.flatten(0, 1), quadrant_of.repeat(len(canvases)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, schedule)
         optimizer.zero_grad(set_to_none=True)
