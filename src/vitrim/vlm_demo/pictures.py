@@ -1,8 +1,8 @@
 """The digits VLM demo's pictures: accuracy against tokens kept, what each method kept, FastV's attention.
 
-Kept tokens are drawn on the 8×8 patch grid of the canvas: a patch whose token reaches the LLM keeps its pixels, a
-pruned one is washed out towards white; where a method merged several patches into one token, those patches are
-tinted one colour per group (a kept token standing for itself is not tinted).
+Kept tokens are drawn on the 8×8 patch grid of the canvas: a patch whose token reaches the LLM keeps its pixels and
+a red outline (so a kept blank patch shows too), a pruned one is washed out towards white; where a method merged
+several patches into one token, those patches are tinted one colour per group.
 """
 
 from __future__ import annotations
@@ -59,26 +59,34 @@ def plot_selections(
     pixels: np.ndarray, selections: Mapping[str, Sequence[Tensor] | None], *, title: str, columns: int = 6
 ) -> Figure:
     """One panel per method: the canvas with that method's tokens (``None``: the method did not run)."""
+    from matplotlib.patches import Rectangle
+
     from vitrim.viz.maps import new_figure
 
     names = ["full model", *selections]
     rows = -(-len(names) // columns)
-    fig = new_figure((1.9 * min(columns, len(names)), 2.1 * rows + 0.4))
+    fig = new_figure((max(4.5, 1.9 * min(columns, len(names))), 2.1 * rows + 0.5))
     axes = np.atleast_1d(fig.subplots(rows, min(columns, len(names)))).reshape(-1)
-    everything: list[Tensor | np.ndarray] = [np.arange(IMAGE_TOKENS)]
+    everything: list[Tensor | np.ndarray] = [np.array([i]) for i in range(IMAGE_TOKENS)]
     for ax, name in zip(axes, names):
         groups: Sequence[Tensor | np.ndarray] | None = everything if name == "full model" else selections[name]
         if groups is None:
             ax.text(0.5, 0.5, "not run", ha="center", va="center")
         else:
             ax.imshow(render_groups(pixels, groups), interpolation="nearest")
+            for group in groups if name != "full model" else ():  # outline what entered alone: blank ones show too
+                indices = np.asarray(group).reshape(-1)
+                if indices.size == 1:
+                    r, c = divmod(int(indices[0]), GRID)
+                    ax.add_patch(Rectangle((c * PATCH - 0.5, r * PATCH - 0.5), PATCH, PATCH, fill=False,
+                                           edgecolor="tab:red", lw=0.8))  # fmt: skip
         entering = IMAGE_TOKENS if groups is None else len(groups)
         ax.set_title(f"{name} ({entering})", fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
     for ax in axes[len(names) :]:
         ax.axis("off")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=8, wrap=True)
     return fig
 
 

@@ -83,7 +83,7 @@ def write_report(
         for fraction in PICTURE_FRACTIONS if ran else ():
             chosen = {m: selections(model, m, fraction, pixels[None], [q])[0] for m in ran}
             kept = round(float(fraction) * IMAGE_TOKENS)
-            title = f'"{" ".join(q.words)}" ({" ".join(q.answer)}): {kept} of 64 image tokens; washed out: pruned'
+            title = f'"{" ".join(q.words)}" -> "{" ".join(q.answer)}": {kept} of 64 image tokens kept'
             save_figure(plot_selections(pixels, chosen, title=title), out / f"kept_{n}_{kept}.png")
             files.append(f"kept_{n}_{kept}.png")
         layer = DEMO_OPTIONS["fastv"]["layer"] - 1
@@ -106,6 +106,18 @@ def _picture_questions(data: HeldOut, count: int) -> list[int]:
     return chosen
 
 
+def _load(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def _options_note(methods: list[str]) -> str:
+    used = {m: DEMO_OPTIONS[m] for m in methods if m in DEMO_OPTIONS}
+    if not used:
+        return "Every method ran with its authors' defaults and `keep`."
+    shown = ", ".join(f"{m} {o}" for m, o in used.items())
+    return f"Options beyond `keep` (the decoder has 4 layers, the papers' LLaMA 32): {shown}; the rest the authors'."
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
@@ -121,7 +133,7 @@ def _markdown(
     full, methods = summary["full"], summary["methods"]
     training = details["training"]
     plan = details["plan"]
-    load = training.get("load_average_before")
+    load = _load(training.get("load_average_before"))
     lines = [
         "# A digits LLaVA: accuracy against image tokens kept, for every method of vitrim.vlm",
         "",
@@ -134,7 +146,7 @@ def _markdown(
         f"over a word-level vocabulary of {len(WORDS)} words. "
         f"Trained from scratch in {training['seconds']:.0f} s on {training['threads']} thread(s) "
         f"({plan['train']['steps']} steps of {plan['train']['batch_size']} conversations; 1-minute load average "
-        f"{'n/a' if load is None else f'{load:.1f}'} on this 2-core machine when training started, other jobs "
+        f"{load} on this 2-core machine when training started, other jobs "
         "running beside it).",
         "",
         "## The data",
@@ -175,10 +187,9 @@ def _markdown(
             "",
             "Prefill speed-up: the median time of one forward of "
             f"{plan['timing_batch']} prompts (tower included) of the unmodified model over that of the trimmed one, "
-            f"timed in turns ({plan['repeats']} repeats) on this machine under load "
-            f"{details['load_average_at_evaluation']}. Options beyond `keep`: "
-            + ", ".join(f"{m} {o}" for m, o in DEMO_OPTIONS.items())
-            + " (the decoder has 4 layers).",
+            f"timed in turns ({plan['repeats']} repeats) on this machine, 1-minute load average "
+            f"{_load(details['load_average_at_evaluation'])} (2 cores, other jobs beside it). "
+            + _options_note(list(methods)),
             "",
         ]
         ink = details.get("ink_kept", {})
