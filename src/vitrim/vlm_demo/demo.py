@@ -52,7 +52,7 @@ class VLMDemoPlan:
 
 FULL = VLMDemoPlan(
     text=dict(hidden_size=64, intermediate_size=192),
-    train=TrainPlan(steps=800, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=600),
+    train=TrainPlan(steps=800, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=500),
 )
 QUICK = VLMDemoPlan(
     vision=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2),
