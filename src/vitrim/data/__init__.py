@@ -120,6 +120,20 @@ def build_datasets(
     return DataSplits(train_f, test_set, train_f.classes, data)
 
 
+def whole_dataset(
+    data: str, *, data_config: DataConfig, rank: int = 0, world_size: int = 1
+) -> tuple[Dataset, list[str]]:
+    """(every sample of ``data`` under the eval transform, its classes): shards, or a folder of class folders read
+    whole (ImageNet's ``val/`` given on its own), with no split held out."""
+    transform = BuiltTransform(eval_transform, data_config)
+    mode = pil_mode(data_config.input_size[0])
+    if is_shard_pattern(data):
+        source = _shards(data)
+        return ShardDataset(source, transform, mode, rank=rank, world_size=world_size), list(source.classes)
+    dataset = ImageFolder.of_class_folders(data, transform, mode)
+    return dataset, dataset.classes
+
+
 def _val_split(val_data: str, classes: list[str], transform: Any, mode: str, streams: dict[str, int]) -> Dataset:
     """The evaluation data given apart: shards, or one folder of class folders with the training data's classes."""
     if is_shard_pattern(val_data):
@@ -154,4 +168,5 @@ __all__ = [
     "load_digits",
     "rebatch",
     "train_transform",
+    "whole_dataset",
 ]

@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from vitrim.data.digits import split_indices
+from vitrim.data.image_file import ImageRefused, open_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # torchvision's
 TEST_FOLDER_NAMES = ("val", "test")
@@ -36,14 +37,6 @@ def pil_mode(in_chans: int) -> str:
     return "L" if in_chans == 1 else "RGB"
 
 
-def open_image(file: str | Path | Any, mode: str) -> Any:
-    """Decode a file (a path or a binary file object) into a PIL image of ``mode``; raises what Pillow raises."""
-    from PIL import Image  # Pillow is optional (the data, train and viz extras)
-
-    with Image.open(file) as image:
-        return image.convert(mode)  # convert loads every pixel: a truncated file fails here, not later
-
-
 class ImageFolder(Dataset):
     """``dataset[i] -> (transform(image), label)``, or None when the file cannot be decoded (module doc).
 
@@ -51,9 +44,18 @@ class ImageFolder(Dataset):
     """
 
     def __init__(
-        self, root: str | Path, files: list[str], labels: list[int], classes: list[str], transform: Transform, mode: str
+        self,
+        root: str | Path,
+        files: list[str],
+        labels: list[int],
+        classes: list[str],
+        transform: Transform,
+        mode: str,
+        *,
+        num_unlisted: int = 0,
     ) -> None:
         self.root = str(root)
+        self.num_unlisted = num_unlisted  # files left out when listing (:func:`_list_files`), reported as unreadable
         self.files = np.array([f.encode() for f in files], dtype=np.bytes_)  # (n,) one block of bytes
         self.labels = np.array(labels, dtype=np.int64)  # (n,)
         self.classes = classes
@@ -67,10 +69,10 @@ class ImageFolder(Dataset):
         if not root.is_dir():
             raise FileNotFoundError(f"data folder {str(root)!r} does not exist (expected one folder per class)")
         classes = _class_folders(root)
-        files, labels = _list_files(root, classes)
+        files, labels, unlisted = _list_files(root, classes)
         if not files:
             raise ValueError(f"data folder {str(root)!r} has no images ({', '.join(IMAGE_EXTENSIONS)})")
-        return cls(root, files, labels, classes, transform, mode)
+        return cls(root, files, labels, classes, transform, mode, num_unlisted=unlisted)
 
     def set_epoch(self, epoch: int) -> None:
         """Nothing to re-draw here (augmentation draws from the worker's seed); every dataset has this method."""
@@ -84,26 +86,85 @@ class ImageFolder(Dataset):
             image = open_image(path, self.mode)
         except Exception:  # Pillow raises many kinds on a bad file; the loader counts it, a run never stops for it
             return None
-        return self.transform(image), int(self.labels[index])
+        try:
+            return self.transform(image), int(self.labels[index])
+        except ImageRefused:  # too large once resized (vitrim.data.transforms.ResizeGuard): counted, as a bad file
+            return None
 
 
-def _list_files(root: Path, classes: list[str]) -> tuple[list[str], list[int]]:
-    """(paths relative to ``root``, labels) of every image under each class folder, sorted within a class."""
+def _list_files(root: Path, classes: list[str]) -> tuple[list[str], list[int], int]:
+    """(paths relative to ``root``, labels, files left out) of every image under each class folder, sorted within a
+    class.
+
+    A folder comes from outside, so the walk follows a link only to a folder inside the class folder that it has not
+    entered yet (``a/up -> ..`` would list every file again at each level, or another class's files under this one),
+    lists regular files only (a FIFO named ``x.png`` would block its reader forever), and leaves out files whose names
+    are not UTF-8 or whose link leads out of ``root``: those are counted, as unreadable files are.
+    """
+    top = os.path.realpath(root)
     files: list[str] = []
     labels: list[int] = []
+    left_out = 0
     for label, name in enumerate(classes):
-        found = []
-        for folder, _, names in os.walk(root / name, followlinks=True):
-            relative = os.path.relpath(folder, root)
-            found += [os.path.join(relative, n) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
+        found: list[str] = []
+        class_top = os.path.realpath(os.path.join(top, name))
+        pending = [os.path.join(top, name)] if _inside(class_top, top) else []
+        entered: set[tuple[int, int]] = set()
+        while pending:
+            folder = pending.pop()
+            try:
+                info = os.stat(folder)
+                entries = list(os.scandir(folder))
+            except OSError:  # vanished, or not readable: nothing of it can be listed
+                continue
+            if (info.st_dev, info.st_ino) in entered:
+                continue
+            entered.add((info.st_dev, info.st_ino))
+            for entry in entries:
+                if entry.is_dir():
+                    if _inside(entry.path, class_top) and not entry.name.startswith("."):
+                        pending.append(entry.path)
+                elif entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                    if _inside(entry.path, top) and _utf8(entry.name) and _utf8(entry.path) and _regular(entry):
+                        found.append(os.path.relpath(entry.path, top))
+                    else:
+                        left_out += 1
         found.sort()
         files += found
         labels += [label] * len(found)
-    return files, labels
+    return files, labels, left_out
+
+
+def _inside(path: str, top: str) -> bool:
+    """Whether ``path``, its links resolved, lies in ``top`` (itself resolved)."""
+    real = os.path.realpath(path)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")  # a name that is not UTF-8 on disk holds surrogate escapes here
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _regular(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file()  # follows a link; False for FIFOs, sockets and devices
+    except OSError:
+        return False
 
 
 def _class_folders(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    """The class folders of ``root``, sorted; a name that is not UTF-8 is refused, since leaving it out would shift
+    the label of every class after it."""
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    bad = next((n for n in names if not _utf8(n)), None)
+    if bad is not None:
+        raw = bad.encode(errors="surrogateescape")
+        raise ValueError(f"data folder {str(root)!r} has a class folder whose name is not UTF-8 ({raw!r}); rename it")
+    return names
 
 
 def _layout(root: Path) -> tuple[list[str], Path, Path | None]:
@@ -142,10 +203,11 @@ def image_folder_splits(
     mode = pil_mode(in_chans)
     classes, train_root, test_root = _layout(root)
     if test_root is not None:
-        train_files, train_labels = _list_files(train_root, classes)
-        test_files, test_labels = _list_files(test_root, classes)
+        train_files, train_labels, train_unlisted = _list_files(train_root, classes)
+        test_files, test_labels, test_unlisted = _list_files(test_root, classes)
     else:
-        files, labels = _list_files(root, classes)
+        files, labels, test_unlisted = _list_files(root, classes)  # reported with the split that is evaluated
+        train_unlisted = 0
         train_files, train_labels, test_files, test_labels = [], [], [], []
         if files:
             train_idx, test_idx = split_indices(np.array(labels), test_fraction, seed)
@@ -153,6 +215,10 @@ def image_folder_splits(
             test_files, test_labels = [files[i] for i in test_idx], [labels[i] for i in test_idx]
     if not train_files or not test_files:
         raise ValueError(f"data folder {str(root)!r} has no images ({', '.join(IMAGE_EXTENSIONS)}) in some split")
-    train = ImageFolder(train_root, train_files, train_labels, classes, train_transform, mode)
-    test = ImageFolder(test_root or root, test_files, test_labels, classes, test_transform, mode)
+    train = ImageFolder(
+        train_root, train_files, train_labels, classes, train_transform, mode, num_unlisted=train_unlisted
+    )
+    test = ImageFolder(
+        test_root or root, test_files, test_labels, classes, test_transform, mode, num_unlisted=test_unlisted
+    )
     return train, test

@@ -13,18 +13,35 @@ import torch
 from torch import Tensor
 
 from vitrim.data.digits import MEAN, STD  # the digits' normalisation: [0, 1] -> [-1, 1]
+from vitrim.data.image_file import ImageRefused, open_image
 
 
 def decode_image(path: str | Path, size: tuple[int, int], in_chans: int) -> np.ndarray:
-    """Decode one file to (in_chans, H, W) uint8; raises whatever Pillow raises on a bad file."""
+    """Decode one file to (in_chans, H, W) uint8; raises ValueError over the pixel limit
+    (:mod:`vitrim.data.image_file`), whatever Pillow raises on a bad file."""
     from PIL import Image  # Pillow is optional (the viz and train extras): imported when a file is decoded
 
     if in_chans not in (1, 3):
         raise ValueError(f"images can be read for models with 1 or 3 input channels, not in_chans={in_chans}")
-    with Image.open(path) as file:
-        img = file.convert("L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        array = np.asarray(img, dtype=np.uint8)
+    img = open_image(path, "L" if in_chans == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    array = np.asarray(img, dtype=np.uint8)
     return array[None] if in_chans == 1 else array.transpose(2, 0, 1)
+
+
+def check_image_path(path: str | Path, name: str) -> None:
+    """FileNotFoundError when ``path`` does not exist, ValueError when it is not a regular file (a FIFO, a folder)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    if not Path(path).is_file():
+        raise ValueError(f"{name} {str(path)!r} is not a regular file (expected a PNG/JPEG image)")
+
+
+def unreadable_image(path: str | Path, name: str, err: BaseException) -> ValueError:
+    """The one-line error for a file that could not be decoded: over the pixel limit, or Pillow's failure."""
+    detail = (str(err).splitlines()[0] if str(err) else "") or type(err).__name__
+    if isinstance(err, ImageRefused):
+        return ValueError(f"{name} {str(path)!r}: {detail}")
+    return ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({detail})")
 
 
 def normalise(pixels: Tensor, mean: tuple[float, ...] | float = MEAN, std: tuple[float, ...] | float = STD) -> Tensor:
@@ -50,12 +67,11 @@ def read_image(
     A missing file is a FileNotFoundError and an unreadable one a ValueError, both naming the file as ``name``
     (the command line passes its option, ``--image``).
     """
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    if in_chans not in (1, 3):
+        raise ValueError(f"images can be read for models with 1 or 3 input channels, not in_chans={in_chans}")
+    check_image_path(path, name)
     try:
         pixels = decode_image(path, size, in_chans)
-    except ValueError:
-        raise
     except Exception as err:  # Pillow raises many kinds on a bad file
-        raise ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
+        raise unreadable_image(path, name, err) from None
     return normalise(torch.from_numpy(pixels.copy()), mean, std)

@@ -23,6 +23,8 @@ from typing import Any
 
 from torch import Tensor
 
+from vitrim.data.image_file import PIXEL_LIMIT_VARIABLE, ImageRefused, open_image, pixel_limit
+from vitrim.data.images import check_image_path, unreadable_image
 from vitrim.data.vision import transforms_v1
 from vitrim.extras import require
 from vitrim.models.data_config import DataConfig
@@ -39,6 +41,35 @@ class ToMode:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.mode!r})"
+
+
+class ResizeGuard:
+    """Refuse (:class:`~vitrim.data.image_file.ImageRefused`) an image the resize would blow up past the pixel limit.
+
+    A 20000×1 picture passes the decoder's limit (20,000 pixels), but a shorter side resized to 224 makes it
+    4,480,000×224: the aspect ratio is a decompression bomb of its own. ``scale_size`` (H, W) is the resize target;
+    ``keep_ratio`` False means each side is resized to it ("squash"), which cannot grow past it.
+    """
+
+    def __init__(self, scale_size: tuple[int, int], keep_ratio: bool) -> None:
+        self.scale_size, self.keep_ratio = scale_size, keep_ratio
+
+    def __call__(self, image: Any) -> Any:
+        width, height = image.size
+        if not self.keep_ratio:
+            return image
+        scale = max(self.scale_size[0] / height, self.scale_size[1] / width)  # the covering resize, the larger one
+        limit = pixel_limit()
+        if limit is not None and height * width * scale * scale > limit:
+            raise ImageRefused(
+                f"image of {width}x{height} pixels would be resized to about {round(width * scale)}x"
+                f"{round(height * scale)}, over the limit of {limit} pixels (its aspect ratio is too extreme; raise "
+                f"the limit with {PIXEL_LIMIT_VARIABLE}=N or PIL.Image.MAX_IMAGE_PIXELS)"
+            )
+        return image
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(scale_size={self.scale_size})"
 
 
 class ResizeKeepRatio:
@@ -98,7 +129,10 @@ def eval_transform(data_config: DataConfig) -> Any:
     size = (height, width)
     scale_size = (math.floor(height / data_config.crop_pct), math.floor(width / data_config.crop_pct))
     interpolation = transforms.InterpolationMode(data_config.interpolation)
-    steps: list[Any] = [ToMode("RGB" if channels == 3 else "L")]
+    steps: list[Any] = [
+        ToMode("RGB" if channels == 3 else "L"),
+        ResizeGuard(scale_size, data_config.crop_mode != "squash"),
+    ]
     if data_config.crop_mode == "squash":
         steps += [transforms.Resize(scale_size, interpolation=interpolation), transforms.CenterCrop(size)]
     elif data_config.crop_mode == "border":
@@ -119,14 +153,12 @@ def read_image_for(path: str | Path, data_config: DataConfig, *, name: str = "im
     """
     transform = eval_transform(data_config)
     require("PIL", feature="reading an image")
-    from PIL import Image
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{name} {str(path)!r} does not exist")
+    check_image_path(path, name)
     try:
-        with Image.open(path) as file:
-            file.load()
-            image = file.copy()
+        image = open_image(path, "RGB" if data_config.input_size[0] == 3 else "L")
     except Exception as err:  # Pillow raises many kinds on a bad file
-        raise ValueError(f"{name} {str(path)!r} is not a readable PNG/JPEG image ({err})") from None
-    return transform(image)
+        raise unreadable_image(path, name, err) from None
+    try:
+        return transform(image)
+    except ImageRefused as err:
+        raise unreadable_image(path, name, err) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,24 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")
 # Pillow's resampling filters by number, as transformers' preprocessor_config.json stores them ("resample": 3)
 PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# what a data config (a model's, a hub repo's preprocessor_config.json, a run.json) may ask for, checked before any
+# image is resized: a crop_pct of 1e-5 would resize every image to 22 million pixels a side. The largest ViT inputs
+# in use are 518 (DINOv2) to 1024 (SAM); raise this module attribute for more.
+MAX_IMAGE_SIDE = 8192
+MAX_CHANNELS = 16
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -38,28 +57,44 @@ class DataConfig:
     crop_mode: str = "center"
 
     def __post_init__(self) -> None:
-        size = tuple(self.input_size)
-        if len(size) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size):
-            raise ValueError(f"input_size must be three positive ints (C, H, W), got {self.input_size!r}")
+        size = self.input_size
+        if not (isinstance(size, (tuple, list)) and len(size) == 3 and all(_is_int(v) and v > 0 for v in size)):
+            raise ValueError(f"input_size must be three positive ints (C, H, W), got {_short(size)}")
+        size = (int(size[0]), int(size[1]), int(size[2]))
+        if size[0] > MAX_CHANNELS or max(size[1:]) > MAX_IMAGE_SIDE:
+            raise ValueError(
+                f"input_size {size} is over the limits of {MAX_CHANNELS} channels and {MAX_IMAGE_SIDE} pixels a side "
+                "(vitrim.models.data_config.MAX_IMAGE_SIDE)"
+            )
         object.__setattr__(self, "input_size", size)
         for name in ("mean", "std"):
-            values = tuple(float(v) for v in getattr(self, name))
+            given = getattr(self, name)
+            if not (isinstance(given, (tuple, list)) and all(_is_number(v) and math.isfinite(v) for v in given)):
+                raise ValueError(f"{name} must be a list of finite numbers, one per channel, got {_short(given)}")
+            values = tuple(float(v) for v in given)
             if len(values) != size[0]:
                 raise ValueError(
                     f"{name} {values} has {len(values)} value(s); input_size {size} has {size[0]} channels"
                 )
             object.__setattr__(self, name, values)
         if not all(v > 0 for v in self.std):
-            raise ValueError(f"std must be positive, got {self.std}")
-        if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
-        if not (isinstance(self.crop_pct, (int, float)) and self.crop_pct > 0):
+            raise ValueError(f"std must be positive (pixels are divided by it), got {self.std}")
+        if not isinstance(self.interpolation, str) or self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {_short(self.interpolation)}")
+        crop_pct = self.crop_pct
+        if not (_is_number(crop_pct) and math.isfinite(crop_pct) and crop_pct > 0):
             raise ValueError(
-                f"crop_pct must be a positive number (the crop's share of the resize), got {self.crop_pct!r}"
+                f"crop_pct must be a positive number (the crop's share of the resize), got {_short(crop_pct)}"
             )
-        object.__setattr__(self, "crop_pct", float(self.crop_pct))
-        if self.crop_mode not in CROP_MODES:
-            raise ValueError(f"crop_mode must be one of {CROP_MODES}, got {self.crop_mode!r}")
+        resized = (math.floor(size[1] / crop_pct), math.floor(size[2] / crop_pct))
+        if max(resized) > MAX_IMAGE_SIDE or min(resized) < 1:
+            raise ValueError(
+                f"crop_pct {crop_pct!r} resizes images of input_size {size} to {resized[0]}x{resized[1]} before the "
+                f"crop; expected sides from 1 to {MAX_IMAGE_SIDE} (vitrim.models.data_config.MAX_IMAGE_SIDE)"
+            )
+        object.__setattr__(self, "crop_pct", float(crop_pct))
+        if not isinstance(self.crop_mode, str) or self.crop_mode not in CROP_MODES:
+            raise ValueError(f"crop_mode must be one of {CROP_MODES}, got {_short(self.crop_mode)}")
 
     def for_input(self, in_chans: int, img_size: tuple[int, int]) -> DataConfig:
         """This config for a model built with another ``in_chans`` / ``img_size`` (a grey model averages mean/std)."""
@@ -70,20 +105,38 @@ class DataConfig:
         return dataclasses.replace(self, input_size=(in_chans, *img_size), mean=mean, std=std)
 
     @classmethod
+    def from_record(cls, fields: Any, source: str) -> DataConfig:
+        """A data config as a file recorded it (``run.json``'s ``data_config``: this class's fields, lists for
+        tuples); one ValueError naming ``source`` for anything else."""
+        if not isinstance(fields, dict):
+            raise ValueError(f"{source} must be an object of data-config fields, got {_short(fields)}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in fields if k not in known)
+        if unknown:
+            raise ValueError(f"{source}: unknown field(s) {unknown}; expected some of {sorted(known)}")
+        try:
+            return cls(**fields)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
+
+    @classmethod
     def from_timm(cls, pretrained_cfg: dict[str, Any]) -> DataConfig:
         """timm's ``pretrained_cfg`` (a model's, or the one in a hub repo's config.json) -> its data config; keys it
         lacks keep timm's defaults (``resolve_data_config``: 224, ImageNet mean/std, bicubic, 0.875, centre)."""
         if not isinstance(pretrained_cfg, dict):
             raise TypeError(f"pretrained_cfg must be a dict, got {type(pretrained_cfg).__name__}")
         c = pretrained_cfg
-        return cls(
-            input_size=tuple(c.get("input_size") or (3, 224, 224)),
-            mean=tuple(c.get("mean") or IMAGENET_MEAN),
-            std=tuple(c.get("std") or IMAGENET_STD),
-            interpolation=c.get("interpolation") or "bicubic",
-            crop_pct=c.get("crop_pct") or 0.875,
-            crop_mode=c.get("crop_mode") or "center",
-        )
+        try:
+            return cls(
+                input_size=c.get("input_size") or (3, 224, 224),
+                mean=c.get("mean") or IMAGENET_MEAN,
+                std=c.get("std") or IMAGENET_STD,
+                interpolation=c.get("interpolation") or "bicubic",
+                crop_pct=c.get("crop_pct") or 0.875,
+                crop_mode=c.get("crop_mode") or "center",
+            )
+        except ValueError as err:
+            raise ValueError(f"pretrained_cfg: {err}") from None
 
     @classmethod
     def from_transformers(cls, processor: dict[str, Any], in_chans: int = 3) -> DataConfig:
@@ -94,36 +147,70 @@ class DataConfig:
         processor crops (CLIP, DINOv2's BitImageProcessor), else the side of a square (ViT)."""
         if not isinstance(processor, dict):
             raise TypeError(f"processor config must be a dict, got {type(processor).__name__}")
-        crop = processor.get("do_center_crop", False) and processor.get("crop_size") is not None
+        crop = processor.get("do_center_crop", False) is True and processor.get("crop_size") is not None
         size = processor.get("size", 224)
-        if isinstance(size, int):
+        if _is_int(size):
             size = {"shortest_edge": size} if crop else {"height": size, "width": size}
-        try:
-            if "shortest_edge" in size:
-                resized, mode = (int(size["shortest_edge"]),) * 2, "center"
-            else:
-                resized, mode = (int(size["height"]), int(size["width"])), "squash"
-            cropped = _height_width(processor["crop_size"]) if crop else resized
-        except (KeyError, TypeError) as err:
-            raise ValueError(f"preprocessor config has size {size!r} / crop_size vitrim cannot read ({err})") from None
+        if not isinstance(size, dict) or not ("shortest_edge" in size or {"height", "width"} <= set(size)):
+            raise ValueError(
+                f"{PROCESSOR}: 'size' must be an int or an object with 'shortest_edge' or 'height' and 'width', "
+                f"got {_short(size)}"
+            )
+        if "shortest_edge" in size:
+            resized, mode = (_side(size["shortest_edge"], "size['shortest_edge']"),) * 2, "center"
+        else:
+            resized = (_side(size["height"], "size['height']"), _side(size["width"], "size['width']"))
+            mode = "squash"
+        cropped = _height_width(processor["crop_size"]) if crop else resized
         resample = processor.get("resample", 3)
-        if resample not in PIL_FILTERS:
-            raise ValueError(f"preprocessor config has resample {resample!r}; expected one of {sorted(PIL_FILTERS)}")
-        normalise = processor.get("do_normalize", True)
-        mean = tuple(processor.get("image_mean") or IMAGENET_MEAN) if normalise else (0.0,) * in_chans
-        std = tuple(processor.get("image_std") or IMAGENET_STD) if normalise else (1.0,) * in_chans
-        return cls(
-            input_size=(len(mean), *cropped),
-            mean=mean,
-            std=std,
-            interpolation=PIL_FILTERS[resample],
-            crop_pct=_crop_pct(min(cropped), min(resized)),
-            crop_mode=mode,
+        if not _is_int(resample) or resample not in PIL_FILTERS:
+            raise ValueError(f"{PROCESSOR}: 'resample' must be one of {sorted(PIL_FILTERS)}, got {_short(resample)}")
+        normalise = processor.get("do_normalize", True) is not False
+        mean = processor.get("image_mean") or IMAGENET_MEAN if normalise else (0.0,) * in_chans
+        std = processor.get("image_std") or IMAGENET_STD if normalise else (1.0,) * in_chans
+        for name, values in (("image_mean", mean), ("image_std", std)):
+            finite = isinstance(values, (list, tuple)) and all(_is_number(v) and math.isfinite(v) for v in values)
+            if not (finite and 1 <= len(values) <= MAX_CHANNELS) or (name == "image_std" and min(values) <= 0):
+                positive = " (all > 0: pixels are divided by them)" if name == "image_std" else ""
+                raise ValueError(
+                    f"{PROCESSOR}: {name!r} must be a list of finite numbers, one per channel{positive}, "
+                    f"got {_short(values)}"
+                )
+        try:
+            return cls(
+                input_size=(len(mean), *cropped),
+                mean=tuple(mean),
+                std=tuple(std),
+                interpolation=PIL_FILTERS[resample],
+                crop_pct=_crop_pct(min(cropped), min(resized)),
+                crop_mode=mode,
+            )
+        except ValueError as err:
+            raise ValueError(f"{PROCESSOR}: {err}") from None
+
+
+PROCESSOR = "preprocessor_config.json"
+
+
+def _side(value: Any, field: str) -> int:
+    """An image side a preprocessor config gives: an int from 1 to MAX_IMAGE_SIDE, else the error naming ``field``."""
+    if not (_is_int(value) and 1 <= value <= MAX_IMAGE_SIDE):
+        raise ValueError(
+            f"{PROCESSOR}: {field} must be an int from 1 to {MAX_IMAGE_SIDE} "
+            f"(vitrim.models.data_config.MAX_IMAGE_SIDE), got {_short(value)}"
         )
+    return int(value)
 
 
-def _height_width(size: int | dict[str, int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size["height"]), int(size["width"]))
+def _height_width(size: Any) -> tuple[int, int]:
+    """``crop_size``: an int (a square) or ``{"height", "width"}``."""
+    if _is_int(size):
+        return _side(size, "crop_size"), _side(size, "crop_size")
+    if not (isinstance(size, dict) and {"height", "width"} <= set(size)):
+        raise ValueError(
+            f"{PROCESSOR}: 'crop_size' must be an int or an object with 'height' and 'width', got {_short(size)}"
+        )
+    return _side(size["height"], "crop_size['height']"), _side(size["width"], "crop_size['width']")
 
 
 def _crop_pct(crop: int, resized: int) -> float:

@@ -9,13 +9,14 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern
+from vitrim.data import build_datasets, check_data, has_split_folders, is_shard_pattern, whole_dataset
+from vitrim.data.shards import check_local
 from vitrim.train.config import TrainConfig
 from vitrim.train.distributed import DistInfo, barrier, cleanup_distributed, setup_distributed
 from vitrim.train.evaluate import evaluate
 from vitrim.train.loaders import resolve_workers
 from vitrim.train.loop import model_data_config
-from vitrim.train.state import load_for_eval
+from vitrim.train.state import RUN_RECORD, load_for_eval
 
 # the data options a run records; a checkpoint is evaluated on its own run's split unless told otherwise
 DATA_OPTIONS = ("data", "val_data", "seed", "test_fraction", "clutter", "noise", "align")
@@ -51,23 +52,30 @@ def load_checkpoint_split(
     if data_options.get("data") is not None:
         options["val_data"] = None  # other data: its own evaluation split, not the run's
     options.update({k: v for k, v in data_options.items() if v is not None})
+    for name in ("data", "val_data"):  # what the run's record names is opened only if it is local (no pipe:, URL)
+        if options[name] is not None and data_options.get(name) is None and name in run:
+            check_local(options[name], f"{_record_name(checkpoint)}: {name!r}")
     data = options.pop("data")
     if data != "digits":
         for key in ("clutter", "noise", "align"):
             options.pop(key)
-    check_data(data)
+    check_data(data, "--data" if data_options.get("data") is not None else "run.json's 'data'")
     other = data_options.get("data") is not None and data != run.get("data")
     whole = is_shard_pattern(data) or (other and data != "digits" and not has_split_folders(data))
-    if whole and options["val_data"] is None:
-        options["val_data"] = data
-    splits = build_datasets(
-        data, data_config=model_data_config(model, run), rank=info.rank, world_size=info.world_size, **options
-    )
-    num_classes = int(getattr(model.config, "num_classes", splits.num_classes))
-    if num_classes != splits.num_classes:
-        raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {splits.num_classes}")
-    dataset = splits.test if split == "test" else splits.train
-    return CheckpointSplit(model, run, data, list(splits.classes), dataset, num_classes)
+    data_config = model_data_config(model, run)
+    if whole and options["val_data"] is None:  # no split of its own: every image is evaluated, none held out
+        dataset, classes = whole_dataset(data, data_config=data_config, rank=info.rank, world_size=info.world_size)
+    else:
+        splits = build_datasets(data, data_config=data_config, rank=info.rank, world_size=info.world_size, **options)
+        dataset, classes = (splits.test if split == "test" else splits.train), list(splits.classes)
+    num_classes = int(getattr(model.config, "num_classes", len(classes)))
+    if num_classes != len(classes):
+        raise ValueError(f"the model predicts {num_classes} classes but data {data!r} has {len(classes)}")
+    return CheckpointSplit(model, run, data, classes, dataset, num_classes)
+
+
+def _record_name(checkpoint: str | Path) -> str:
+    return str(Path(checkpoint).parent / RUN_RECORD) if Path(checkpoint).suffix != ".pt" else f"{str(checkpoint)!r}"
 
 
 def evaluate_checkpoint(

@@ -69,6 +69,7 @@ def evaluate(
     skipped = torch.tensor([float(batches.num_skipped)], dtype=torch.float64, device=info.device)
     totals = all_reduce_sum(torch.cat([loss_sum[None], top_k[None], skipped, confusion.flatten()]), info).cpu()
     loss_sum, top_k, num_skipped = totals[0], totals[1], int(totals[2])
+    num_skipped += int(getattr(dataset, "num_unlisted", 0))  # files a folder's listing left out: the same on every rank
     confusion = totals[3:].view(num_classes, num_classes)
     n = confusion.sum().item()
     model.train(was_training)

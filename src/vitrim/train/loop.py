@@ -51,6 +51,7 @@ from vitrim.train.optim import build_optimizer
 from vitrim.train.state import (
     RUN_RECORD,
     capture_rng,
+    check_run_record,
     load_training_state,
     restore_rng,
     save_training_state,
@@ -90,8 +91,7 @@ def model_data_config(model: nn.Module, run: dict[str, Any] | None = None) -> Da
     if isinstance(config, DataConfig):
         return config
     if run and "data_config" in run:
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in run["data_config"].items()}
-        return DataConfig(**fields)
+        return DataConfig.from_record(run["data_config"], "run.json's 'data_config'")
     img_size, in_chans = input_spec(model)
     return DataConfig().for_input(in_chans, img_size)
 
@@ -212,7 +212,9 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
 def _resume(run: _Run, config: TrainConfig, info: DistInfo, out: Path) -> tuple[int, float]:
     """Restore the state of ``out/last.pt``; returns (epochs done, best top-1 so far)."""
     state = load_training_state(out / LAST)
-    _check_resumable(state.get("run", {}), config)
+    _check_resumable(
+        check_run_record(state.get("run", {}), f"{str(out / LAST)!r}'s run settings", opens_data=False), config
+    )
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])

@@ -25,9 +25,11 @@ from torch import nn
 
 from vitrim.atomic import atomic_write
 from vitrim.checkpoint import load_model
+from vitrim.data.shards import check_local
 from vitrim.factory import create_model
 from vitrim.hub import is_hub_name
 from vitrim.pretrained import load_model as load_pretrained_model
+from vitrim.untrusted import expect_object, read_json
 
 RUN_RECORD = "run.json"
 
@@ -89,9 +91,72 @@ def write_run_record(out: str | Path, record: dict[str, Any]) -> Path:
 
 
 def read_run_record(checkpoint: str | Path) -> dict[str, Any]:
-    """The ``run.json`` next to a checkpoint, or {} when there is none (a checkpoint from elsewhere)."""
+    """The ``run.json`` next to a checkpoint, its shape checked (:func:`check_run_record`), or {} when there is none.
+
+    Its ``data`` / ``val_data`` are checked where they are used instead of the user's own
+    (:func:`vitrim.train.checkpoint_eval.load_checkpoint_split`): a user who gives ``--data`` never needs them.
+    """
     path = Path(checkpoint).parent / RUN_RECORD
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return check_run_record(read_json(path), str(path), opens_data=False) if path.is_file() else {}
+
+
+# what a run record may say, field by field: (types, what the error says was expected); a checkpoint and its run.json
+# come from anyone, so each value is checked before it reaches a dataset, a model or a shell-free path check
+_RUN_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "a model name"),
+    "overrides": ((dict,), "an object of create_model keyword arguments"),
+    "set": ((dict,), "an object of create_model keyword arguments"),
+    "data_config": ((dict,), "an object of data-config fields"),
+    "classes": ((list,), "a list of class names"),
+    "data": ((str,), "'digits', a folder or a shard pattern"),
+    "val_data": ((str, type(None)), "a folder, a shard pattern or null"),
+    "seed": ((int,), "an int"),
+    "test_fraction": ((int, float), "a number in (0, 1)"),
+    "clutter": ((int,), "an int >= 0"),
+    "noise": ((int, float), "a number >= 0"),
+    "align": ((int,), "an int >= 1"),
+}
+
+
+def check_run_record(record: Any, source: str, *, opens_data: bool = True) -> dict[str, Any]:
+    """``record`` (a run's settings read from ``source``) if every field it has is of its documented shape, else one
+    ValueError naming the file, the field, the value and what was expected.
+
+    ``data`` / ``val_data`` must name local paths when the caller will open them (``opens_data``): a ``pipe:`` or URL
+    pattern in a file is refused (:func:`vitrim.data.shards.check_local`), never opened. A resume only compares them
+    with what the user typed (``opens_data=False``).
+    """
+    record = expect_object(record, source)
+    for name, (types, expected) in _RUN_FIELDS.items():
+        if name not in record:
+            continue
+        value = record[name]
+        bad_type = not isinstance(value, types) or isinstance(value, bool)
+        if bad_type or not _in_range(name, value):
+            raise ValueError(f"{source}: {name!r} must be {expected}, got {_short(value)}")
+    for name in ("data", "val_data") if opens_data else ():
+        if record.get(name) is not None:
+            check_local(record[name], f"{source}: {name!r}")
+    return record
+
+
+def _in_range(name: str, value: Any) -> bool:
+    if name == "seed":
+        return 0 <= value < 2**63
+    if name == "test_fraction":
+        return 0 < value < 1
+    if name in ("clutter", "noise"):
+        return 0 <= value < 10**6
+    if name == "align":
+        return 1 <= value < 10**6
+    if name == "classes":
+        return all(isinstance(c, str) for c in value)
+    return True
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
@@ -108,7 +173,7 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".pt":
         state = load_training_state(path)
-        run = dict(state.get("run", {}))
+        run = check_run_record(state.get("run", {}), f"{str(path)!r}'s run settings", opens_data=False)
         if "model" not in run:
             raise ValueError(f"{str(path)!r} does not record which model it trained")
         overrides = dict(run.get("overrides", {}))

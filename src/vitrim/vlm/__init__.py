@@ -11,8 +11,11 @@ Importing this package does not import transformers; the hooks work on the insta
 """
 
 from vitrim.vlm import (  # noqa: F401  (each registers its method)
+    method_dart,
     method_divprune,
     method_fastervlm,
+    method_fastv,
+    method_pdrop,
     method_random,
     method_visionzip,
     method_vispruner,

@@ -66,7 +66,8 @@ class LlavaAdapter:
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if kwargs.get("pixel_values") is None:
+            encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")  # generate() encodes images first
+            if kwargs.get("pixel_values") is None and encoded is None:
                 return  # a decode step (generate drops pixel_values after the prefill) or a text-only call
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             if input_ids is None:

@@ -1,0 +1,415 @@
+"""Dropping image tokens inside the LLM from layer K on: per-layer hooks, per-layer KV-cache lengths, decode masks.
+
+How it runs (forward pre-hooks with kwargs on the instance's own decoder layers; no class or source is changed):
+
+- Prefill (the first layer's cache is empty): at each drop layer K (a method may have several, PyramidDrop), the
+  method reads :class:`~vitrim.vlm.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
+  layers ≥ K then run on the kept slots only: hidden states gathered per sample, rotary (cos, sin) and
+  ``position_ids`` gathered so every token keeps its ORIGINAL position, the 4-D attention mask rebuilt on the kept
+  keys. Dropping therefore equals the full model with those keys masked out from layer K on (to rounding: exactly
+  on SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep
+  different counts (different numbers of images) are re-padded with filler slots that attend to nothing and that
+  nothing attends to.
+- The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
+  step the new tokens join every stage, and each layer ≥ K gets a mask built on ITS cache's columns (the user's
+  padding kept); layer 0 is never pruned, so transformers' own bookkeeping (positions, the cache length
+  ``generate()`` reads) still counts the full sequence.
+- ``logits`` after a pruned prefill keep the full (B, L) layout: at a kept position they are the pruned model's
+  (equal to the masked full model's), at a dropped image position they are the final norm and head applied to the
+  hidden state the token had when it was dropped (an early exit; nothing attends to it afterwards). ``generate()``
+  reads the last position, which is always kept. ``output_hidden_states`` of layers ≥ K hold the kept slots only.
+- A drop that keeps every token changes nothing: the hooks then leave every argument as it was (bit for bit).
+
+Handled: decoder stacks whose layers take ``(hidden_states, attention_mask=, position_ids=,
+position_embeddings=(cos, sin), cache=)`` and return the hidden states (transformers ≥ 5; tested: Llama, Qwen2,
+the text stack of Qwen2.5-VL with its (3, B, L) M-RoPE positions), SDPA or eager attention, ``generate()``
+greedy, sampled or with beams (the beams of one prompt keep the same tokens, so reordering them keeps every
+layer's cache consistent). Refused at install: sliding-window layers, flash/flex attention; at decode: a cache cut
+outside vitrim (assisted decoding crops it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.family import FamilyAdapter
+from vitrim.vlm.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.registry import ImageSelection, Method, StageOptions
+from vitrim.vlm.spans import ImageSpans
+
+
+@dataclass(frozen=True)
+class DropStage:
+    """Drop before decoder layer ``layer``; ``tokens(N)`` image tokens of an image of N tokens stay from there on."""
+
+    layer: int
+    tokens: Callable[[int], int]
+
+
+class DropPolicy(Protocol):
+    """An in-LLM method: where it drops, and which image tokens it keeps (a pure function of the evidence)."""
+
+    needs_previous_layer: bool  # True: the evidence carries layer K-1's input (FastV's attention, DART's keys)
+    reads_attention: bool  # True: the method recomputes q/k of some layer (checked at install)
+
+    def drop_stages(self, num_layers: int) -> list[DropStage]: ...
+
+    def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
+        """Per image (batch reading order): the sorted raster indices it keeps, ``counts[i]`` of its current ones."""
+        ...
+
+
+@dataclass
+class _Slots:
+    """The slots layers of one stage run on: columns (B, S) in the prefill sequence (decode columns appended),
+    valid (B, S) False for re-pad fillers."""
+
+    columns: Tensor
+    valid: Tensor
+    differs: bool  # False while no stage up to this one dropped anything (its layers then run untouched)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # this pass's fixed-up layer arguments
+
+
+def _expand_batch(tensor: Tensor, batch: int, dim: int) -> Tensor:
+    shape = list(tensor.shape)
+    shape[dim] = batch
+    return tensor.expand(shape)
+
+
+def _gather_columns(tensor: Tensor, columns: Tensor, dim: int, batch_dim: int) -> Tensor:
+    """``tensor`` (batch B or 1 at ``batch_dim``, sequence at ``dim``) read per sample at ``columns`` (B, S)."""
+    dim, batch_dim = dim % tensor.ndim, batch_dim % tensor.ndim
+    tensor = _expand_batch(tensor, columns.shape[0], batch_dim)
+    view = [1] * tensor.ndim
+    view[batch_dim], view[dim] = columns.shape
+    shape = list(tensor.shape)
+    shape[dim] = columns.shape[1]
+    return tensor.gather(dim, columns.view(view).expand(shape))
+
+
+class InLLMDrop:
+    """Hooks that make the decoder stack ``language_model`` (it has ``.layers`` and ``.norm``) drop image tokens as
+    ``policy`` decides. Call :meth:`on_prefill` with the prefill's :class:`ImageSpans` before the LLM runs (a family
+    adapter does); :meth:`remove` takes every hook off."""
+
+    def __init__(self, language_model: nn.Module, policy: DropPolicy) -> None:
+        self.layers: nn.ModuleList = language_model.get_submodule("layers")  # type: ignore[assignment]
+        self.final_norm: nn.Module = language_model.get_submodule("norm")
+        self.policy = policy
+        num_layers = len(self.layers)
+        self.stages = policy.drop_stages(num_layers)
+        previous = 0
+        for stage in self.stages:
+            if isinstance(stage.layer, bool) or not isinstance(stage.layer, int):
+                raise ValueError(f"layer={stage.layer!r} must be an int (a decoder layer index)")
+            if not 1 <= stage.layer < num_layers or stage.layer <= previous:
+                raise ValueError(
+                    f"drop layer {stage.layer} (layer= / layers=) is outside the LLM or out of order; expected "
+                    f"increasing layers in 1 … {num_layers - 1} (the LLM has {num_layers} decoder layers)"
+                )
+            previous = stage.layer
+        config = getattr(language_model, "config", None)
+        implementation = getattr(config, "_attn_implementation", "sdpa")
+        if implementation not in ("sdpa", "eager"):
+            raise ValueError(f"in-LLM dropping runs on 'sdpa' or 'eager' attention; the LLM uses {implementation!r}")
+        for index, layer in enumerate(self.layers):
+            if getattr(getattr(layer, "self_attn", None), "sliding_window", None) is not None:
+                raise ValueError(f"decoder layer {index} uses a sliding window; in-LLM dropping does not handle it")
+            if policy.reads_attention and index in self._read_layers():
+                check_attention_readable(layer, index)
+        self._eager = implementation == "eager"
+        self._stage_of_layer = [-1] * num_layers
+        for number, stage in enumerate(self.stages):
+            for index in range(stage.layer, num_layers):
+                self._stage_of_layer[index] = number
+        self._spans: ImageSpans | None = None
+        self._padding: Tensor | None = None
+        self._slots: list[_Slots] = []
+        self._cache: object = None
+        self._pass: dict[str, Any] = {}
+        self._captured: LayerInput | None = None
+        self._early_exit: Tensor | None = None
+        self._selections: list[list[Tensor]] | None = None
+        self._handles = [language_model.register_forward_pre_hook(self._capture_padding, with_kwargs=True)]
+        for index, layer in enumerate(self.layers):
+            self._handles.append(layer.register_forward_pre_hook(self._hook_for(index), with_kwargs=True))
+        self._handles.append(self.layers[-1].register_forward_hook(self._after_last_layer))
+
+    def _read_layers(self) -> set[int]:
+        read = {stage.layer for stage in self.stages}
+        return read | {layer - 1 for layer in read} if self.policy.needs_previous_layer else read
+
+    # ---- public -------------------------------------------------------------------------------------------------
+    def on_prefill(self, spans: ImageSpans | None) -> None:
+        """The image positions of the next prefill (None: no images, nothing is dropped)."""
+        self._spans = spans
+
+    def selection(self) -> list[Tensor] | None:
+        """For the last prefill, per image: the sorted raster indices kept through the last layer."""
+        return None if self._selections is None else self._selections[-1]
+
+    def stage_selections(self) -> list[list[Tensor]] | None:
+        """For the last prefill, per drop stage, per image: the sorted raster indices kept from that stage on."""
+        return self._selections
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._slots, self._pass, self._spans, self._captured, self._early_exit = [], {}, None, None, None
+
+    # ---- hooks --------------------------------------------------------------------------------------------------
+    def _capture_padding(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        mask = kwargs.get("attention_mask")
+        self._padding = mask.bool() if isinstance(mask, Tensor) and mask.ndim == 2 else None
+
+    def _hook_for(self, index: int) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dict] | None]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            return self._before_layer(index, args, kwargs)
+
+        return hook
+
+    def _before_layer(self, index: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if index == 0:
+            self._start_pass(hidden, kwargs)
+        if not self._pass.get("active"):
+            return None
+        stage = self._stage_of_layer[index]
+        changed = False
+        if self._pass["prefill"] and stage >= 0 and self.stages[stage].layer == index:
+            hidden = self._drop(stage, hidden)
+            changed = True
+        if stage >= 0 and self._slots[stage].differs:
+            if not self._pass["prefill"]:
+                self._check_cache(index, stage, hidden.shape[1])
+            kwargs = {**kwargs, **self._stage_kwargs(stage)}
+            changed = True
+        if self._pass["prefill"] and self.policy.needs_previous_layer and index + 1 in self._pass["drop_layers"]:
+            cos, sin = kwargs["position_embeddings"]
+            batch = hidden.shape[0]
+            self._captured = LayerInput(hidden, _expand_batch(cos, batch, -3), _expand_batch(sin, batch, -3))
+        if not changed:
+            return None
+        args = (hidden, *args[1:]) if args else args
+        if not args:
+            kwargs = {**kwargs, "hidden_states": hidden}
+        return args, kwargs
+
+    def _start_pass(self, hidden: Tensor, kwargs: dict) -> None:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = int(cache.get_seq_length(0)) if cache is not None else 0
+        batch, length = hidden.shape[:2]
+        self._pass = {"prefill": past == 0, "active": False, "kwargs": kwargs, "dtype": hidden.dtype}
+        if past == 0:
+            self._selections, self._slots, self._early_exit, self._cache = None, [], None, cache
+            spans, self._spans = self._spans, None  # one prefill per on_prefill
+            if spans is None or not self.stages or not bool(spans.is_image.any()):
+                return
+            if tuple(spans.is_image.shape) != (batch, length):
+                raise ValueError(
+                    f"the image spans cover {tuple(spans.is_image.shape)} positions but the LLM's input is "
+                    f"{(batch, length)}; build them from the same prefill"
+                )
+            real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
+            columns = torch.arange(length, device=hidden.device).expand(batch, length)
+            self._pass.update(
+                active=True, spans=spans, real=real, length=length, columns=columns,
+                drop_layers={stage.layer for stage in self.stages}, selections=[],
+            )  # fmt: skip
+            return
+        if not self._slots or cache is not self._cache or batch != self._slots[0].columns.shape[0]:
+            return  # a decode step of a pass that dropped nothing (or of a cache vitrim did not prune)
+        new = past + torch.arange(hidden.shape[1], device=hidden.device)  # (q,) columns of the new tokens
+        for slots in self._slots:
+            slots.columns = torch.cat([slots.columns, new.expand(batch, -1)], dim=1)
+            added = torch.ones(batch, new.numel(), dtype=torch.bool, device=new.device)
+            slots.valid = torch.cat([slots.valid, added], dim=1)
+            slots.kwargs = {}
+        self._pass.update(active=True, query_columns=new)
+
+    def _real_columns(self, layer_mask: Any, is_image: Tensor) -> Tensor:
+        """(B, L) bool, the columns that are not padding: the user's 2-D mask; failing that (the LLM was handed a
+        prepared 4-D mask) the last query row of the mask layer 0 got, which sees every real column before it."""
+        length = is_image.shape[1]
+        if self._padding is not None:
+            return self._padding[:, -length:]
+        if isinstance(layer_mask, Tensor) and layer_mask.ndim == 4:
+            last_row = layer_mask[:, 0, -1, -length:]
+            last_row = last_row if last_row.dtype == torch.bool else last_row == 0
+            return last_row.expand(is_image.shape[0], -1)
+        return torch.ones_like(is_image)
+
+    def _check_cache(self, index: int, stage: int, new_tokens: int) -> None:
+        cache = self._pass["kwargs"].get("cache", self._pass["kwargs"].get("past_key_values"))
+        held = int(cache.get_seq_length(index))
+        expected = self._slots[stage].columns.shape[1] - new_tokens
+        if held != expected:
+            raise RuntimeError(
+                f"the KV cache of decoder layer {index} holds {held} tokens where vitrim's in-LLM drop left "
+                f"{expected}; the cache was cut outside vitrim (assisted decoding crops it; that is not supported)"
+            )
+
+    # ---- prefill: dropping --------------------------------------------------------------------------------------
+    def _current(self, stage: int) -> tuple[Tensor, Tensor]:
+        if stage == 0:
+            columns = self._pass["columns"]
+            return columns, torch.ones_like(columns, dtype=torch.bool)
+        previous = self._slots[stage - 1]
+        return previous.columns, previous.valid
+
+    def _drop(self, stage: int, hidden: Tensor) -> Tensor:
+        spans: ImageSpans = self._pass["spans"]
+        columns, valid = self._current(stage)
+        image_of = torch.where(valid, spans.image_of.gather(1, columns), -1)
+        token_of = torch.where(valid, spans.token_of.gather(1, columns), -1)
+        real = valid & self._pass["real"].gather(1, columns)
+        last_slot = torch.where(real, columns, -1).argmax(dim=1)  # (B,) the last real token (columns increase)
+        kwargs = self._stage_kwargs(stage - 1) if stage > 0 else self._pass["kwargs"]
+        cos, sin = kwargs["position_embeddings"]
+        batch = hidden.shape[0]
+        own = LayerInput(hidden, _expand_batch(cos, batch, -3), _expand_batch(sin, batch, -3))
+        image_sample = self._image_samples(spans)
+        evidence = LayerEvidence(
+            layer=self.stages[stage].layer, layers=self.layers, final_norm=self.final_norm, own=own,
+            previous=self._captured, slot_columns=columns, real=real, image_of=image_of, token_of=token_of,
+            last_slot=last_slot, image_sample=image_sample, previous_keys=self._cached_keys(stage, hidden),
+        )  # fmt: skip
+        sizes = [int((spans.image_of == image).sum()) for image in range(len(image_sample))]
+        current = [int((image_of == image).sum()) for image in range(len(image_sample))]
+        counts = [min(self.stages[stage].tokens(size), now) for size, now in zip(sizes, current, strict=True)]
+        chosen = self.policy.choose(evidence, counts)
+        self._captured = None
+        self._pass["selections"].append([kept.sort().values for kept in chosen])
+        self._selections = self._pass["selections"]
+        keep = valid & (image_of < 0)  # (B, S) every valid non-image slot stays
+        for image, kept in enumerate(chosen):
+            sample = int(image_sample[image])
+            keep[sample] |= (image_of[sample] == image) & torch.isin(token_of[sample], kept)
+        drops = bool((keep != valid).any())
+        differs = drops or (stage > 0 and self._slots[stage - 1].differs)
+        counts_per_sample = keep.sum(dim=1)  # (B,)
+        width = int(counts_per_sample.max())
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]  # kept slots first, in order
+        new_valid = torch.arange(width, device=keep.device) < counts_per_sample[:, None]  # (B, width)
+        new_columns = torch.where(new_valid, columns.gather(1, order), 0)
+        self._slots.append(_Slots(new_columns, new_valid, differs))
+        if not drops:
+            return hidden
+        if self._early_exit is None:
+            self._early_exit = torch.cat([hidden, hidden[:, :1]], dim=1).clone()  # (B, L+1, D): column L is a bin
+        self._scatter(self._early_exit, columns, valid, hidden)
+        return hidden.gather(1, order.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+
+    def _cached_keys(self, stage: int, hidden: Tensor) -> Tensor | None:
+        """Layer K−1's keys from the prefill's KV cache when it holds exactly this stage's current slots."""
+        cache = self._pass["kwargs"].get("cache", self._pass["kwargs"].get("past_key_values"))
+        layers = getattr(cache, "layers", None)
+        index = self.stages[stage].layer - 1
+        if not self.policy.needs_previous_layer or layers is None or index >= len(layers):
+            return None
+        keys = getattr(layers[index], "keys", None)
+        expected = (hidden.shape[0], hidden.shape[1])
+        if not isinstance(keys, Tensor) or keys.ndim != 4 or (keys.shape[0], keys.shape[2]) != expected:
+            return None
+        return keys
+
+    @staticmethod
+    def _image_samples(spans: ImageSpans) -> Tensor:
+        images = int(spans.image_of.max()) + 1
+        samples = torch.zeros(images, dtype=torch.long, device=spans.image_of.device)
+        where = (spans.image_of >= 0).nonzero()  # (n, 2)
+        samples[spans.image_of[where[:, 0], where[:, 1]]] = where[:, 0]
+        return samples
+
+    def _scatter(self, target: Tensor, columns: Tensor, valid: Tensor, hidden: Tensor) -> None:
+        bin_column = target.shape[1] - 1
+        index = torch.where(valid, columns, bin_column)
+        target.scatter_(1, index.unsqueeze(-1).expand(-1, -1, target.shape[-1]), hidden)
+
+    def _after_last_layer(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        if not self._pass.get("active") or not self._pass["prefill"] or self._early_exit is None:
+            return None
+        hidden = output[0] if isinstance(output, tuple) else output
+        last = self._slots[-1]
+        full = self._early_exit
+        self._scatter(full, last.columns, last.valid, hidden)
+        self._early_exit = None
+        full = full[:, :-1]
+        return (full, *output[1:]) if isinstance(output, tuple) else full
+
+    # ---- the arguments of a layer ≥ K ---------------------------------------------------------------------------
+    def _stage_kwargs(self, stage: int) -> dict[str, Any]:
+        slots = self._slots[stage]
+        if slots.kwargs:
+            return slots.kwargs
+        given = self._pass["kwargs"]
+        fixed: dict[str, Any] = {"attention_mask": self._mask(slots, given.get("attention_mask"))}
+        if self._pass["prefill"]:
+            cos, sin = given["position_embeddings"]
+            fixed["position_embeddings"] = (
+                _gather_columns(cos, slots.columns, -2, -3),
+                _gather_columns(sin, slots.columns, -2, -3),
+            )
+            position_ids = given.get("position_ids")
+            if isinstance(position_ids, Tensor):
+                fixed["position_ids"] = _gather_columns(position_ids, slots.columns, -1, -2)
+        slots.kwargs = fixed
+        return fixed
+
+    def _mask(self, slots: _Slots, full: Tensor | None) -> Tensor:
+        """The 4-D mask of a layer in this stage: the model's own mask read at the kept rows and key columns (so
+        padding and causality are the model's), restricted to valid keys; filler rows attend to nothing."""
+        prefill = self._pass["prefill"]
+        batch = slots.columns.shape[0]
+        query_columns = slots.columns if prefill else self._pass["query_columns"].expand(batch, -1)  # (B, q)
+        if full is None:
+            allowed = slots.columns[:, None, :] <= query_columns[:, :, None]  # (B, q, S) causal on columns
+            allowed = allowed.unsqueeze(1)
+        else:
+            rows = _gather_columns(full, query_columns, 2, 0) if prefill else _expand_batch(full, batch, 0)
+            allowed = _gather_columns(rows, slots.columns, 3, 0)
+            if allowed.dtype != torch.bool:
+                allowed = allowed == 0  # an additive float mask: 0 = may attend
+        allowed = allowed & slots.valid[:, None, None, :]
+        if prefill:
+            allowed = allowed & slots.valid[:, None, :, None]
+        if not self._eager:
+            return allowed
+        dtype = full.dtype if full is not None and full.is_floating_point() else self._pass["dtype"]
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+
+
+class InLLMInstallation:
+    """What :func:`install` leaves on a model: the drop hooks and the family's prefill watch."""
+
+    def __init__(self, drop: InLLMDrop, unwatch: Callable[[], None]) -> None:
+        self.drop = drop
+        self._unwatch = unwatch
+
+    def remove(self) -> None:
+        self._unwatch()
+        self.drop.remove()
+
+    def selection(self) -> list[ImageSelection] | None:
+        """Per image: the tokens kept through the last layer (each stands for itself: in-LLM methods never merge)."""
+        kept = self.drop.selection()
+        if kept is None:
+            return None
+        return [ImageSelection(kept=tokens, groups=tuple(tokens[:, None].unbind(0))) for tokens in kept]
+
+
+def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InLLMInstallation:
+    """Install the in-LLM ``method`` on ``family``'s language model; every check runs before the first hook."""
+    make_policy = getattr(method, "drop_policy", None)
+    if make_policy is None:
+        raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
+    drop = InLLMDrop(family.language_model, make_policy(options))
+    return InLLMInstallation(drop, family.watch_spans(drop.on_prefill))

@@ -1,0 +1,136 @@
+"""DART (Wen et al., 2025, "Stop looking for important tokens ... duplication matters more"): at layer K, keep a few
+pivot tokens and the image tokens LEAST duplicated with them; no attention weights, so SDPA stays on.
+
+1. Pivots by key norm: with layer K−1's post-rotary keys (heads concatenated, the vectors its KV cache holds), the
+   ``pivot_image_token`` image tokens and the ``pivot_text_token`` text tokens after the image with the largest
+   L1 norm ‖k_j‖₁.
+2. Duplication: on layer K's input passed through the model's final norm, x̂_j, each pivot p in turn takes the
+   ``quota`` remaining image tokens with the LOWEST cosine similarity cos(x̂_p, x̂_j); a taken token leaves the pool.
+3. The image keeps its image pivots and every taken token (text pivots only guide).
+
+The authors (``get_retained_image_token`` in their ``modeling_llama_self.py``; defaults K = 2, 4 + 4 pivots,
+``max_num_trunction`` = 128) give every pivot ``128 // 8 = 16`` tokens, so their "128" keeps 4 + 8·16 = 132, and they
+visit the pivots in a Python set's order. vitrim keeps exactly ``keep``: the ``keep − image pivots`` tokens are split
+over the pivots as evenly as possible (the earlier pivots take one more), pivots are visited in sequence order
+(image pivots, then text pivots), a ``keep`` below ``pivot_image_token`` keeps the top-``keep`` image pivots only,
+and ties go to the earlier token. Text pivots: the sample's real non-image tokens after the image's last token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from vitrim.vlm.in_llm import DropStage
+from vitrim.vlm.in_llm_evidence import LayerEvidence, top_k_stable
+from vitrim.vlm.registry import Method, StageOptions, register_method
+
+DART_LAYER = 2
+DART_PIVOT_IMAGE_TOKEN = 4
+DART_PIVOT_TEXT_TOKEN = 4
+DART_REDUCTION_RATIO = 0.778  # the authors' scripts: 0.778 of LLaVA-1.5's 576 tokens dropped, 128 kept
+
+
+def dart_keep(
+    image_key_norms: Tensor,
+    text_key_norms: Tensor,
+    image_states: Tensor,
+    text_states: Tensor,
+    keep: int,
+    pivot_image_token: int = DART_PIVOT_IMAGE_TOKEN,
+    pivot_text_token: int = DART_PIVOT_TEXT_TOKEN,
+) -> Tensor:
+    """(keep,) ascending positions among the image's n tokens that DART keeps.
+
+    image_key_norms: (n,) and text_key_norms: (t,) the L1 norms of layer K−1's keys of the image's tokens and of the
+    text tokens after it; image_states: (n, D), text_states: (t, D) layer K's input through the final norm.
+    """
+    num_image = image_key_norms.shape[0]
+    image_pivots = top_k_stable(image_key_norms, min(pivot_image_token, num_image, keep))  # (p,)
+    if keep <= image_pivots.numel():
+        return image_pivots
+    text_pivots = top_k_stable(text_key_norms, min(pivot_text_token, text_key_norms.shape[0]))  # (t',)
+    pivot_states = torch.cat([image_states[image_pivots], text_states[text_pivots]])  # (P, D) sequence order
+    unit = torch.nn.functional.normalize
+    similarity = unit(pivot_states, dim=-1) @ unit(image_states, dim=-1).T  # (P, n) cosine, all pairs at once
+    remaining = keep - image_pivots.numel()
+    base, extra = divmod(remaining, pivot_states.shape[0])
+    pool = torch.ones(num_image, dtype=torch.bool, device=image_states.device)
+    pool[image_pivots] = False
+    taken = [image_pivots]
+    left = int(pool.sum())
+    for number in range(pivot_states.shape[0]):
+        quota = min(base + (1 if number < extra else 0), left)
+        candidates = pool.nonzero().flatten()  # (m,) ascending
+        chosen = candidates[top_k_stable(-similarity[number, candidates], quota)]  # the least similar first
+        pool[chosen] = False
+        left -= quota
+        taken.append(chosen)
+    return torch.cat(taken).sort().values
+
+
+@dataclass(frozen=True)
+class DartDrop:
+    """DART as a drop policy for :class:`vitrim.vlm.in_llm.InLLMDrop`: one drop before ``layer``."""
+
+    layer: int
+    tokens: Callable[[int], int]
+    pivot_image_token: int = DART_PIVOT_IMAGE_TOKEN
+    pivot_text_token: int = DART_PIVOT_TEXT_TOKEN
+    needs_previous_layer: bool = True
+    reads_attention: bool = True  # it recomputes layer K−1's keys
+
+    def drop_stages(self, num_layers: int) -> list[DropStage]:
+        return [DropStage(self.layer, self.tokens)]
+
+    def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
+        key_norms = evidence.keys(previous=True).abs().sum(dim=-1)  # (B, S) L1 norm over heads·hd
+        states = evidence.normed_hidden()  # (B, S, D)
+        kept = []
+        for image, count in zip(evidence.images(), counts, strict=True):
+            if image.slots.numel() == 0:
+                kept.append(image.tokens)
+                continue
+            row = image.sample
+            after = evidence.slot_columns[row] > evidence.slot_columns[row, image.slots].max()
+            text = (evidence.real[row] & (evidence.image_of[row] < 0) & after).nonzero().flatten()  # (t,)
+            chosen = dart_keep(
+                key_norms[row, image.slots], key_norms[row, text], states[row, image.slots], states[row, text],
+                count, self.pivot_image_token, self.pivot_text_token,
+            )  # fmt: skip
+            kept.append(image.tokens[chosen])
+        return kept
+
+
+@register_method("dart", stage="in_llm")
+class Dart(Method):
+    """DART. Options: ``layer=`` (default 2, the authors' K), ``keep=`` (image tokens per image kept from layer K
+    on; default 1 − 0.778 of them, the authors' reduction ratio: 128 of 576), ``pivot_image_token`` (default 4),
+    ``pivot_text_token`` (default 4)."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "pivot_image_token": DART_PIVOT_IMAGE_TOKEN,
+        "pivot_text_token": DART_PIVOT_TEXT_TOKEN,
+    }
+
+    def check(self) -> None:
+        for name, least in (("pivot_image_token", 1), ("pivot_text_token", 0)):
+            value = self.options[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r} must be an int >= {least}")
+
+    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
+        return 1.0 - DART_REDUCTION_RATIO
+
+    def drop_policy(self, options: StageOptions) -> DartDrop:
+        assert options.keep is not None  # default_keep always gives one
+        return DartDrop(
+            layer=DART_LAYER if options.layer is None else options.layer,
+            tokens=options.keep.tokens,
+            pivot_image_token=self.options["pivot_image_token"],
+            pivot_text_token=self.options["pivot_text_token"],
+        )

@@ -1,0 +1,120 @@
+"""Independent references for the in-LLM drop tests: a tiny float64 LlamaForCausalLM with a span of "image"
+positions, and the full model run layer by layer with chosen keys masked out from layer K on (no vitrim code).
+
+The masked reference is the definition of dropping with original positions: every layer sees every token, and
+from layer K on no query may attend to a dropped key. Its KV cache holds every token, so a decode step is the
+same masking on the full cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+transformers = pytest.importorskip("transformers")
+
+from vitrim.vlm.spans import ImageSpans, spans_from_mask  # noqa: E402
+
+VOCAB = 64
+
+
+def tiny_llama(seed: int = 0, layers: int = 4, implementation: str = "sdpa"):
+    """A random Llama (float64) with attention scores far from uniform (init range 0.3), so rankings are clear."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, attn_implementation=implementation,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config).double().eval()
+
+
+def tiny_qwen2(seed: int = 0, layers: int = 3, implementation: str = "sdpa"):
+    """A random Qwen2 (float64): Llama's layout with q/k/v biases."""
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, attn_implementation=implementation,
+    )  # fmt: skip
+    return transformers.Qwen2ForCausalLM(config).double().eval()
+
+
+def prompts(
+    lengths: list[tuple[int, ...]], image_tokens: int, seed: int = 0, side: str = "left"
+) -> tuple[Tensor, Tensor, ImageSpans]:
+    """A padded batch: sample b is ``before`` text tokens, ``images`` times (``image_tokens`` image positions and one
+    text token), then ``after`` text tokens, for (before, after[, images = 1]) in ``lengths``.
+    Returns input_ids (B, L), attention_mask (B, L), spans."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, images, counts = [], [], []
+    for before, after, *rest in lengths:
+        number = rest[0] if rest else 1
+        ids = torch.randint(3, VOCAB, (before + number * (image_tokens + 1) + after,), generator=generator)
+        image = torch.zeros_like(ids, dtype=torch.bool)
+        for start in range(before, before + number * (image_tokens + 1), image_tokens + 1):
+            image[start : start + image_tokens] = True
+        rows.append(ids)
+        images.append(image)
+        counts += [image_tokens] * number
+    width = max(len(row) for row in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    is_image = torch.zeros(len(rows), width, dtype=torch.bool)
+    for b, (row, image) in enumerate(zip(rows, images, strict=True)):
+        cols = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+        input_ids[b, cols] = row
+        attention_mask[b, cols] = 1
+        is_image[b, cols] = image
+    return input_ids, attention_mask, spans_from_mask(is_image, counts)
+
+
+def positions(attention_mask: Tensor) -> Tensor:
+    """Position ids as generate() makes them for a left-padded batch: (B, L)."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def kept_keys(spans: ImageSpans, kept: list[Tensor]) -> Tensor:
+    """(B, L) bool: every non-image position, and the image positions whose raster index is kept."""
+    keep = ~spans.is_image.clone()
+    for image, tokens in enumerate(kept):
+        keep |= (spans.image_of == image) & torch.isin(spans.token_of, tokens)
+    return keep
+
+
+def masked_forward(model, input_ids, attention_mask, drops: dict[int, Tensor], cache=None, past: int = 0):
+    """Logits (B, q, V) of the model run layer by layer; from each layer K in ``drops`` on, no query attends to a
+    key where ``drops[K]`` (B, past + q) is False. ``attention_mask`` (B, past + q) is the user's padding."""
+    hidden = model.model.embed_tokens(input_ids)
+    position_ids = positions(attention_mask)[:, past:]
+    return model.lm_head(masked_layers(model.model, hidden, attention_mask, position_ids, drops, cache, past))
+
+
+def masked_layers(lm, hidden, attention_mask, position_ids, drops: dict[int, Tensor], cache=None, past: int = 0):
+    """The decoder stack ``lm`` (``.layers``, ``.norm``, ``.rotary_emb``) on ``hidden`` (B, q, D) with the masks
+    of :func:`masked_forward`; returns the final-normed hidden states (B, q, D)."""
+    length = hidden.shape[1]
+    if position_ids is None:
+        position_ids = torch.arange(past, past + length)[None]
+    cos_sin = lm.rotary_emb(hidden, position_ids=position_ids)
+    query = torch.arange(past, past + length)
+    key = torch.arange(past + length)
+    allowed = (key[None, :] <= query[:, None])[None] & attention_mask.bool()[:, None, :]  # (B, q, past+q)
+    allowed = allowed.unsqueeze(1)
+    for index, layer in enumerate(lm.layers):
+        for start, keep in drops.items():
+            if index == start:
+                allowed = allowed & keep[:, None, None, :]
+        mask = allowed
+        if lm.config._attn_implementation == "eager":
+            mask = torch.zeros(allowed.shape, dtype=hidden.dtype).masked_fill(~allowed, torch.finfo(hidden.dtype).min)
+        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin,
+                       cache=cache, use_cache=cache is not None)  # fmt: skip
+    return lm.norm(hidden)
+
+
+def top_k_reference(scores: Tensor, k: int) -> list[int]:
+    """The k largest scores, ties to the earlier index, as a sorted list (plain Python sort)."""
+    values = scores.detach().tolist()
+    ranked = sorted(range(len(values)), key=lambda j: (-values[j], j))
+    return sorted(ranked[:k])
