@@ -115,7 +115,11 @@ def _options_note(methods: list[str]) -> str:
     if not used:
         return "Every method ran with its authors' defaults and `keep`."
     shown = ", ".join(f"{m} {o}" for m, o in used.items())
-    return f"Options beyond `keep` (the decoder has 4 layers, the papers' LLaMA 32): {shown}; the rest the authors'."
+    note = f"Options beyond `keep` (the decoder has 4 layers, the papers' LLaMA 32): {shown}; the rest the authors'."
+    if "pdrop" in used:
+        note += (" PyramidDrop takes no `keep`: at fraction f it gets `ratios=(2f, f, f/2)` (the authors' halving, "
+                 "the middle stage at f; their default is f = 0.25).")  # fmt: skip
+    return note
 
 
 def _pct(value: float) -> str:

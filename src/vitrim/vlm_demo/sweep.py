@@ -1,7 +1,7 @@
 """Every method of :mod:`vitrim.vlm` on the digits VLM: accuracy per question type and prefill speed-up per keep.
 
 For each method and kept fraction (``KEPT_FRACTIONS`` of the 64 image tokens), a copy of the model gets
-``vitrim.vlm.apply(copy, method, keep=fraction, **DEMO_OPTIONS.get(method, {}))``; the copy answers every held-out
+``vitrim.vlm.apply(copy, method, **method_options(method, fraction))``; the copy answers every held-out
 question through ``generate()``, and the prefill of one batch of prompts is timed against the unmodified model in
 turns (:func:`vitrim.bench.timing.interleaved_samples`), so that the ratio of the medians is measured under the same
 load. A method that refuses the demo model (``apply`` raises a ValueError or TypeError) is recorded as not run,
@@ -27,10 +27,20 @@ from vitrim.vlm_demo.words import processor
 KEPT_FRACTIONS = ("0.5", "0.25", "0.125")  # the summary's keys; float() of each is the `keep=` passed
 # The decoder has 4 layers (the papers' LLaMA-7B: 32): staged and layer-K methods get the same depths, scaled.
 DEMO_OPTIONS: dict[str, dict[str, Any]] = {
-    "fastv": {"layer": 2},  # FastV's K = 2 (of 32); here 2 of 4 keeps half the layers unpruned, as K=2 of 32 does not
+    "fastv": {"layer": 2},  # the authors' K = 2 (of 32 layers); here the last 2 of 4 layers run on the kept tokens
     "dart": {"layer": 2},
-    "pdrop": {"layers": (1, 2, 3)},  # PyramidDrop's stages at 8/16/24 of 32 layers are a quarter, half, 3/4 deep
+    "pdrop": {"layers": (1, 2, 3)},  # PyramidDrop's stages at 8/16/24 of 32 layers: a quarter, half, 3/4 deep
 }
+
+
+def method_options(method: str, fraction: str) -> dict[str, Any]:
+    """The options the demo passes for a kept ``fraction``: ``keep=`` and DEMO_OPTIONS; PyramidDrop, which takes no
+    ``keep``, gets its geometric halving with the middle stage at the fraction: ``ratios=(2f, f, f/2)`` (the
+    authors' (0.5, 0.25, 0.125) is f = 0.25)."""
+    if method == "pdrop":
+        f = float(fraction)
+        return {**DEMO_OPTIONS[method], "ratios": (min(1.0, 2 * f), f, f / 2)}
+    return {"keep": float(fraction), **DEMO_OPTIONS.get(method, {})}
 
 
 @dataclass
@@ -56,7 +66,7 @@ def apply_method(model: nn.Module, method: str, fraction: str) -> nn.Module:
     """A copy of ``model`` with ``method`` applied at ``keep=float(fraction)`` (the model itself is left as it was)."""
     from vitrim import vlm
 
-    return vlm.apply(copy.deepcopy(model), method, keep=float(fraction), **DEMO_OPTIONS.get(method, {}))
+    return vlm.apply(copy.deepcopy(model), method, **method_options(method, fraction))
 
 
 def run_sweep(
