@@ -32,19 +32,21 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests
 	$(PY) -m mypy
 
-# The demos evaluate, time and draw the weights their recipes made, shipped in src/vitrim/data/demo (about 30 s);
-# `vitrim demo --retrain` and `vitrim demo translate --retrain` train them from scratch (6 to 16 minutes on 2 cores).
+# The demos evaluate, time and draw the weights their recipes made, shipped in src/vitrim/data/demo (about 30 s each;
+# the VLM demo sweeps every method of vitrim.vlm); `vitrim demo [translate|vlm] --retrain` trains them from scratch.
 demo: $(STAMP)
 	$(VENV)/bin/vitrim demo
 	$(VENV)/bin/vitrim demo translate
+	$(VENV)/bin/vitrim demo vlm
 
 demo-translate: $(STAMP)
 	$(VENV)/bin/vitrim demo translate
 
-# After a recipe changes: retrain both demos and ship what they made (tests/train/test_demo_shipped.py checks it).
+# After a recipe changes: retrain the demos and ship what they made (tests/train/test_demo_shipped.py checks it).
 demo-weights: $(STAMP)
 	$(VENV)/bin/vitrim demo --retrain --ship-to src/vitrim/data/demo/vision
 	$(VENV)/bin/vitrim demo translate --retrain --ship-to src/vitrim/data/demo/translate
+	$(VENV)/bin/vitrim demo vlm --retrain --ship-to src/vitrim/data/demo/vlm
 
 # The documentation site (mkdocs.yml): guides from docs/, the API reference from the docstrings. --strict: a broken
 # link or a missing reference fails the build. NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner.

@@ -36,9 +36,26 @@ def tiny_checkpoint(tmp: Path) -> Path:
     return vitrim.save_checkpoint(model, tmp / "tiny.safetensors")
 
 
+def blank_png(tmp: Path) -> Path:
+    """A black 64x64 PNG (an empty canvas for the digits VLM); the file's bytes are written by hand (no Pillow)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + bytes(64) for _ in range(64))  # filter 0, 64 grey pixels of 0
+    header = struct.pack(">IIBBBBB", 64, 64, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    path = tmp / "blank.png"
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    )
+    return path
+
+
 def invocations(tmp: Path) -> dict[str, list[str]]:
     """Command path -> argv that runs it cheaply, writing under ``tmp`` (the ``translate`` one needs the run that
-    ``demo translate`` writes first)."""
+    ``demo translate`` writes first; ``vlm ask`` and ``viz vlm`` the one of ``demo vlm``)."""
     ckpt = str(tiny_checkpoint(tmp))
     speed = ["--repeats", "1", "--warmup", "0"]
     return {
@@ -65,6 +82,9 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "demo": ["demo", "--quick", "--out", str(tmp / "demo"), "--quiet"],
         "demo translate": ["demo", "translate", "--quick", "--steps", "1", "--out", str(tmp / "translate"), "--quiet"],
         "translate": ["translate", "twenty-one", "--run", str(tmp / "translate")],
+        "demo vlm": ["demo", "vlm", "--quick", "--methods", "random", "--out", str(tmp / "vlm"), "--quiet"],
+        "vlm ask": ["vlm", "ask", "which digit ?", "--image", str(blank_png(tmp)), "--run", str(tmp / "vlm")],
+        "viz vlm": ["viz", "vlm", "--run", str(tmp / "vlm"), "--method", "random", "--out", str(tmp / "vlm.png")],
         "viz attention": ["viz", "attention", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "attn.png")],
         "viz rollout": ["viz", "rollout", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "roll.png")],
         "viz relevance": ["viz", "relevance", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "rel.png")],

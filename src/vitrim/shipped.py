@@ -11,6 +11,7 @@ Layout (``src/vitrim/data/demo/``), the same as the run folders, so that shippin
     vision/summary.json                       the training run's summary (top-1 when trained, training seconds)
     vision/<model>/last.safetensors, run.json one per demo model (dense, dynamicvit, dense_reg, dynamicvit_reg, cnn)
     translate/model.safetensors, vocab.json, summary.json
+    vlm/model.safetensors, config.json, summary.json, details.json   the digits LLaVA (vitrim.vlm_demo)
 
 Only safetensors and JSON are shipped: nothing in them can run code (:mod:`vitrim.weights.checkpoint`). Weights are
 stored as float16 (3 MB instead of 6; the demos' top-1 and exact match are the same as with the float32 weights they
@@ -34,9 +35,9 @@ SHIPPED = Path(__file__).resolve().parent / "data" / "demo"
 
 
 def shipped_run(kind: str) -> Path:
-    """The folder of a shipped run: ``kind`` is ``"vision"`` (``vitrim demo``) or ``"translate"``."""
-    if kind not in ("vision", "translate"):
-        raise ValueError(f"kind must be 'vision' or 'translate', got {kind!r}")
+    """The folder of a shipped run: ``kind`` is ``"vision"`` (``vitrim demo``), ``"translate"`` or ``"vlm"``."""
+    if kind not in ("vision", "translate", "vlm"):
+        raise ValueError(f"kind must be 'vision', 'translate' or 'vlm', got {kind!r}")
     folder = SHIPPED / kind
     if not (folder / "summary.json").is_file():
         raise FileNotFoundError(

@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz, vlm
+from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz, vlm, vlm_demo
 from vitrim.cli.common import apply_threads, in_flags
 from vitrim.extras import missing_extra_message
 
@@ -27,7 +27,8 @@ COMMANDS = {
     "train": train,
     "viz": viz,
     "vlm": vlm,
-    "translate": translate,  # last: it also adds `vitrim demo translate` and `vitrim explain --cross`
+    "translate": translate,  # after demo and explain: it adds `vitrim demo translate` and `vitrim explain --cross`
+    "vlm_demo": vlm_demo,  # after translate, viz and vlm: `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`
 }
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
 # The extra to name when a command misses an optional library that several extras install (vitrim.extras).

@@ -1,0 +1,194 @@
+"""Parsers of the digits VLM: ``vitrim demo vlm``, ``vitrim vlm ask`` and ``vitrim viz vlm``.
+
+Registered after ``demo`` and ``viz`` (and after ``translate``, which gives ``demo`` its modes): :func:`register`
+adds a mode to each of those parsers, and creates the ``vlm`` command, or adds ``ask`` to it when another module
+created it first (:func:`vlm_commands`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
+from vitrim.cli.demo import add_ship_to_argument, check_ship_to
+from vitrim.extras import require
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_demo_mode(_modes(_registered(subparsers, "demo"), "demo_mode", "MODE"))
+    _register_viz_kind(_modes(_registered(subparsers, "viz"), "viz_kind", "KIND"))
+    _register_ask(vlm_commands(subparsers))
+
+
+def _registered(subparsers: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        raise RuntimeError(f"vitrim.cli.vlm_demo must be registered after the {name!r} command (vitrim.cli COMMANDS)")
+    return parser
+
+
+def _modes(parser: argparse.ArgumentParser, dest: str, metavar: str) -> argparse._SubParsersAction:
+    """The sub-command action of ``parser`` (created when it has none yet)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return parser.add_subparsers(dest=dest, metavar=metavar, required=False)
+
+
+def vlm_commands(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The sub-commands of ``vitrim vlm`` (the command is created by whichever module asks first)."""
+    parser = subparsers.choices.get("vlm")
+    if parser is None:
+        parser = subparsers.add_parser("vlm", help="vision-language models: ask the digits VLM, trim image tokens")
+        return parser.add_subparsers(dest="vlm_command", metavar="COMMAND", required=True)
+    return _modes(parser, "vlm_command", "COMMAND")
+
+
+# -- vitrim demo vlm -------------------------------------------------------------------------------------------------
+
+
+def _register_demo_mode(modes: argparse._SubParsersAction) -> None:
+    p = modes.add_parser(
+        "vlm",
+        help="a digits LLaVA (transformers' LlavaForConditionalGeneration): accuracy against image tokens kept",
+        description="Score the digits LLaVA (a small CLIP tower and Llama decoder, trained on questions about canvases "
+        "of one to three handwritten digits; its weights ship with vitrim) per question type on held-out canvases, "
+        "then every method of vitrim.vlm at 50, 25 and 12.5 %% of the 64 image tokens with the measured prefill "
+        "speed-up; write summary.json, details.json, report.md and pictures. --retrain trains it from scratch first.",
+    )
+    p.add_argument("--out", default="runs/vlm", help="run folder (default: %(default)s)")
+    p.add_argument("--retrain", action="store_true", help="train the model from scratch with the shipped one's recipe")
+    p.add_argument("--quick", action="store_true", help="a tiny model, 3 steps, 6 canvases: checks the plumbing")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the training (needs --retrain)")
+    p.add_argument(
+        "--methods", default=None, help="comma-separated methods of vitrim.vlm to sweep (default: every one)"
+    )
+    add_ship_to_argument(p, "model")
+    p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    add_threads_argument(p)
+    p.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from vitrim.vlm_demo.demo import FULL, QUICK, run_vlm_demo, ship_run
+
+    ship_to = check_ship_to(args)
+    if args.seed != 0 and not (args.retrain or args.quick):
+        raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")
+    require("transformers", feature="the VLM demo")
+    require("matplotlib", "PIL", feature="the VLM demo's pictures")
+    out = check_output_folder(args.out, "--out")
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    shipped = not (args.retrain or args.quick)
+    summary = run_vlm_demo(
+        out, QUICK if args.quick else FULL, seed=args.seed, quiet=args.quiet, shipped=shipped, methods=methods
+    )
+    note = "  (shipped weights; --retrain trains them from scratch)" if shipped else ""
+    print(f"report: {out / 'report.md'}{note}")
+    print("  full model  " + "  ".join(f"{k} {v:.3f}" for k, v in summary["full"].items()))
+    if ship_to is not None:
+        ship_run(out, ship_to)
+        print(f"shipped: {ship_to}")
+    return 0
+
+
+# -- vitrim vlm ask --------------------------------------------------------------------------------------------------
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", default=None, help="a `vitrim demo vlm` run folder (default: the shipped model)")
+    p.add_argument("--method", default=None, help="a method of vitrim.vlm that trims the image tokens")
+    p.add_argument("--keep", default="0.25", help="image tokens kept: a count (16) or a fraction (0.25; default)")
+
+
+def _register_ask(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "ask",
+        help="ask the digits VLM a question about a picture (which digit / where is the seven / how many digits)",
+        description="Answer a question about a picture with the digits VLM of `vitrim demo vlm`. The picture is read "
+        "as grey and resized to the 64x64 canvas (dark ink on a light background is inverted). --method trims its "
+        "image tokens with a method of vitrim.vlm, keeping --keep of the 64.",
+    )
+    p.add_argument("question", help='e.g. "which digit ?", "where is the seven ?", "how many digits ?"')
+    p.add_argument("--image", required=True, help="a PNG or JPEG file")
+    _add_model_arguments(p)
+    add_threads_argument(p)
+    p.set_defaults(func=_run_ask)
+
+
+def _run_ask(args: argparse.Namespace) -> int:
+    from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas
+
+    keep = parse_keep(args.keep)
+    model = load_demo_model(args.run)
+    canvas = read_canvas(args.image)
+    result = ask(model, canvas, args.question, method=args.method, keep=keep)
+    print(result.text)
+    if result.groups is not None:
+        kept = sorted(int(i) for g in result.groups for i in g.reshape(-1).tolist())
+        print(f"{args.method}: {len(result.groups)} of 64 image tokens entered the LLM, standing for patches {kept}")
+    return 0
+
+
+# -- vitrim viz vlm --------------------------------------------------------------------------------------------------
+
+
+def _register_viz_kind(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser(
+        "vlm",
+        help="the image tokens each method of vitrim.vlm lets into the digits VLM, and FastV's attention",
+        description="Draw a canvas with the tokens that each method (or --method) keeps (pruned washed out, merged "
+        "groups in one colour), and with --attention the last prompt token's attention over the image at the layer "
+        "FastV ranks by.",
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--image", default=None, help="a PNG or JPEG file (default: a held-out canvas, --canvas)")
+    source.add_argument("--canvas", type=int, default=0, help="index of a held-out canvas (default 0)")
+    p.add_argument("--question", default="how many digits ?", help="the question asked (default: %(default)s)")
+    _add_model_arguments(p)
+    p.add_argument("--out", required=True, help="PNG file of the kept tokens")
+    p.add_argument("--attention", default=None, metavar="PNG", help="also draw FastV's attention map here")
+    add_threads_argument(p)
+    p.set_defaults(func=_run_viz)
+
+
+def _run_viz(args: argparse.Namespace) -> int:
+    from vitrim.viz.maps import save_figure
+    from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas
+    from vitrim.vlm_demo.attention import last_token_attention
+    from vitrim.vlm_demo.evaluate import held_out
+    from vitrim.vlm_demo.pictures import plot_attention, plot_selections
+    from vitrim.vlm_demo.sweep import DEMO_OPTIONS, available_methods
+    from vitrim.vlm_demo.words import processor, split_words
+
+    require("matplotlib", feature="vitrim viz vlm")
+    check_output_file(args.out, "--out")
+    if args.attention:
+        check_output_file(args.attention, "--attention")
+    keep = parse_keep(args.keep)
+    if args.image is not None:
+        canvas = read_canvas(args.image)
+    else:
+        if args.canvas < 0:
+            raise ValueError(f"--canvas must be >= 0, got {args.canvas}")
+        canvas = held_out(args.canvas + 1).pixels[args.canvas]
+    model = load_demo_model(args.run)
+    methods = [args.method] if args.method else available_methods()
+    if not methods:
+        raise ValueError("vitrim.vlm has no methods in this installation: nothing to draw")
+    selections = {}
+    for method in methods:
+        result = ask(model, canvas, args.question, method=method, keep=keep)
+        selections[method] = result.groups
+    plain = ask(model, canvas, args.question).text
+    title = f'"{args.question}" -> "{plain}" (full model); keep {args.keep}'
+    save_figure(plot_selections(canvas, selections, title=title), Path(args.out))
+    print(f"wrote {args.out}")
+    if args.attention:
+        layer = DEMO_OPTIONS["fastv"]["layer"] - 1
+        weights = last_token_attention(model, processor(canvas[None], [split_words(args.question)]), layer)[0]
+        fig = plot_attention(canvas, weights, title=f"last prompt token's attention, decoder layer {layer}")
+        save_figure(fig, Path(args.attention))
+        print(f"wrote {args.attention}")
+    return 0

@@ -1,0 +1,144 @@
+"""Canvases of one to three handwritten digits and the questions the digits VLM answers about them.
+
+A canvas is 64×64 pixels, split into four 32×32 quadrants (top left, top right, bottom left, bottom right). It holds
+one to three digits of *different* values, each in its own quadrant: the bundled UCI digit (8×8) scaled to 16×16
+and placed at one of 3×3 positions on an 8-pixel grid inside its quadrant, so that, with 8×8 patches, every digit
+covers exactly 2×2 of the 64 patch tokens and most tokens are empty background.
+
+Questions (word-level, every answer one or two words; ``QUESTION_TYPES``):
+
+* ``which``: "which digit is top left ?" -> "seven" (asked about an occupied quadrant; on a canvas holding one
+  digit, half the time just "which digit ?");
+* ``where``: "where is the seven ?" -> "top left" (the digits of a canvas differ, so the answer is unique);
+* ``count``: "how many digits ?" -> "three" (needs the whole image).
+
+The digits come from the bundled set's own seeded split (:func:`vitrim.data.digits.split_indices`, 20 % held out):
+training canvases use training digits only, held-out canvases held-out digits only. Canvas ``i`` of a split is a
+pure function of ``(seed, split, epoch, i)`` (held-out canvases ignore the epoch), so nothing random is carried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vitrim.data.digits import load_digits, split_indices
+
+CANVAS = 64  # pixels; with PATCH 8: 8×8 = 64 image tokens
+PATCH = 8
+DIGIT = 16  # a digit covers 2×2 patches
+QUADRANT = CANVAS // 2
+PLACES = (QUADRANT - DIGIT) // PATCH + 1  # 3 positions per axis inside a quadrant
+MAX_DIGITS = 3
+TEST_FRACTION = 0.2
+BACKGROUND = 10  # the patch label of background (Canvas.patch_digits)
+
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
+QUADRANT_WORDS = (("top", "left"), ("top", "right"), ("bottom", "left"), ("bottom", "right"))  # raster order
+QUESTION_TYPES = ("which", "where", "count")
+
+
+@dataclass(frozen=True)
+class Canvas:
+    """One canvas: its pixels and what is on it.
+
+    pixels: (CANVAS, CANVAS) float32 ink in [0, 1] (0 background).
+    digits: per quadrant (0 … 3, raster order) the digit's value, or -1 for an empty quadrant.
+    patch_digits: (64,) int64, per patch (raster order) the value of the digit whose 2×2 box covers it, else 10.
+    """
+
+    pixels: np.ndarray
+    digits: tuple[int, int, int, int]
+    patch_digits: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return sum(d >= 0 for d in self.digits)
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question about canvas ``canvas`` of its split, with its answer words and type (one of QUESTION_TYPES)."""
+
+    canvas: int
+    kind: str
+    words: tuple[str, ...]
+    answer: tuple[str, ...]
+
+
+class DigitsScenes:
+    """One split's canvases: ``scenes.canvas(i)`` and the questions about it (``scenes.questions(i)``).
+
+    Args:
+        split: ``"train"`` or ``"test"`` (which digits of the bundled set may appear).
+        size: canvases in the split (held-out: a fixed set; training: redrawn each epoch, see ``set_epoch``).
+        seed: fixes the digits' split and every placement.
+    """
+
+    def __init__(self, split: str, size: int, *, seed: int = 0) -> None:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be an int >= 1, got {size!r}")
+        images, labels = load_digits()
+        train_idx, test_idx = split_indices(labels, TEST_FRACTION, seed)
+        chosen = train_idx if split == "train" else test_idx
+        scaled = images[chosen].astype(np.float32) / 16.0  # (n, 8, 8) in [0, 1]
+        self.glyphs = scaled.repeat(DIGIT // 8, axis=1).repeat(DIGIT // 8, axis=2)  # (n, 16, 16) nearest-neighbour
+        self.labels = labels[chosen]
+        self.by_value = [np.flatnonzero(self.labels == v) for v in range(10)]
+        self.split, self.size, self.seed, self.epoch = split, size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw another set of training canvases (held-out canvases never change)."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _rng(self, index: int) -> np.random.Generator:
+        if self.split == "train":
+            return np.random.default_rng([self.seed, 0x71A, self.epoch, index])
+        return np.random.default_rng([self.seed, 0x7E5, index])
+
+    def canvas(self, index: int) -> Canvas:
+        if not 0 <= index < self.size:
+            raise IndexError(f"canvas {index} out of range for {self.size} canvases")
+        rng = self._rng(index)
+        count = int(rng.integers(1, MAX_DIGITS + 1))
+        quadrants = rng.choice(4, size=count, replace=False)
+        values = rng.choice(10, size=count, replace=False)
+        pixels = np.zeros((CANVAS, CANVAS), dtype=np.float32)
+        digits = [-1, -1, -1, -1]
+        grid = CANVAS // PATCH
+        patch_digits = np.full((grid, grid), BACKGROUND, dtype=np.int64)
+        for quadrant, value in zip(quadrants, values):
+            glyph = self.glyphs[rng.choice(self.by_value[value])]
+            y = (quadrant // 2) * QUADRANT + int(rng.integers(PLACES)) * PATCH
+            x = (quadrant % 2) * QUADRANT + int(rng.integers(PLACES)) * PATCH
+            pixels[y : y + DIGIT, x : x + DIGIT] = glyph
+            digits[int(quadrant)] = int(value)
+            patch_digits[y // PATCH : (y + DIGIT) // PATCH, x // PATCH : (x + DIGIT) // PATCH] = value
+        return Canvas(pixels, (digits[0], digits[1], digits[2], digits[3]), patch_digits.reshape(-1))
+
+    def questions(self, index: int, canvas: Canvas | None = None) -> list[Question]:
+        """One question of each type about canvas ``index`` (which quadrant or digit is asked about is seeded)."""
+        canvas = self.canvas(index) if canvas is None else canvas
+        rng = np.random.default_rng([self.seed, 0x0A5C, self.epoch if self.split == "train" else 0, index])
+        occupied = [q for q, d in enumerate(canvas.digits) if d >= 0]
+        asked = occupied[int(rng.integers(len(occupied)))]
+        value = DIGIT_WORDS[canvas.digits[asked]]
+        which: tuple[str, ...]
+        if canvas.count == 1 and rng.random() < 0.5:
+            which = ("which", "digit", "?")
+        else:
+            which = ("which", "digit", "is", *QUADRANT_WORDS[asked], "?")
+        where_q = occupied[int(rng.integers(len(occupied)))]
+        where_value = DIGIT_WORDS[canvas.digits[where_q]]
+        return [
+            Question(index, "which", which, (value,)),
+            Question(index, "where", ("where", "is", "the", where_value, "?"), QUADRANT_WORDS[where_q]),
+            Question(index, "count", ("how", "many", "digits", "?"), (COUNT_WORDS[canvas.count],)),
+        ]

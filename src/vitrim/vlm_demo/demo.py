@@ -1,0 +1,173 @@
+"""``vitrim demo vlm``: a LLaVA trained on this machine, questioned, and trimmed by every method of vitrim.vlm.
+
+1. the data (:mod:`vitrim.vlm_demo.data`): canvases of one to three digits and questions "which digit is top
+   left ?", "where is the seven ?", "how many digits ?";
+2. the model (:mod:`vitrim.vlm_demo.model`): transformers' ``LlavaForConditionalGeneration`` with a small CLIP tower
+   and a Llama decoder, trained from scratch by ``--retrain`` (:mod:`vitrim.vlm_demo.train`), or the weights that
+   recipe made, shipped in the package;
+3. exact match per question type on held-out canvases (held-out digits), of the full model and of every method of
+   :mod:`vitrim.vlm` at 50 %, 25 % and 12.5 % of the 64 image tokens, with the measured prefill speed-up;
+4. ``summary.json`` (``{"full": {type: acc}, "methods": {method: {fraction: {"accuracy": ..., "prefill_speedup":
+   ...}}}}``), ``details.json`` (training record, the methods that did not run and why, the machine's load),
+   ``report.md`` and its pictures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitrim.shipped import copy_run_files, shipped_run
+from vitrim.vlm_demo.evaluate import HeldOut, held_out, score
+from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, load_model, save_model
+from vitrim.vlm_demo.sweep import SweepResult, available_methods, run_sweep
+from vitrim.vlm_demo.train import TrainPlan, pretrain_tower, train_model
+
+SUMMARY_FILE, DETAILS_FILE, REPORT_FILE = "summary.json", "details.json", "report.md"
+SHIPPED_FILES = (MODEL_FILE, CONFIG_FILE, SUMMARY_FILE, DETAILS_FILE)
+TARGET_WHICH = 0.95
+ANSWERS_RECORDED = 60
+
+
+@dataclass(frozen=True)
+class VLMDemoPlan:
+    """Model sizes, training and evaluation of one demo run. ``FULL`` aims at the target; ``QUICK`` checks plumbing."""
+
+    vision: dict[str, Any] = field(default_factory=dict)  # overrides of model.VISION
+    text: dict[str, Any] = field(default_factory=dict)  # overrides of model.TEXT
+    train: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1500))
+    # 600 held-out questions, 200 of each type (one question is 0.5 %): 8 methods at 3 fractions answer them all, and
+    # `vitrim demo vlm` should stay near 2 minutes
+    test_canvases: int = 200
+    timing_batch: int = 32
+    repeats: int = 5
+    pictures: int = 3
+    train_threads: int = 1  # these matrices are too small to share between threads on a loaded 2-core machine
+
+
+FULL = VLMDemoPlan(
+    text=dict(hidden_size=64, intermediate_size=192),
+    train=TrainPlan(steps=800, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=500),
+)
+QUICK = VLMDemoPlan(
+    vision=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2),
+    text=dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1),
+    train=TrainPlan(steps=3, batch_size=8, warmup_steps=1, canvases_per_epoch=64, tower_steps=2, tower_batch_size=8),
+    test_canvases=6,
+    timing_batch=6,
+    repeats=1,
+    pictures=1,
+)
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average (None where the OS has none), recorded beside every time the demo measures."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def run_vlm_demo(
+    out: Path,
+    plan: VLMDemoPlan,
+    *,
+    seed: int = 0,
+    quiet: bool = False,
+    shipped: bool = False,
+    methods: list[str] | None = None,
+) -> dict[str, Any]:
+    """Train (or, with ``shipped``, install the shipped ``FULL`` model), score, sweep the methods, draw and write the
+    report to ``out``; returns the summary. ``methods``: which of ``vitrim.vlm.methods()`` (default: all)."""
+    if shipped and (plan != FULL or seed != 0):
+        raise ValueError(f"the shipped model is the FULL plan at seed 0; seed {seed} and other plans need --retrain")
+    from vitrim.vlm_demo.report import write_report  # drawing needs matplotlib; the report imports it lazily
+
+    log: Callable[[str], None] | None = None if quiet else (lambda line: print(line, flush=True))
+    out.mkdir(parents=True, exist_ok=True)
+    model: torch.nn.Module
+    if shipped:
+        source = shipped_run("vlm")
+        copy_run_files(source, out, [MODEL_FILE, CONFIG_FILE])
+        training = json.loads((source / DETAILS_FILE).read_text())["training"]
+        model = load_model(out)
+    else:
+        model, training = _train(plan, seed, log)
+        save_model(model, out)
+    data = held_out(plan.test_canvases, seed)
+    start = time.perf_counter()
+    full, answers = score(model, data)
+    if log is not None:
+        log("full model: " + "  ".join(f"{k} {v:.3f}" for k, v in full.items()))
+    chosen = available_methods() if methods is None else methods
+    sweep = run_sweep(model, data, chosen, timing_batch=plan.timing_batch, repeats=plan.repeats, log=log)
+    summary = {"full": full, "methods": sweep.methods}
+    details = {
+        "weights": "shipped" if shipped else "trained",
+        "plan": _plain(asdict(plan)),
+        "seed": seed,
+        "training": training,
+        "held_out": {"canvases": plan.test_canvases, "questions": len(data.questions)},
+        "methods_asked": chosen,
+        "not_run": sweep.not_run,
+        "evaluation_seconds": time.perf_counter() - start,
+        "full_model_answers": answers[:ANSWERS_RECORDED],  # the first held-out questions' answers, for a cheap test
+        "load_average_at_evaluation": machine_load(),
+        "torch_threads_at_evaluation": torch.get_num_threads(),
+        "target_which_at_least_0.95": full.get("which", 0.0) >= TARGET_WHICH,
+    }
+    write_report(out, model, data, summary, details, sweep, answers, pictures=plan.pictures)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (out / DETAILS_FILE).write_text(json.dumps(details, indent=2) + "\n")
+    return summary
+
+
+def _train(plan: VLMDemoPlan, seed: int, log: Callable[[str], None] | None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(plan.train_threads or threads)
+    try:
+        model = build_model(digits_vlm_config(plan.vision, plan.text), seed=seed)
+        load_before = machine_load()
+        tower = pretrain_tower(model, plan.train, seed=seed, log=log)
+        result = train_model(model, plan.train, seed=seed, log=log)
+        record = {
+            "seconds": tower["seconds"] + result["seconds"],
+            "tower_seconds": tower["seconds"],
+            "tower_digit_patch_accuracy": tower["digit_patch_accuracy"],
+            "final_loss": result["loss"],
+            "threads": torch.get_num_threads(),
+            "load_average_before": load_before,
+            "load_average_after": machine_load(),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+    finally:
+        torch.set_num_threads(threads)
+    return model, record
+
+
+def ship_run(out: Path, dest: Path) -> None:
+    """Copy a demo run that trained the ``FULL`` plan to ``dest`` as the shipped weights (float16)."""
+    details_file = out / DETAILS_FILE
+    details = json.loads(details_file.read_text()) if details_file.is_file() else {}
+    if details.get("weights") != "trained" or recipe(details.get("plan", {})) != recipe(_plain(asdict(FULL))):
+        raise ValueError(f"{str(out)!r} is not a run that trained the FULL plan (vitrim demo vlm --retrain)")
+    copy_run_files(out, dest, list(SHIPPED_FILES), float16=True)
+
+
+def recipe(plan: dict[str, Any]) -> dict[str, Any]:
+    """What of a plan (as details.json stores it) makes the weights: sizes and training, not the evaluation."""
+    return {key: plan.get(key) for key in ("vision", "text", "train", "train_threads")}
+
+
+def _plain(value: object) -> Any:
+    return json.loads(json.dumps(value))  # tuples -> lists, as JSON stores them
+
+
+__all__ = ["FULL", "QUICK", "HeldOut", "SweepResult", "VLMDemoPlan", "run_vlm_demo", "ship_run"]

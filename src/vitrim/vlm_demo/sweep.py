@@ -1,0 +1,117 @@
+"""Every method of :mod:`vitrim.vlm` on the digits VLM: accuracy per question type and prefill speed-up per keep.
+
+For each method and kept fraction (``KEPT_FRACTIONS`` of the 64 image tokens), a copy of the model gets
+``vitrim.vlm.apply(copy, method, **method_options(method, fraction))``; the copy answers every held-out
+question through ``generate()``, and the prefill of one batch of prompts is timed against the unmodified model in
+turns (:func:`vitrim.bench.timing.interleaved_samples`), so that the ratio of the medians is measured under the same
+load. A method that refuses the demo model (``apply`` raises a ValueError or TypeError) is recorded as not run,
+with its message: the report lists it as such and never fills in a number.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from vitrim.bench.timing import interleaved_samples
+from vitrim.vlm_demo.evaluate import HeldOut, score
+from vitrim.vlm_demo.words import processor
+
+KEPT_FRACTIONS = ("0.5", "0.25", "0.125")  # the summary's keys; float() of each is the `keep=` passed
+# The decoder has 4 layers (the papers' LLaMA-7B: 32): staged and layer-K methods get the same depths, scaled.
+DEMO_OPTIONS: dict[str, dict[str, Any]] = {
+    "fastv": {"layer": 2},  # the authors' K = 2 (of 32 layers); here the last 2 of 4 layers run on the kept tokens
+    "dart": {"layer": 2},
+    "pdrop": {"layers": (1, 2, 3)},  # PyramidDrop's stages at 8/16/24 of 32 layers: a quarter, half, 3/4 deep
+}
+
+
+def method_options(method: str, fraction: str) -> dict[str, Any]:
+    """The options the demo passes for a kept ``fraction``: ``keep=`` and DEMO_OPTIONS; PyramidDrop, which takes no
+    ``keep``, gets its geometric halving with the middle stage at the fraction: ``ratios=(2f, f, f/2)`` (the
+    authors' (0.5, 0.25, 0.125) is f = 0.25)."""
+    if method == "pdrop":
+        f = float(fraction)
+        return {**DEMO_OPTIONS[method], "ratios": (min(1.0, 2 * f), f, f / 2)}
+    return {"keep": float(fraction), **DEMO_OPTIONS.get(method, {})}
+
+
+@dataclass
+class SweepResult:
+    """``methods[name][fraction] = {"accuracy": {type: acc}, "prefill_speedup": x}``; ``not_run[name]``: why not;
+    ``answers[name][fraction]``: the answers (held-out question order), for the report's examples."""
+
+    methods: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
+    answers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+
+def available_methods() -> list[str]:
+    """``vitrim.vlm.methods()``, or [] where vitrim.vlm is not there yet (the report then says no method ran)."""
+    try:
+        from vitrim import vlm
+    except ImportError:
+        return []
+    return list(vlm.methods())
+
+
+def apply_method(model: nn.Module, method: str, fraction: str) -> nn.Module:
+    """A copy of ``model`` with ``method`` applied at ``keep=float(fraction)`` (the model itself is left as it was)."""
+    from vitrim import vlm
+
+    return vlm.apply(copy.deepcopy(model), method, **method_options(method, fraction))
+
+
+def run_sweep(
+    model: nn.Module,
+    data: HeldOut,
+    methods: list[str],
+    *,
+    timing_batch: int = 64,
+    repeats: int = 7,
+    log: Callable[[str], None] | None = None,
+) -> SweepResult:
+    """Score and time every method at every kept fraction (module doc)."""
+    result = SweepResult()
+    prompts = data.questions[:timing_batch]
+    timing_inputs = processor(data.pixels[[q.canvas for q in prompts]], [q.words for q in prompts])
+    for method in methods:
+        for fraction in KEPT_FRACTIONS:
+            try:
+                pruned = apply_method(model, method, fraction)
+            except (ValueError, TypeError) as err:
+                result.not_run[method] = f"keep={fraction}: {err}"
+                result.methods.pop(method, None)
+                break
+            accuracy, answers = score(pruned, data)
+            full_times, pruned_times = interleaved_samples(
+                _prefills(model, pruned, inputs=timing_inputs), repeats, warmup=1
+            )
+            speedup = statistics.median(full_times) / statistics.median(pruned_times)
+            result.methods.setdefault(method, {})[fraction] = {"accuracy": accuracy, "prefill_speedup": speedup}
+            result.answers.setdefault(method, {})[fraction] = answers
+            if log is not None:
+                shown = "  ".join(f"{k} {v:.3f}" for k, v in accuracy.items())
+                log(f"  {method:<12} keep {fraction:<5}  {shown}  prefill {speedup:.2f}x")
+    return result
+
+
+def _prefills(*models: nn.Module, inputs: dict[str, Any]) -> list[Callable[[], object]]:
+    return [partial(m, **inputs) for m in models]
+
+
+def kept_selection(model: nn.Module, method: str, fraction: str, pixels: np.ndarray, question: Any) -> Any:
+    """One prefill of ``question`` on its canvas (pixels: (64, 64)) with ``method`` applied: the groups of image-token
+    indices entering the LLM (``vitrim.vlm.last_selection(groups=True)`` of that one image)."""
+    from vitrim import vlm
+
+    pruned = apply_method(model, method, fraction)
+    pruned(**processor(pixels[None], [question.words]))
+    return vlm.last_selection(pruned, groups=True)[0]

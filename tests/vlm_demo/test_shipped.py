@@ -1,0 +1,74 @@
+"""The digits VLM's shipped weights (``src/vitrim/data/demo/vlm``) are what the recipe makes, and score what the
+shipped ``summary.json`` says (the numbers the docs quote).
+
+* default: the shipped run was trained with today's ``FULL`` plan; the shipped summary has the issue's schema; the
+  shipped model answers the first held-out questions as the shipped details record.
+* ``full``: the full model's accuracy per question type and every method's accuracy at every kept fraction,
+  recomputed from the shipped weights with the methods of this vitrim, equal the shipped summary's (within one
+  question of the 300 per type: float16 storage and another CPU's summation order may move an argmax).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from vitrim.shipped import shipped_run
+from vitrim.vlm_demo.data import QUESTION_TYPES
+from vitrim.vlm_demo.demo import FULL, recipe
+from vitrim.vlm_demo.evaluate import answer, held_out, score
+from vitrim.vlm_demo.model import load_model
+from vitrim.vlm_demo.sweep import KEPT_FRACTIONS, apply_method
+
+ONE_QUESTION = 1 / FULL.test_canvases
+
+
+def _read(name: str) -> dict:
+    return json.loads((shipped_run("vlm") / name).read_text())
+
+
+def test_shipped_vlm_was_trained_by_todays_recipe() -> None:
+    details = _read("details.json")
+    assert details["weights"] == "trained" and details["seed"] == 0
+    assert recipe(details["plan"]) == recipe(json.loads(json.dumps(dataclasses.asdict(FULL))))
+
+
+def test_shipped_summary_has_the_issues_schema() -> None:
+    summary = _read("summary.json")
+    assert set(summary) == {"full", "methods"}
+    assert list(summary["full"]) == list(QUESTION_TYPES)
+    for method, rows in summary["methods"].items():
+        assert list(rows) == list(KEPT_FRACTIONS), method
+        for row in rows.values():
+            assert set(row) == {"accuracy", "prefill_speedup"} and list(row["accuracy"]) == list(QUESTION_TYPES)
+            assert math.isfinite(row["prefill_speedup"]) and row["prefill_speedup"] > 0
+            assert all(0.0 <= a <= 1.0 for a in row["accuracy"].values())
+
+
+def test_shipped_model_answers_as_recorded() -> None:
+    recorded = _read("details.json")["full_model_answers"]
+    data = held_out(FULL.test_canvases)
+    questions = data.questions[: len(recorded)]
+    answers = answer(load_model(shipped_run("vlm")), data.pixels[[q.canvas for q in questions]], questions)
+    assert answers == recorded
+
+
+@pytest.mark.full
+def test_shipped_summary_is_recomputed_from_the_shipped_weights() -> None:
+    summary = _read("summary.json")
+    model = load_model(shipped_run("vlm"))
+    data = held_out(FULL.test_canvases)
+    full, _ = score(model, data)
+    for kind in QUESTION_TYPES:
+        assert full[kind] == pytest.approx(summary["full"][kind], abs=ONE_QUESTION + 1e-9), kind
+    for method, rows in summary["methods"].items():
+        for fraction in KEPT_FRACTIONS:
+            accuracy, _ = score(apply_method(model, method, fraction), data)
+            for kind in QUESTION_TYPES:
+                expected = rows[fraction]["accuracy"][kind]
+                assert accuracy[kind] == pytest.approx(expected, abs=ONE_QUESTION + 1e-9), (method, fraction, kind)
