@@ -28,8 +28,9 @@ COMMANDS = {
     "viz": viz,
     "vlm": vlm,
     "translate": translate,  # after demo and explain: it adds `vitrim demo translate` and `vitrim explain --cross`
-    "vlm_demo": vlm_demo,  # after translate, viz and vlm: `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`
 }
+# Modules that add modes to the commands above rather than a command of their own (registered after them).
+EXTENSIONS = (vlm_demo,)  # `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
 # The extra to name when a command misses an optional library that several extras install (vitrim.extras).
 COMMAND_EXTRAS = {"viz": "viz", "explain": "viz", "export": "export", "train": "train", "eval": "train"}
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitrim", description="Attention and Vision Transformers that trim tokens.")
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors in your arguments too")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS.values():
+    for module in (*COMMANDS.values(), *EXTENSIONS):
         module.register(subparsers)
     return parser
 

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _registered(subparsers: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     parser = subparsers.choices.get(name)
     if parser is None:
-        raise RuntimeError(f"vitrim.cli.vlm_demo must be registered after the {name!r} command (vitrim.cli COMMANDS)")
+        raise RuntimeError(f"vitrim.cli.vlm_demo must be registered after the {name!r} command (vitrim.cli EXTENSIONS)")
     return parser
 
 
