@@ -22,6 +22,7 @@ def run_script(tmp_path: Path, *extra: str) -> dict:
     return json.loads((tmp_path / "gpu_models.json").read_text())
 
 
+@pytest.mark.full  # 30 s on 2 cores: the script itself needs a GPU; this smoke run is for CI's make test-all
 def test_smoke_run_makes_every_kind_of_row(tmp_path: Path) -> None:
     results = run_script(tmp_path, "--reducers", "tome,dynamicvit")
     (table,) = results["tables"].values()
