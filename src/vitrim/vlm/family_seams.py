@@ -48,5 +48,4 @@ def prefill_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor |
 
 def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
     """The selection of an image that keeps its ``num_tokens`` tokens, each its own group (nothing merged)."""
-    kept = torch.arange(num_tokens, device=device)
-    return ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0)))
+    return ImageSelection.unmerged(torch.arange(num_tokens, device=device))
