@@ -14,7 +14,7 @@ from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
 from vitrim.cli.bench_ops import register_ops
 from vitrim.cli.bench_vlm import register_vlm
-from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_set
+from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_ints, parse_set
 from vitrim.devices import parse_device
 from vitrim.extras import require
 
@@ -246,10 +246,7 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def _positive_ints(text: str, option: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"{option} must be comma-separated ints, got {text!r}") from None
+    values = parse_ints(text, option)
     if min(values) <= 0:
         raise ValueError(f"{option} must be positive, got {text!r}")
     return values

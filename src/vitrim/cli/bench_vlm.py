@@ -11,7 +11,7 @@ import sys
 import torch
 
 from vitrim.bench.allocator import pin_malloc_threshold
-from vitrim.cli.common import add_threads_argument, check_output_file, parse_set
+from vitrim.cli.common import add_threads_argument, check_output_file, parse_ints, parse_set
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"
 SIZES = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "image_size",
@@ -51,10 +51,7 @@ def run_vlm(args: argparse.Namespace) -> int:
     unknown = sorted(set(overrides) - set(SIZES))
     if unknown:
         raise ValueError(f"--set {unknown[0]!r} is not a model size; expected some of: {', '.join(SIZES)}")
-    try:
-        keeps = tuple(int(v) for v in args.keep.split(","))
-    except ValueError:
-        raise ValueError(f"--keep must be comma-separated ints, got {args.keep!r}") from None
+    keeps = parse_ints(args.keep, "--keep")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     settings = vlm.VLMBenchSettings(
         **overrides,

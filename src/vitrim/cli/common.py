@@ -53,6 +53,14 @@ def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]
     return values
 
 
+def parse_ints(text: str, option: str) -> tuple[int, ...]:
+    """``"64,128"`` -> ``(64, 128)``; ``ValueError`` naming ``option`` when a part is not an int."""
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option} must be comma-separated ints, got {text!r}") from None
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
     """``--data``, ``--val-data``, ``--workers`` and the digits options.
 

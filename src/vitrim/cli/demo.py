@@ -35,8 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ship_to = check_ship_to(args)
-    if args.seed != 0 and not (args.retrain or args.quick):
-        raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")
+    check_seed(args)
     require("matplotlib", "PIL", feature="the demo's pictures")  # before training, not after
     out = check_output_folder(args.out, "--out")
     shipped = not (args.retrain or args.quick)
@@ -72,3 +71,9 @@ def check_ship_to(args: argparse.Namespace) -> Path | None:
     if not args.retrain:
         raise ValueError(f"--ship-to {args.ship_to!r} needs --retrain: only a run that trained the recipe is shipped")
     return check_output_folder(args.ship_to, "--ship-to")
+
+
+def check_seed(args: argparse.Namespace) -> None:
+    """A ``--seed`` other than 0 needs ``--retrain`` or ``--quick``: the shipped weights were trained with seed 0."""
+    if args.seed != 0 and not (args.retrain or args.quick):
+        raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")

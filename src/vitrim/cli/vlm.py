@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from vitrim.cli.common import check_output_file
+from vitrim.cli.common import check_output_file, parse_ints
 from vitrim.vlm.flops import CONFIGS, METHODS, PrefillCost, cost_table
 
 
@@ -36,10 +36,7 @@ def _names(text: str, option: str, known: tuple[str, ...] | list[str]) -> list[s
 
 
 def _keeps(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"--keep must be comma-separated ints, got {text!r}") from None
+    values = parse_ints(text, "--keep")
     if min(values) <= 0:
         raise ValueError(f"--keep must be positive token counts, got {text!r}")
     return values

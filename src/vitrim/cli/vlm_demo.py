@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
-from vitrim.cli.demo import add_ship_to_argument, check_ship_to
+from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
 from vitrim.extras import require
 
 
@@ -74,8 +74,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from vitrim.vlm_demo.demo import FULL, QUICK, run_vlm_demo, ship_run
 
     ship_to = check_ship_to(args)
-    if args.seed != 0 and not (args.retrain or args.quick):
-        raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped weights were trained with seed 0")
+    check_seed(args)
     require("transformers", feature="the VLM demo")
     require("matplotlib", "PIL", feature="the VLM demo's pictures")
     out = check_output_folder(args.out, "--out")

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.family_gemma3_masks import decode_masks, gather_masks
 from vitrim.vlm.family_qwen2vl_vision import received_attention
+from vitrim.vlm.family_seams import inner_model, keep_all, prefill_input_ids
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
 from vitrim.vlm.sequence import (
@@ -58,13 +59,8 @@ class Gemma3Adapter:
     """The seams of one ``Gemma3ForConditionalGeneration`` instance (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
-        inner = getattr(model, "model", None)
         parts = ("vision_tower", "multi_modal_projector", "language_model")
-        if inner is None or not all(hasattr(inner, part) for part in parts):
-            raise TypeError(
-                f"{type(model).__name__} lacks model.vision_tower / multi_modal_projector / language_model "
-                "(vitrim.vlm needs transformers >= 5's Gemma3ForConditionalGeneration layout)"
-            )
+        inner = inner_model(model, parts, "Gemma3ForConditionalGeneration")
         self.model = model
         self.inner: Any = inner
         self.language_model: nn.Module = inner.language_model
@@ -83,8 +79,9 @@ class Gemma3Adapter:
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if _prefill_ids(args, kwargs) is not None:
-                on_prefill(self.spans(_prefill_ids(args, kwargs)))  # type: ignore[arg-type]
+            input_ids = prefill_input_ids(args, kwargs)
+            if input_ids is not None:
+                on_prefill(self.spans(input_ids))
 
         handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove
@@ -95,18 +92,6 @@ class Gemma3Adapter:
 
     def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
         return Gemma3PreLLM(self, method, keep)
-
-
-def _prefill_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    """The input ids of a forward carrying images (pixels, or generate's ``mm_encoder_outputs``), else None."""
-    pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
-    encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
-    if pixel_values is None and encoded is None:
-        return None  # a decode step (generate drops the images after the prefill) or a text-only call
-    input_ids = kwargs.get("input_ids", args[0] if args else None)
-    if input_ids is None:
-        raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-    return input_ids
 
 
 def pool_to_tokens(values: Tensor, kernel: int, reduce: str) -> Tensor:
@@ -198,7 +183,7 @@ class Gemma3PreLLM:
         num_tokens = output.shape[1]
         keep = self.keep.tokens(num_tokens)
         if keep == num_tokens:
-            self.last = [_keep_all(num_tokens, output.device) for _ in range(output.shape[0])]
+            self.last = [keep_all(num_tokens, output.device) for _ in range(output.shape[0])]
             self.scoring_input = None
             return None  # every token stays: the projector's output is untouched
         kernel = int(module.kernel_size)
@@ -225,7 +210,7 @@ class Gemma3PreLLM:
     # the model: what a prefill holds, the decode steps after a pruned one
 
     def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        input_ids = _prefill_ids(args, kwargs)
+        input_ids = prefill_input_ids(args, kwargs)
         self.spans = None if input_ids is None else self.adapter.spans(input_ids)
         self.user_mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
 
@@ -326,8 +311,3 @@ def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:
 
 def _dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
-
-
-def _keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
-    kept = torch.arange(num_tokens, device=device)
-    return ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0)))

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.family_seams import inner_model, prefill_input_ids
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
 from vitrim.vlm.sequence import (
@@ -41,13 +42,8 @@ class LlavaAdapter:
     """The seams of one ``LlavaForConditionalGeneration`` instance (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
-        inner = getattr(model, "model", None)
         parts = ("vision_tower", "multi_modal_projector", "language_model")
-        if inner is None or not all(hasattr(inner, part) for part in parts):
-            raise TypeError(
-                f"{type(model).__name__} lacks model.vision_tower / multi_modal_projector / language_model "
-                "(vitrim.vlm needs transformers >= 5's LlavaForConditionalGeneration layout)"
-            )
+        inner = inner_model(model, parts, "LlavaForConditionalGeneration")
         self.model = model
         self.inner: Any = inner
         self.language_model: nn.Module = inner.language_model
@@ -69,22 +65,9 @@ class LlavaAdapter:
         num_images = int(is_image.sum()) // per_image
         return spans_from_mask(is_image, [per_image] * num_images)
 
-    def prefill_input_ids(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-        """The ``input_ids`` of a forward pass that carries images (a prefill), None for one without (a decode step
-        or text alone). generate() encodes the images before its first forward and passes them as
-        ``mm_encoder_outputs``, a plain call as ``pixel_values``."""
-        pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
-        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
-        if pixel_values is None and encoded is None:
-            return None
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if input_ids is None:
-            raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-        return input_ids
-
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            input_ids = self.prefill_input_ids(args, kwargs)
+            input_ids = prefill_input_ids(args, kwargs)
             if input_ids is not None:
                 on_prefill(self.spans(input_ids))
 
@@ -176,7 +159,7 @@ class LlavaPreLLM:
 
     def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # the selection (made at the projector) may come before this hook: generate() encodes the images first
-        input_ids = self.adapter.prefill_input_ids(args, kwargs)
+        input_ids = prefill_input_ids(args, kwargs)
         self.spans = None if input_ids is None else self.adapter.spans(input_ids)
 
     def image_selections(self) -> tuple[list[ImageSelection], int]:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.family_llava import LlavaAdapter, LlavaPreLLM
+from vitrim.vlm.family_seams import prefill_input_ids
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import ImageSelection, Installation, Method
 from vitrim.vlm.spans import ImageSpans, spans_from_mask
@@ -72,7 +73,7 @@ class LlavaNextAdapter(LlavaAdapter):
         return spans_from_mask(is_image, expanded_counts(counts, is_image.sum(1).tolist()))
 
     def prefill_spans(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ImageSpans | None:
-        input_ids = self.prefill_input_ids(args, kwargs)
+        input_ids = prefill_input_ids(args, kwargs)
         if input_ids is None:
             return None
         sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.family_qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
+from vitrim.vlm.family_seams import inner_model, input_ids_of, keep_all
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
 from vitrim.vlm.sequence import (
@@ -61,13 +62,7 @@ class Qwen2VLAdapter:
     """The seams of one Qwen2-VL / Qwen2.5-VL / Qwen3-VL instance (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
-        inner = getattr(model, "model", None)
-        parts = ("visual", "language_model", "get_rope_index")
-        if inner is None or not all(hasattr(inner, part) for part in parts):
-            raise TypeError(
-                f"{type(model).__name__} lacks model.visual / language_model / get_rope_index "
-                "(vitrim.vlm needs transformers >= 5's Qwen2-VL layout)"
-            )
+        inner = inner_model(model, ("visual", "language_model", "get_rope_index"), "Qwen2-VL")
         self.model = model
         self.inner: Any = inner  # transformers' Qwen2VLModel / Qwen2_5_VLModel
         self.visual: Any = inner.visual
@@ -104,7 +99,7 @@ class Qwen2VLAdapter:
             counts = self.prefill_token_counts(kwargs)
             if counts is None:
                 return  # a decode step or a text-only call
-            is_image = _input_ids(args, kwargs) == self.config.image_token_id
+            is_image = input_ids_of(args, kwargs) == self.config.image_token_id
             on_prefill(spans_from_mask(is_image, counts))
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
@@ -112,13 +107,6 @@ class Qwen2VLAdapter:
 
     def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
         return QwenPreLLM(self, method, keep)
-
-
-def _input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-    input_ids = kwargs.get("input_ids", args[0] if args else None)
-    if input_ids is None:
-        raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
-    return input_ids
 
 
 @dataclass
@@ -190,7 +178,7 @@ class QwenPreLLM:
         tokens = self.adapter.tokens_of(grid)
         keep = [self.keep.tokens(n) for n in tokens]  # ValueError naming keep when an int exceeds an image
         if keep == tokens:
-            self.tower = TowerRun(grid, [_keep_all(n, grid.device) for n in tokens])
+            self.tower = TowerRun(grid, [keep_all(n, grid.device) for n in tokens])
             return None  # every token stays: the tower's output is untouched
         with torch.no_grad():
             evidence = image_evidence(
@@ -257,7 +245,7 @@ class QwenPreLLM:
             raise ValueError("vitrim.vlm needs the image features made by this model after apply (mm_encoder_outputs)")
         if kwargs.get("pixel_values") is not None:
             self.tower = None  # the tower runs inside this forward
-        input_ids = _input_ids(args, kwargs)
+        input_ids = input_ids_of(args, kwargs)
         token_types = kwargs.get("mm_token_type_ids")
         if token_types is None:
             token_types = (input_ids == self.adapter.config.image_token_id).int()
@@ -358,8 +346,3 @@ def _merge_deepstack(features: list[Tensor], selections: list[ImageSelection], t
                     out[start + slot] = rows[start + group.to(rows.device)].mean(0)
         start += count
     return merged
-
-
-def _keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
-    kept = torch.arange(num_tokens, device=device)
-    return ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0)))

@@ -403,7 +403,7 @@ class InLLMInstallation:
         kept = self.drop.selection()
         if kept is None:
             return None
-        return [ImageSelection(kept=tokens, groups=tuple(tokens[:, None].unbind(0))) for tokens in kept]
+        return [ImageSelection.unmerged(tokens) for tokens in kept]
 
 
 def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InLLMInstallation:

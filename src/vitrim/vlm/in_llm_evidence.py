@@ -13,6 +13,7 @@ attention mask) and not a filler that vitrim added to re-pad a batch whose sampl
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +142,17 @@ class LayerEvidence:
         allowed = self.real & (self.slot_columns <= last_column)  # (B, S) causal from the last token
         logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
         return torch.softmax(logits, dim=-1)
+
+    def rank_by_last_token(
+        self, counts: list[int], previous: bool, rank: Callable[[Tensor, int], Tensor]
+    ) -> list[Tensor]:
+        """Per image of :meth:`images`: the tokens (ascending) that ``rank(rows, counts[i])`` keeps, ``rows`` (H, n)
+        being :meth:`last_token_attention` on that image's slots (FastV: ``previous=True``; PyramidDrop: False)."""
+        attention = self.last_token_attention(previous)  # (B, H, S)
+        return [
+            image.tokens[rank(attention[image.sample][:, image.slots], count)]
+            for image, count in zip(self.images(), counts, strict=True)
+        ]
 
     def keys(self, previous: bool) -> Tensor:
         """(B, S, Hkv·hd): the post-rotary keys of layer ``layer - 1`` (``previous=True``) or ``layer``, heads

@@ -23,8 +23,7 @@ def top_indices(scores: Tensor, count: int) -> Tensor:
 
 def kept_as_selection(kept: Tensor) -> ImageSelection:
     """An ImageSelection of plain kept tokens (no merging), sorted in raster order."""
-    kept = kept.sort().values
-    return ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0)))
+    return ImageSelection.unmerged(kept.sort().values)
 
 
 def cls_scores(evidence: VisionEvidence) -> Tensor:

@@ -45,11 +45,7 @@ class FastVDrop:
         return [DropStage(self.layer, self.tokens)]
 
     def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
-        attention = evidence.last_token_attention(previous=True)  # (B, H, S)
-        return [
-            image.tokens[fastv_keep(attention[image.sample][:, image.slots], count)]
-            for image, count in zip(evidence.images(), counts, strict=True)
-        ]
+        return evidence.rank_by_last_token(counts, previous=True, rank=fastv_keep)
 
 
 @register_method("fastv", stage="in_llm")

@@ -76,11 +76,7 @@ class PyramidDrop:
         return [DropStage(layer, StageTokens(ratio)) for layer, ratio in zip(self.layers, self.ratios, strict=True)]
 
     def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
-        attention = evidence.last_token_attention(previous=False)  # (B, H, S)
-        return [
-            image.tokens[pdrop_keep(attention[image.sample][:, image.slots], count)]
-            for image, count in zip(evidence.images(), counts, strict=True)
-        ]
+        return evidence.rank_by_last_token(counts, previous=False, rank=pdrop_keep)
 
 
 @register_method("pdrop", stage="in_llm")

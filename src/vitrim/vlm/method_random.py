@@ -48,5 +48,5 @@ class RandomSelection(Method):
         for image in range(num_images):
             kept = random_keep(num_tokens, keep, image_seed(self.options["seed"], int(evidence.seeds[image])))
             kept = kept.to(evidence.features.device)
-            selections.append(ImageSelection(kept=kept, groups=tuple(kept[:, None].unbind(0))))
+            selections.append(ImageSelection.unmerged(kept))
         return selections

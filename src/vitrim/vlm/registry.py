@@ -69,6 +69,11 @@ class ImageSelection:
     groups: tuple[Tensor, ...]
     merged: Tensor | None = None
 
+    @classmethod
+    def unmerged(cls, kept: Tensor) -> ImageSelection:
+        """The selection of the sorted ``kept`` (k,) tokens, each standing for itself (nothing merged)."""
+        return cls(kept=kept, groups=tuple(kept[:, None].unbind(0)))
+
 
 @dataclass(frozen=True)
 class StageOptions:

@@ -163,10 +163,10 @@ class TowerReduction:
             order = positions.argsort()
             kept = positions[order]
             if p2t is None:
-                groups = tuple(kept[:, None].unbind(0))
+                selections.append(ImageSelection.unmerged(kept))
             else:
                 groups = tuple((p2t[b] == int(j)).nonzero().flatten() for j in order)
-            selections.append(ImageSelection(kept=kept, groups=groups))
+                selections.append(ImageSelection(kept=kept, groups=groups))
         return selections
 
     def tokens_to_slots(self, tokens: Tensor, *, to_grid: bool) -> Tensor:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm_demo.data import BACKGROUND, CANVAS, PATCH, DigitsScenes, Question
-from vitrim.vlm_demo.words import EOS_ID, encode_words, left_pad, pixel_values, prompt_ids
+from vitrim.vlm_demo.words import EOS_ID, encode_words, labelled_batch, pixel_values, prompt_ids
 
 GRID = CANVAS // PATCH
 
@@ -79,17 +79,7 @@ def conversation_batch(scenes: DigitsScenes, indices: list[int], order_seed: int
         sequences.append(ids)
         labels.append(lab)
         pixels.append(canvas.pixels)
-    input_ids, mask, positions = left_pad(sequences)
-    target = torch.full_like(input_ids, -100)
-    for row, lab in enumerate(labels):
-        target[row, input_ids.shape[1] - len(lab) :] = torch.tensor(lab, dtype=torch.long)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": mask,
-        "position_ids": positions,
-        "pixel_values": pixel_values(np.stack(pixels)),
-        "labels": target,
-    }
+    return labelled_batch(sequences, labels, np.stack(pixels))
 
 
 def lr_at(step: int, plan: TrainPlan) -> float:

@@ -113,6 +113,14 @@ def training_batch(
         prompt, answer = prompt_ids(q), [*encode_words(a), EOS_ID]
         sequences.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
+    return labelled_batch(sequences, labels, canvases)
+
+
+def labelled_batch(
+    sequences: list[list[int]], labels: list[list[int]], canvases: Tensor | np.ndarray
+) -> dict[str, Tensor]:
+    """The token ``sequences`` left-padded with their ``labels`` (each as long as its sequence; -100 where no loss)
+    and the canvases' pixels: input_ids, attention_mask, position_ids, labels (B, L), pixel_values."""
     ids, mask, positions = left_pad(sequences)
     target = torch.full_like(ids, -100)
     for row, lab in enumerate(labels):

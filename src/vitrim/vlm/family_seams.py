@@ -1,0 +1,51 @@
+"""What the family adapters read the same way: the model's layout, a forward's input ids, a selection keeping all.
+
+Each ``family_<name>.py`` adapter checks the instance's submodules, finds the ``input_ids`` of the forward passes
+it hooks and, where nothing is pruned, records a selection keeping every token; the three do that alike for every
+family, so they live here once (this module imports no adapter and no transformers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.registry import ImageSelection
+
+
+def inner_model(model: nn.Module, parts: tuple[str, ...], layout: str) -> Any:
+    """``model.model`` when it has every attribute of ``parts``; else ``TypeError`` naming what is missing and the
+    transformers ``layout`` (e.g. "LlavaForConditionalGeneration") the adapter needs."""
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, part) for part in parts):
+        raise TypeError(
+            f"{type(model).__name__} lacks model.{' / '.join(parts)} "
+            f"(vitrim.vlm needs transformers >= 5's {layout} layout)"
+        )
+    return inner
+
+
+def input_ids_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    """The ``input_ids`` (B, L) of a hooked forward call; ``ValueError`` when it was given ``inputs_embeds``."""
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    if input_ids is None:
+        raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
+    return input_ids
+
+
+def prefill_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The ``input_ids`` (B, L) of a forward pass that carries images (a prefill), None for one without (a decode
+    step: generate drops the images after the prefill; or text alone). generate() encodes the images before its
+    first forward and passes them as ``mm_encoder_outputs``, a plain call as ``pixel_values`` (its 2nd argument)."""
+    pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+    encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
+    if pixel_values is None and encoded is None:
+        return None
+    return input_ids_of(args, kwargs)
+
+
+def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
+    """The selection of an image that keeps its ``num_tokens`` tokens, each its own group (nothing merged)."""
+    return ImageSelection.unmerged(torch.arange(num_tokens, device=device))
