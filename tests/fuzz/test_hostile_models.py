@@ -129,6 +129,33 @@ def test_fuzz_checkpoint_metadata(saved, tmp_path, bounded_memory, field, value)
         return
     held = sum(t.numel() for t in saved[0].values())
     assert sum(p.numel() for p in model.parameters()) <= held + config_limits.MAX_FRESH_VALUES
+    assert_loaded_as_saved(model, saved[0])
+
+
+def assert_loaded_as_saved(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Every value the model holds came from the file: no fresh head, register or resampled position embedding."""
+    for key, value in model.state_dict().items():
+        assert key in tensors and torch.equal(value, tensors[key]), key
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("num_classes", 11, ("num_classes = 11", "10-class head")),
+        ("num_classes", 0, ("num_classes = 0", "10-class head")),
+        ("reg_tokens", 2, ("reg_tokens = 2", "no reg_token")),
+        ("img_size", 64, ("img_size = (64, 64)", "17 positions", "pos_embed has 5")),
+    ],
+)
+def test_checkpoint_metadata_must_agree_with_its_weights(saved, tmp_path, field, value, words) -> None:
+    """What the file states and what its weights hold disagree: refused, never a fresh head or a resampled grid."""
+    path = with_config(saved, tmp_path, json.dumps(json.loads(saved[1]["vitrim.config"]) | {field: value}))
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(path)
+    assert_clear(err.value, words[0])
+    assert all(word in str(err.value) for word in (*words, str(path), "vitrim.config")), err.value
+    model = vitrim.load_model(path, **{field: value})  # the user's own choice: fresh head / registers, resampled
+    assert getattr(model.config, field) in (value, (value, value))
 
 
 # -- hub repos, both layouts ------------------------------------------------------------------------------------
@@ -183,10 +210,13 @@ TIMM_CONFIG = dict(
 )  # fmt: skip
 HF_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size")
 REPO_NUMBERS = itertools.count()  # one fresh repo per generated case
+HUB_TESTS = Path(__file__).parents[1] / "hub"
 HF_FIELDS += ("patch_size", "num_channels", "layer_norm_eps", "hidden_dropout_prob")
 
 
 def hub_repo(cache: Path, tmp: Path, name: str, config: bytes, tensors: dict[str, torch.Tensor]) -> str:
+    if str(HUB_TESTS) not in sys.path:  # hub_cache lives with the hub tests (found there when run together)
+        sys.path.insert(0, str(HUB_TESTS))
     from hub_cache import add_repo
 
     weights = tmp / f"{name.replace('/', '_')}.safetensors"
@@ -215,6 +245,10 @@ def test_clean_repos_load(cache, tmp_path) -> None:
         (dict(TIMM_CONFIG, num_classes=10**9), ("num_classes = 1000000000",)),
         (dict(TIMM_CONFIG, model_args=dict(TIMM_CONFIG["model_args"], embed_dim=2**20)), ("embed_dim = 1048576",)),
         (dict(TIMM_CONFIG, num_classes=2**20), ("values",)),
+        # within the limits, but not what the weights hold: refused, never a fresh head or a resampled grid
+        (dict(TIMM_CONFIG, num_classes=11), ("a/hostile config.json: num_classes = 11, but the weights hold a 10",)),
+        (dict(TIMM_CONFIG, model_args=dict(TIMM_CONFIG["model_args"], img_size=64)), ("pos_embed has 5",)),
+        (dict(HF_CONFIG, image_size=64), ("image_size", "pos_embed has 5")),
     ],
 )
 def test_hub_config_sizes_are_bounded(cache, tmp_path, bounded_memory, config, words) -> None:
@@ -254,6 +288,8 @@ def test_fuzz_hub_configs(cache, tmp_path, bounded_memory, layout, index, value)
         return
     held = sum(t.numel() for t in tensors.values())
     assert sum(p.numel() for p in model.parameters()) <= held + config_limits.MAX_FRESH_VALUES
+    if layout == "timm":
+        assert_loaded_as_saved(model, tensors)
 
 
 def test_shard_index_names_no_path_outside_its_folder(tmp_path) -> None:
