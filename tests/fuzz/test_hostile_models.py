@@ -398,3 +398,61 @@ def test_export_with_an_unreachable_opset_prints_one_line(saved, tmp_path) -> No
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().splitlines() == [run.stderr.strip()], run.stderr  # one line, no torch warnings
     assert run.stderr.startswith("vitrim: error: opset_version 3") and not (tmp_path / "m.onnx").exists()
+
+
+# -- reducers named in checkpoint metadata ----------------------------------------------------------------------
+
+REDUCER_VALUES = st.one_of(HOSTILE_NUMBERS, st.floats(allow_nan=False, allow_infinity=False), st.booleans())
+
+
+def with_reducers(saved, tmp: Path, specs: object) -> Path:
+    tensors, metadata = saved
+    path = tmp / "reduced.safetensors"
+    save_file(tensors, str(path), metadata={**metadata, "vitrim.reducers": json.dumps(specs)})
+    return path
+
+
+@pytest.mark.parametrize(
+    ("specs", "words"),
+    [
+        ([{"name": "os.system", "layers": None, "options": {}}], "unknown reducer 'os.system'"),
+        ([{"name": "tome", "layers": [5], "options": {"r": 2}}], "layers must be block indices in [0, 1)"),
+        ([{"name": "tome", "layers": "0", "options": {"r": 2}}], "[0].layers must be null"),
+        ([{"name": "tome", "layers": None, "options": {"r": -3}}], "r must be"),
+        ([{"name": "tome", "layers": None, "options": {"r": {"a": 1}}}], "[0].options.r must be a number"),
+        ([{"name": "pitome", "layers": None, "options": {"ratio": 0.8, "alpha": [1, 2]}}], "alpha must be"),
+        ([{"name": "diffrate", "layers": None, "options": {"prune_kept": 1, "merge_kept": 1}}], "keeps no patch"),
+        ({"name": "tome"}, "must be a list of"),
+    ],
+)
+def test_reducers_in_metadata_are_checked(saved, tmp_path, specs, words) -> None:
+    path = with_reducers(saved, tmp_path, specs)
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(path)
+    assert_clear(err.value, words)
+    assert "metadata vitrim.reducers" in str(err.value) and str(path) in str(err.value), err.value
+
+
+@FAST
+@given(
+    name=st.sampled_from(vitrim.reduce.list_reducers()),
+    option=st.integers(0, 5),
+    value=REDUCER_VALUES,
+    layers=st.one_of(st.none(), HOSTILE_NUMBERS),
+)
+def test_fuzz_reducers_in_metadata(saved, tmp_path, name, option, value, layers) -> None:
+    """Any value in any option of any reducer: one clear error naming the metadata, or a model that runs."""
+    from vitrim.reduce.api import reducer_options
+    from vitrim.reduce.registry import get_reducer
+
+    options = dict(get_reducer(name).example_options or {})
+    names = list(reducer_options(name))
+    if names:
+        options[names[option % len(names)]] = value
+    path = with_reducers(saved, tmp_path, [{"name": name, "layers": layers, "options": options}])
+    try:
+        model = vitrim.load_model(path)
+    except ValueError as err:
+        assert_clear(err, "metadata vitrim.reducers")
+        return
+    assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()

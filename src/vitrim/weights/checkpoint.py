@@ -413,8 +413,13 @@ def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides:
         )
         config = _config_from(config_cls, fields, overrides)
         model = getattr(cls, "from_config", cls)(config)
-        for spec in _reducer_specs(raw.metadata.get("vitrim.reducers")):
-            reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
+        source = f"checkpoint {str(raw.path)!r} metadata vitrim.reducers"
+        for i, spec in enumerate(_reducer_specs(raw.metadata.get("vitrim.reducers"), source)):
+            try:  # the registry's name, its option names, and each value, checked by the reducer itself
+                reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
+            except (ValueError, TypeError) as err:
+                text = str(err) if len(str(err)) <= 300 else str(err)[:297] + "..."  # a list option may be long
+                raise ValueError(f"{source}[{i}] ({spec['name']!r}): {text}") from None
         result = _load_raw(model, raw, strict=True, described_by=where, overridden=frozenset(overrides))
         unexplained = [key for key in result.fresh if key not in HEAD_KEYS and key != "reg_token"]
         if unexplained:  # e.g. a DynamicViT file without its score predictors would prune at random
@@ -434,18 +439,37 @@ def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides:
     return model.eval()
 
 
-def _reducer_specs(text: str | None) -> list[dict[str, Any]]:
+def _reducer_specs(text: str | None, source: str) -> list[dict[str, Any]]:
     """The ``vitrim.reducers`` metadata: a JSON list of {"name", "layers", "options"}; names are looked up in the
-    reducer registry only, so a file cannot make vitrim build anything else."""
+    reducer registry only, so a file cannot make vitrim build anything else. Here the shape: a name string,
+    ``layers`` null or an int or a list of ints (:func:`vitrim.reduce.apply` checks them against the depth),
+    ``options`` an object of numbers, bools, strings and flat lists of them (each reducer checks its values)."""
     if text is None:
         return []
-    specs = parse_json(text, "checkpoint metadata vitrim.reducers")
+    specs = parse_json(text, source)
     keys = {"name", "layers", "options"}
     if not isinstance(specs, list) or not all(isinstance(s, dict) and set(s) == keys for s in specs):
-        raise ValueError(
-            f"checkpoint metadata vitrim.reducers must be a list of {sorted(keys)} records, got {text!r:.200}"
-        )
+        raise ValueError(f"{source} must be a list of {sorted(keys)} records, got {text!r:.200}")
+    for i, spec in enumerate(specs):
+        name, layers, options = spec["name"], spec["layers"], spec["options"]
+        if not isinstance(name, str):
+            raise ValueError(f"{source}[{i}].name must be a reducer name (a string), got {name!r:.80}")
+        if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(map(_is_int, layers)))):
+            raise ValueError(f"{source}[{i}].layers must be null, a block index or a list of them, got {layers!r:.80}")
+        if not isinstance(options, dict):
+            raise ValueError(f"{source}[{i}].options must be a JSON object, got {options!r:.80}")
+        for key, value in options.items():
+            flat = value if isinstance(value, list) else [value]
+            if not all(isinstance(v, (int, float, str)) or v is None for v in flat):
+                raise ValueError(
+                    f"{source}[{i}].options.{key} must be a number, bool, string or a flat list of them, "
+                    f"got {value!r:.80}"
+                )
     return specs
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _metadata_config(raw: RawCheckpoint) -> dict[str, Any]:
