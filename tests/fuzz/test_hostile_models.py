@@ -456,3 +456,31 @@ def test_fuzz_reducers_in_metadata(saved, tmp_path, name, option, value, layers)
         assert_clear(err, "metadata vitrim.reducers")
         return
     assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()
+
+
+# -- other files a run folder holds -----------------------------------------------------------------------------
+
+
+def test_teacher_metadata_is_bounded_like_any_config(saved, tmp_path, bounded_memory) -> None:
+    """A teacher's config gives the student its sizes: read as data and bounded before the student is built."""
+    from vitrim.train.teacher import teacher_architecture
+    from vitrim.weights.formats import read_checkpoint
+
+    config = json.loads(saved[1]["vitrim.config"])
+    assert teacher_architecture(read_checkpoint(with_config(saved, tmp_path, json.dumps(config))))["embed_dim"] == 16
+    for text, words in [(json.dumps(config | {"embed_dim": 2**20}), "embed_dim = 1048576"), ("[" * 10**5, "nested")]:
+        with pytest.raises(ValueError) as err:
+            teacher_architecture(read_checkpoint(with_config(saved, tmp_path, text)))
+        assert_clear(err.value, words)
+        assert "teacher" in str(err.value)
+
+
+def test_metrics_lines_that_are_not_records_are_dropped(tmp_path) -> None:
+    """Resuming keeps the metric lines of finished epochs; a torn, hostile or odd line is dropped, never a crash."""
+    from vitrim.train.loop import _truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    lines = ['{"epoch": 1}', "[" * 100000, '{"epoch": "2"}', "[]", '{"epoch": 2}', '{"epoch": 3}', '{"epo']
+    path.write_text("\n".join(lines) + "\n")
+    _truncate_metrics(path, epochs_done=2)
+    assert path.read_text() == '{"epoch": 1}\n{"epoch": 2}\n'
