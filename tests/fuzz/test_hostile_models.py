@@ -484,3 +484,26 @@ def test_metrics_lines_that_are_not_records_are_dropped(tmp_path) -> None:
     path.write_text("\n".join(lines) + "\n")
     _truncate_metrics(path, epochs_done=2)
     assert path.read_text() == '{"epoch": 1}\n{"epoch": 2}\n'
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"class_token": -5}, "class_token must be true or false"),
+        ({"distilled": "x"}, "distilled must be true or false"),
+    ],
+)
+def test_checkpoint_metadata_flags_are_booleans(saved, tmp_path, changes, words) -> None:
+    """Found by a sweep: `class_token: -5` counted -5 prefix tokens (a torch error), `distilled: "x"` met int()."""
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(with_config(saved, tmp_path, json.dumps(json.loads(saved[1]["vitrim.config"]) | changes)))
+    assert_clear(err.value, words)
+
+
+@pytest.mark.parametrize("changes", [{"hidden_act": [0, 0]}, {"model_type": [1]}])
+def test_hub_config_strings_of_another_type(cache, tmp_path, changes) -> None:
+    """Found by a sweep: a list where a string belongs was 'unhashable type: list'."""
+    name = hub_repo(cache, tmp_path, "a/types", json.dumps(HF_CONFIG | changes).encode(), hf_weights())
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(name)
+    assert_clear(err.value, "hidden_act", "model_type")
