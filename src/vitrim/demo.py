@@ -42,6 +42,7 @@ from vitrim.shipped import copy_run_files, shipped_run
 from vitrim.train import TrainConfig, evaluate_checkpoint, train
 from vitrim.train.loop import input_spec
 from vitrim.train.state import load_for_eval
+from vitrim.untrusted import read_json
 from vitrim.viz.labels import label_points
 from vitrim.viz.maps import new_figure, save_figure
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
@@ -212,7 +213,8 @@ def run_demo(out: Path, plan: DemoPlan, *, seed: int = 0, quiet: bool = False, s
 
 def ship_run(out: Path, dest: Path) -> None:
     """Copy the models and summary of a demo run that trained the ``FULL`` plan to ``dest``, as shipped weights."""
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    summary = read_json(out / "summary.json") if (out / "summary.json").is_file() else {}
+    summary = summary if isinstance(summary, dict) else {}
     if summary.get("weights") != "trained" or set(NAMES) - set(summary):
         raise ValueError(
             f"{str(out)!r} is not a demo run that trained all of {', '.join(NAMES)} (vitrim demo --retrain)"

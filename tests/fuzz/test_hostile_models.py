@@ -129,6 +129,33 @@ def test_fuzz_checkpoint_metadata(saved, tmp_path, bounded_memory, field, value)
         return
     held = sum(t.numel() for t in saved[0].values())
     assert sum(p.numel() for p in model.parameters()) <= held + config_limits.MAX_FRESH_VALUES
+    assert_loaded_as_saved(model, saved[0])
+
+
+def assert_loaded_as_saved(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Every value the model holds came from the file: no fresh head, register or resampled position embedding."""
+    for key, value in model.state_dict().items():
+        assert key in tensors and torch.equal(value, tensors[key]), key
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("num_classes", 11, ("num_classes = 11", "10-class head")),
+        ("num_classes", 0, ("num_classes = 0", "10-class head")),
+        ("reg_tokens", 2, ("reg_tokens = 2", "no reg_token")),
+        ("img_size", 64, ("img_size = (64, 64)", "17 positions", "pos_embed has 5")),
+    ],
+)
+def test_checkpoint_metadata_must_agree_with_its_weights(saved, tmp_path, field, value, words) -> None:
+    """What the file states and what its weights hold disagree: refused, never a fresh head or a resampled grid."""
+    path = with_config(saved, tmp_path, json.dumps(json.loads(saved[1]["vitrim.config"]) | {field: value}))
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(path)
+    assert_clear(err.value, words[0])
+    assert all(word in str(err.value) for word in (*words, str(path), "vitrim.config")), err.value
+    model = vitrim.load_model(path, **{field: value})  # the user's own choice: fresh head / registers, resampled
+    assert getattr(model.config, field) in (value, (value, value))
 
 
 # -- hub repos, both layouts ------------------------------------------------------------------------------------
@@ -183,10 +210,13 @@ TIMM_CONFIG = dict(
 )  # fmt: skip
 HF_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size")
 REPO_NUMBERS = itertools.count()  # one fresh repo per generated case
+HUB_TESTS = Path(__file__).parents[1] / "hub"
 HF_FIELDS += ("patch_size", "num_channels", "layer_norm_eps", "hidden_dropout_prob")
 
 
 def hub_repo(cache: Path, tmp: Path, name: str, config: bytes, tensors: dict[str, torch.Tensor]) -> str:
+    if str(HUB_TESTS) not in sys.path:  # hub_cache lives with the hub tests (found there when run together)
+        sys.path.insert(0, str(HUB_TESTS))
     from hub_cache import add_repo
 
     weights = tmp / f"{name.replace('/', '_')}.safetensors"
@@ -215,6 +245,10 @@ def test_clean_repos_load(cache, tmp_path) -> None:
         (dict(TIMM_CONFIG, num_classes=10**9), ("num_classes = 1000000000",)),
         (dict(TIMM_CONFIG, model_args=dict(TIMM_CONFIG["model_args"], embed_dim=2**20)), ("embed_dim = 1048576",)),
         (dict(TIMM_CONFIG, num_classes=2**20), ("values",)),
+        # within the limits, but not what the weights hold: refused, never a fresh head or a resampled grid
+        (dict(TIMM_CONFIG, num_classes=11), ("a/hostile config.json: num_classes = 11, but the weights hold a 10",)),
+        (dict(TIMM_CONFIG, model_args=dict(TIMM_CONFIG["model_args"], img_size=64)), ("pos_embed has 5",)),
+        (dict(HF_CONFIG, image_size=64), ("image_size", "pos_embed has 5")),
     ],
 )
 def test_hub_config_sizes_are_bounded(cache, tmp_path, bounded_memory, config, words) -> None:
@@ -254,6 +288,8 @@ def test_fuzz_hub_configs(cache, tmp_path, bounded_memory, layout, index, value)
         return
     held = sum(t.numel() for t in tensors.values())
     assert sum(p.numel() for p in model.parameters()) <= held + config_limits.MAX_FRESH_VALUES
+    if layout == "timm":
+        assert_loaded_as_saved(model, tensors)
 
 
 def test_shard_index_names_no_path_outside_its_folder(tmp_path) -> None:
@@ -362,3 +398,112 @@ def test_export_with_an_unreachable_opset_prints_one_line(saved, tmp_path) -> No
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().splitlines() == [run.stderr.strip()], run.stderr  # one line, no torch warnings
     assert run.stderr.startswith("vitrim: error: opset_version 3") and not (tmp_path / "m.onnx").exists()
+
+
+# -- reducers named in checkpoint metadata ----------------------------------------------------------------------
+
+REDUCER_VALUES = st.one_of(HOSTILE_NUMBERS, st.floats(allow_nan=False, allow_infinity=False), st.booleans())
+
+
+def with_reducers(saved, tmp: Path, specs: object) -> Path:
+    tensors, metadata = saved
+    path = tmp / "reduced.safetensors"
+    save_file(tensors, str(path), metadata={**metadata, "vitrim.reducers": json.dumps(specs)})
+    return path
+
+
+@pytest.mark.parametrize(
+    ("specs", "words"),
+    [
+        ([{"name": "os.system", "layers": None, "options": {}}], "unknown reducer 'os.system'"),
+        ([{"name": "tome", "layers": [5], "options": {"r": 2}}], "layers must be block indices in [0, 1)"),
+        ([{"name": "tome", "layers": "0", "options": {"r": 2}}], "[0].layers must be null"),
+        ([{"name": "tome", "layers": None, "options": {"r": -3}}], "r must be"),
+        ([{"name": "tome", "layers": None, "options": {"r": {"a": 1}}}], "[0].options.r must be a number"),
+        ([{"name": "pitome", "layers": None, "options": {"ratio": 0.8, "alpha": [1, 2]}}], "alpha must be"),
+        ([{"name": "diffrate", "layers": None, "options": {"prune_kept": 1, "merge_kept": 1}}], "keeps no patch"),
+        ({"name": "tome"}, "must be a list of"),
+    ],
+)
+def test_reducers_in_metadata_are_checked(saved, tmp_path, specs, words) -> None:
+    path = with_reducers(saved, tmp_path, specs)
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(path)
+    assert_clear(err.value, words)
+    assert "metadata vitrim.reducers" in str(err.value) and str(path) in str(err.value), err.value
+
+
+@FAST
+@given(
+    name=st.sampled_from(vitrim.reduce.list_reducers()),
+    option=st.integers(0, 5),
+    value=REDUCER_VALUES,
+    layers=st.one_of(st.none(), HOSTILE_NUMBERS),
+)
+def test_fuzz_reducers_in_metadata(saved, tmp_path, name, option, value, layers) -> None:
+    """Any value in any option of any reducer: one clear error naming the metadata, or a model that runs."""
+    from vitrim.reduce.api import reducer_options
+    from vitrim.reduce.registry import get_reducer
+
+    options = dict(get_reducer(name).example_options or {})
+    names = list(reducer_options(name))
+    if names:
+        options[names[option % len(names)]] = value
+    path = with_reducers(saved, tmp_path, [{"name": name, "layers": layers, "options": options}])
+    try:
+        model = vitrim.load_model(path)
+    except ValueError as err:
+        assert_clear(err, "metadata vitrim.reducers")
+        return
+    assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()
+
+
+# -- other files a run folder holds -----------------------------------------------------------------------------
+
+
+def test_teacher_metadata_is_bounded_like_any_config(saved, tmp_path, bounded_memory) -> None:
+    """A teacher's config gives the student its sizes: read as data and bounded before the student is built."""
+    from vitrim.train.teacher import teacher_architecture
+    from vitrim.weights.formats import read_checkpoint
+
+    config = json.loads(saved[1]["vitrim.config"])
+    assert teacher_architecture(read_checkpoint(with_config(saved, tmp_path, json.dumps(config))))["embed_dim"] == 16
+    for text, words in [(json.dumps(config | {"embed_dim": 2**20}), "embed_dim = 1048576"), ("[" * 10**5, "nested")]:
+        with pytest.raises(ValueError) as err:
+            teacher_architecture(read_checkpoint(with_config(saved, tmp_path, text)))
+        assert_clear(err.value, words)
+        assert "teacher" in str(err.value)
+
+
+def test_metrics_lines_that_are_not_records_are_dropped(tmp_path) -> None:
+    """Resuming keeps the metric lines of finished epochs; a torn, hostile or odd line is dropped, never a crash."""
+    from vitrim.train.loop import _truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    lines = ['{"epoch": 1}', "[" * 100000, '{"epoch": "2"}', "[]", '{"epoch": 2}', '{"epoch": 3}', '{"epo']
+    path.write_text("\n".join(lines) + "\n")
+    _truncate_metrics(path, epochs_done=2)
+    assert path.read_text() == '{"epoch": 1}\n{"epoch": 2}\n'
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"class_token": -5}, "class_token must be true or false"),
+        ({"distilled": "x"}, "distilled must be true or false"),
+    ],
+)
+def test_checkpoint_metadata_flags_are_booleans(saved, tmp_path, changes, words) -> None:
+    """Found by a sweep: `class_token: -5` counted -5 prefix tokens (a torch error), `distilled: "x"` met int()."""
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(with_config(saved, tmp_path, json.dumps(json.loads(saved[1]["vitrim.config"]) | changes)))
+    assert_clear(err.value, words)
+
+
+@pytest.mark.parametrize("changes", [{"hidden_act": [0, 0]}, {"model_type": [1]}])
+def test_hub_config_strings_of_another_type(cache, tmp_path, changes) -> None:
+    """Found by a sweep: a list where a string belongs was 'unhashable type: list'."""
+    name = hub_repo(cache, tmp_path, "a/types", json.dumps(HF_CONFIG | changes).encode(), hf_weights())
+    with pytest.raises(ValueError) as err:
+        vitrim.load_model(name)
+    assert_clear(err.value, "hidden_act", "model_type")

@@ -5,12 +5,17 @@ A subcommand is a module here with ``register(subparsers)`` (its parser sets ``f
 unreadable file, a path that cannot be written) prints one line ``vitrim: error: …`` and exits with code 2; anything
 else is a bug and keeps its traceback. An optional library that is not installed (an extra, see
 :mod:`vitrim.extras`) is one line too, naming the extra to install. ``--debug`` shows the traceback of user errors.
+
+Warnings (vitrim's, or a library's) are held while the command runs: a command that fails prints its one error line
+and nothing else; one that succeeds prints each distinct warning once, after its work, as ``vitrim: warning: …``
+(one line: its first). ``--debug`` shows them as Python does, as they happen.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
 from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz, vlm, vlm_demo
@@ -47,6 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.debug:
+        return _run(args)
+    with warnings.catch_warnings(record=True) as caught:  # the active filters still decide what is caught
+        code = _run(args)
+    if code == 0:
+        for message in dict.fromkeys(_first_line(w.message) for w in caught):
+            print(f"vitrim: warning: {message}", file=sys.stderr)
+    return code
+
+
+def _first_line(message: Warning | str) -> str:
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    return lines[0] if lines else type(message).__name__
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         apply_threads(getattr(args, "threads", 0))
         return int(args.func(args) or 0)

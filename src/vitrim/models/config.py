@@ -128,6 +128,6 @@ class ViTConfig:
     def from_dict(cls, values: dict[str, Any]) -> ViTConfig:
         values = dict(values)
         for key in ("img_size", "ref_feat_shape"):
-            if values.get(key) is not None:
+            if isinstance(values.get(key), (list, tuple)):  # JSON has lists; an int or a bad value: replace checks it
                 values[key] = tuple(values[key])
         return cls().replace(**values)

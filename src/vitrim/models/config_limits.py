@@ -83,6 +83,12 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "layerscale_value": (-1e6, 1e6, True),
     "rope_temperature": (0.0, 1e12, False),
 }
+# switches a file must state as JSON true/false (``class_token: -5`` would count -5 prefix tokens); None: timm's default
+FLAGS = frozenset(
+    {"qkv_bias", "qk_norm", "class_token", "distilled", "no_embed_class", "pre_norm", "fc_norm", "swiglu_mlp"}
+    | {"scale_mlp", "use_rot_pos_emb", "pos_embed_antialias"}
+)
+FLAGS_MAY_BE_NULL = frozenset({"fc_norm"})
 MAX_FRESH_VALUES = 2**24  # values a model may hold beyond its file's (64 MiB in float32): a fresh head, registers
 
 
@@ -149,6 +155,8 @@ def check_file_config(fields: Mapping[str, Any], source: str) -> None:
             _check_size(name, value, source)
         elif name in RANGES:
             _check_number(name, value, source)
+        elif name in FLAGS and not (isinstance(value, bool) or (value is None and name in FLAGS_MAY_BE_NULL)):
+            raise ValueError(f"{source}: {name} must be true or false, got {value!r:.80}")
     for size_name, patch_name in (("img_size", "patch_size"), ("image_size", "patch_size")):
         size, patch = fields.get(size_name), fields.get(patch_name)
         if size is None or not _is_int(patch):

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitrim.attention import AttentionResult
 from vitrim.reduce.base import Reducer
@@ -130,6 +130,21 @@ class DiffRate(Reducer):
         prunes = per_layer("prune_kept", prune_kept, layers)
         merges = per_layer("merge_kept", merge_kept, layers)
         return {layer: cls(p, m) for layer, p, m in zip(layers, prunes, merges)}
+
+    @classmethod
+    def for_model(cls, model: nn.Module, layers: tuple[int, ...], **options: Any) -> dict[int, Reducer | None]:
+        """:meth:`for_layers`, and a count that would leave no patch token refused now rather than at every batch."""
+        reducers = cls.for_layers(layers, **options)
+        prefix = int(getattr(model, "num_prefix", 1))
+        for reducer in reducers.values():
+            assert isinstance(reducer, DiffRate)
+            for name in ("prune_kept", "merge_kept"):
+                if getattr(reducer, name) <= prefix:
+                    raise ValueError(
+                        f"{name}={getattr(reducer, name)} keeps no patch token: the model has {prefix} prefix "
+                        f"token(s), which the count includes; expected more than {prefix}"
+                    )
+        return reducers
 
     @classmethod
     def options_for_schedule(cls, schedule: Schedule) -> tuple[tuple[int, ...], dict[str, Any]]:

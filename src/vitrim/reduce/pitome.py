@@ -104,6 +104,11 @@ def _per_layer(name: str, value: object, layers: tuple[int, ...]) -> list[Any]:
     return [value] * len(layers)
 
 
+def _check_ratio(ratio: object) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.5 <= ratio <= 1.0:
+        raise ValueError(f"ratio must be a number in [0.5, 1] (fraction of tokens kept per block), got {ratio!r:.80}")
+
+
 @register("pitome")
 class PiToMe(Reducer):
     """Energy-protected token merging (see module doc).
@@ -120,13 +125,20 @@ class PiToMe(Reducer):
     def __init__(
         self, ratio: float, margin: float = 0.5, alpha: float = 1.0, prop_attn: bool = False, bipartite: bool = False
     ) -> None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.5 <= ratio <= 1.0:
-            raise ValueError(f"ratio must be a number in [0.5, 1] (fraction of tokens kept per block), got {ratio!r}")
+        _check_ratio(ratio)
+        for name, value in (("margin", margin), ("alpha", alpha)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r:.80}")
+        if alpha <= 0:
+            raise ValueError(f"alpha must be > 0 (the ELU's scale), got {alpha!r}")
+        for name, flag in (("prop_attn", prop_attn), ("bipartite", bipartite)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be a bool, got {flag!r:.80}")
         self.ratio = float(ratio)
         self.margin = float(margin)
         self.alpha = float(alpha)
-        self.prop_attn = bool(prop_attn)
-        self.bipartite = bool(bipartite)
+        self.prop_attn = prop_attn
+        self.bipartite = bipartite
 
     @classmethod
     def for_layers(  # type: ignore[override]  # a reducer takes its own options; apply checks their names
@@ -141,6 +153,8 @@ class PiToMe(Reducer):
     ) -> dict[int, Reducer | None]:
         L = len(layers)
         ratios = _per_layer("ratio", ratio, layers)
+        for value in ratios:
+            _check_ratio(value)  # before the comparison below
         margins = pitome_margins(L) if margin is None else _per_layer("margin", margin, layers)
         first_half = [i < math.ceil(L * 0.5) for i in range(L)]
         matching = first_half if bipartite is None else _per_layer("bipartite", bipartite, layers)

@@ -57,6 +57,7 @@ from vitrim.train.state import (
     write_run_record,
 )
 from vitrim.train.teacher import load_teacher, teacher_architecture
+from vitrim.untrusted import parse_json
 from vitrim.weights.checkpoint import save_checkpoint
 from vitrim.weights.formats import read_checkpoint
 
@@ -378,10 +379,10 @@ def _truncate_metrics(path: Path, epochs_done: int) -> None:
     kept = []
     for line in path.read_text().splitlines():
         try:
-            epoch = json.loads(line)["epoch"]
+            epoch = parse_json(line, str(path))["epoch"]
         except (ValueError, TypeError, KeyError):  # torn by a kill: only the last line of an unfinished epoch can be
             continue
-        if epoch <= epochs_done:
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch <= epochs_done:
             kept.append(line + "\n")
 
     def write(tmp: Path) -> None:

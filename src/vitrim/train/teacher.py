@@ -4,12 +4,13 @@ teaches it (DynamicViT's recipe; the reducer's objective decides what the teache
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 from torch import nn
 
 from vitrim import reduce
+from vitrim.models.config_limits import check_file_config
+from vitrim.untrusted import expect_object, parse_json
 from vitrim.weights.checkpoint import build_saved_model, load_checkpoint
 from vitrim.weights.formats import RawCheckpoint
 
@@ -23,7 +24,9 @@ _ARCHITECTURE = (
 
 def teacher_architecture(teacher: RawCheckpoint) -> dict[str, Any]:
     """The ViT fields of a vitrim checkpoint's config (empty for a file without one)."""
-    config = json.loads(teacher.metadata.get("vitrim.config", "{}"))
+    source = f"teacher {str(teacher.path)!r} metadata vitrim.config"
+    config = expect_object(parse_json(teacher.metadata.get("vitrim.config", "{}"), source), source)
+    check_file_config(config, source)  # the student is built with these sizes: bounded like any file's config
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in _ARCHITECTURE}
 
 

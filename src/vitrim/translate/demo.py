@@ -32,6 +32,7 @@ from vitrim.translate.train import (
     translate_batch,
     translation_scores,
 )
+from vitrim.untrusted import read_json
 
 TARGET_EXACT_MATCH = 0.95
 TARGET_ALIGNMENT = 0.90
@@ -147,7 +148,8 @@ def _install_shipped(out: Path, source: Vocab, target: Vocab) -> tuple[Seq2SeqTr
 
 def ship_run(out: Path, dest: Path) -> None:
     """Copy a run that trained the ``FULL`` plan to ``dest``, as the shipped model."""
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    summary = read_json(out / "summary.json") if (out / "summary.json").is_file() else {}
+    summary = summary if isinstance(summary, dict) else {}
     if summary.get("weights") != "trained" or summary.get("data", {}).get("max_number") != FULL.max_number:
         raise ValueError(f"{str(out)!r} is not a run that trained the full translation demo (--retrain)")
     copy_run_files(out, dest, [*SHIPPED_FILES, "summary.json"], float16=True)

@@ -44,7 +44,20 @@ def load_run(folder: str | Path) -> TrainedRun:
     model = build_saved_model(folder / MODEL_FILE)
     if not isinstance(model, Seq2SeqTransformer):
         raise ValueError(f"{str(folder / MODEL_FILE)!r} holds a {type(model).__name__}, not a Seq2SeqTransformer")
-    return TrainedRun(model.eval(), source, target, list(info["languages"]), int(info.get("alignment_layer", -1)))
+    config = model.config
+    for name, vocab, size in (("source", source, config.src_vocab_size), ("target", target, config.tgt_vocab_size)):
+        if len(vocab) != size:  # an id past the list would be decoded as Python's IndexError
+            raise ValueError(
+                f"{str(folder / VOCAB_FILE)!r}: the {name} vocabulary has {len(vocab)} tokens (specials included), "
+                f"but {str(folder / MODEL_FILE)!r} embeds {size}; the two files are not from one run"
+            )
+    layer = info.get("alignment_layer", -1)
+    if not -config.decoder_depth <= layer < config.decoder_depth:
+        raise ValueError(
+            f"{str(folder / VOCAB_FILE)!r}: alignment_layer {layer} is not a decoder layer of the model "
+            f"(expected 0 to {config.decoder_depth - 1})"
+        )
+    return TrainedRun(model.eval(), source, target, list(info["languages"]), layer % config.decoder_depth)
 
 
 def english_tokens(text: str, source_vocab: Vocab) -> list[str]:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from vitrim.data.numbers import EOS, LANGUAGE_TAGS, LANGUAGES, PAD, Pair, Vocab
+from vitrim.untrusted import expect_object, read_json
 
 
 @dataclass
@@ -80,12 +81,26 @@ def save_vocabs(path: Path, source: Vocab, target: Vocab, extra: dict) -> None:
     path.write_text(json.dumps({"source": source.tokens, "target": target.tokens, **extra}, indent=1) + "\n")
 
 
+MAX_VOCAB = 2**20  # tokens per vocabulary a vocab.json may list (config_limits' bound on the embedding)
+
+
 def load_vocabs(path: Path) -> tuple[Vocab, Vocab, dict]:
     """(source vocab, target vocab, the other fields) from a run folder's ``vocab.json``."""
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} not found: expected a run folder written by `vitrim demo translate`")
-    data = json.loads(path.read_text())
+    where = str(path)
+    data = expect_object(read_json(path), where)  # a run folder may come from anyone: JSON read as data
+    for key in ("source", "target"):
+        tokens = data.get(key)
+        if not (isinstance(tokens, list) and 0 < len(tokens) <= MAX_VOCAB and all(isinstance(t, str) for t in tokens)):
+            raise ValueError(f"{where}: {key} must be a list of 1 to {MAX_VOCAB} token strings, got {tokens!r:.80}")
+    languages = data.get("languages", list(LANGUAGES))
+    if not (isinstance(languages, list) and languages and all(lang in LANGUAGES for lang in languages)):
+        raise ValueError(f"{where}: languages must be a non-empty list of {list(LANGUAGES)}, got {languages!r:.80}")
+    layer = data.get("alignment_layer", -1)
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise ValueError(f"{where}: alignment_layer must be an int (a decoder layer), got {layer!r:.80}")
     source = Vocab(data.pop("source"), name="English source")
-    tags = [LANGUAGE_TAGS[lang] for lang in data.get("languages", LANGUAGES)]
+    tags = [LANGUAGE_TAGS[lang] for lang in languages]
     target = Vocab(data.pop("target"), specials=(PAD, EOS, *tags), name="target")
-    return source, target, data
+    return source, target, {**data, "languages": languages}

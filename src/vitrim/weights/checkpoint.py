@@ -95,7 +95,17 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str] | RawCheckpoi
     return _load_raw(model, path if isinstance(path, RawCheckpoint) else read_checkpoint(path), strict)
 
 
-def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
+def _load_raw(
+    model: nn.Module,
+    raw: RawCheckpoint,
+    strict: bool,
+    *,
+    described_by: str | None = None,
+    overridden: frozenset[str] = frozenset(),
+) -> LoadResult:
+    """``described_by``: the model was built from this file's own config (names it: "x config.json"), so what the
+    config states and the weights hold must agree; only the fields in ``overridden`` (the caller's own choices) may
+    leave a fresh head, fresh registers or a resampled position embedding."""
     fmt = detect_format(raw)
     result = LoadResult(format=fmt)
     state_dict = dict(raw.state_dict)
@@ -106,6 +116,8 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
     else:
         state_dict = convert_timm(state_dict)
     own = convert_timm(model.state_dict())  # vitrim's names (a RoPE ViT saves under timm's Eva names)
+    if described_by is not None:
+        check_config_fits_weights(model, state_dict, own, described_by, overridden)
     antialias = _source_antialias(raw, fmt)
     _adapt_registers(model, state_dict, own, result)
     _adapt_pos_embed(model, state_dict, own, _source_grid(raw, fmt), result, antialias)
@@ -137,6 +149,48 @@ def _load_raw(model: nn.Module, raw: RawCheckpoint, strict: bool) -> LoadResult:
     if result.fresh:
         logger.info("left at initialisation: %s", _summary(result.fresh))
     return result
+
+
+def check_config_fits_weights(
+    model: nn.Module, weights: dict[str, Tensor], own: dict[str, Tensor], source: str, overridden: frozenset[str]
+) -> None:
+    """A config read from ``source`` and the weights beside it must agree on the sizes the loader would otherwise
+    fix up (a fresh head, fresh registers, a resampled position embedding): a file saying ``num_classes: 11``
+    beside a 10-class head is refused, not answered with a random head. ``overridden`` are the caller's choices.
+    ``weights`` and ``own`` are in vitrim's names."""
+    theirs, ours = weights.get("head.weight"), own.get("head.weight")
+    differs = (theirs is None) != (ours is None) or (
+        theirs is not None and ours is not None and theirs.shape[0] != ours.shape[0]
+    )
+    if differs and "num_classes" not in overridden:
+        stated = 0 if ours is None else int(ours.shape[0])
+        held = "no classifier head" if theirs is None else f"a {int(theirs.shape[0])}-class head (head.weight)"
+        raise ValueError(
+            f"{source}: num_classes = {stated}, but the weights hold {held}; a file's config and its weights must "
+            "agree (to put a fresh head on these weights, pass num_classes= yourself)"
+        )
+    registers = own.get("reg_token")
+    if registers is not None and "reg_token" not in weights and "reg_tokens" not in overridden:
+        raise ValueError(
+            f"{source}: reg_tokens = {registers.shape[1]}, but the weights hold no reg_token; a file's config and "
+            "its weights must agree (to add fresh registers, pass reg_tokens= yourself)"
+        )
+    pos, target = weights.get("pos_embed"), own.get("pos_embed")
+    if (
+        pos is not None
+        and target is not None
+        and pos.dim() == target.dim() == 3
+        and pos.shape[-1] == target.shape[-1]
+        and pos.shape[1] != target.shape[1]
+        and not {"img_size", "patch_size", "reg_tokens"} & overridden
+    ):
+        config = getattr(model, "config", None)
+        size, patch = getattr(config, "img_size", "?"), getattr(config, "patch_size", "?")
+        raise ValueError(
+            f"{source}: img_size = {size} with patch_size = {patch} makes {target.shape[1]} positions, but the "
+            f"weights' pos_embed has {pos.shape[1]}; a file's config and its weights must agree (to resample the "
+            "position embedding, pass img_size= yourself)"
+        )
 
 
 def _summary(keys: list[str]) -> str:
@@ -337,7 +391,8 @@ def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides:
 
     ``path``: a file written by :func:`save_checkpoint`, or a Hugging Face ViT directory (``config.json`` plus
     weights), or HF weights next to their ``config.json``. ``overrides`` change config fields (e.g.
-    ``img_size=384``: the position embedding is resampled; ``num_classes=10``: a fresh head). A bare timm/DeiT
+    ``img_size=384``: the position embedding is resampled; ``num_classes=10``: a fresh head); without them, the
+    file's config must agree with its weights (:func:`check_config_fits_weights`). A bare timm/DeiT
     state dict has no config: use ``vitrim.create_model(name, checkpoint=path)``.
     """
     raw = path if isinstance(path, RawCheckpoint) else read_checkpoint(path)
@@ -358,8 +413,18 @@ def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides:
         )
         config = _config_from(config_cls, fields, overrides)
         model = getattr(cls, "from_config", cls)(config)
-        for spec in _reducer_specs(raw.metadata.get("vitrim.reducers")):
-            reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
+        source = f"checkpoint {str(raw.path)!r} metadata vitrim.reducers"
+        for i, spec in enumerate(_reducer_specs(raw.metadata.get("vitrim.reducers"), source)):
+            try:  # the registry's name, its option names, and each value, checked by the reducer itself
+                reduce.apply(model, spec["name"], layers=spec["layers"], **spec["options"])
+            except (ValueError, TypeError) as err:
+                text = str(err) if len(str(err)) <= 300 else str(err)[:297] + "..."  # a list option may be long
+                raise ValueError(f"{source}[{i}] ({spec['name']!r}): {text}") from None
+        result = _load_raw(model, raw, strict=True, described_by=where, overridden=frozenset(overrides))
+        unexplained = [key for key in result.fresh if key not in HEAD_KEYS and key != "reg_token"]
+        if unexplained:  # e.g. a DynamicViT file without its score predictors would prune at random
+            raise ValueError(f"{where}: the weights lack {_summary(unexplained)}, which this model needs")
+        return model.eval()
     elif fmt == "huggingface" and raw.hf_config is not None:
         fields = hf_config_to_vit_fields(raw.hf_config, raw.hf_in_vitrim_names()[0])
         check_file_model(fields, lambda: VisionTransformer(ViTConfig.from_dict(fields)), raw.state_dict, str(raw.path))
@@ -374,18 +439,37 @@ def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides:
     return model.eval()
 
 
-def _reducer_specs(text: str | None) -> list[dict[str, Any]]:
+def _reducer_specs(text: str | None, source: str) -> list[dict[str, Any]]:
     """The ``vitrim.reducers`` metadata: a JSON list of {"name", "layers", "options"}; names are looked up in the
-    reducer registry only, so a file cannot make vitrim build anything else."""
+    reducer registry only, so a file cannot make vitrim build anything else. Here the shape: a name string,
+    ``layers`` null or an int or a list of ints (:func:`vitrim.reduce.apply` checks them against the depth),
+    ``options`` an object of numbers, bools, strings and flat lists of them (each reducer checks its values)."""
     if text is None:
         return []
-    specs = parse_json(text, "checkpoint metadata vitrim.reducers")
+    specs = parse_json(text, source)
     keys = {"name", "layers", "options"}
     if not isinstance(specs, list) or not all(isinstance(s, dict) and set(s) == keys for s in specs):
-        raise ValueError(
-            f"checkpoint metadata vitrim.reducers must be a list of {sorted(keys)} records, got {text!r:.200}"
-        )
+        raise ValueError(f"{source} must be a list of {sorted(keys)} records, got {text!r:.200}")
+    for i, spec in enumerate(specs):
+        name, layers, options = spec["name"], spec["layers"], spec["options"]
+        if not isinstance(name, str):
+            raise ValueError(f"{source}[{i}].name must be a reducer name (a string), got {name!r:.80}")
+        if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(map(_is_int, layers)))):
+            raise ValueError(f"{source}[{i}].layers must be null, a block index or a list of them, got {layers!r:.80}")
+        if not isinstance(options, dict):
+            raise ValueError(f"{source}[{i}].options must be a JSON object, got {options!r:.80}")
+        for key, value in options.items():
+            flat = value if isinstance(value, list) else [value]
+            if not all(isinstance(v, (int, float, str)) or v is None for v in flat):
+                raise ValueError(
+                    f"{source}[{i}].options.{key} must be a number, bool, string or a flat list of them, "
+                    f"got {value!r:.80}"
+                )
     return specs
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _metadata_config(raw: RawCheckpoint) -> dict[str, Any]:

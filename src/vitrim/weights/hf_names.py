@@ -170,7 +170,8 @@ def vision_config(hf_config: dict[str, Any]) -> dict[str, Any]:
             **(nested if isinstance(nested, dict) else {}),
             "model_type": f"{hf_config['model_type']}_vision_model",
         }
-    return {**TRANSFORMERS_DEFAULTS.get(config.get("model_type"), {}), **config}  # type: ignore[arg-type]
+    model_type = config.get("model_type")  # any JSON value: only a string can name defaults (a list is unhashable)
+    return {**(TRANSFORMERS_DEFAULTS.get(model_type, {}) if isinstance(model_type, str) else {}), **config}
 
 
 def check_model_type(hf_config: dict[str, Any]) -> str:
@@ -201,7 +202,7 @@ def hf_config_to_vit_fields(hf_config: dict[str, Any], state_dict: dict[str, Ten
     model_type = check_model_type(hf_config)
     check_file_config(config, "config.json")  # sizes typed, finite and bounded before anything divides or builds
     act = config.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         raise ValueError(f"config.json has hidden_act {act!r}; vitrim supports {sorted(ACTIVATIONS)}")
     if config.get("use_swiglu_ffn"):
         raise ValueError("config.json has use_swiglu_ffn=True (DINOv2 giant); vitrim reads DINOv2 with an MLP only")

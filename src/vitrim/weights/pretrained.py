@@ -36,8 +36,13 @@ from vitrim.models.data_config import DataConfig
 from vitrim.models.registry import build_model, check_registered, list_models
 from vitrim.models.vit import VisionTransformer
 from vitrim.weights import hub
-from vitrim.weights.checkpoint import CheckpointMismatchError, build_saved_model, load_checkpoint
-from vitrim.weights.formats import RawCheckpoint, detect_format, read_checkpoint, read_json
+from vitrim.weights.checkpoint import (
+    CheckpointMismatchError,
+    build_saved_model,
+    check_config_fits_weights,
+    load_checkpoint,
+)
+from vitrim.weights.formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint, read_json
 from vitrim.weights.hf_names import check_model_type, has_hf_keys, hf_config_to_vit_fields
 from vitrim.weights.tags import pretrained_repo
 
@@ -153,7 +158,10 @@ def from_timm_config(config: dict[str, Any], raw: RawCheckpoint, overrides: dict
         args["num_classes"] = config["num_classes"]
     check_file_model(args, lambda: build_model(arch, **args), raw.state_dict, f"{where} config.json")
     legacy = config if "mean" in config else None  # older timm repos: one flat config.json, data keys at the top
-    return timm_model(arch, raw, {**args, **overrides}, config.get("pretrained_cfg") or legacy, where=where)
+    return timm_model(
+        arch, raw, {**args, **overrides}, config.get("pretrained_cfg") or legacy, where=where,
+        described_by=f"{where} config.json", overridden=frozenset(overrides),
+    )  # fmt: skip
 
 
 def from_timm_name(
@@ -167,6 +175,7 @@ def from_timm_name(
     repo = hub.fetch(repo_id, need_config=False)
     raw = read_weights(repo.weights)
     config = repo.config or {}
+    described_by = None
     if "num_classes" not in overrides:
         head = raw.state_dict.get("head.weight")
         num_classes = config.get("num_classes", 0 if head is None else int(head.shape[0]))
@@ -175,9 +184,11 @@ def from_timm_name(
             raw.state_dict, f"{repo.name} config.json",
         )  # fmt: skip
         overrides = {**overrides, "num_classes": num_classes}
+        described_by = f"{repo.name} config.json"  # its class count must be the head's
     return timm_model(
         arch, raw, overrides, config.get("pretrained_cfg"), where=repo.name, reducer=reducer,
-        reducer_options=reducer_options,
+        reducer_options=reducer_options, described_by=described_by,
+        overridden=frozenset(overrides) - {"num_classes"} | {"img_size", "patch_size", "reg_tokens"},
     )  # fmt: skip
 
 
@@ -190,13 +201,17 @@ def timm_model(
     where: str,
     reducer: str | None = None,
     reducer_options: dict[str, Any] | None = None,
+    described_by: str | None = None,
+    overridden: frozenset[str] = frozenset(),
 ) -> nn.Module:
     """The one way timm's weights become a model: build ``arch`` with ``kwargs``, attach ``reducer``, load ``raw``
-    strictly, and give it the data config of ``pretrained_cfg`` (the registry's when None)."""
+    strictly, and give it the data config of ``pretrained_cfg`` (the registry's when None). ``described_by``: the
+    sizes come from that file's config, which must then agree with the weights (``overridden``: the caller's own
+    choices, which may leave a fresh head)."""
     model = build_model(arch, **kwargs)
     if reducer is not None:
         reduce.apply(model, reducer, **(reducer_options or {}))
-    load_weights(model, raw, where)
+    load_weights(model, raw, where, described_by=described_by, overridden=overridden)
     model.data_config = timm_data_config(pretrained_cfg, model)  # type: ignore[assignment]
     return model
 
@@ -208,8 +223,21 @@ def timm_data_config(pretrained_cfg: dict[str, Any] | None, model: nn.Module) ->
     return base.for_input(config.in_chans, config.img_size)
 
 
-def load_weights(model: nn.Module, raw: RawCheckpoint, where: str) -> None:
-    """Strict load; a config that does not fit its own weights is one error naming the source."""
+def load_weights(
+    model: nn.Module,
+    raw: RawCheckpoint,
+    where: str,
+    *,
+    described_by: str | None = None,
+    overridden: frozenset[str] = frozenset(),
+) -> None:
+    """Strict load; a config that does not fit its own weights is one error naming the source (``described_by``:
+    the model's sizes came from that file, so no head, register or position embedding is fixed up unless the
+    caller ``overridden`` it)."""
+    if described_by is not None:
+        weights = raw.hf_in_vitrim_names()[0] if has_hf_keys(raw.state_dict) else raw.state_dict
+        own = convert_timm(model.state_dict())
+        check_config_fits_weights(model, convert_timm(dict(weights)), own, described_by, overridden)
     try:
         load_checkpoint(model, raw)
     except CheckpointMismatchError as err:
@@ -242,7 +270,7 @@ def from_transformers_config(
         raise ValueError(f"{where}: {err}") from None
     check_file_model(fields, lambda: VisionTransformer(ViTConfig.from_dict(fields)), raw.state_dict, where)
     model = VisionTransformer(ViTConfig.from_dict(fields).replace(**overrides))
-    load_weights(model, raw, where)
+    load_weights(model, raw, where, described_by=f"{where} config.json", overridden=frozenset(overrides))
     c = model.config
     data = DataConfig.from_transformers(processor, c.in_chans) if processor else TRANSFORMERS_DATA[str(model_type)]
     # the processor's size unless the user chose one (DINOv2's processor crops 224 for a model trained at 518)
