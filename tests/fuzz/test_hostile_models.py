@@ -452,8 +452,8 @@ def test_fuzz_reducers_in_metadata(saved, tmp_path, name, option, value, layers)
     path = with_reducers(saved, tmp_path, [{"name": name, "layers": layers, "options": options}])
     try:
         model = vitrim.load_model(path)
-    except ValueError as err:
-        assert_clear(err, "metadata vitrim.reducers")
+    except ValueError as err:  # the record itself, or a learned reducer (DynamicViT) whose modules the weights lack
+        assert_clear(err, "metadata vitrim.reducers", "the weights lack")
         return
     assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()
 
