@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
+from torch.nn.functional import cosine_similarity
 
 transformers = pytest.importorskip("transformers")
 
@@ -118,3 +119,23 @@ def top_k_reference(scores: Tensor, k: int) -> list[int]:
     values = scores.detach().tolist()
     ranked = sorted(range(len(values)), key=lambda j: (-values[j], j))
     return sorted(ranked[:k])
+
+
+def dart_reference(image_norms, text_norms, image_states, text_states, keep, pivot_image, pivot_text):
+    """DART's selection in the authors' shape (pivot lists, a shrinking pool, least-similar first), with vitrim's
+    documented exact count: keep − pivots split evenly, earlier pivots one more; pivots in sequence order."""
+    image_pivots = top_k_reference(image_norms, min(pivot_image, len(image_norms), keep))
+    if keep <= len(image_pivots):
+        return image_pivots
+    text_pivots = top_k_reference(text_norms, min(pivot_text, len(text_norms)))
+    pivots = [image_states[i] for i in image_pivots] + [text_states[j] for j in text_pivots]
+    remaining = keep - len(image_pivots)
+    quotas = [remaining // len(pivots) + (1 if i < remaining % len(pivots) else 0) for i in range(len(pivots))]
+    pool = [j for j in range(len(image_norms)) if j not in image_pivots]
+    chosen = set(image_pivots)
+    for pivot, quota in zip(pivots, quotas, strict=True):
+        similarity = {j: float(cosine_similarity(pivot, image_states[j], dim=0)) for j in pool}
+        taken = sorted(pool, key=lambda j: (similarity[j], j))[:quota]
+        chosen.update(taken)
+        pool = [j for j in pool if j not in taken]
+    return sorted(chosen)
