@@ -91,9 +91,12 @@ def masked_forward(model, input_ids, attention_mask, drops: dict[int, Tensor], c
     return model.lm_head(masked_layers(model.model, hidden, attention_mask, position_ids, drops, cache, past))
 
 
-def masked_layers(lm, hidden, attention_mask, position_ids, drops: dict[int, Tensor], cache=None, past: int = 0):
+def masked_layers(
+    lm, hidden, attention_mask, position_ids, drops: dict[int, Tensor], cache=None, past: int = 0, windows=None
+):
     """The decoder stack ``lm`` (``.layers``, ``.norm``, ``.rotary_emb``) on ``hidden`` (B, q, D) with the masks
-    of :func:`masked_forward`; returns the final-normed hidden states (B, q, D)."""
+    of :func:`masked_forward`; returns the final-normed hidden states (B, q, D). ``windows``: per layer, a sliding
+    window (a query sees keys fewer than that many columns back) or None."""
     length = hidden.shape[1]
     if position_ids is None:
         position_ids = torch.arange(past, past + length)[None]
@@ -107,6 +110,8 @@ def masked_layers(lm, hidden, attention_mask, position_ids, drops: dict[int, Ten
             if index == start:
                 allowed = allowed & keep[:, None, None, :]
         mask = allowed
+        if windows is not None and windows[index] is not None:
+            mask = mask & (query[:, None] - key[None, :] < windows[index])
         if lm.config._attn_implementation == "eager":
             mask = torch.zeros(allowed.shape, dtype=hidden.dtype).masked_fill(~allowed, torch.finfo(hidden.dtype).min)
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin,
