@@ -38,7 +38,7 @@ cache cut outside vitrim (at decode: assisted decoding crops it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -46,6 +46,15 @@ from torch import Tensor, nn
 
 from vitrim.vlm.family import FamilyAdapter
 from vitrim.vlm.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.in_llm_slots import (
+    Slots,
+    as_implementation,
+    decode_mask,
+    expand_batch,
+    gather_columns,
+    prefill_mask,
+    sliding_window,
+)
 from vitrim.vlm.registry import ImageSelection, Method, StageOptions
 from vitrim.vlm.spans import ImageSpans
 
@@ -69,35 +78,6 @@ class DropPolicy(Protocol):
     def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
         """Per image (batch reading order): the sorted raster indices it keeps, ``counts[i]`` of its current ones."""
         ...
-
-
-@dataclass
-class _Slots:
-    """The slots layers of one stage run on: columns (B, S) in the prefill sequence (decode columns appended),
-    valid (B, S) False for re-pad fillers."""
-
-    columns: Tensor
-    valid: Tensor
-    differs: bool  # False while no stage up to this one dropped anything (its layers then run untouched)
-    # this pass's fixed-up layer arguments, per kind of layer (its mask, rotary table and window: Gemma 3 has two)
-    kwargs: dict[tuple[int, int, int | None], dict[str, Any]] = field(default_factory=dict)
-
-
-def _expand_batch(tensor: Tensor, batch: int, dim: int) -> Tensor:
-    shape = list(tensor.shape)
-    shape[dim] = batch
-    return tensor.expand(shape)
-
-
-def _gather_columns(tensor: Tensor, columns: Tensor, dim: int, batch_dim: int) -> Tensor:
-    """``tensor`` (batch B or 1 at ``batch_dim``, sequence at ``dim``) read per sample at ``columns`` (B, S)."""
-    dim, batch_dim = dim % tensor.ndim, batch_dim % tensor.ndim
-    tensor = _expand_batch(tensor, columns.shape[0], batch_dim)
-    view = [1] * tensor.ndim
-    view[batch_dim], view[dim] = columns.shape
-    shape = list(tensor.shape)
-    shape[dim] = columns.shape[1]
-    return tensor.gather(dim, columns.view(view).expand(shape))
 
 
 class InLLMDrop:
@@ -142,7 +122,7 @@ class InLLMDrop:
         self._spans: ImageSpans | None = None
         self._padding: Tensor | None = None
         self._prepared_masks = False  # the padding module was handed masks already built (static/compiled cache)
-        self._slots: list[_Slots] = []
+        self._slots: list[Slots] = []
         self._cache: object = None
         self._pass: dict[str, Any] = {}
         self._captured: LayerInput | None = None
@@ -324,7 +304,7 @@ class InLLMDrop:
         order = torch.argsort(keep.to(torch.int8), dim=1, stable=True)[:, -width:]
         new_valid = torch.arange(width, device=keep.device) >= (width - counts_per_sample)[:, None]  # (B, width)
         new_columns = torch.where(new_valid, columns.gather(1, order), 0)
-        self._slots.append(_Slots(new_columns, new_valid, differs))
+        self._slots.append(Slots(new_columns, new_valid, differs))
         if not drops:
             return hidden
         if self._early_exit is None:
@@ -382,56 +362,23 @@ class InLLMDrop:
             return slots.kwargs[key]
         fixed: dict[str, Any]
         if self._pass["prefill"]:
-            fixed = {"attention_mask": self._prefill_mask(slots, full_mask, window)}
+            allowed = prefill_mask(slots, full_mask, window, self._pass["length"])
+            fixed = {"attention_mask": self._as_implementation(allowed, full_mask)}
             fixed["position_embeddings"] = (
-                _gather_columns(cos, slots.columns, -2, -3),
-                _gather_columns(sin, slots.columns, -2, -3),
+                gather_columns(cos, slots.columns, -2, -3),
+                gather_columns(sin, slots.columns, -2, -3),
             )
             position_ids = given.get("position_ids")
             if isinstance(position_ids, Tensor):
-                fixed["position_ids"] = _gather_columns(position_ids, slots.columns, -1, -2)
+                fixed["position_ids"] = gather_columns(position_ids, slots.columns, -1, -2)
         else:
-            fixed = {"attention_mask": self._decode_mask(slots, index, full_mask, window)}
+            query_columns = self._pass["query_columns"]  # (q,)
+            kv_length, _ = self._pass["cache"].get_mask_sizes(query_columns.numel(), index)
+            real = self._decode_real(full_mask, int(query_columns[-1]) + 1)
+            allowed = decode_mask(slots, query_columns, int(kv_length), real, window)
+            fixed = {"attention_mask": self._as_implementation(allowed, full_mask)}
         slots.kwargs[key] = fixed
         return fixed
-
-    def _prefill_mask(self, slots: _Slots, full: Tensor | None, window: int | None) -> Tensor:
-        """The 4-D mask of a prefill layer in this stage: the layer's own mask (padding, causality, a sliding window,
-        an image block) read at the kept rows and key columns, restricted to valid keys; filler rows attend to
-        nothing. ``full`` None (SDPA's own causal mask): causal on the original columns, within ``window``."""
-        length = self._pass["length"]
-        if full is None:
-            distance = slots.columns[:, :, None] - slots.columns[:, None, :]  # (B, S, S) query − key column
-            allowed = (distance >= 0) if window is None else (distance >= 0) & (distance < window)
-            allowed = allowed.unsqueeze(1)
-        else:
-            if full.ndim != 4 or tuple(full.shape[-2:]) != (length, length):
-                raise ValueError(
-                    f"vitrim.vlm's in-LLM drop reads each layer's prefill mask over the {length} tokens; got a mask "
-                    f"of shape {tuple(full.shape)} (masks prepared for a static or compiled cache are not supported)"
-                )
-            rows = _gather_columns(full, slots.columns, 2, 0)
-            allowed = _gather_columns(rows, slots.columns, 3, 0)
-            if allowed.dtype != torch.bool:
-                allowed = allowed == 0  # an additive float mask: 0 = may attend
-        allowed = allowed & slots.valid[:, None, None, :] & slots.valid[:, None, :, None]
-        return self._as_implementation(allowed, full)
-
-    def _decode_mask(self, slots: _Slots, index: int, full: Tensor | None, window: int | None) -> Tensor:
-        """The 4-D mask (B, 1, q, kv) of a decode step's layer in this stage over the keys its cache returns (the
-        last ``kv`` slots: all of them, or a sliding-window cache's last ``window − 1`` and the new ones): valid,
-        not padding, not after the query in the original columns, and within ``window`` of it."""
-        batch = slots.columns.shape[0]
-        query_columns = self._pass["query_columns"].expand(batch, -1)  # (B, q)
-        kv_length, _ = self._pass["cache"].get_mask_sizes(query_columns.shape[1], index)
-        key_columns = slots.columns[:, -kv_length:]  # (B, kv)
-        real = self._decode_real(full, int(query_columns[0, -1]) + 1)  # (B, total columns)
-        distance = query_columns[:, :, None] - key_columns[:, None, :]  # (B, q, kv)
-        seen = slots.valid[:, -kv_length:] & real.expand(batch, -1).gather(1, key_columns)  # (B, kv)
-        allowed = (distance >= 0) & seen[:, None, :]
-        if window is not None:
-            allowed = allowed & (distance < window)
-        return self._as_implementation(allowed.unsqueeze(1), full)
 
     def _decode_real(self, full: Tensor | None, total: int) -> Tensor:
         """(B or 1, total) bool, the columns that are not padding at a decode step: the user's 2-D mask; failing
@@ -444,19 +391,7 @@ class InLLMDrop:
         return torch.ones(1, total, dtype=torch.bool, device=self._pass["query_columns"].device)
 
     def _as_implementation(self, allowed: Tensor, full: Tensor | None) -> Tensor:
-        """``allowed`` (bool) as the attention implementation reads it: bool (SDPA) or additive float (eager)."""
-        if not self._eager:
-            return allowed
-        dtype = full.dtype if full is not None and full.is_floating_point() else self._pass["dtype"]
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
-
-
-def sliding_window(layer: nn.Module) -> int | None:
-    """The sliding window of a decoder layer's attention (keys within ``window`` columns of the query), or None."""
-    window = getattr(getattr(layer, "self_attn", None), "sliding_window", None)
-    return int(window) if isinstance(window, int) and not isinstance(window, bool) else None
+        return as_implementation(allowed, full, self._eager, self._pass["dtype"])
 
 
 def _layer_input(hidden: Tensor, kwargs: dict[str, Any]) -> LayerInput:
@@ -465,7 +400,7 @@ def _layer_input(hidden: Tensor, kwargs: dict[str, Any]) -> LayerInput:
     batch = hidden.shape[0]
     mask = kwargs.get("attention_mask")
     return LayerInput(
-        hidden, _expand_batch(cos, batch, -3), _expand_batch(sin, batch, -3), mask if isinstance(mask, Tensor) else None
+        hidden, expand_batch(cos, batch, -3), expand_batch(sin, batch, -3), mask if isinstance(mask, Tensor) else None
     )
 
 
