@@ -112,6 +112,48 @@ def test_dropping_equals_the_masked_model_at_the_prefill_and_a_decode_step(model
     assert (step.logits - reference_step).abs().max() <= TOL
 
 
+def test_without_token_types_dropping_equals_the_causal_model_with_those_keys_masked(model) -> None:
+    """A caller who passes no token_type_ids and no mask gets Gemma 3's causal masks (no image block; transformers
+    may leave the full layers' mask to SDPA's own causal one): the same holds there, prefill and decode."""
+    ids, pixel_values = PROMPTS[0][None], _inputs()["pixel_values"][:2]
+    vitrim.vlm.apply(model, "pdrop", layers=(1, 2), ratios=(0.5, 0.25))
+    out = model(input_ids=ids, pixel_values=pixel_values)
+    drops = _stage_drops(model, ids)
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    step = model(input_ids=token, cache=out.cache)  # no mask, no positions: the model's own
+    vitrim.vlm.remove(model)
+    cache, ones = __import__("transformers").DynamicCache(), torch.ones_like(ids)
+    no_runs = torch.full_like(ids, -1)
+    positions = torch.arange(ids.shape[1])[None]
+    embeds = llm_embeddings(model, ids, pixel_values)
+    reference = masked_gemma3(model, embeds, no_runs, ones, positions, drops, cache)
+    assert (out.logits - reference)[drops[2]].abs().max() <= TOL
+    grown = {layer: torch.cat([keep, torch.ones_like(token, dtype=torch.bool)], 1) for layer, keep in drops.items()}
+    step_embeds, step_runs = model.model.get_input_embeddings()(token), torch.cat([no_runs, -ones[:, :1]], 1)
+    reference_step = masked_gemma3(model, step_embeds, step_runs, torch.cat([ones, ones[:, :1]], 1),
+                                   positions[:, -1:] + 1, grown, cache, past=ids.shape[1])  # fmt: skip
+    assert (step.logits - reference_step).abs().max() <= TOL
+
+
+@FULL
+def test_eager_attention_drops_like_the_masked_eager_model() -> None:
+    """Eager attention gets additive masks; Gemma 3's eager softmax runs in float32, hence 1e-5 (one sample: eager
+    float64 turns fully padded rows into NaN)."""
+    eager = tiny_gemma3(attn="eager")
+    ids, pixel_values = PROMPTS[0][None], _inputs()["pixel_values"][:2]
+    types = token_types(ids)
+    vitrim.vlm.apply(eager, "fastv", **APPLIED["fastv"])
+    out = eager(input_ids=ids, pixel_values=pixel_values, token_type_ids=types)
+    drops = _stage_drops(eager, ids)
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    step = eager(input_ids=token, cache=out.cache)
+    vitrim.vlm.remove(eager)
+    picked, reference = greedy_reference(eager, ids, pixel_values, torch.ones_like(ids),
+                                         torch.arange(ids.shape[1])[None], drops, steps=2)  # fmt: skip
+    assert (out.logits - reference)[drops[2]].abs().max() <= 1e-5
+    assert torch.equal(step.logits[:, -1].argmax(-1), picked[:, 1])
+
+
 @pytest.mark.parametrize("name", ["fastv", "pdrop"])
 def test_keeping_every_token_is_the_unmodified_model_bit_for_bit(model, name: str) -> None:
     inputs = _inputs()

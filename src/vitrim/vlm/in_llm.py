@@ -382,10 +382,11 @@ class InLLMDrop:
 
     def _decode_real(self, full: Tensor | None, total: int) -> Tensor:
         """(B or 1, total) bool, the columns that are not padding at a decode step: the user's 2-D mask; failing
-        that, the last query row of a full-width 4-D mask the layer got; else every column."""
+        that, the last query row of a full-width 4-D mask the layer got (not with masks per layer type: a sliding
+        one's last row sees its window only); else every column."""
         if self._padding is not None and self._padding.shape[1] == total:
             return self._padding
-        if isinstance(full, Tensor) and full.ndim == 4 and full.shape[-1] == total:
+        if not self._typed_masks and isinstance(full, Tensor) and full.ndim == 4 and full.shape[-1] == total:
             last_row = full[:, 0, -1]
             return last_row if last_row.dtype == torch.bool else last_row == 0
         return torch.ones(1, total, dtype=torch.bool, device=self._pass["query_columns"].device)
