@@ -224,6 +224,26 @@ def test_generate_is_the_masked_model_decoding_greedily(model, name: str) -> Non
     assert torch.equal(generated, picked)
 
 
+@FULL
+def test_beam_search_reorders_every_layers_pruned_cache(model) -> None:
+    """Beams of one prompt keep the same tokens, so reordering the pruned caches (full and sliding-window layers)
+    keeps them consistent: keep=all is the unmodified beam search, and a pruned one runs to the end."""
+    inputs = {key: value for key, value in _inputs().items() if key != "position_ids"}
+    plain = model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2)
+    vitrim.vlm.apply(model, "fastv", layer=2, keep=GRID_TOKENS)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2), plain)
+    vitrim.vlm.remove(model)
+    vitrim.vlm.apply(model, "fastv", **APPLIED["fastv"])
+    pruned = model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2)
+    selection = vitrim.vlm.last_selection(model)
+    assert pruned.shape == plain.shape
+    # rows (prompt 0, prompt 0, prompt 1, prompt 1, ...): images in reading order are prompt 0's two, again, then
+    # prompt 1's once per beam, then prompt 2's; a beam keeps what the other beam of its prompt keeps
+    beams = [selection[0:2], selection[2:4], selection[4:5], selection[5:6], selection[6:7], selection[7:8]]
+    for first, second in (beams[0:2], beams[2:4], beams[4:6]):
+        assert [k.tolist() for k in first] == [k.tolist() for k in second]
+
+
 def _eager_attention_rows(eager, alone_ids, alone_pixels, layer: int, drops=None) -> torch.Tensor:
     """(L,) heads-averaged attention of the last token at ``layer`` of the eager twin, transformers' own weights
     (``output_attentions``) or, with ``drops``, the weights the reference's layer returns with those keys masked."""
