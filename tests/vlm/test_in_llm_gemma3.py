@@ -344,12 +344,18 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(mo
         ("fastv", {"layer": 0}, "drop layer 0"),
         ("dart", {"layer": 1, "keep": GRID_TOKENS + 1}, "keep=17 is more than the image's 16 tokens"),
         ("pdrop", {}, r"drop layer 8 \(layer= / layers=\) is outside the LLM"),
+        ("fastv", {"layer": 1, "keep": 0}, "keep=0 must be at least 1"),
+        ("pdrop", {"layers": (1, 4), "ratios": (0.5, 0.25)}, r"drop layer 4 \(layer= / layers=\) is outside the LLM"),
+        ("dart", {"layer": 1, "ratio": 0.5}, "unknown option 'ratio' for vlm method 'dart'"),
     ],
 )
 def test_bad_options_are_refused_at_apply_and_leave_the_model_as_it_was(model, method, options, message) -> None:
+    ids, pixel_values = PROMPTS[1][None], _inputs()["pixel_values"][2:3]
+    before = model(input_ids=ids, pixel_values=pixel_values, token_type_ids=token_types(ids)).logits
     with pytest.raises(ValueError, match=message):
         vitrim.vlm.apply(model, method, **options)
     assert not hasattr(model, "_vitrim_vlm")
+    assert torch.equal(model(input_ids=ids, pixel_values=pixel_values, token_type_ids=token_types(ids)).logits, before)
     vitrim_hooks = [
         hook
         for module in model.modules()
