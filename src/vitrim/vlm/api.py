@@ -103,11 +103,19 @@ def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | Non
         if default is None:
             return None
         keep = default
-    spec = parse_keep(keep, family.tokens_per_image())
-    num_tokens = family.tokens_per_image()
+    num_tokens = _tokens_per_image(method, family)
+    spec = parse_keep(keep, num_tokens)
     if num_tokens is not None:
         method.check_keep(spec.tokens(num_tokens))
     return spec
+
+
+def _tokens_per_image(method: Method, family: FamilyAdapter) -> int | None:
+    """What ``keep=`` counts: the stage's own count where its module defines one (the tower: its patches per image,
+    which on Gemma 3 are more than the image tokens its projector pools them to), else the family's image tokens."""
+    module = _stage_module(method.stage, method.name) if method.stage in STAGE_MODULES else None
+    counts = getattr(module, "tokens_per_image", None)
+    return family.tokens_per_image() if counts is None else int(counts(family))
 
 
 def _stage_module(stage: str, method: str) -> Any:

@@ -48,6 +48,7 @@ from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import ImageSelection, Method, StageOptions, register_method
+from vitrim.vlm.tower_ranking import for_tower_without_cls
 
 # vitrim reducers that cannot run here: DynamicViT learns its scorer with the model; MCTF needs the attention
 # weights before the block's attention runs (it merges ahead and reuses them).
@@ -203,8 +204,6 @@ def build_reducers(
     cls = get_reducer(name)
     if name in UNSUPPORTED:
         raise ValueError(f"reducer {name!r} cannot run in a transformers vision tower: {UNSUPPORTED[name]}")
-    if cls.needs_cls_token and not has_cls:
-        raise ValueError(f"reducer {name!r} ranks tokens by [CLS] attention; this tower (SigLIP) has no [CLS]")
     allowed = set(reducer_options(name)) - {"schedule"}
     unknown = sorted(set(options) - allowed)
     if unknown:
@@ -232,7 +231,10 @@ def build_reducers(
             raise ValueError(f"keep= sets {clash[0]!r} itself; pass one or the other")
         options = {**options, **scheduled}
     chosen = cls.default_layers(depth) if layers is None else check_layers(layers, depth)
-    return {i: r for i, r in cls.for_layers(tuple(chosen), **options).items() if r is not None}
+    reducers = {i: r for i, r in cls.for_layers(tuple(chosen), **options).items() if r is not None}
+    if cls.needs_cls_token and not has_cls:  # SigLIP: rank by the attention each token receives
+        return for_tower_without_cls(name, reducers)
+    return reducers
 
 
 class TowerMethod(Method):
@@ -288,27 +290,52 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
 
 
+# family adapters whose tower the stage handles -> what the error calls them; to_grid's default for each
+HANDLED = {
+    "LlavaAdapter": "LLaVA-1.5 (LlavaForConditionalGeneration)",
+    "Gemma3Adapter": "Gemma 3 (Gemma3ForConditionalGeneration)",
+}
+POOLS_THE_GRID = {"Gemma3Adapter"}  # projector average-pools the whole patch grid: the tokens must go back on it
+
+
+def tower_plan(family: Any, method_name: str) -> TowerPlan:
+    """The tower of a family the stage handles (:data:`HANDLED`); ``TypeError`` naming the model's class otherwise."""
+    model = family.model
+    if type(family).__name__ not in HANDLED:  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
+        raise TypeError(
+            f"tower method {method_name!r} runs on {' and '.join(HANDLED.values())}; "
+            f"{type(model).__name__} is not handled in the tower"
+        )
+    feature_layer = getattr(model.config, "vision_feature_layer", -1)  # Gemma 3: the last layer, post-LayerNorm
+    if not isinstance(feature_layer, int):
+        raise ValueError(f"vision_feature_layer={feature_layer!r}: tower reducers need one feature layer (an int)")
+    return find_tower(model, feature_layer)
+
+
+def tokens_per_image(family: Any) -> int:
+    """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5: its image tokens too;
+    Gemma 3: the p×p patches its projector pools to fewer image tokens, every one of which still enters the LLM)."""
+    return tower_plan(family, "tower").patches
+
+
 def install(family: Any, method: Method, options: StageOptions) -> TowerReduction | TowerThenLLM:
     """Put ``method``'s reducer on the family's tower and the hand-on to the LLM on its projector (module doc)."""
     if not isinstance(method, TowerMethod):
         raise TypeError(f"vlm method {method.name!r} is not a tower method")
     model = family.model
-    if type(family).__name__ != "LlavaAdapter":  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
-        raise TypeError(
-            f"tower method {method.name!r} runs on LLaVA-1.5 (LlavaForConditionalGeneration); "
-            f"{type(model).__name__} is not handled in the tower"
-        )
     config = model.config
-    feature_layer = getattr(config, "vision_feature_layer", -1)
-    if not isinstance(feature_layer, int):
-        raise ValueError(f"vision_feature_layer={feature_layer!r}: tower reducers need one feature layer (an int)")
-    plan = find_tower(model, feature_layer)
-    pools = type(getattr(model.model, "multi_modal_projector", None)).__name__ == "Gemma3MultiModalProjector"
+    plan = tower_plan(family, method.name)
+    pools = type(family).__name__ in POOLS_THE_GRID
     to_grid = method.options.get("to_grid")
+    if to_grid is not None and not isinstance(to_grid, bool):
+        raise TypeError(f"to_grid={to_grid!r} must be True, False or None (the family's default)")
     if to_grid is None:
         to_grid = pools
     elif pools and not to_grid:
-        raise ValueError("to_grid=False: Gemma 3's projector pools the whole patch grid; it needs to_grid=True")
+        raise ValueError(
+            f"to_grid=False is not possible on {type(model).__name__}: its projector average-pools the whole patch "
+            "grid, so the tower's tokens must go back on it (to_grid=True, the default there)"
+        )
     keep = _keep_count(options.keep, plan.patches)
     first: Any = plan.layers[0]
     width = int(first.self_attn.embed_dim)
@@ -373,4 +400,12 @@ def _keep_count(keep: KeepSpec | None, patches: int) -> int | None:
     return None if keep is None else keep.tokens(patches)
 
 
-__all__ = ["TowerReduction", "TowerSelection", "build_reducers", "find_tower", "install"]
+__all__ = [
+    "TowerReduction",
+    "TowerSelection",
+    "build_reducers",
+    "find_tower",
+    "install",
+    "tokens_per_image",
+    "tower_plan",
+]
