@@ -1,10 +1,15 @@
-"""vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
+"""vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3).
 
-``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``); the layer seam itself
-(:class:`TowerReduction`) also runs on a SigLIP tower, for the Gemma 3 / PaliGemma adapters to come.
+``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``) and Gemma 3
+(``Gemma3ForConditionalGeneration``); other families are refused at ``apply`` (:data:`HANDLED`).
 
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
     vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
+
+``keep=`` counts the tower's patches per image (P = (image_size / patch_size)²): on LLaVA-1.5 they are its image
+tokens; on Gemma 3 they are the 64×64 patches its projector pools to 16×16 image tokens, so ``keep`` runs up to
+4096 there, not 256. A SigLIP tower has no [CLS]: EViT, top-k and PPT rank by the attention each token receives
+instead (:mod:`vitrim.vlm.tower_ranking`); DiffRate is refused there.
 
 The seam, and why it is this one. A reducer of :mod:`vitrim.reduce` acts between a block's attention and its MLP
 (``x = x + attn(LN(x))``; reduce; ``x = x + MLP(LN(x))``), on the keys, queries or values of that attention, and
@@ -26,9 +31,18 @@ into), ``patch_to_token`` which patches each stands for (:mod:`vitrim.reduce.sta
 the tokens' positions, sorted, with the patches each stands for as its group. A forward pre-hook on the projector
 then either (``to_grid=True``) puts every token back on the patches it stands for
 (:func:`vitrim.reduce.unmerge.tokens_on_grid`: the tower is cheaper, the LLM sees every image token; the only way
-for Gemma 3, whose projector average-pools the 64×64 grid), or (``to_grid=False``, LLaVA's default) writes each
-token into its position's slot, and the family's pre-LLM plumbing drops the other slots, so the LLM sees only the
-tower's tokens. Blocks after the feature layer run unreduced: their output is not used by the VLM.
+for Gemma 3, whose projector average-pools the 64×64 grid, and its default), or (``to_grid=False``, LLaVA's
+default) writes each token into its position's slot, and the family's pre-LLM plumbing drops the other slots, so
+the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their output is not used by the
+VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the average pool of its cell
+counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch empty.
+
+What the selection means. ``last_selection`` lists, per image, the patches of the tower's grid (raster order of
+its p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the patches each of those tokens
+stands for. On LLaVA-1.5 a patch is an image token, so this is the usual selection. On Gemma 3 every pooled image
+token still enters the LLM (``to_grid=True``): the indices are then patches of the 64×64 grid, not of the 16×16
+pooled tokens, and pooled token (r, c) is the mean of its k×k cell of the refilled grid, each patch carrying the
+token of its group (``vitrim.vlm.family_gemma3`` for the pooling).
 """
 
 from __future__ import annotations
