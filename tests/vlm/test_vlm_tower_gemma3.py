@@ -268,3 +268,12 @@ def test_options_that_cannot_apply_fail_at_apply_and_leave_the_model(name, optio
     with pytest.raises(error, match=message):
         vitrim.vlm.apply(model, name, **options)
     assert _untouched(model)
+
+
+def test_keep_on_a_family_the_tower_does_not_handle_names_the_method_and_the_class() -> None:
+    from qwen_tiny import qwen2_vl
+
+    model = qwen2_vl()
+    with pytest.raises(TypeError, match=r"tower method 'evit' runs on .*; Qwen2VLForConditionalGeneration is not"):
+        vitrim.vlm.apply(model, "evit", keep=4)
+    assert not hasattr(model, "_vitrim_vlm")

@@ -115,7 +115,7 @@ def _tokens_per_image(method: Method, family: FamilyAdapter) -> int | None:
     which on Gemma 3 are more than the image tokens its projector pools them to), else the family's image tokens."""
     module = _stage_module(method.stage, method.name) if method.stage in STAGE_MODULES else None
     counts = getattr(module, "tokens_per_image", None)
-    return family.tokens_per_image() if counts is None else int(counts(family))
+    return family.tokens_per_image() if counts is None else int(counts(family, method))
 
 
 def _stage_module(stage: str, method: str) -> Any:

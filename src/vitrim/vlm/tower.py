@@ -326,10 +326,10 @@ def tower_plan(family: Any, method_name: str) -> TowerPlan:
     return find_tower(model, feature_layer)
 
 
-def tokens_per_image(family: Any) -> int:
+def tokens_per_image(family: Any, method: Method) -> int:
     """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5: its image tokens too;
     Gemma 3: the p×p patches its projector pools to fewer image tokens, every one of which still enters the LLM)."""
-    return tower_plan(family, "tower").patches
+    return tower_plan(family, method.name).patches
 
 
 def install(family: Any, method: Method, options: StageOptions) -> TowerReduction | TowerThenLLM:
