@@ -48,6 +48,12 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     generic = {name: options.pop(name) for name in ("keep", "layer") if name in options}
     instance = cls(**options)
     family = find_family(model)
+    stages = getattr(family, "stages", None)  # a family adapter may handle some stages only (PaliGemma: the tower)
+    if stages is not None and cls.stage not in stages:
+        raise TypeError(
+            f"vlm method {method!r} cuts at stage {cls.stage!r}; on {type(model).__name__} vitrim.vlm handles the "
+            f"stage(s) {', '.join(map(repr, stages))} only"
+        )
     if hasattr(model, STATE_ATTRIBUTE):
         applied = getattr(model, STATE_ATTRIBUTE)
         raise ValueError(

@@ -308,8 +308,13 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
 HANDLED = {
     "LlavaAdapter": "LLaVA-1.5 (LlavaForConditionalGeneration)",
     "Gemma3Adapter": "Gemma 3 (Gemma3ForConditionalGeneration)",
+    "PaliGemmaAdapter": "PaliGemma (PaliGemmaForConditionalGeneration)",
 }
-POOLS_THE_GRID = {"Gemma3Adapter"}  # projector average-pools the whole patch grid: the tokens must go back on it
+# families whose tokens must go back on the patch grid (to_grid=True, their default), and why
+GRID_ONLY = {
+    "Gemma3Adapter": "its projector average-pools the whole patch grid",
+    "PaliGemmaAdapter": "vitrim.vlm does not shorten its LLM input (the image and prompt attend both ways)",
+}
 
 
 def tower_plan(family: Any, method_name: str) -> TowerPlan:
@@ -339,16 +344,16 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     model = family.model
     config = model.config
     plan = tower_plan(family, method.name)
-    pools = type(family).__name__ in POOLS_THE_GRID
+    grid_only = GRID_ONLY.get(type(family).__name__)
     to_grid = method.options.get("to_grid")
     if to_grid is not None and not isinstance(to_grid, bool):
         raise TypeError(f"to_grid={to_grid!r} must be True, False or None (the family's default)")
     if to_grid is None:
-        to_grid = pools
-    elif pools and not to_grid:
+        to_grid = grid_only is not None
+    elif grid_only is not None and not to_grid:
         raise ValueError(
-            f"to_grid=False is not possible on {type(model).__name__}: its projector average-pools the whole patch "
-            "grid, so the tower's tokens must go back on it (to_grid=True, the default there)"
+            f"to_grid=False is not possible on {type(model).__name__}: {grid_only}, so the tower's tokens must go "
+            "back on the patch grid (to_grid=True, the default there)"
         )
     keep = _keep_count(options.keep, plan.patches)
     first: Any = plan.layers[0]
