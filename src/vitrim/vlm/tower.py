@@ -1,7 +1,8 @@
-"""vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3).
+"""vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
 
-``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``) and Gemma 3
-(``Gemma3ForConditionalGeneration``); other families are refused at ``apply`` (:data:`HANDLED`).
+``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``), Gemma 3 (``Gemma3ForConditionalGeneration``)
+and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.family_paligemma``); other
+families are refused at ``apply`` (:data:`HANDLED`).
 
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
     vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
@@ -25,24 +26,25 @@ the calls, operands and their order are transformers' own: the tower is bit for 
 running the tower through vitrim's own equivalent model (:func:`vitrim.from_transformers`), would copy the tower's
 weights and re-create its output object; it is the independent path the tests compare this one with.
 
-What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3:
-the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was merged
-into), ``patch_to_token`` which patches each stands for (:mod:`vitrim.reduce.state`). Per image, the selection is
-the tokens' positions, sorted, with the patches each stands for as its group. A forward pre-hook on the projector
-then either (``to_grid=True``) puts every token back on the patches it stands for
+What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3 and
+PaliGemma: the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was
+merged into), ``patch_to_token`` which patches each stands for (:mod:`vitrim.reduce.state`). Per image, the
+selection is the tokens' positions, sorted, with the patches each stands for as its group. A forward pre-hook on the
+projector then either (``to_grid=True``) puts every token back on the patches it stands for
 (:func:`vitrim.reduce.unmerge.tokens_on_grid`: the tower is cheaper, the LLM sees every image token; the only way
-for Gemma 3, whose projector average-pools the 64×64 grid, and its default), or (``to_grid=False``, LLaVA's
-default) writes each token into its position's slot, and the family's pre-LLM plumbing drops the other slots, so
-the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their output is not used by the
-VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the average pool of its cell
-counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch empty.
+for Gemma 3, whose projector average-pools the 64×64 grid, and for PaliGemma, and their default), or
+(``to_grid=False``, LLaVA's default) writes each token into its position's slot, and the family's pre-LLM plumbing
+drops the other slots, so the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their
+output is not used by the VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the
+average pool of its cell counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch
+empty.
 
-What the selection means. ``last_selection`` lists, per image, the patches of the tower's grid (raster order of
-its p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the patches each of those tokens
-stands for. On LLaVA-1.5 a patch is an image token, so this is the usual selection. On Gemma 3 every pooled image
-token still enters the LLM (``to_grid=True``): the indices are then patches of the 64×64 grid, not of the 16×16
-pooled tokens, and pooled token (r, c) is the mean of its k×k cell of the refilled grid, each patch carrying the
-token of its group (``vitrim.vlm.family_gemma3`` for the pooling).
+What the selection means. ``last_selection`` lists, per image, the patches of the tower's grid (raster order of its
+p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the patches each of those tokens stands
+for. On LLaVA-1.5 and PaliGemma a patch is an image token, so this is the usual selection. On Gemma 3 every pooled
+image token still enters the LLM (``to_grid=True``): the indices are then patches of the 64×64 grid, not of the
+16×16 pooled tokens, and pooled token (r, c) is the mean of its k×k cell of the refilled grid, each patch carrying
+the token of its group (``vitrim.vlm.family_gemma3`` for the pooling).
 """
 
 from __future__ import annotations
