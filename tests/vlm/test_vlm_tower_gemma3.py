@@ -123,9 +123,12 @@ def test_the_model_equals_the_unmodified_one_fed_the_tokens_on_the_grid(name: st
         unmodified = model(**inputs).logits
         vitrim.vlm.apply(model, name, **OPTIONS[name])
         logits = model(**inputs).logits
+        vitrim.vlm.remove(model)
+        restored = model(**inputs).logits
     assert logits.shape == unmodified.shape  # every image token still enters the LLM
     assert (logits - unmodified).abs().max() > 1e-3  # the tower's reduction reaches the logits
     torch.testing.assert_close(logits, reference, rtol=0, atol=TOL)
+    assert torch.equal(restored, unmodified) and _untouched(model)  # remove gives the model back exactly
 
 
 @pytest.mark.parametrize("name", ["tome", pytest.param("evit", marks=pytest.mark.full)])
