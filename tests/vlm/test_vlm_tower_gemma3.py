@@ -199,7 +199,7 @@ def test_keep_counts_the_tower_s_patches_not_the_pooled_image_tokens(model, inpu
         ("tome", {"r": 2, "to_grid": "yes"}, TypeError, r"to_grid='yes' must be True, False or None"),
         ("tome", {"keep": 65}, ValueError, r"keep=65 is more than the image's 64 tokens"),
         ("diffrate", {"prune_kept": 40, "merge_kept": 30}, ValueError, r"'diffrate' ranks .* this tower \(SigLIP\)"),
-        ("tome", {"r": 2, "layers": (2,)}, ValueError, r"layers"),
+        ("tome", {"r": 2, "layers": (2,)}, ValueError, r"layers must be block indices in \[0, 2\), got \(2,\)"),
     ],
 )
 def test_options_that_cannot_apply_fail_at_apply_and_leave_the_model(name, options, error, message, model) -> None:
