@@ -215,3 +215,26 @@ def test_keep_on_a_family_the_tower_does_not_handle_names_the_method_and_the_cla
     with pytest.raises(TypeError, match=r"tower method 'evit' runs on .*; Qwen2VLForConditionalGeneration is not"):
         vitrim.vlm.apply(model, "evit", keep=4)
     assert not hasattr(model, "_vitrim_vlm")
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", [name for name in TOWER_METHODS if name != "diffrate"])
+def test_every_tower_method_reduces_and_each_sample_of_a_padded_batch_equals_itself_alone(name: str, model) -> None:
+    options = {k: v for k, v in get_reducer(method_class(name).reducer).example_options.items() if k != "layers"}
+    options = options or {"keep_rate": 0.5}  # the random baseline's example is its defaults
+    prompts = [prompt(3, 4, seed=0), prompt(7, 1, seed=1), prompt(1, 9, seed=2)]
+    images = pixels(3, seed=5)
+    ids, mask = batch(prompts, "right")
+    vitrim.vlm.apply(model, name, **options)
+    with torch.no_grad():
+        together = model(input_ids=ids, pixel_values=images, token_type_ids=token_types(ids), attention_mask=mask)
+        kept_together = vitrim.vlm.last_selection(model)
+        assert all(len(kept) < PATCHES for kept in kept_together), "the example options must remove tokens"
+        for row, alone_ids in enumerate(prompts):
+            alone = model(
+                input_ids=alone_ids[None],
+                pixel_values=images[row : row + 1],
+                token_type_ids=token_types(alone_ids[None]),
+            ).logits[0]
+            assert torch.equal(vitrim.vlm.last_selection(model)[0], kept_together[row])
+            assert (together.logits[row, : len(alone_ids)] - alone).abs().max() <= TOL
