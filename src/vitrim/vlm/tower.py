@@ -212,7 +212,8 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     if not kinds or not kinds <= {"CLIPEncoderLayer", "SiglipEncoderLayer"}:
         found = f"its tower's layers are {sorted(kinds)}" if kinds else "it has no model.vision_tower encoder"
         raise TypeError(
-            f"vitrim reducers run inside CLIP and SigLIP vision towers (LLaVA-1.5); {type(model).__name__} has none: "
+            "vitrim reducers run inside CLIP and SigLIP vision towers (LLaVA-1.5, Gemma 3, PaliGemma); "
+            f"{type(model).__name__} has none: "
             f"{found}"
         )
     assert isinstance(layers, nn.ModuleList)
@@ -228,7 +229,7 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
 
 
-# family adapters whose tower the stage handles -> what the error calls them; to_grid's default for each
+# family adapters whose tower the stage handles -> what the error calls them
 HANDLED = {
     "LlavaAdapter": "LLaVA-1.5 (LlavaForConditionalGeneration)",
     "Gemma3Adapter": "Gemma 3 (Gemma3ForConditionalGeneration)",
@@ -246,7 +247,7 @@ def tower_plan(family: Any, method_name: str) -> TowerPlan:
     model = family.model
     if type(family).__name__ not in HANDLED:  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
         raise TypeError(
-            f"tower method {method_name!r} runs on {' and '.join(HANDLED.values())}; "
+            f"tower method {method_name!r} runs on {', '.join(HANDLED.values())}; "
             f"{type(model).__name__} is not handled in the tower"
         )
     feature_layer = getattr(model.config, "vision_feature_layer", -1)  # Gemma 3: the last layer, post-LayerNorm
@@ -256,8 +257,8 @@ def tower_plan(family: Any, method_name: str) -> TowerPlan:
 
 
 def tokens_per_image(family: Any, method: Method) -> int:
-    """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5: its image tokens too;
-    Gemma 3: the p×p patches its projector pools to fewer image tokens, every one of which still enters the LLM)."""
+    """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5 and PaliGemma: their
+    image tokens too; Gemma 3: the p×p patches its projector pools to fewer image tokens, all entering the LLM)."""
     return tower_plan(family, method.name).patches
 
 
