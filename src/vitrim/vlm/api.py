@@ -117,10 +117,11 @@ def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | Non
 
 
 def _tokens_per_image(method: Method, family: FamilyAdapter) -> int | None:
-    """What ``keep=`` counts: the stage's own count where its module defines one (the tower: its patches per image,
-    which on Gemma 3 are more than the image tokens its projector pools them to), else the family's image tokens."""
+    """What ``keep=`` counts: the stage's own count where its module defines ``keep_counts_per_image(family, method)``
+    (the tower: its patches per image, on Gemma 3 more than the image tokens its projector pools them to), else the
+    family's image tokens."""
     module = _stage_module(method.stage, method.name) if method.stage in STAGE_MODULES else None
-    counts = getattr(module, "tokens_per_image", None)
+    counts = getattr(module, "keep_counts_per_image", None)
     return family.tokens_per_image() if counts is None else int(counts(family, method))
 
 

@@ -256,7 +256,7 @@ def tower_plan(family: Any, method_name: str) -> TowerPlan:
     return find_tower(model, feature_layer)
 
 
-def tokens_per_image(family: Any, method: Method) -> int:
+def keep_counts_per_image(family: Any, method: Method) -> int:
     """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5 and PaliGemma: their
     image tokens too; Gemma 3: the p×p patches its projector pools to fewer image tokens, all entering the LLM)."""
     return tower_plan(family, method.name).patches
@@ -352,6 +352,6 @@ __all__ = [
     "build_reducers",
     "find_tower",
     "install",
-    "tokens_per_image",
+    "keep_counts_per_image",
     "tower_plan",
 ]
