@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from vitrim.vlm.family_seams import inner_model, prefill_input_ids
+from vitrim.vlm.family_seams import inner_model
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import Installation, Method
-from vitrim.vlm.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.spans import ImageSpans
 
 
 class PaliGemmaAdapter:
@@ -38,26 +38,16 @@ class PaliGemmaAdapter:
         self.config: Any = model.config
 
     def tokens_per_image(self) -> int:
+        """Image tokens per image entering the LLM: one per patch of the tower's grid."""
         vision = self.config.vision_config
         return int((vision.image_size // vision.patch_size) ** 2)
 
-    def spans(self, input_ids: Tensor) -> ImageSpans:
-        """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
-        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
-        per_image = self.tokens_per_image()
-        return spans_from_mask(is_image, [per_image] * (int(is_image.sum()) // per_image))
-
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            input_ids = prefill_input_ids(args, kwargs)
-            if input_ids is not None:
-                on_prefill(self.spans(input_ids))
-
-        handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
-        return handle.remove
+        raise TypeError(_TOWER_ONLY.format(stage="inside the LLM"))
 
     def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        raise TypeError(
-            f"vlm method {method.name!r} cuts before the LLM; on PaliGemmaForConditionalGeneration vitrim.vlm runs "
-            "tower methods only"
-        )
+        raise TypeError(_TOWER_ONLY.format(stage="before the LLM"))
+
+
+# api.apply refuses these stages first (stages above); the adapter's own seams refuse them too
+_TOWER_ONLY = "vitrim.vlm does not cut {stage} on PaliGemmaForConditionalGeneration; it runs tower methods there only"
