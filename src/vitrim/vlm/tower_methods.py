@@ -48,11 +48,11 @@ def build_reducers(
         if layers is not None:
             raise ValueError("pass keep= or layers=, not both: keep= spreads the reduction over the reducer's blocks")
         stages = cls.default_layers(depth)
+        after = _patches_after_stages(name, patches, keep, len(stages))
         counts, left = [], patches
         for block in range(depth):
             if block in stages:
-                done = stages.index(block) + 1
-                left = patches - (patches - keep) * done // len(stages)
+                left = after[stages.index(block)]
             counts.append(left + num_prefix)
         schedule = Schedule(f"keep={keep}", "a vlm tower", 0.0, tuple(counts), tuple(counts), patches + num_prefix,
                             num_prefix, width)  # fmt: skip
@@ -66,6 +66,25 @@ def build_reducers(
     if cls.needs_cls_token and not has_cls:  # SigLIP: rank by the attention each token receives
         return for_tower_without_cls(name, reducers)
     return reducers
+
+
+def _patches_after_stages(name: str, patches: int, keep: int, stages: int) -> list[int]:
+    """Patches left after each of ``stages`` reducing blocks so that ``keep`` are left after the last: an even
+    spread, except that ToMe's bipartite matching merges at most half of the tokens in one block (an even spread it
+    cannot follow would leave more than ``keep``, silently), so each stage leaves at most twice what the next
+    leaves, the surplus merged earlier."""
+    after = [patches - (patches - keep) * done // stages for done in range(1, stages + 1)]
+    if name != "tome":
+        return after
+    for stage in range(stages - 2, -1, -1):
+        after[stage] = min(after[stage], 2 * after[stage + 1])
+    if patches > 2 * after[0]:
+        fewest = -(-patches // 2**stages)
+        raise ValueError(
+            f"keep={keep}: ToMe merges at most half of the tokens in each of the tower's {stages} blocks before its "
+            f"feature layer, so it leaves at least {fewest} of the {patches} patches"
+        )
+    return after
 
 
 class TowerMethod(Method):
