@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
+from torch.nn.functional import cosine_similarity
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,9 +91,12 @@ def masked_forward(model, input_ids, attention_mask, drops: dict[int, Tensor], c
     return model.lm_head(masked_layers(model.model, hidden, attention_mask, position_ids, drops, cache, past))
 
 
-def masked_layers(lm, hidden, attention_mask, position_ids, drops: dict[int, Tensor], cache=None, past: int = 0):
+def masked_layers(
+    lm, hidden, attention_mask, position_ids, drops: dict[int, Tensor], cache=None, past: int = 0, windows=None
+):
     """The decoder stack ``lm`` (``.layers``, ``.norm``, ``.rotary_emb``) on ``hidden`` (B, q, D) with the masks
-    of :func:`masked_forward`; returns the final-normed hidden states (B, q, D)."""
+    of :func:`masked_forward`; returns the final-normed hidden states (B, q, D). ``windows``: per layer, a sliding
+    window (a query sees keys fewer than that many columns back) or None."""
     length = hidden.shape[1]
     if position_ids is None:
         position_ids = torch.arange(past, past + length)[None]
@@ -106,6 +110,8 @@ def masked_layers(lm, hidden, attention_mask, position_ids, drops: dict[int, Ten
             if index == start:
                 allowed = allowed & keep[:, None, None, :]
         mask = allowed
+        if windows is not None and windows[index] is not None:
+            mask = mask & (query[:, None] - key[None, :] < windows[index])
         if lm.config._attn_implementation == "eager":
             mask = torch.zeros(allowed.shape, dtype=hidden.dtype).masked_fill(~allowed, torch.finfo(hidden.dtype).min)
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin,
@@ -118,3 +124,23 @@ def top_k_reference(scores: Tensor, k: int) -> list[int]:
     values = scores.detach().tolist()
     ranked = sorted(range(len(values)), key=lambda j: (-values[j], j))
     return sorted(ranked[:k])
+
+
+def dart_reference(image_norms, text_norms, image_states, text_states, keep, pivot_image, pivot_text):
+    """DART's selection in the authors' shape (pivot lists, a shrinking pool, least-similar first), with vitrim's
+    documented exact count: keep − pivots split evenly, earlier pivots one more; pivots in sequence order."""
+    image_pivots = top_k_reference(image_norms, min(pivot_image, len(image_norms), keep))
+    if keep <= len(image_pivots):
+        return image_pivots
+    text_pivots = top_k_reference(text_norms, min(pivot_text, len(text_norms)))
+    pivots = [image_states[i] for i in image_pivots] + [text_states[j] for j in text_pivots]
+    remaining = keep - len(image_pivots)
+    quotas = [remaining // len(pivots) + (1 if i < remaining % len(pivots) else 0) for i in range(len(pivots))]
+    pool = [j for j in range(len(image_norms)) if j not in image_pivots]
+    chosen = set(image_pivots)
+    for pivot, quota in zip(pivots, quotas, strict=True):
+        similarity = {j: float(cosine_similarity(pivot, image_states[j], dim=0)) for j in pool}
+        taken = sorted(pool, key=lambda j: (similarity[j], j))[:quota]
+        chosen.update(taken)
+        pool = [j for j in pool if j not in taken]
+    return sorted(chosen)

@@ -218,25 +218,6 @@ def test_generate_after_apply_is_the_masked_model_decoding_greedily(model: torch
     assert torch.equal(generated, picks)
 
 
-IN_LLM = [
-    ("fastv", {"keep": 4}),
-    pytest.param("dart", {"keep": 4}, marks=pytest.mark.full),
-    pytest.param("pdrop", {"layers": (1, 2, 3)}, marks=pytest.mark.full),
-]
-
-
-@pytest.mark.parametrize(("method", "options"), IN_LLM)
-def test_in_llm_methods_refuse_the_sliding_window_layers_at_apply(
-    model: torch.nn.Module, method: str, options: dict
-) -> None:
-    ids, pv = prompt(2, 2)[None], pixels(1)
-    before = model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids)).logits
-    with pytest.raises(ValueError, match="sliding window"):
-        vitrim.vlm.apply(model, method, **options)
-    assert not hasattr(model, "_vitrim_vlm")
-    assert torch.equal(model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids)).logits, before)
-
-
 def test_keep_larger_than_the_pooled_grid_is_refused_at_apply(model: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match="17"):
         vitrim.vlm.apply(model, "random", keep=GRID_TOKENS + 1)

@@ -179,13 +179,6 @@ def test_bad_layers_and_attention_implementations_are_refused_clearly():
     with pytest.raises(ValueError, match="must be fractions"):
         PyramidDrop(layers=(1, 2), ratios=(0.25, 0.5))
     assert not model.model.layers[0]._forward_pre_hooks  # a refused install leaves no hook behind
-    config = transformers.Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-    )  # fmt: skip
-    windowed = transformers.Qwen2ForCausalLM(config)
-    with pytest.raises(ValueError, match="decoder layer 1 uses a sliding window"):
-        InLLMDrop(windowed.model, FastVDrop(layer=1, tokens=_keep(2)))
     model.config._attn_implementation = "flex_attention"
     with pytest.raises(ValueError, match="runs on 'sdpa' or 'eager' attention; the LLM uses 'flex_attention'"):
         InLLMDrop(model.model, FastVDrop(layer=1, tokens=_keep(2)))
@@ -259,6 +252,38 @@ def test_qwen2_layers_drop_like_the_masked_model(implementation, tolerance):
         drop.remove()
         reference = masked_forward(model, input_ids, attention_mask, {policy.layer: keep})
         assert (out.logits - reference)[attention_mask.bool() & keep].abs().max() <= tolerance
+
+
+def test_qwen2_sliding_window_layers_drop_like_the_masked_model_with_their_window():
+    """Qwen2 with sliding-window layers (window 4, shorter than the prompts; layer 0 full, 1 and 2 sliding): each
+    layer's own mask, the window counted in original columns, and a decode step on the window caches."""
+    config = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=1, initializer_range=0.3,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).double().eval()
+    windows = [None, 4, 4]
+    assert [layer.self_attn.sliding_window for layer in model.model.layers] == windows
+    # little text after the last image: the window caches hold kept image tokens, some beyond the window at decode
+    input_ids, attention_mask, spans = prompts([(3, 1, 1), (2, 3, 0), (1, 0, 2)], IMAGE_TOKENS)
+    drop, out = _prefill(model, FastVDrop(layer=1, tokens=_keep(3)), input_ids, attention_mask, spans)
+    keep = kept_keys(spans, drop.selection())
+    next_ids = torch.tensor([[5], [7], [9]])
+    longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
+    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=out.cache)
+    drop.remove()
+    cache = transformers.DynamicCache()  # every layer keeps every token: the window is a mask here
+    embeds = model.model.embed_tokens(input_ids)
+    hidden = masked_layers(model.model, embeds, attention_mask, positions(attention_mask), {1: keep}, cache,
+                           windows=windows)  # fmt: skip
+    kept = attention_mask.bool() & keep
+    assert (out.logits - model.lm_head(hidden))[kept].abs().max() <= 1e-12
+    grown = {1: torch.cat([keep, torch.ones(3, 1, dtype=torch.bool)], dim=1)}
+    hidden = masked_layers(model.model, model.model.embed_tokens(next_ids), longer, positions(longer)[:, -1:], grown,
+                           cache, past=input_ids.shape[1], windows=windows)  # fmt: skip
+    assert (step.logits - model.lm_head(hidden)).abs().max() <= 1e-12
 
 
 @pytest.mark.parametrize("pyramid", [False, pytest.param(True, marks=FULL)])

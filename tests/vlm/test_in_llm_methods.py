@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llm_reference import kept_keys, masked_forward, positions, prompts, tiny_llama, top_k_reference
-from torch.nn.functional import cosine_similarity
+from llm_reference import dart_reference, kept_keys, masked_forward, positions, prompts, tiny_llama, top_k_reference
 
 from vitrim.vlm.in_llm import InLLMDrop
 from vitrim.vlm.method_dart import DartDrop, dart_keep
@@ -80,26 +79,6 @@ def test_pdrop_ranks_each_stage_by_its_own_layers_attention_on_the_tokens_still_
             drops[layer] = kept_keys(spans, [still])
     for hook in hooks:
         hook.remove()
-
-
-def dart_reference(image_norms, text_norms, image_states, text_states, keep, pivot_image, pivot_text):
-    """DART's selection in the authors' shape (pivot lists, a shrinking pool, least-similar first), with vitrim's
-    documented exact count: keep − pivots split evenly, earlier pivots one more; pivots in sequence order."""
-    image_pivots = top_k_reference(image_norms, min(pivot_image, len(image_norms), keep))
-    if keep <= len(image_pivots):
-        return image_pivots
-    text_pivots = top_k_reference(text_norms, min(pivot_text, len(text_norms)))
-    pivots = [image_states[i] for i in image_pivots] + [text_states[j] for j in text_pivots]
-    remaining = keep - len(image_pivots)
-    quotas = [remaining // len(pivots) + (1 if i < remaining % len(pivots) else 0) for i in range(len(pivots))]
-    pool = [j for j in range(len(image_norms)) if j not in image_pivots]
-    chosen = set(image_pivots)
-    for pivot, quota in zip(pivots, quotas, strict=True):
-        similarity = {j: float(cosine_similarity(pivot, image_states[j], dim=0)) for j in pool}
-        taken = sorted(pool, key=lambda j: (similarity[j], j))[:quota]
-        chosen.update(taken)
-        pool = [j for j in pool if j not in taken]
-    return sorted(chosen)
 
 
 @pytest.mark.parametrize(

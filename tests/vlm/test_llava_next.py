@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from llm_reference import masked_layers
 from tiny_llava import IMAGE_TOKEN, PAD, transformers
 
 import vitrim.vlm
@@ -180,3 +181,25 @@ def test_a_left_padded_batch_and_beam_search_equal_each_prompt_alone(model: torc
             input_ids=p[None], pixel_values=pv[row : row + 1], image_sizes=SIZES[row : row + 1], **options
         )
         assert together[2 * row : 2 * row + 2, length:].tolist() == alone[:, len(p) :].tolist()
+
+
+def test_fastv_in_the_llm_equals_the_model_with_the_dropped_keys_masked_from_layer_k(
+    model: torch.nn.Module,
+) -> None:
+    # the in-LLM drop counts an image's packed tokens (tiles and newlines) and keeps `keep` of them from layer K on
+    calls: list[dict] = []
+    handle = model.model.language_model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(dict(kwargs)), with_kwargs=True
+    )
+    vitrim.vlm.apply(model, "fastv", layer=1, keep=10)
+    pruned = model(**inputs()).logits
+    handle.remove()
+    kept = vitrim.vlm.last_selection(model)
+    generated = model.generate(**inputs(), max_new_tokens=2, do_sample=False)
+    vitrim.vlm.remove(model)
+    assert [len(k) for k in kept] == [10, 10]
+    keep = dropped_mask(inputs()["input_ids"], kept).bool()
+    ones = torch.ones_like(keep, dtype=torch.long)
+    hidden = masked_layers(model.model.language_model, calls[0]["inputs_embeds"], ones, None, {1: keep})
+    assert (model.lm_head(hidden)[keep] - pruned[keep]).abs().max() <= TOL
+    assert generated.shape == (1, inputs()["input_ids"].shape[1] + 2)

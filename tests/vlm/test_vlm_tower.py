@@ -133,6 +133,22 @@ def test_keep_spreads_a_count_based_reducer_to_exactly_keep(llava, inputs) -> No
             assert logits.shape[1] == inputs["input_ids"].shape[1] - (0 if to_grid else 10), name
 
 
+def test_tome_merges_earlier_where_an_even_spread_would_leave_more_than_keep(llava, inputs) -> None:
+    # 16 patches, 4 blocks: an even spread 16 -> 13 -> 9 -> 6 -> 2 asks the last block to merge 4 of 6 (at most 3
+    # can be: it would leave 3); 16 -> 13 -> 8 -> 4 -> 2 merges at most half in each
+    vitrim.vlm.apply(llava, "tome", keep=2, to_grid=True)
+    try:
+        with torch.no_grad():
+            llava(**inputs)
+        assert [len(k) for k in vitrim.vlm.last_selection(llava)] == [2, 2]
+    finally:
+        vitrim.vlm.remove(llava)
+    # with 2 blocks, 16 patches cannot become fewer than 16 / 2 / 2 = 4
+    with pytest.raises(ValueError, match=r"keep=3: ToMe merges at most half .* leaves at least 4 of the 16 patches"):
+        build_reducers("tome", 2, has_cls=True, patches=16, num_prefix=1, width=32, options={}, keep=3)
+    assert len(build_reducers("tome", 2, has_cls=True, patches=16, num_prefix=1, width=32, options={}, keep=4)) == 2
+
+
 def test_generate_runs_unchanged_with_a_cheaper_tower(llava, inputs) -> None:
     vitrim.vlm.apply(llava, "tome", r=2, to_grid=True)
     try:

@@ -48,6 +48,12 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     generic = {name: options.pop(name) for name in ("keep", "layer") if name in options}
     instance = cls(**options)
     family = find_family(model)
+    stages = getattr(family, "stages", None)  # a family adapter may handle some stages only (PaliGemma: the tower)
+    if stages is not None and cls.stage not in stages:
+        raise TypeError(
+            f"vlm method {method!r} cuts at stage {cls.stage!r}; on {type(model).__name__} vitrim.vlm handles the "
+            f"stage(s) {', '.join(map(repr, stages))} only"
+        )
     if hasattr(model, STATE_ATTRIBUTE):
         applied = getattr(model, STATE_ATTRIBUTE)
         raise ValueError(
@@ -103,11 +109,20 @@ def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | Non
         if default is None:
             return None
         keep = default
-    spec = parse_keep(keep, family.tokens_per_image())
-    num_tokens = family.tokens_per_image()
+    num_tokens = _tokens_per_image(method, family)
+    spec = parse_keep(keep, num_tokens)
     if num_tokens is not None:
         method.check_keep(spec.tokens(num_tokens))
     return spec
+
+
+def _tokens_per_image(method: Method, family: FamilyAdapter) -> int | None:
+    """What ``keep=`` counts: the stage's own count where its module defines ``keep_counts_per_image(family, method)``
+    (the tower: its patches per image, on Gemma 3 more than the image tokens its projector pools them to), else the
+    family's image tokens."""
+    module = _stage_module(method.stage, method.name) if method.stage in STAGE_MODULES else None
+    counts = getattr(module, "keep_counts_per_image", None)
+    return family.tokens_per_image() if counts is None else int(counts(family, method))
 
 
 def _stage_module(stage: str, method: str) -> Any:

@@ -18,6 +18,7 @@ from torch import nn
 from vitrim.vlm.family_gemma3 import Gemma3Adapter
 from vitrim.vlm.family_llava import LlavaAdapter
 from vitrim.vlm.family_llava_next import LlavaNextAdapter
+from vitrim.vlm.family_paligemma import PaliGemmaAdapter
 from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.registry import Installation, Method
@@ -56,6 +57,7 @@ FAMILIES: dict[str, Callable[[nn.Module], FamilyAdapter]] = {
     "Qwen2_5_VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen3VLForConditionalGeneration": Qwen2VLAdapter,
     "Gemma3ForConditionalGeneration": Gemma3Adapter,
+    "PaliGemmaForConditionalGeneration": PaliGemmaAdapter,
 }
 
 

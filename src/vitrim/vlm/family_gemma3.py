@@ -93,6 +93,11 @@ class Gemma3Adapter:
     def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
         return Gemma3PreLLM(self, method, keep)
 
+    def in_llm_padding_module(self) -> nn.Module:
+        """Where an in-LLM drop reads the user's 2-D padding mask: ``model.model``, whose ``attention_mask`` is the
+        caller's (its language model receives the masks already built per layer type)."""
+        return self.inner
+
 
 def pool_to_tokens(values: Tensor, kernel: int, reduce: str) -> Tensor:
     """(I, P, ...) per patch of a p×p grid -> (I, t², ...) per pooled token (t = p / kernel), raster order.

@@ -6,14 +6,18 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
   method reads :class:`~vitrim.vlm.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
   layers ≥ K then run on the kept slots only: hidden states gathered per sample, rotary (cos, sin) and
   ``position_ids`` gathered so every token keeps its ORIGINAL position, the 4-D attention mask rebuilt on the kept
-  keys. Dropping therefore equals the full model with those keys masked out from layer K on (to rounding: exactly
-  on SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep
-  different counts (different numbers of images) are re-padded with filler slots that attend to nothing and that
-  nothing attends to.
+  keys (each layer's OWN mask: the per-layer-type masks of Gemma 3, sliding window and image block included).
+  Dropping therefore equals the full model with those keys masked out from layer K on (to rounding: exactly on
+  SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep different counts (different
+  numbers of images) are re-padded on the LEFT with filler slots that attend to nothing and that nothing attends
+  to, so each sample's last slots are its latest tokens (what a sliding-window cache keeps).
 - The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
-  step the new tokens join every stage, and each layer ≥ K gets a mask built on ITS cache's columns (the user's
-  padding kept); layer 0 is never pruned, so transformers' own bookkeeping (positions, the cache length
-  ``generate()`` reads) still counts the full sequence.
+  step the new tokens join every stage, and each layer ≥ K gets a mask built on the keys ITS cache returns (all its
+  slots; a sliding-window layer's last ``window − 1`` of them and the new ones): causal on the original columns,
+  the user's padding kept, and on a sliding layer a key is seen only within ``window`` ORIGINAL columns of the
+  query (the unmodified model's window; the kept slots a window cache holds always cover it). Layer 0 is never
+  pruned, so transformers' own bookkeeping (positions, the cache length ``generate()`` reads) still counts the full
+  sequence.
 - ``logits`` after a pruned prefill keep the full (B, L) layout: at a kept position they are the pruned model's
   (equal to the masked full model's), at a dropped image position they are the final norm and head applied to the
   hidden state the token had when it was dropped (an early exit; nothing attends to it afterwards). ``generate()``
@@ -22,16 +26,19 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
 
 Handled: decoder stacks whose layers take ``(hidden_states, attention_mask=, position_ids=,
 position_embeddings=(cos, sin), cache=)`` and return the hidden states (transformers ≥ 5; tested: Llama, Qwen2,
-the text stack of Qwen2.5-VL with its (3, B, L) M-RoPE positions), SDPA or eager attention, ``generate()``
-greedy, sampled or with beams (the beams of one prompt keep the same tokens, so reordering them keeps every
-layer's cache consistent). Refused at install: sliding-window layers, flash/flex attention; at decode: a cache cut
-outside vitrim (assisted decoding crops it).
+the text stack of Qwen2.5-VL with its (3, B, L) M-RoPE positions, Gemma 3's interleaved sliding-window and full
+layers with their own masks and rotary tables), SDPA or eager attention, ``generate()`` greedy, sampled or with
+beams (the beams of one prompt keep the same tokens, so reordering them keeps every layer's cache consistent).
+Each layer's mask and rotary table are read from that layer's own arguments. Where the LLM receives masks already
+built per layer type (Gemma 3), the user's 2-D padding mask is read where the caller gives it (``padding_from``).
+Refused: flash/flex attention (at install); masks prepared for a static or compiled cache (at the prefill); a
+cache cut outside vitrim (at decode: assisted decoding crops it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -39,6 +46,15 @@ from torch import Tensor, nn
 
 from vitrim.vlm.family import FamilyAdapter
 from vitrim.vlm.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.in_llm_slots import (
+    Slots,
+    as_implementation,
+    decode_mask,
+    expand_batch,
+    gather_columns,
+    prefill_mask,
+    sliding_window,
+)
 from vitrim.vlm.registry import ImageSelection, Method, StageOptions
 from vitrim.vlm.spans import ImageSpans
 
@@ -64,40 +80,16 @@ class DropPolicy(Protocol):
         ...
 
 
-@dataclass
-class _Slots:
-    """The slots layers of one stage run on: columns (B, S) in the prefill sequence (decode columns appended),
-    valid (B, S) False for re-pad fillers."""
-
-    columns: Tensor
-    valid: Tensor
-    differs: bool  # False while no stage up to this one dropped anything (its layers then run untouched)
-    kwargs: dict[str, Any] = field(default_factory=dict)  # this pass's fixed-up layer arguments
-
-
-def _expand_batch(tensor: Tensor, batch: int, dim: int) -> Tensor:
-    shape = list(tensor.shape)
-    shape[dim] = batch
-    return tensor.expand(shape)
-
-
-def _gather_columns(tensor: Tensor, columns: Tensor, dim: int, batch_dim: int) -> Tensor:
-    """``tensor`` (batch B or 1 at ``batch_dim``, sequence at ``dim``) read per sample at ``columns`` (B, S)."""
-    dim, batch_dim = dim % tensor.ndim, batch_dim % tensor.ndim
-    tensor = _expand_batch(tensor, columns.shape[0], batch_dim)
-    view = [1] * tensor.ndim
-    view[batch_dim], view[dim] = columns.shape
-    shape = list(tensor.shape)
-    shape[dim] = columns.shape[1]
-    return tensor.gather(dim, columns.view(view).expand(shape))
-
-
 class InLLMDrop:
     """Hooks that make the decoder stack ``language_model`` (it has ``.layers`` and ``.norm``) drop image tokens as
     ``policy`` decides. Call :meth:`on_prefill` with the prefill's :class:`ImageSpans` before the LLM runs (a family
-    adapter does); :meth:`remove` takes every hook off."""
+    adapter does); :meth:`remove` takes every hook off.
 
-    def __init__(self, language_model: nn.Module, policy: DropPolicy) -> None:
+    ``padding_from``: the module whose ``attention_mask`` argument is the user's 2-D padding mask, when the language
+    model itself receives masks already built per layer type (Gemma 3: its ``model.model``); default the language
+    model."""
+
+    def __init__(self, language_model: nn.Module, policy: DropPolicy, padding_from: nn.Module | None = None) -> None:
         self.layers: nn.ModuleList = language_model.get_submodule("layers")  # type: ignore[assignment]
         self.final_norm: nn.Module = language_model.get_submodule("norm")
         self.policy = policy
@@ -118,10 +110,10 @@ class InLLMDrop:
         if implementation not in ("sdpa", "eager"):
             raise ValueError(f"in-LLM dropping runs on 'sdpa' or 'eager' attention; the LLM uses {implementation!r}")
         for index, layer in enumerate(self.layers):
-            if getattr(getattr(layer, "self_attn", None), "sliding_window", None) is not None:
-                raise ValueError(f"decoder layer {index} uses a sliding window; in-LLM dropping does not handle it")
             if policy.reads_attention and index in self._read_layers():
                 check_attention_readable(layer, index)
+        self._windows: list[int | None] = [sliding_window(layer) for layer in self.layers]
+        self._typed_masks = padding_from is not None
         self._eager = implementation == "eager"
         self._stage_of_layer = [-1] * num_layers
         for number, stage in enumerate(self.stages):
@@ -129,13 +121,15 @@ class InLLMDrop:
                 self._stage_of_layer[index] = number
         self._spans: ImageSpans | None = None
         self._padding: Tensor | None = None
-        self._slots: list[_Slots] = []
+        self._prepared_masks = False  # the padding module was handed masks already built (static/compiled cache)
+        self._slots: list[Slots] = []
         self._cache: object = None
         self._pass: dict[str, Any] = {}
         self._captured: LayerInput | None = None
         self._early_exit: Tensor | None = None
         self._selections: list[list[Tensor]] | None = None
-        self._handles = [language_model.register_forward_pre_hook(self._capture_padding, with_kwargs=True)]
+        owner = language_model if padding_from is None else padding_from
+        self._handles = [owner.register_forward_pre_hook(self._capture_padding, with_kwargs=True)]
         for index, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(self._hook_for(index), with_kwargs=True))
         self._handles.append(self.layers[-1].register_forward_hook(self._after_last_layer))
@@ -167,6 +161,7 @@ class InLLMDrop:
     def _capture_padding(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         mask = kwargs.get("attention_mask")
         self._padding = mask.bool() if isinstance(mask, Tensor) and mask.ndim == 2 else None
+        self._prepared_masks = self._typed_masks and mask is not None and self._padding is None
 
     def _hook_for(self, index: int) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dict] | None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -183,17 +178,15 @@ class InLLMDrop:
         stage = self._stage_of_layer[index]
         changed = False
         if self._pass["prefill"] and stage >= 0 and self.stages[stage].layer == index:
-            hidden = self._drop(stage, hidden)
+            hidden = self._drop(stage, index, hidden, kwargs)
             changed = True
         if stage >= 0 and self._slots[stage].differs:
             if not self._pass["prefill"]:
                 self._check_cache(index, stage, hidden.shape[1])
-            kwargs = {**kwargs, **self._stage_kwargs(stage)}
+            kwargs = {**kwargs, **self._stage_kwargs(stage, index, kwargs)}
             changed = True
         if self._pass["prefill"] and self.policy.needs_previous_layer and index + 1 in self._pass["drop_layers"]:
-            cos, sin = kwargs["position_embeddings"]
-            batch = hidden.shape[0]
-            self._captured = LayerInput(hidden, _expand_batch(cos, batch, -3), _expand_batch(sin, batch, -3))
+            self._captured = _layer_input(hidden, kwargs)
         if not changed:
             return None
         args = (hidden, *args[1:]) if args else args
@@ -205,7 +198,7 @@ class InLLMDrop:
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length(0)) if cache is not None else 0
         batch, length = hidden.shape[:2]
-        self._pass = {"prefill": past == 0, "active": False, "kwargs": kwargs, "dtype": hidden.dtype}
+        self._pass = {"prefill": past == 0, "active": False, "kwargs": kwargs, "dtype": hidden.dtype, "cache": cache}
         if past == 0:
             self._selections, self._slots, self._early_exit, self._cache = None, [], None, cache
             spans, self._spans = self._spans, None  # one prefill per on_prefill
@@ -216,6 +209,7 @@ class InLLMDrop:
                     f"the image spans cover {tuple(spans.is_image.shape)} positions but the LLM's input is "
                     f"{(batch, length)}; build them from the same prefill"
                 )
+            self._refuse_prepared_masks()
             real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
             columns = torch.arange(length, device=hidden.device).expand(batch, length)
             self._pass.update(
@@ -225,6 +219,8 @@ class InLLMDrop:
             return
         if not self._slots or cache is not self._cache or batch != self._slots[0].columns.shape[0]:
             return  # a decode step of a pass that dropped nothing (or of a cache vitrim did not prune)
+        if any(slots.differs for slots in self._slots):
+            self._refuse_prepared_masks()
         new = past + torch.arange(hidden.shape[1], device=hidden.device)  # (q,) columns of the new tokens
         for slots in self._slots:
             slots.columns = torch.cat([slots.columns, new.expand(batch, -1)], dim=1)
@@ -233,13 +229,21 @@ class InLLMDrop:
             slots.kwargs = {}
         self._pass.update(active=True, query_columns=new)
 
+    def _refuse_prepared_masks(self) -> None:
+        if self._prepared_masks:
+            raise ValueError(
+                "vitrim.vlm's in-LLM drop reads the 2-D attention_mask (batch, length) and builds each layer's mask "
+                "itself; got masks prepared for a static or compiled cache (use generate's default dynamic cache)"
+            )
+
     def _real_columns(self, layer_mask: Any, is_image: Tensor) -> Tensor:
         """(B, L) bool, the columns that are not padding: the user's 2-D mask; failing that (the LLM was handed a
-        prepared 4-D mask) the last query row of the mask layer 0 got, which sees every real column before it."""
+        prepared 4-D mask) the last query row of the mask layer 0 got, which sees every real column before it (not
+        with masks per layer type: layer 0 may be a sliding one, whose last row sees its window only)."""
         length = is_image.shape[1]
         if self._padding is not None:
             return self._padding[:, -length:]
-        if isinstance(layer_mask, Tensor) and layer_mask.ndim == 4:
+        if not self._typed_masks and isinstance(layer_mask, Tensor) and layer_mask.ndim == 4:
             last_row = layer_mask[:, 0, -1, -length:]
             last_row = last_row if last_row.dtype == torch.bool else last_row == 0
             return last_row.expand(is_image.shape[0], -1)
@@ -263,17 +267,17 @@ class InLLMDrop:
         previous = self._slots[stage - 1]
         return previous.columns, previous.valid
 
-    def _drop(self, stage: int, hidden: Tensor) -> Tensor:
+    def _drop(self, stage: int, index: int, hidden: Tensor, given: dict[str, Any]) -> Tensor:
+        """Choose the kept tokens before layer ``index`` (stage ``stage``) from its input ``hidden`` and its own
+        arguments ``given``; returns the hidden states of the new slots."""
         spans: ImageSpans = self._pass["spans"]
         columns, valid = self._current(stage)
         image_of = torch.where(valid, spans.image_of.gather(1, columns), -1)
         token_of = torch.where(valid, spans.token_of.gather(1, columns), -1)
         real = valid & self._pass["real"].gather(1, columns)
-        last_slot = torch.where(real, columns, -1).argmax(dim=1)  # (B,) the last real token (columns increase)
-        kwargs = self._stage_kwargs(stage - 1) if stage > 0 else self._pass["kwargs"]
-        cos, sin = kwargs["position_embeddings"]
-        batch = hidden.shape[0]
-        own = LayerInput(hidden, _expand_batch(cos, batch, -3), _expand_batch(sin, batch, -3))
+        last_slot = torch.where(real, columns, -1).argmax(dim=1)  # (B,) the last real token (the largest column)
+        differs = stage > 0 and self._slots[stage - 1].differs
+        own = _layer_input(hidden, {**given, **self._stage_kwargs(stage - 1, index, given)} if differs else given)
         image_sample = self._image_samples(spans)
         evidence = LayerEvidence(
             layer=self.stages[stage].layer, layers=self.layers, final_norm=self.final_norm, own=own,
@@ -292,13 +296,15 @@ class InLLMDrop:
             sample = int(image_sample[image])
             keep[sample] |= (image_of[sample] == image) & torch.isin(token_of[sample], kept)
         drops = bool((keep != valid).any())
-        differs = drops or (stage > 0 and self._slots[stage - 1].differs)
+        differs = drops or differs
         counts_per_sample = keep.sum(dim=1)  # (B,)
         width = int(counts_per_sample.max())
-        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]  # kept slots first, in order
-        new_valid = torch.arange(width, device=keep.device) < counts_per_sample[:, None]  # (B, width)
+        # fillers first, then the kept slots in order: a sample's last slots are its latest tokens, which is what a
+        # sliding-window cache keeps (fillers at the end would push real keys out of the window)
+        order = torch.argsort(keep.to(torch.int8), dim=1, stable=True)[:, -width:]
+        new_valid = torch.arange(width, device=keep.device) >= (width - counts_per_sample)[:, None]  # (B, width)
         new_columns = torch.where(new_valid, columns.gather(1, order), 0)
-        self._slots.append(_Slots(new_columns, new_valid, differs))
+        self._slots.append(Slots(new_columns, new_valid, differs))
         if not drops:
             return hidden
         if self._early_exit is None:
@@ -344,47 +350,59 @@ class InLLMDrop:
         return (full, *output[1:]) if isinstance(output, tuple) else full
 
     # ---- the arguments of a layer ≥ K ---------------------------------------------------------------------------
-    def _stage_kwargs(self, stage: int) -> dict[str, Any]:
+    def _stage_kwargs(self, stage: int, index: int, given: dict[str, Any]) -> dict[str, Any]:
+        """The arguments of layer ``index`` (in stage ``stage``) on that stage's slots, from the arguments ``given``
+        it received for the full sequence: its own mask and rotary table (layers of one kind share them)."""
         slots = self._slots[stage]
-        if slots.kwargs:
-            return slots.kwargs
-        given = self._pass["kwargs"]
-        fixed: dict[str, Any] = {"attention_mask": self._mask(slots, given.get("attention_mask"))}
+        full_mask = given.get("attention_mask")
+        cos, sin = given["position_embeddings"]
+        window = self._windows[index]
+        key = (id(full_mask), id(cos), window)
+        if key in slots.kwargs:
+            return slots.kwargs[key]
+        fixed: dict[str, Any]
         if self._pass["prefill"]:
-            cos, sin = given["position_embeddings"]
+            allowed = prefill_mask(slots, full_mask, window, self._pass["length"])
+            fixed = {"attention_mask": self._as_implementation(allowed, full_mask)}
             fixed["position_embeddings"] = (
-                _gather_columns(cos, slots.columns, -2, -3),
-                _gather_columns(sin, slots.columns, -2, -3),
+                gather_columns(cos, slots.columns, -2, -3),
+                gather_columns(sin, slots.columns, -2, -3),
             )
             position_ids = given.get("position_ids")
             if isinstance(position_ids, Tensor):
-                fixed["position_ids"] = _gather_columns(position_ids, slots.columns, -1, -2)
-        slots.kwargs = fixed
+                fixed["position_ids"] = gather_columns(position_ids, slots.columns, -1, -2)
+        else:
+            query_columns = self._pass["query_columns"]  # (q,)
+            kv_length, _ = self._pass["cache"].get_mask_sizes(query_columns.numel(), index)
+            real = self._decode_real(full_mask, int(query_columns[-1]) + 1)
+            allowed = decode_mask(slots, query_columns, int(kv_length), real, window)
+            fixed = {"attention_mask": self._as_implementation(allowed, full_mask)}
+        slots.kwargs[key] = fixed
         return fixed
 
-    def _mask(self, slots: _Slots, full: Tensor | None) -> Tensor:
-        """The 4-D mask of a layer in this stage: the model's own mask read at the kept rows and key columns (so
-        padding and causality are the model's), restricted to valid keys; filler rows attend to nothing."""
-        prefill = self._pass["prefill"]
-        batch = slots.columns.shape[0]
-        query_columns = slots.columns if prefill else self._pass["query_columns"].expand(batch, -1)  # (B, q)
-        if full is None:
-            allowed = slots.columns[:, None, :] <= query_columns[:, :, None]  # (B, q, S) causal on columns
-            allowed = allowed.unsqueeze(1)
-        else:
-            rows = _gather_columns(full, query_columns, 2, 0) if prefill else _expand_batch(full, batch, 0)
-            allowed = _gather_columns(rows, slots.columns, 3, 0)
-            if allowed.dtype != torch.bool:
-                allowed = allowed == 0  # an additive float mask: 0 = may attend
-        allowed = allowed & slots.valid[:, None, None, :]
-        if prefill:
-            allowed = allowed & slots.valid[:, None, :, None]
-        if not self._eager:
-            return allowed
-        dtype = full.dtype if full is not None and full.is_floating_point() else self._pass["dtype"]
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
+    def _decode_real(self, full: Tensor | None, total: int) -> Tensor:
+        """(B or 1, total) bool, the columns that are not padding at a decode step: the user's 2-D mask; failing
+        that, the last query row of a full-width 4-D mask the layer got (not with masks per layer type: a sliding
+        one's last row sees its window only); else every column."""
+        if self._padding is not None and self._padding.shape[1] == total:
+            return self._padding
+        if not self._typed_masks and isinstance(full, Tensor) and full.ndim == 4 and full.shape[-1] == total:
+            last_row = full[:, 0, -1]
+            return last_row if last_row.dtype == torch.bool else last_row == 0
+        return torch.ones(1, total, dtype=torch.bool, device=self._pass["query_columns"].device)
+
+    def _as_implementation(self, allowed: Tensor, full: Tensor | None) -> Tensor:
+        return as_implementation(allowed, full, self._eager, self._pass["dtype"])
+
+
+def _layer_input(hidden: Tensor, kwargs: dict[str, Any]) -> LayerInput:
+    """What a layer receives: its input ``hidden`` (B, S, D), its rotary table and its mask (after vitrim's fix-ups)."""
+    cos, sin = kwargs["position_embeddings"]
+    batch = hidden.shape[0]
+    mask = kwargs.get("attention_mask")
+    return LayerInput(
+        hidden, expand_batch(cos, batch, -3), expand_batch(sin, batch, -3), mask if isinstance(mask, Tensor) else None
+    )
 
 
 class InLLMInstallation:
@@ -411,5 +429,6 @@ def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InL
     make_policy = getattr(method, "drop_policy", None)
     if make_policy is None:
         raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
-    drop = InLLMDrop(family.language_model, make_policy(options))
+    padding = getattr(family, "in_llm_padding_module", None)  # families whose LLM gets masks built per layer type
+    drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding() if padding else None)
     return InLLMInstallation(drop, family.watch_spans(drop.on_prefill))

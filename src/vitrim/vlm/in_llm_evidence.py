@@ -23,12 +23,14 @@ from torch import Tensor, nn
 
 @dataclass(frozen=True)
 class LayerInput:
-    """A decoder layer's input as the layer received it (after vitrim's fix-ups): hidden (B, S, D) and the rotary
-    (cos, sin), each (B, S, hd)."""
+    """A decoder layer's input as the layer received it (after vitrim's fix-ups): hidden (B, S, D), the rotary
+    (cos, sin), each (B, S, hd), and its attention mask (B|1, 1, S, S), bool or additive float, or None (SDPA's own
+    causal mask: then the layer's sliding window, if it has one, is applied here)."""
 
     hidden: Tensor
     cos: Tensor
     sin: Tensor
+    mask: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,9 @@ class LayerEvidence:
         return self.layer - 1, self.previous
 
     def last_token_attention(self, previous: bool) -> Tensor:
-        """(B, H, S): per head, the softmax attention row of each sample's last real token over the real slots at or
-        before it, computed from layer ``layer - 1`` (``previous=True``, FastV) or ``layer`` (PyramidDrop)."""
+        """(B, H, S): per head, the softmax attention row of each sample's last real token over the keys the layer
+        lets it see (its own mask's row: causal, and within the window on a sliding-window layer), computed from
+        layer ``layer - 1`` (``previous=True``, FastV) or ``layer`` (PyramidDrop)."""
         index, given = self._input(previous)
         layer = self.layers[index]
         attention: Any = layer.self_attn
@@ -138,10 +141,21 @@ class LayerEvidence:
         softcap = getattr(attention, "attn_logit_softcapping", None)
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
-        last_column = self.slot_columns.gather(1, rows)  # (B, 1)
-        allowed = self.real & (self.slot_columns <= last_column)  # (B, S) causal from the last token
+        allowed = self.real & self._seen_by_last(given, attention)  # (B, S)
         logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
         return torch.softmax(logits, dim=-1)
+
+    def _seen_by_last(self, given: LayerInput, attention: Any) -> Tensor:
+        """(B, S) bool: the keys the last real token may attend to at that layer, read from the layer's mask."""
+        slots = self.slot_columns.shape[1]
+        mask = given.mask
+        if mask is not None and mask.ndim == 4 and tuple(mask.shape[-2:]) == (slots, slots):
+            mask = mask.expand(self.slot_columns.shape[0], *mask.shape[1:])
+            row = mask[:, 0].gather(1, self.last_slot.view(-1, 1, 1).expand(-1, 1, slots)).squeeze(1)  # (B, S)
+            return row if row.dtype == torch.bool else row == 0
+        distance = self.slot_columns.gather(1, self.last_slot.view(-1, 1)) - self.slot_columns  # (B, S)
+        window = getattr(attention, "sliding_window", None)
+        return (distance >= 0) & (distance < window) if isinstance(window, int) else distance >= 0
 
     def rank_by_last_token(
         self, counts: list[int], previous: bool, rank: Callable[[Tensor, int], Tensor]

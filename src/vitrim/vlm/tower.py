@@ -1,10 +1,16 @@
 """vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
 
-``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``); the layer seam itself
-(:class:`TowerReduction`) also runs on a SigLIP tower, for the Gemma 3 / PaliGemma adapters to come.
+``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``), Gemma 3 (``Gemma3ForConditionalGeneration``)
+and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.family_paligemma``); other
+families are refused at ``apply`` (:data:`HANDLED`).
 
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
     vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
+
+``keep=`` counts the tower's patches per image (P = (image_size / patch_size)²): on LLaVA-1.5 they are its image
+tokens; on Gemma 3 they are the 64×64 patches its projector pools to 16×16 image tokens, so ``keep`` runs up to
+4096 there, not 256. A SigLIP tower has no [CLS]: EViT, top-k and PPT rank by the attention each token receives
+instead (:mod:`vitrim.vlm.tower_ranking`); DiffRate is refused there.
 
 The seam, and why it is this one. A reducer of :mod:`vitrim.reduce` acts between a block's attention and its MLP
 (``x = x + attn(LN(x))``; reduce; ``x = x + MLP(LN(x))``), on the keys, queries or values of that attention, and
@@ -20,40 +26,42 @@ the calls, operands and their order are transformers' own: the tower is bit for 
 running the tower through vitrim's own equivalent model (:func:`vitrim.from_transformers`), would copy the tower's
 weights and re-create its output object; it is the independent path the tests compare this one with.
 
-What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3:
-the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was merged
-into), ``patch_to_token`` which patches each stands for (:mod:`vitrim.reduce.state`). Per image, the selection is
-the tokens' positions, sorted, with the patches each stands for as its group. A forward pre-hook on the projector
-then either (``to_grid=True``) puts every token back on the patches it stands for
+What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3 and
+PaliGemma: the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was
+merged into), ``patch_to_token`` which patches each stands for (:mod:`vitrim.reduce.state`). Per image, the
+selection is the tokens' positions, sorted, with the patches each stands for as its group. A forward pre-hook on the
+projector then either (``to_grid=True``) puts every token back on the patches it stands for
 (:func:`vitrim.reduce.unmerge.tokens_on_grid`: the tower is cheaper, the LLM sees every image token; the only way
-for Gemma 3, whose projector average-pools the 64×64 grid), or (``to_grid=False``, LLaVA's default) writes each
-token into its position's slot, and the family's pre-LLM plumbing drops the other slots, so the LLM sees only the
-tower's tokens. Blocks after the feature layer run unreduced: their output is not used by the VLM.
+for Gemma 3, whose projector average-pools the 64×64 grid, and for PaliGemma, and their default), or
+(``to_grid=False``, LLaVA's default) writes each token into its position's slot, and the family's pre-LLM plumbing
+drops the other slots, so the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their
+output is not used by the VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the
+average pool of its cell counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch
+empty.
+
+What the selection means. ``last_selection`` lists, per image, the patches of the tower's grid (raster order of its
+p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the patches each of those tokens stands
+for. On LLaVA-1.5 and PaliGemma a patch is an image token, so this is the usual selection. On Gemma 3 every pooled
+image token still enters the LLM (``to_grid=True``): the indices are then patches of the 64×64 grid, not of the
+16×16 pooled tokens, and pooled token (r, c) is the mean of its k×k cell of the refilled grid, each patch carrying
+the token of its group (``vitrim.vlm.family_gemma3`` for the pooling).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import Tensor, nn
 
 from vitrim.attention import AttentionResult
-from vitrim.reduce import Reducer, TokenState, get_reducer, list_reducers, reducer_options
-from vitrim.reduce.api import check_layers
-from vitrim.reduce.schedule import Schedule
+from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Method, StageOptions, register_method
-
-# vitrim reducers that cannot run here: DynamicViT learns its scorer with the model; MCTF needs the attention
-# weights before the block's attention runs (it merges ahead and reuses them).
-UNSUPPORTED = {"dynamicvit": "it is trained with its model", "mctf": "it needs a block's attention before it runs"}
-RENAMED = {"random": "tower_random"}  # "random" is the pre-LLM baseline; the reducer keeps its name with a prefix
-_UNSET = inspect.Parameter.empty  # an option the user did not give (the reducer's own default then applies)
+from vitrim.vlm.registry import ImageSelection, Method, StageOptions
+from vitrim.vlm.tower_methods import TowerMethod, build_reducers
 
 
 @dataclass
@@ -193,74 +201,6 @@ class TowerReduction:
         self._state = self._feature = None
 
 
-def build_reducers(
-    name: str, depth: int, *, has_cls: bool, patches: int, num_prefix: int, width: int, options: dict[str, Any],
-    keep: int | None = None,
-) -> dict[int, Reducer]:  # fmt: skip
-    """Reducers of vitrim reducer ``name`` for the first ``depth`` blocks of a tower, validated as vitrim.reduce.apply
-    validates them; ``keep``: patches left after block ``depth - 1``, spread evenly over the reducer's default blocks
-    (a count-based reducer; its own strength options are then not given)."""
-    cls = get_reducer(name)
-    if name in UNSUPPORTED:
-        raise ValueError(f"reducer {name!r} cannot run in a transformers vision tower: {UNSUPPORTED[name]}")
-    if cls.needs_cls_token and not has_cls:
-        raise ValueError(f"reducer {name!r} ranks tokens by [CLS] attention; this tower (SigLIP) has no [CLS]")
-    allowed = set(reducer_options(name)) - {"schedule"}
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise ValueError(
-            f"unknown option {unknown[0]!r} for tower reducer {name!r}; expected some of {sorted(allowed)}"
-        )
-    layers = options.pop("layers", None)
-    if keep is not None:
-        if not cls.takes_schedule():
-            raise ValueError(f"keep= needs a count-based reducer; {name!r} takes its own options ({sorted(allowed)})")
-        if layers is not None:
-            raise ValueError("pass keep= or layers=, not both: keep= spreads the reduction over the reducer's blocks")
-        stages = cls.default_layers(depth)
-        counts, left = [], patches
-        for block in range(depth):
-            if block in stages:
-                done = stages.index(block) + 1
-                left = patches - (patches - keep) * done // len(stages)
-            counts.append(left + num_prefix)
-        schedule = Schedule(f"keep={keep}", "a vlm tower", 0.0, tuple(counts), tuple(counts), patches + num_prefix,
-                            num_prefix, width)  # fmt: skip
-        layers, scheduled = cls.options_for_schedule(schedule)
-        clash = sorted(set(scheduled) & set(options))
-        if clash:
-            raise ValueError(f"keep= sets {clash[0]!r} itself; pass one or the other")
-        options = {**options, **scheduled}
-    chosen = cls.default_layers(depth) if layers is None else check_layers(layers, depth)
-    return {i: r for i, r in cls.for_layers(tuple(chosen), **options).items() if r is not None}
-
-
-class TowerMethod(Method):
-    """A vitrim reducer as a VLM method of stage "tower" (one subclass per reducer, registered below)."""
-
-    reducer: ClassVar[str] = ""
-
-    def reducer_options(self) -> dict[str, Any]:
-        """The options the user gave (the reducer's own defaults apply to the others)."""
-        return {k: v for k, v in self.options.items() if v is not _UNSET and k != "to_grid"}
-
-
-def _register_tower_methods() -> None:
-    for reducer in list_reducers():
-        if reducer in UNSUPPORTED:
-            continue
-        name = RENAMED.get(reducer, reducer)
-        defaults: dict[str, Any] = {option: _UNSET for option in reducer_options(reducer) if option != "schedule"}
-        defaults["to_grid"] = None
-        cls = type(f"Tower_{reducer}", (TowerMethod,), {"defaults": defaults, "reducer": reducer, "__doc__": (
-            f"vitrim reducer {reducer!r} in the vision tower (vitrim.vlm.tower); options: the reducer's, and "
-            "to_grid (put the tokens back on the patch grid before the projector)")})  # fmt: skip
-        register_method(name, stage="tower")(cls)
-
-
-_register_tower_methods()
-
-
 def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     """The CLIP / SigLIP vision tower of a VLM (``model.model.vision_tower``) and its feature layer."""
     inner = getattr(model, "model", model)
@@ -272,7 +212,8 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     if not kinds or not kinds <= {"CLIPEncoderLayer", "SiglipEncoderLayer"}:
         found = f"its tower's layers are {sorted(kinds)}" if kinds else "it has no model.vision_tower encoder"
         raise TypeError(
-            f"vitrim reducers run inside CLIP and SigLIP vision towers (LLaVA-1.5); {type(model).__name__} has none: "
+            "vitrim reducers run inside CLIP and SigLIP vision towers (LLaVA-1.5, Gemma 3, PaliGemma); "
+            f"{type(model).__name__} has none: "
             f"{found}"
         )
     assert isinstance(layers, nn.ModuleList)
@@ -288,27 +229,57 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
 
 
+# family adapters whose tower the stage handles -> what the error calls them
+HANDLED = {
+    "LlavaAdapter": "LLaVA-1.5 (LlavaForConditionalGeneration)",
+    "Gemma3Adapter": "Gemma 3 (Gemma3ForConditionalGeneration)",
+    "PaliGemmaAdapter": "PaliGemma (PaliGemmaForConditionalGeneration)",
+}
+# families whose tokens must go back on the patch grid (to_grid=True, their default), and why
+GRID_ONLY = {
+    "Gemma3Adapter": "its projector average-pools the whole patch grid",
+    "PaliGemmaAdapter": "vitrim.vlm does not shorten its LLM input (the image and prompt attend both ways)",
+}
+
+
+def tower_plan(family: Any, method_name: str) -> TowerPlan:
+    """The tower of a family the stage handles (:data:`HANDLED`); ``TypeError`` naming the model's class otherwise."""
+    model = family.model
+    if type(family).__name__ not in HANDLED:  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
+        raise TypeError(
+            f"tower method {method_name!r} runs on {', '.join(HANDLED.values())}; "
+            f"{type(model).__name__} is not handled in the tower"
+        )
+    feature_layer = getattr(model.config, "vision_feature_layer", -1)  # Gemma 3: the last layer, post-LayerNorm
+    if not isinstance(feature_layer, int):
+        raise ValueError(f"vision_feature_layer={feature_layer!r}: tower reducers need one feature layer (an int)")
+    return find_tower(model, feature_layer)
+
+
+def keep_counts_per_image(family: Any, method: Method) -> int:
+    """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5 and PaliGemma: their
+    image tokens too; Gemma 3: the p×p patches its projector pools to fewer image tokens, all entering the LLM)."""
+    return tower_plan(family, method.name).patches
+
+
 def install(family: Any, method: Method, options: StageOptions) -> TowerReduction | TowerThenLLM:
     """Put ``method``'s reducer on the family's tower and the hand-on to the LLM on its projector (module doc)."""
     if not isinstance(method, TowerMethod):
         raise TypeError(f"vlm method {method.name!r} is not a tower method")
     model = family.model
-    if type(family).__name__ != "LlavaAdapter":  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
-        raise TypeError(
-            f"tower method {method.name!r} runs on LLaVA-1.5 (LlavaForConditionalGeneration); "
-            f"{type(model).__name__} is not handled in the tower"
-        )
     config = model.config
-    feature_layer = getattr(config, "vision_feature_layer", -1)
-    if not isinstance(feature_layer, int):
-        raise ValueError(f"vision_feature_layer={feature_layer!r}: tower reducers need one feature layer (an int)")
-    plan = find_tower(model, feature_layer)
-    pools = type(getattr(model.model, "multi_modal_projector", None)).__name__ == "Gemma3MultiModalProjector"
+    plan = tower_plan(family, method.name)
+    grid_only = GRID_ONLY.get(type(family).__name__)
     to_grid = method.options.get("to_grid")
+    if to_grid is not None and not isinstance(to_grid, bool):
+        raise TypeError(f"to_grid={to_grid!r} must be True, False or None (the family's default)")
     if to_grid is None:
-        to_grid = pools
-    elif pools and not to_grid:
-        raise ValueError("to_grid=False: Gemma 3's projector pools the whole patch grid; it needs to_grid=True")
+        to_grid = grid_only is not None
+    elif grid_only is not None and not to_grid:
+        raise ValueError(
+            f"to_grid=False is not possible on {type(model).__name__}: {grid_only}, so the tower's tokens must go "
+            "back on the patch grid (to_grid=True, the default there)"
+        )
     keep = _keep_count(options.keep, plan.patches)
     first: Any = plan.layers[0]
     width = int(first.self_attn.embed_dim)
@@ -373,4 +344,14 @@ def _keep_count(keep: KeepSpec | None, patches: int) -> int | None:
     return None if keep is None else keep.tokens(patches)
 
 
-__all__ = ["TowerReduction", "TowerSelection", "build_reducers", "find_tower", "install"]
+__all__ = [
+    "TowerMethod",
+    "TowerPlan",
+    "TowerReduction",
+    "TowerSelection",
+    "build_reducers",
+    "find_tower",
+    "install",
+    "keep_counts_per_image",
+    "tower_plan",
+]

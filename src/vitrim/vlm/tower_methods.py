@@ -1,0 +1,116 @@
+"""The tower stage's methods: one per vitrim reducer (``vitrim.vlm.methods()``), and the reducers they put on a tower.
+
+Every reducer of :mod:`vitrim.reduce` but the two that cannot run in a transformers tower (:data:`UNSUPPORTED`) is a
+vlm method of stage "tower" under its own name (the random baseline as ``tower_random``: ``random`` is the pre-LLM
+one), taking the reducer's options, ``keep=`` (count-based reducers) and ``to_grid``. :func:`build_reducers`
+validates them as ``vitrim.reduce.apply`` does and builds the reducers; on a tower without [CLS] the [CLS]-ranking
+ones rank by received attention (:mod:`vitrim.vlm.tower_ranking`). :mod:`vitrim.vlm.tower` installs them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+from vitrim.reduce import Reducer, get_reducer, list_reducers, reducer_options
+from vitrim.reduce.api import check_layers
+from vitrim.reduce.schedule import Schedule
+from vitrim.vlm.registry import Method, register_method
+from vitrim.vlm.tower_ranking import for_tower_without_cls
+
+# vitrim reducers that cannot run here: DynamicViT learns its scorer with the model; MCTF needs the attention
+# weights before the block's attention runs (it merges ahead and reuses them).
+UNSUPPORTED = {"dynamicvit": "it is trained with its model", "mctf": "it needs a block's attention before it runs"}
+RENAMED = {"random": "tower_random"}  # "random" is the pre-LLM baseline; the reducer keeps its name with a prefix
+_UNSET = inspect.Parameter.empty  # an option the user did not give (the reducer's own default then applies)
+
+
+def build_reducers(
+    name: str, depth: int, *, has_cls: bool, patches: int, num_prefix: int, width: int, options: dict[str, Any],
+    keep: int | None = None,
+) -> dict[int, Reducer]:  # fmt: skip
+    """Reducers of vitrim reducer ``name`` for the first ``depth`` blocks of a tower, validated as vitrim.reduce.apply
+    validates them; ``keep``: patches left after block ``depth - 1``, spread evenly over the reducer's default blocks
+    (a count-based reducer; its own strength options are then not given)."""
+    cls = get_reducer(name)
+    if name in UNSUPPORTED:
+        raise ValueError(f"reducer {name!r} cannot run in a transformers vision tower: {UNSUPPORTED[name]}")
+    allowed = set(reducer_options(name)) - {"schedule"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(
+            f"unknown option {unknown[0]!r} for tower reducer {name!r}; expected some of {sorted(allowed)}"
+        )
+    layers = options.pop("layers", None)
+    if keep is not None:
+        if not cls.takes_schedule():
+            raise ValueError(f"keep= needs a count-based reducer; {name!r} takes its own options ({sorted(allowed)})")
+        if layers is not None:
+            raise ValueError("pass keep= or layers=, not both: keep= spreads the reduction over the reducer's blocks")
+        stages = cls.default_layers(depth)
+        after = _patches_after_stages(name, patches, keep, len(stages))
+        counts, left = [], patches
+        for block in range(depth):
+            if block in stages:
+                left = after[stages.index(block)]
+            counts.append(left + num_prefix)
+        schedule = Schedule(f"keep={keep}", "a vlm tower", 0.0, tuple(counts), tuple(counts), patches + num_prefix,
+                            num_prefix, width)  # fmt: skip
+        layers, scheduled = cls.options_for_schedule(schedule)
+        clash = sorted(set(scheduled) & set(options))
+        if clash:
+            raise ValueError(f"keep= sets {clash[0]!r} itself; pass one or the other")
+        options = {**options, **scheduled}
+    chosen = cls.default_layers(depth) if layers is None else check_layers(layers, depth)
+    reducers = {i: r for i, r in cls.for_layers(tuple(chosen), **options).items() if r is not None}
+    if cls.needs_cls_token and not has_cls:  # SigLIP: rank by the attention each token receives
+        return for_tower_without_cls(name, reducers)
+    return reducers
+
+
+def _patches_after_stages(name: str, patches: int, keep: int, stages: int) -> list[int]:
+    """Patches left after each of ``stages`` reducing blocks so that ``keep`` are left after the last: an even
+    spread, except that ToMe's bipartite matching merges at most half of the tokens in one block (an even spread it
+    cannot follow would leave more than ``keep``, silently), so each stage leaves at most twice what the next
+    leaves, the surplus merged earlier."""
+    after = [patches - (patches - keep) * done // stages for done in range(1, stages + 1)]
+    if name != "tome":
+        return after
+    for stage in range(stages - 2, -1, -1):
+        after[stage] = min(after[stage], 2 * after[stage + 1])
+    if patches > 2 * after[0]:
+        fewest = -(-patches // 2**stages)
+        raise ValueError(
+            f"keep={keep}: ToMe merges at most half of the tokens in each of the tower's {stages} blocks before its "
+            f"feature layer, so it leaves at least {fewest} of the {patches} patches"
+        )
+    return after
+
+
+class TowerMethod(Method):
+    """A vitrim reducer as a VLM method of stage "tower" (one subclass per reducer, registered below)."""
+
+    reducer: ClassVar[str] = ""
+
+    def reducer_options(self) -> dict[str, Any]:
+        """The options the user gave (the reducer's own defaults apply to the others)."""
+        return {k: v for k, v in self.options.items() if v is not _UNSET and k != "to_grid"}
+
+
+def _register_tower_methods() -> None:
+    for reducer in list_reducers():
+        if reducer in UNSUPPORTED:
+            continue
+        name = RENAMED.get(reducer, reducer)
+        defaults: dict[str, Any] = {option: _UNSET for option in reducer_options(reducer) if option != "schedule"}
+        defaults["to_grid"] = None
+        cls = type(f"Tower_{reducer}", (TowerMethod,), {"defaults": defaults, "reducer": reducer, "__doc__": (
+            f"vitrim reducer {reducer!r} in the vision tower (vitrim.vlm.tower); options: the reducer's, and "
+            "to_grid (put the tokens back on the patch grid before the projector)")})  # fmt: skip
+        register_method(name, stage="tower")(cls)
+
+
+_register_tower_methods()
+
+
+__all__ = ["RENAMED", "UNSUPPORTED", "TowerMethod", "build_reducers"]

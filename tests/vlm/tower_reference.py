@@ -1,0 +1,75 @@
+"""Independent paths for the tokens a reducer leaves in a transformers SigLIP tower (Gemma 3, PaliGemma): vitrim's
+own ViT of the same weights, a re-implementation of received-attention EViT / top-k on transformers' own layers, and
+the tokens put back on the patch grid by hand. Each returns the tokens (B, n, C), the patch each stands in for
+(B, n) and each patch's token (B, P), -1 for a dropped patch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import vitrim
+import vitrim.reduce
+
+
+def vitrim_tome(tower: torch.nn.Module, images: torch.Tensor, r: int) -> tuple[torch.Tensor, ...]:
+    """vitrim's own ViT of the tower's weights (fused qkv, vitrim's Block and attention) with ToMe in every block."""
+    vit = vitrim.from_transformers(tower).double().eval()
+    vitrim.reduce.apply(vit, "tome", r=r)
+    state = vit.embed(images)
+    for block in vit.blocks:
+        state, _ = block(state)
+    return state.tokens, state.positions, state.patch_to_token[-1]
+
+
+def received_ranking(
+    tower: torch.nn.Module, images: torch.Tensor, keep_rate: float, fuse: bool
+) -> tuple[torch.Tensor, ...]:
+    """EViT (``fuse``) or top-k in every SigLIP layer, written from the papers on transformers' own layers: after
+    the attention residual, token j scores s_j = mean over heads and queries of softmax(q·kᵀ·scale)_{·j} (the map
+    computed here in full); the ⌈keep_rate · N⌉ best stay in descending order; EViT appends Σ_{j dropped} s_j x_j,
+    standing at its best-scored patch."""
+    x = tower.embeddings(images)  # (B, P, C)
+    B, P, C = x.shape
+    positions = torch.arange(P).expand(B, P)
+    patch_to_token = torch.arange(P).expand(B, P)
+    for layer in tower.encoder.layers:
+        attention = layer.self_attn
+        heads = attention.num_heads
+        h = layer.layer_norm1(x)
+        N = h.shape[1]
+        q, k, v = (
+            proj(h).view(B, N, heads, C // heads).transpose(1, 2)
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+        )
+        weights = (q @ k.transpose(-1, -2) * attention.scale).softmax(-1)  # (B, H, N, N)
+        x = x + attention.out_proj((weights @ v).transpose(1, 2).reshape(B, N, C))
+        scores = weights.mean(dim=(1, 2))  # (B, N)
+        kept_count = math.ceil(keep_rate * N)
+        order = scores.argsort(dim=1, descending=True)
+        kept, dropped = order[:, :kept_count], order[:, kept_count:]
+        new_tokens = [x.gather(1, kept[..., None].expand(-1, -1, C))]
+        new_positions = [positions.gather(1, kept)]
+        where = torch.full((B, N), -1)  # old token -> new token
+        where.scatter_(1, kept, torch.arange(kept_count).expand(B, -1))
+        if fuse:
+            weight = scores.gather(1, dropped)  # (B, N − k)
+            new_tokens.append((weight[..., None] * x.gather(1, dropped[..., None].expand(-1, -1, C))).sum(1, True))
+            new_positions.append(positions.gather(1, dropped[:, :1]))  # the best-scored dropped token
+            where.scatter_(1, dropped, kept_count)
+        x, positions = torch.cat(new_tokens, 1), torch.cat(new_positions, 1)
+        patch_to_token = torch.where(patch_to_token < 0, -1, where.gather(1, patch_to_token.clamp(min=0)))
+        x = x + layer.mlp(layer.layer_norm2(x))
+    return x, positions, patch_to_token
+
+
+def on_grid(tower: torch.nn.Module, tokens: torch.Tensor, patch_to_token: torch.Tensor) -> torch.Tensor:
+    """(B, P, C): the tower's output (post-LayerNorm) of each patch's token, zero for a dropped patch."""
+    normed = tower.post_layernorm(tokens)
+    grid = torch.zeros(tokens.shape[0], patch_to_token.shape[1], tokens.shape[2], dtype=tokens.dtype)
+    for b in range(tokens.shape[0]):
+        for patch, token in enumerate(patch_to_token[b].tolist()):
+            if token >= 0:
+                grid[b, patch] = normed[b, token]
+    return grid
