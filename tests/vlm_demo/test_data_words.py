@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitrim.data.digits import load_digits, split_indices
-from vitrim.vlm_demo.data import BACKGROUND, DIGIT_WORDS, QUADRANT_WORDS, DigitsScenes
+from vitrim.vlm_demo.data import BACKGROUND, DIGIT_WORDS, EMPTY_WORD, QUADRANT_WORDS, DigitsScenes
 from vitrim.vlm_demo.words import (
     BOS_ID,
     EOS_ID,
@@ -72,6 +72,23 @@ def test_questions_are_answered_by_the_canvas() -> None:
         assert where.answer == QUADRANT_WORDS[canvas.digits.index(asked)]
         assert count.answer == (("one", "two", "three")[canvas.count - 1],)
     assert DigitsScenes("test", 5).canvas(3).pixels.tobytes() == scenes.canvas(3).pixels.tobytes()  # fixed
+
+
+def test_drill_asks_about_every_quadrant_and_every_digit() -> None:
+    scenes = DigitsScenes("train", 20)
+    for i in range(20):
+        canvas = scenes.canvas(i)
+        drill = scenes.drill(i, canvas)
+        which = {q.words[3:5]: q.answer for q in drill if q.kind == "which"}
+        # every quadrant asked once, answered from the pixels: ink there -> its digit, none -> EMPTY_WORD
+        assert set(which) == set(QUADRANT_WORDS)
+        for quadrant, words in enumerate(QUADRANT_WORDS):
+            top, left = (quadrant // 2) * 32, (quadrant % 2) * 32
+            inked = canvas.pixels[top : top + 32, left : left + 32].any()
+            assert which[words] == ((DIGIT_WORDS[canvas.digits[quadrant]],) if inked else (EMPTY_WORD,))
+        where = {q.words[3]: q.answer for q in drill if q.kind == "where"}
+        assert where == {DIGIT_WORDS[d]: QUADRANT_WORDS[q] for q, d in enumerate(canvas.digits) if d >= 0}
+        assert [q.answer for q in drill if q.kind == "count"] == [(("one", "two", "three")[canvas.count - 1],)]
 
 
 def test_training_canvases_change_with_the_epoch_and_not_otherwise() -> None:

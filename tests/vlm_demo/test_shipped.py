@@ -22,7 +22,7 @@ from vitrim.shipped import shipped_run
 from vitrim.vlm_demo.data import QUESTION_TYPES
 from vitrim.vlm_demo.demo import FULL, recipe
 from vitrim.vlm_demo.evaluate import answer, held_out, score
-from vitrim.vlm_demo.model import load_model
+from vitrim.vlm_demo.model import digits_vlm_config, load_model
 from vitrim.vlm_demo.sweep import KEPT_FRACTIONS, apply_method
 
 ONE_QUESTION = 1 / FULL.test_canvases
@@ -36,6 +36,13 @@ def test_shipped_vlm_was_trained_by_todays_recipe() -> None:
     details = _read("details.json")
     assert details["weights"] == "trained" and details["seed"] == 0
     assert recipe(details["plan"]) == recipe(json.loads(json.dumps(dataclasses.asdict(FULL))))
+    # and the sizes the plan leaves to the model's defaults (model.VISION, model.TEXT) are the shipped config's
+    shipped = _read("config.json")
+    today = digits_vlm_config(FULL.vision, FULL.text).to_dict()
+    for part in ("vision_config", "text_config"):
+        for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
+            assert shipped[part].get(key) == today[part].get(key), (part, key)
+    assert shipped["text_config"]["num_key_value_heads"] == today["text_config"]["num_key_value_heads"]
 
 
 def test_shipped_summary_has_the_issues_schema() -> None:

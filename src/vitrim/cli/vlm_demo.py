@@ -87,7 +87,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     print(f"report: {out / 'report.md'}{note}")
     print("  full model  " + "  ".join(f"{k} {v:.3f}" for k, v in summary["full"].items()))
     if ship_to is not None:
-        ship_run(out, ship_to)
+        ship_run(out, ship_to, methods)
         print(f"shipped: {ship_to}")
     return 0
 

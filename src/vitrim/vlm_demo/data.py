@@ -12,6 +12,9 @@ Questions (word-level, every answer one or two words; ``QUESTION_TYPES``):
 * ``where``: "where is the seven ?" -> "top left" (the digits of a canvas differ, so the answer is unique);
 * ``count``: "how many digits ?" -> "three" (needs the whole image).
 
+Training conversations ask more (``DigitsScenes.drill``): every quadrant, an empty one answered ``EMPTY_WORD``
+("none"), and every digit on the canvas; held-out questions are the three above, about what is on the canvas.
+
 The digits come from the bundled set's own seeded split (:func:`vitrim.data.digits.split_indices`, 20 % held out):
 training canvases use training digits only, held-out canvases held-out digits only. Canvas ``i`` of a split is a
 pure function of ``(seed, split, epoch, i)`` (held-out canvases ignore the epoch), so nothing random is carried.
@@ -36,6 +39,7 @@ BACKGROUND = 10  # the patch label of background (Canvas.patch_digits)
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
+EMPTY_WORD = "none"  # the answer to "which digit is <quadrant> ?" about an empty quadrant (asked in training)
 QUADRANT_WORDS = (("top", "left"), ("top", "right"), ("bottom", "left"), ("bottom", "right"))  # raster order
 QUESTION_TYPES = ("which", "where", "count")
 
@@ -142,3 +146,19 @@ class DigitsScenes:
             Question(index, "where", ("where", "is", "the", where_value, "?"), QUADRANT_WORDS[where_q]),
             Question(index, "count", ("how", "many", "digits", "?"), (COUNT_WORDS[canvas.count],)),
         ]
+
+    def drill(self, index: int, canvas: Canvas | None = None) -> list[Question]:
+        """Every question the canvas answers: "which digit is <q> ?" about all four quadrants (an empty one:
+        ``EMPTY_WORD``), "where is the <d> ?" about each of its digits, and "how many digits ?"."""
+        canvas = self.canvas(index) if canvas is None else canvas
+        asked = [
+            Question(index, "which", ("which", "digit", "is", *QUADRANT_WORDS[q], "?"),
+                     (DIGIT_WORDS[d] if d >= 0 else EMPTY_WORD,))
+            for q, d in enumerate(canvas.digits)
+        ]  # fmt: skip
+        asked += [
+            Question(index, "where", ("where", "is", "the", DIGIT_WORDS[d], "?"), QUADRANT_WORDS[q])
+            for q, d in enumerate(canvas.digits)
+            if d >= 0
+        ]
+        return [*asked, Question(index, "count", ("how", "many", "digits", "?"), (COUNT_WORDS[canvas.count],))]

@@ -7,6 +7,7 @@ several patches into one token, those patches are tinted one colour per group.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -104,29 +105,46 @@ def plot_attention(pixels: np.ndarray, weights: Tensor, *, title: str) -> Figure
     for ax in (left, right):
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 70), fontsize=8)  # a figure this narrow cuts a long title off
     return fig
 
 
 def plot_accuracy_vs_kept(summary: dict[str, Any]) -> Figure:
-    """A panel per question type: accuracy against image tokens kept, a line per method (random dashed), the full
-    model at 64 tokens as a grey line."""
+    """A panel per question type: accuracy against image tokens kept, a line per method, the full model at 64 tokens
+    as a grey line. The line says where the method cuts (solid: before the LLM; dash-dot: inside it; dotted: inside
+    the tower); the seeded baselines are dashed (black: before the LLM, grey: in the tower)."""
+    from matplotlib import colormaps
+
     from vitrim.viz.maps import new_figure
 
-    fig = new_figure((11.0, 3.6))
+    fig = new_figure((12.0, 3.6))
     axes = fig.subplots(1, len(QUESTION_TYPES), sharey=True)
     kept = [round(float(f) * IMAGE_TOKENS) for f in KEPT_FRACTIONS]
+    colours = colormaps["tab20"]
     for ax, kind in zip(axes, QUESTION_TYPES):
         ax.axhline(100 * summary["full"][kind], color="grey", lw=1, label="full model (64)")
-        for method, rows in summary["methods"].items():
+        for index, (method, rows) in enumerate(summary["methods"].items()):
             values = [100 * rows[f]["accuracy"][kind] for f in KEPT_FRACTIONS]
-            style = dict(ls="--", color="black") if method == "random" else {}
-            ax.plot(kept, values, marker="o", ms=3, label=method, **style)
+            ax.plot(kept, values, marker="o", ms=3, label=method, **_line_style(method, colours(index % 20)))
         ax.set_xscale("log", base=2)
         ax.set_xticks(kept, [str(k) for k in kept])
         ax.set_xlabel("image tokens kept (of 64)")
         ax.set_title(f'"{kind}" questions', fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("exact match (%)")
-    axes[-1].legend(fontsize=6, loc="lower right", ncol=2)
+    handles, labels = axes[-1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="outside right center")
     return fig
+
+
+BASELINES = {"random": "black", "tower_random": "grey"}
+STAGE_LINES = {"pre_llm": "-", "in_llm": "-.", "tower": ":"}
+
+
+def _line_style(method: str, colour: Any) -> dict[str, Any]:
+    if method in BASELINES:
+        return {"ls": "--", "color": BASELINES[method]}
+    import vitrim.vlm  # noqa: F401  (registers every method)
+    from vitrim.vlm.registry import method_class
+
+    return {"ls": STAGE_LINES.get(method_class(method).stage, "-"), "color": colour}

@@ -150,15 +150,15 @@ def _markdown(
         f"over a word-level vocabulary of {len(WORDS)} words. "
         f"Trained from scratch in {training['seconds']:.0f} s on {training['threads']} thread(s) "
         f"({plan['train']['steps']} steps of {plan['train']['batch_size']} conversations; 1-minute load average "
-        f"{load} on this 2-core machine when training started, other jobs "
-        "running beside it).",
+        f"{load} on this 2-core machine when training started).",
         "",
         "## The data",
         "",
         "A 64×64 canvas holds one to three handwritten digits (the bundled UCI digits, 16×16, on an 8-pixel grid: "
         "each covers 2×2 of the 64 patches), of different values, each in its own quadrant. Three questions: "
         '"which digit is top left ?" (or "which digit ?" when there is one) -> "seven"; "where is the seven ?" -> '
-        '"top left"; "how many digits ?" -> "three" (needs the whole image). Held out: '
+        '"top left"; "how many digits ?" -> "three" (needs the whole image). A training conversation asks '
+        'all a canvas answers: every quadrant (an empty one: "none"), every digit on it, the count. Held out: '
         f"{details['held_out']['canvases']} canvases drawn from the digits' own held-out split, one question of "
         f"each type ({details['held_out']['questions']} questions). Exact match of the greedy answer "
         "(`model.generate`).",
@@ -192,8 +192,7 @@ def _markdown(
             "Prefill speed-up: the median time of one forward of "
             f"{plan['timing_batch']} prompts (tower included) of the unmodified model over that of the trimmed one, "
             f"timed in turns ({plan['repeats']} repeats) on this machine, 1-minute load average "
-            f"{_load(details['load_average_at_evaluation'])} (2 cores, other jobs beside it). "
-            + _options_note(list(methods)),
+            f"{_load(details['load_average_at_evaluation'])} (2 cores). " + _options_note(list(methods)),
             "",
         ]
         ink = details.get("ink_kept", {})

@@ -19,13 +19,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitrim.vlm_demo.data import CANVAS, COUNT_WORDS, DIGIT_WORDS, PATCH, QUADRANT_WORDS
+from vitrim.vlm_demo.data import CANVAS, COUNT_WORDS, DIGIT_WORDS, EMPTY_WORD, PATCH, QUADRANT_WORDS
 
 PAD, BOS, EOS, IMAGE = "<pad>", "<bos>", "<eos>", "<image>"
 QUESTION_WORDS = ("which", "digit", "digits", "is", "the", "where", "how", "many", "?")
 WORDS: tuple[str, ...] = tuple(
     dict.fromkeys(
-        [PAD, BOS, EOS, IMAGE, *QUESTION_WORDS, *DIGIT_WORDS, *COUNT_WORDS.values(), *sum(QUADRANT_WORDS, ())]
+        [
+            PAD,
+            BOS,
+            EOS,
+            IMAGE,
+            *QUESTION_WORDS,
+            *DIGIT_WORDS,
+            *COUNT_WORDS.values(),
+            *sum(QUADRANT_WORDS, ()),
+            EMPTY_WORD,
+        ]
     )
 )  # fixed order: the shipped weights' embedding rows follow it
 WORD_IDS = {word: i for i, word in enumerate(WORDS)}
