@@ -142,8 +142,11 @@ def test_cutting_counts_what_runs() -> None:
 def test_tome_in_the_tower_shrinks_blocks_after_the_feature_layer_too() -> None:
     cost = prefill_cost(LLAVA_15_7B, "tome", 64)
     assert cost.tower < tower_macs(LLAVA_15_7B.tower)
-    r = -(-(576 - 64) // 23)  # 23 blocks up to layer -2
-    expected = [577 - min(i * r, 512) for i in range(24)]
+    # 23 blocks up to layer -2, an even spread of the 512 merges (no block merges half its tokens here): block i
+    # runs on what block i - 1 left, the 24th on the 64 left at the feature layer; + [CLS]
+    left = [576 - 512 * done // 23 for done in range(1, 24)]
+    expected = [577, *(n + 1 for n in left)]
+    assert expected[-1] == 65
     assert tower_macs(LLAVA_15_7B.tower, expected) == cost.tower
     with pytest.raises(ValueError, match="gemma-3-4b pools 16 patches"):
         prefill_cost(GEMMA3_4B, "tome", 64)

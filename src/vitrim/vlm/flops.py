@@ -23,13 +23,14 @@ Face hub, which transformers' config classes read).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vitrim.vlm.tower_methods import patches_after_stages
+
 PRE_LLM = ("random", "fastervlm", "vispruner", "visionzip", "divprune")
 IN_LLM = ("fastv", "dart", "pdrop")
-TOWER = ("tome",)  # a vitrim reducer in the tower, counted with ToMe's constant-r schedule (any schedule: tower_macs)
+TOWER = ("tome",)  # a vitrim reducer in the tower, counted with the schedule keep= gives it (any schedule: tower_macs)
 METHODS = ("none", *PRE_LLM, *IN_LLM, *TOWER)
 
 
@@ -210,19 +211,17 @@ def llm_macs(llm: LanguageModel, tokens_per_layer: Sequence[int]) -> int:
 
 
 def tome_tower_schedule(tower: VisionTower, keep: int) -> list[int]:
-    """Tokens per block for ToMe with a constant ``r`` that leaves ``keep`` patches at the feature layer.
+    """Tokens entering each block ([CLS] included) for ToMe with ``keep=``, as the tower runs it: the patches left
+    after each of the L blocks up to the feature layer are :func:`vitrim.vlm.tower_methods.patches_after_stages`
+    (an even spread, merged earlier where one block would have to merge more than half).
 
     ToMe merges after each block's attention, so block i runs its attention on the tokens left by block i - 1 and
-    its MLP on fewer; counted here (upper bound) with the tokens entering the block. ``r = ceil((N - keep) / L)``
-    over the L blocks up to the feature layer, the last merges clipped so exactly ``keep`` remain.
+    its MLP on fewer; counted here (upper bound) with the tokens entering the block.
     """
-    steps = tower.reducing_layers
-    r = math.ceil((tower.patches - keep) / steps)
-    counts, patches = [], tower.patches
-    for _ in range(tower.layers):
-        counts.append(patches + int(tower.cls_token))
-        patches = max(keep, patches - r)
-    return counts
+    after = patches_after_stages("tome", tower.patches, keep, tower.reducing_layers)
+    entering = [tower.patches, *after]
+    cls = int(tower.cls_token)
+    return [entering[min(block, len(after))] + cls for block in range(tower.layers)]
 
 
 def _stage_counts(image: int, text: int, layers: int, cuts: Sequence[tuple[int, int]]) -> list[int]:

@@ -48,7 +48,7 @@ def build_reducers(
         if layers is not None:
             raise ValueError("pass keep= or layers=, not both: keep= spreads the reduction over the reducer's blocks")
         stages = cls.default_layers(depth)
-        after = _patches_after_stages(name, patches, keep, len(stages))
+        after = patches_after_stages(name, patches, keep, len(stages))
         counts, left = [], patches
         for block in range(depth):
             if block in stages:
@@ -68,7 +68,7 @@ def build_reducers(
     return reducers
 
 
-def _patches_after_stages(name: str, patches: int, keep: int, stages: int) -> list[int]:
+def patches_after_stages(name: str, patches: int, keep: int, stages: int) -> list[int]:
     """Patches left after each of ``stages`` reducing blocks so that ``keep`` are left after the last: an even
     spread, except that ToMe's bipartite matching merges at most half of the tokens in one block (an even spread it
     cannot follow would leave more than ``keep``, silently), so each stage leaves at most twice what the next
@@ -113,4 +113,4 @@ def _register_tower_methods() -> None:
 _register_tower_methods()
 
 
-__all__ = ["RENAMED", "UNSUPPORTED", "TowerMethod", "build_reducers"]
+__all__ = ["RENAMED", "UNSUPPORTED", "TowerMethod", "build_reducers", "patches_after_stages"]
