@@ -69,7 +69,7 @@ def conversation_batch(scenes: DigitsScenes, indices: list[int], order_seed: int
     sequences, labels, pixels = [], [], []
     for index in indices:
         canvas = scenes.canvas(index)
-        # every question the canvas answers, and "which digit ?" when the test would ask it so (one digit)
+        # every question the canvas answers, and "which digit ?" where questions() asks it so (one digit, half the time)
         questions = [q for q in scenes.questions(index, canvas) if len(q.words) == 3] + scenes.drill(index, canvas)
         order = rng.permutation(len(questions))
         first = questions[order[0]]
