@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "datasets"))
 from generated import IDENTITY_PIXELS, png_bytes
 
 from vitrim.data import ImageFolder, ShardDataset, ShardSource, check_data, eval_transform
+from vitrim.data.shards import check_local
 from vitrim.data.transforms import read_image_for
 from vitrim.models.data_config import DataConfig
 from vitrim.train.state import check_run_record
@@ -72,8 +73,9 @@ def test_run_records(tmp_path_factory: pytest.TempPathFactory, record: object) -
         assert isinstance(checked, dict)
         for name in ("data", "val_data"):
             if checked.get(name) is not None:
-                try:
-                    check_data(checked[name])  # what eval does next: open the pattern's _info.json and shards
+                try:  # what eval does with a record's data: refuse what is not local, then open it
+                    check_local(checked[name], name)
+                    check_data(checked[name])
                 except Exception as err:
                     one_clear_line(err)
     assert not marker.exists()  # whatever passed the check, nothing ran it

@@ -214,9 +214,7 @@ def _build(config: TrainConfig, info: DistInfo) -> _Run:
 def _resume(run: _Run, config: TrainConfig, info: DistInfo, out: Path) -> tuple[int, float]:
     """Restore the state of ``out/last.pt``; returns (epochs done, best top-1 so far)."""
     state = load_training_state(out / LAST)
-    _check_resumable(
-        check_run_record(state.get("run", {}), f"{str(out / LAST)!r}'s run settings", opens_data=False), config
-    )
+    _check_resumable(check_run_record(state.get("run", {}), f"{str(out / LAST)!r}'s run settings"), config)
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])

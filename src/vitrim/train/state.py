@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from vitrim.atomic import atomic_write
-from vitrim.data.shards import check_local
 from vitrim.factory import create_model
 from vitrim.untrusted import expect_object, read_json
 from vitrim.weights.checkpoint import build_saved_model
@@ -97,7 +96,7 @@ def read_run_record(checkpoint: str | Path) -> dict[str, Any]:
     (:func:`vitrim.train.checkpoint_eval.load_checkpoint_split`): a user who gives ``--data`` never needs them.
     """
     path = Path(checkpoint).parent / RUN_RECORD
-    return check_run_record(read_json(path), str(path), opens_data=False) if path.is_file() else {}
+    return check_run_record(read_json(path), str(path)) if path.is_file() else {}
 
 
 # what a run record may say, field by field: (types, what the error says was expected); a checkpoint and its run.json
@@ -118,13 +117,13 @@ _RUN_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def check_run_record(record: Any, source: str, *, opens_data: bool = True) -> dict[str, Any]:
+def check_run_record(record: Any, source: str) -> dict[str, Any]:
     """``record`` (a run's settings read from ``source``) if every field it has is of its documented shape, else one
     ValueError naming the file, the field, the value and what was expected.
 
-    ``data`` / ``val_data`` must name local paths when the caller will open them (``opens_data``): a ``pipe:`` or URL
-    pattern in a file is refused (:func:`vitrim.data.shards.check_local`), never opened. A resume only compares them
-    with what the user typed (``opens_data=False``).
+    ``data`` / ``val_data`` are checked where a record's value is opened instead of the user's own
+    (:func:`vitrim.train.checkpoint_eval.load_checkpoint_split`, with :func:`vitrim.data.shards.check_local`: a
+    ``pipe:`` or URL pattern in a file is refused, never opened); a resume only compares them with what the user typed.
     """
     record = expect_object(record, source)
     for name, (types, expected) in _RUN_FIELDS.items():
@@ -134,9 +133,6 @@ def check_run_record(record: Any, source: str, *, opens_data: bool = True) -> di
         bad_type = not isinstance(value, types) or isinstance(value, bool)
         if bad_type or not _in_range(name, value):
             raise ValueError(f"{source}: {name!r} must be {expected}, got {_short(value)}")
-    for name in ("data", "val_data") if opens_data else ():
-        if record.get(name) is not None:
-            check_local(record[name], f"{source}: {name!r}")
     return record
 
 
@@ -173,7 +169,7 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if path.suffix == ".pt":
         state = load_training_state(path)
-        run = check_run_record(state.get("run", {}), f"{str(path)!r}'s run settings", opens_data=False)
+        run = check_run_record(state.get("run", {}), f"{str(path)!r}'s run settings")
         if "model" not in run:
             raise ValueError(f"{str(path)!r} does not record which model it trained")
         overrides = dict(run.get("overrides", {}))
