@@ -111,6 +111,8 @@ class Reducer:
             (AttnLRP's gate rule: a fused token's relevance goes to the tokens it fused, by those weights); the
             reducer detaches them itself while its ``attributing`` flag is set (``vitrim.viz.lrp_rules`` sets it on
             this model's reducers and clears it after), so relevance replaces none of its methods.
+        merges_at_most_half: True if one block merges away at most half of its non-prefix tokens (bipartite
+            matching: ToMe), so a schedule asking one block for more is met earlier (``vitrim.vlm`` tower's ``keep=``).
     """
 
     name: ClassVar[str] = ""
@@ -123,6 +125,7 @@ class Reducer:
     looks_ahead: ClassVar[bool] = False
     static_counts: ClassVar[bool] = True
     constant_ranking_scores: ClassVar[bool] = False
+    merges_at_most_half: ClassVar[bool] = False
     applied: bool = False  # set by vitrim.reduce.apply; vitrim.reduce.remove takes off only these
     attributing: bool = False  # set while a relevance method runs (see constant_ranking_scores)
 

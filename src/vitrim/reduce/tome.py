@@ -190,6 +190,7 @@ class ToMe(Reducer):
     example_options: ClassVar[dict[str, Any]] = {"r": 3}
     identity_options: ClassVar[dict[str, Any]] = {"r": 0}
     strength_option: ClassVar[StrengthOption | None] = StrengthOption("r", weakest=0, strongest=None)
+    merges_at_most_half: ClassVar[bool] = True  # bipartite matching: max_merges
 
     def __init__(self, r: int, prop_attn: bool = True, trace_source: bool = True) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:

@@ -69,20 +69,21 @@ def build_reducers(
 
 
 def patches_after_stages(name: str, patches: int, keep: int, stages: int) -> list[int]:
-    """Patches left after each of ``stages`` reducing blocks so that ``keep`` are left after the last: an even
-    spread, except that ToMe's bipartite matching merges at most half of the tokens in one block (an even spread it
-    cannot follow would leave more than ``keep``, silently), so each stage leaves at most twice what the next
-    leaves, the surplus merged earlier."""
+    """Patches left after each of ``stages`` reducing blocks of reducer ``name`` so that ``keep`` are left after the
+    last: an even spread, except for a reducer that merges away at most half of a block's tokens (ToMe's bipartite
+    matching: an even spread it cannot follow would leave more than ``keep``, silently), where each stage leaves at
+    most twice what the next leaves, the surplus removed earlier."""
     after = [patches - (patches - keep) * done // stages for done in range(1, stages + 1)]
-    if name != "tome":
+    reducer = get_reducer(name)
+    if not reducer.merges_at_most_half:
         return after
     for stage in range(stages - 2, -1, -1):
         after[stage] = min(after[stage], 2 * after[stage + 1])
     if patches > 2 * after[0]:
         fewest = -(-patches // 2**stages)
         raise ValueError(
-            f"keep={keep}: ToMe merges at most half of the tokens in each of the tower's {stages} blocks before its "
-            f"feature layer, so it leaves at least {fewest} of the {patches} patches"
+            f"keep={keep}: {reducer.__name__} merges at most half of the tokens in each of the tower's {stages} blocks "
+            f"before its feature layer, so it leaves at least {fewest} of the {patches} patches"
         )
     return after
 
