@@ -10,9 +10,9 @@ import torch
 from qwen_reference import masked_decode, masked_reference
 from qwen_tiny import BUILDERS, IMAGE, batch, one
 
-from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
 
 THREE = [  # different prompt lengths, image sizes and image counts; the same keep (a fraction) for each
     ([[1, 5], [7, 8, 9]], [(4, 6)]),
@@ -67,7 +67,7 @@ def assert_kept_columns_match(
     """The shortened logits (B, L', V) against the reference's (B, L, V) at every valid column that stays.
 
     The shortened input holds, per sample, the columns that stay (text, padding, kept image tokens) in order,
-    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.sequence)."""
+    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.stages.sequence)."""
     stays = ~dropped  # (B, L)
     width = int(stays.sum(1).max())
     assert pruned.shape[1] == width

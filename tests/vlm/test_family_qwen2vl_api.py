@@ -13,9 +13,9 @@ from qwen_tiny import BUILDERS, IMAGE, MERGE, VIDEO, batch, one
 from test_family_qwen2vl import THREE, assert_kept_columns_match, dropped_positions, tokens_of
 
 import vitrim.vlm
-from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
 
 
 def hooks_of(model: torch.nn.Module) -> int:

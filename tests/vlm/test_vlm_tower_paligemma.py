@@ -140,9 +140,9 @@ def test_what_cannot_apply_fails_at_apply_and_leaves_the_model(name, options, er
 
 def test_the_adapter_s_own_seams_refuse_the_other_stages_too(model) -> None:
     """apply refuses first; a stage module reaching the adapter directly is refused there as well."""
-    from vitrim.vlm.family import find_family
+    from vitrim.vlm.families import find_family
     from vitrim.vlm.keep import KeepSpec
-    from vitrim.vlm.registry import method_class
+    from vitrim.vlm.method.base import method_class
 
     adapter = find_family(model)
     assert adapter.tokens_per_image() == model.config.text_config.num_image_tokens == IMAGE_TOKENS

@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 from torch import Tensor, nn
 
 from vitrim.extras import require
-from vitrim.vlm.family import FamilyAdapter, find_family
+from vitrim.vlm.families import FamilyAdapter, find_family
 from vitrim.vlm.keep import KeepSpec, parse_keep
-from vitrim.vlm.registry import Installation, Method, StageOptions, method_class
+from vitrim.vlm.method.base import Installation, Method, StageOptions, method_class
 
 STATE_ATTRIBUTE = "_vitrim_vlm"
 STAGE_MODULES = {
-    "in_llm": "vitrim.vlm.in_llm",
-    "tower": "vitrim.vlm.tower",
+    "in_llm": "vitrim.vlm.stages.in_llm",
+    "tower": "vitrim.vlm.stages.tower",
 }  # each has install(family, method, options)
 ModelT = TypeVar("ModelT", bound=nn.Module)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vitrim.vlm.tower_methods import patches_after_stages
+from vitrim.vlm.method.tower_reducers import patches_after_stages
 
 PRE_LLM = ("random", "fastervlm", "vispruner", "visionzip", "divprune")
 IN_LLM = ("fastv", "dart", "pdrop")
@@ -85,7 +85,7 @@ class VLM:
 
     ``projector``: the (in, out) matrices applied to each LLM image token; ``pool``: tower patches per LLM image
     token (LLaVA 1, Qwen2.5-VL's 2×2 merger 4, Gemma 3's 4×4 average pool 16); ``cut_before_projector``: whether the
-    projector runs on the kept tokens only. vitrim's plumbing (:mod:`vitrim.vlm.family_llava`) writes merged
+    projector runs on the kept tokens only. vitrim's plumbing (:mod:`vitrim.vlm.families.llava`) writes merged
     features into their slots, runs the projector on every slot and drops slots at the LLM's input, so it is False
     for every config here; a gathering implementation would save (N − keep) projector rows (LLaVA: 10.8 GMACs).
     """
@@ -212,7 +212,8 @@ def llm_macs(llm: LanguageModel, tokens_per_layer: Sequence[int]) -> int:
 
 def tome_tower_schedule(tower: VisionTower, keep: int) -> list[int]:
     """Tokens entering each block ([CLS] included) for ToMe with ``keep=``, as the tower runs it: the patches left
-    after each of the L blocks up to the feature layer are :func:`vitrim.vlm.tower_methods.patches_after_stages`
+    after each of the L blocks up to the feature layer are
+    :func:`~vitrim.vlm.method.tower_reducers.patches_after_stages`
     (an even spread, merged earlier where one block would have to merge more than half).
 
     ToMe merges after each block's attention, so block i runs its attention on the tokens left by block i - 1 and
@@ -312,7 +313,9 @@ def prefill_cost(
             )
         tower_cost = tower_macs(tower, tome_tower_schedule(tower, k))
         entering = k
-        projected = k if vlm.cut_before_projector else n_img  # vitrim.vlm.tower writes the tokens into their slots
+        projected = (
+            k if vlm.cut_before_projector else n_img
+        )  # vitrim.vlm.stages.tower writes the tokens into their slots
         cuts = [(0, k)]
         # ToMe's bipartite similarity in each block: (n/2) × (n/2) cosines of the keys summed over heads (head width)
         head = tower.width // tower.heads

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.registry import ImageSelection
+from vitrim.vlm.method.base import ImageSelection
 
 
 def inner_model(model: nn.Module, parts: tuple[str, ...], layout: str) -> Any:

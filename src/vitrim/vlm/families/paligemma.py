@@ -5,7 +5,7 @@ post-LayerNorm) → ``model.model.multi_modal_projector`` (one linear map per pa
 one image token, 256 at 224 px) → scattered into the ``input_ids == image_token_id`` positions →
 ``model.model.language_model`` (Gemma, attending bidirectionally over the image and the prompt: the prefix).
 
-What vitrim.vlm runs here: the tower stage (``vitrim.vlm.tower``), its tokens put back on the patch grid, so the
+What vitrim.vlm runs here: the tower stage (``vitrim.vlm.stages.tower``), its tokens put back on the patch grid, so the
 LLM input keeps its P image tokens per image and the tower gets cheaper. The pre-LLM and in-LLM stages would
 shorten a prefix that attends both ways, whose masks vitrim does not build for this family: they are refused at
 ``apply`` (:attr:`PaliGemmaAdapter.stages`).
@@ -18,10 +18,10 @@ from typing import Any
 
 from torch import nn
 
-from vitrim.vlm.family_seams import inner_model
+from vitrim.vlm.families.seams import inner_model
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import Installation, Method
-from vitrim.vlm.spans import ImageSpans
+from vitrim.vlm.method.base import Installation, Method
+from vitrim.vlm.stages.spans import ImageSpans
 
 
 class PaliGemmaAdapter:

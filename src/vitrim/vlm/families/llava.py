@@ -12,7 +12,7 @@ Seams used (hooks on this instance's submodules only):
   states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
 - a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
   are written into their slots);
-- a forward pre-hook with kwargs on the language model: the LLM input is shortened (``vitrim.vlm.sequence``).
+- a forward pre-hook with kwargs on the language model: the LLM input is shortened (``vitrim.vlm.stages.sequence``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_seams import inner_model, prefill_input_ids
+from vitrim.vlm.families.seams import inner_model, prefill_input_ids
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
-from vitrim.vlm.sequence import (
+from vitrim.vlm.method.base import ImageSelection, Installation, Method, VisionEvidence, content_seed
+from vitrim.vlm.stages.sequence import (
     DecodeState,
     columns_to_keep,
     decode_attention_mask,
@@ -35,7 +35,7 @@ from vitrim.vlm.sequence import (
     gather_columns,
     plan_short_sequence,
 )
-from vitrim.vlm.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 
 class LlavaAdapter:
@@ -117,9 +117,9 @@ class LlavaPreLLM:
 
     Per forward pass with images: the tower's pre-hook keeps each image's seed (for the seeded method); the
     scoring layer's pre-hook its input; the projector's pre-hook selects (``method.select``) and writes merged
-    features into their slots; the language model's pre-hook shortens its input (vitrim.vlm.sequence) and remembers
-    what decoding needs; the language model's forward hook remembers the cache it returned, so a later call on that
-    cache is a decode step.
+    features into their slots; the language model's pre-hook shortens its input (vitrim.vlm.stages.sequence) and
+    remembers what decoding needs; the language model's forward hook remembers the cache it returned, so a later
+    call on that cache is a decode step.
     """
 
     def __init__(self, adapter: LlavaAdapter, method: Method, keep: KeepSpec) -> None:

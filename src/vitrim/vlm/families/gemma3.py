@@ -5,19 +5,19 @@ post-LayerNorm) → ``model.model.multi_modal_projector`` (an average pool of th
 ``mm_tokens_per_image`` = t×t grid, kernel k = p / t, then RMSNorm and a matmul: Gemma-3-4B pools 64×64 patches
 to 16×16 = 256 tokens) → scattered into the ``input_ids == image_token_id`` positions → ``model.model.language_model``,
 whose masks are built per layer type (full and sliding-window layers) with the image block bidirectional through
-``token_type_ids`` (``vitrim.vlm.family_gemma3_masks``).
+``token_type_ids`` (``vitrim.vlm.families.gemma3_masks``).
 
 Index space: the image tokens entering the LLM are the projector's pooled tokens, so indices are raster indices of
 the pooled t×t grid (row-major, 0 … t²−1); pooled token (r, c) stands for the k×k patches of rows r·k … r·k+k−1 and
 columns c·k … c·k+k−1 of the tower's grid. Under the processor's pan-and-scan each crop is a picture of its own
 (its own ``pixel_values`` row and run of image tokens), so it is one "image" of ``last_selection`` and keeps ``keep``.
 
-Evidence (:class:`~vitrim.vlm.registry.VisionEvidence`) in that space:
+Evidence (:class:`~vitrim.vlm.method.base.VisionEvidence`) in that space:
 - ``features``: the pooled tower states (what the projector's norm and matmul read), so a merged token is the mean
   of its group's pooled states put through the projector's norm and matmul;
 - **no [CLS]**: the [CLS]-based methods (FasterVLM, VisPruner, VisionZip) rank by the attention each token RECEIVES
   at the scoring layer (the tower's last layer, whose output the projector reads), as for Qwen
-  (``vitrim.vlm.family_qwen2vl_vision``): per head, the softmax map of that layer from its own q/k projections on
+  (``vitrim.vlm.families.qwen2vl_vision``): per head, the softmax map of that layer from its own q/k projections on
   its input, summed over the queries and divided by the patch count, then summed over the k×k patches of each
   pooled token (per image and head the scores sum to 1). ``keys``: that layer's keys averaged over the k×k patches.
 
@@ -39,12 +39,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_gemma3_masks import decode_masks, gather_masks
-from vitrim.vlm.family_qwen2vl_vision import received_attention
-from vitrim.vlm.family_seams import inner_model, keep_all, prefill_input_ids
+from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
+from vitrim.vlm.families.qwen2vl_vision import received_attention
+from vitrim.vlm.families.seams import inner_model, keep_all, prefill_input_ids
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
-from vitrim.vlm.sequence import (
+from vitrim.vlm.method.base import ImageSelection, Installation, Method, VisionEvidence, content_seed
+from vitrim.vlm.stages.sequence import (
     DecodeState,
     columns_to_keep,
     decode_attention_mask,
@@ -52,7 +52,7 @@ from vitrim.vlm.sequence import (
     gather_columns,
     plan_short_sequence,
 )
-from vitrim.vlm.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 
 class Gemma3Adapter:

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_llava import LlavaAdapter, LlavaPreLLM
-from vitrim.vlm.family_seams import prefill_input_ids
+from vitrim.vlm.families.llava import LlavaAdapter, LlavaPreLLM
+from vitrim.vlm.families.seams import prefill_input_ids
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Installation, Method
-from vitrim.vlm.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.method.base import ImageSelection, Installation, Method
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 NEWLINE = -1  # in a token map: the position holds the image_newline token
 

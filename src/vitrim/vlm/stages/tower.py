@@ -1,7 +1,7 @@
 """vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
 
 ``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``), Gemma 3 (``Gemma3ForConditionalGeneration``)
-and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.family_paligemma``); other
+and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.families.paligemma``); other
 families are refused at ``apply`` (:data:`HANDLED`).
 
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
@@ -10,7 +10,7 @@ families are refused at ``apply`` (:data:`HANDLED`).
 ``keep=`` counts the tower's patches per image (P = (image_size / patch_size)²): on LLaVA-1.5 they are its image
 tokens; on Gemma 3 they are the 64×64 patches its projector pools to 16×16 image tokens, so ``keep`` runs up to
 4096 there, not 256. A SigLIP tower has no [CLS]: EViT, top-k and PPT rank by the attention each token receives
-instead (:mod:`vitrim.vlm.tower_ranking`); DiffRate is refused there.
+instead (:mod:`vitrim.vlm.method.tower_ranking`); DiffRate is refused there.
 
 The seam, and why it is this one. A reducer of :mod:`vitrim.reduce` acts between a block's attention and its MLP
 (``x = x + attn(LN(x))``; reduce; ``x = x + MLP(LN(x))``), on the keys, queries or values of that attention, and
@@ -44,7 +44,7 @@ p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the
 for. On LLaVA-1.5 and PaliGemma a patch is an image token, so this is the usual selection. On Gemma 3 every pooled
 image token still enters the LLM (``to_grid=True``): the indices are then patches of the 64×64 grid, not of the
 16×16 pooled tokens, and pooled token (r, c) is the mean of its k×k cell of the refilled grid, each patch carrying
-the token of its group (``vitrim.vlm.family_gemma3`` for the pooling).
+the token of its group (``vitrim.vlm.families.gemma3`` for the pooling).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Method, StageOptions
-from vitrim.vlm.tower_methods import TowerMethod, build_reducers
+from vitrim.vlm.method.base import ImageSelection, Method, StageOptions
+from vitrim.vlm.method.tower_reducers import TowerMethod, build_reducers
 
 
 @dataclass
@@ -79,7 +79,8 @@ class TowerPlan:
 
 
 class TowerReduction:
-    """Reducers on the encoder layers of one tower instance (module doc); an :class:`~vitrim.vlm.registry.Installation`.
+    """Reducers on the encoder layers of one tower instance (module doc); an
+    :class:`~vitrim.vlm.method.base.Installation`.
 
     ``reducers``: layer index -> reducer (layers up to ``plan.feature_index``). After each forward,
     :meth:`feature_state` is the token state at the feature layer and :meth:`selection` its per-image selection.

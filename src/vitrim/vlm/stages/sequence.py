@@ -3,7 +3,7 @@
 A guide for a family adapter (LLaVA's is ``family_llava.py``; a Qwen adapter reuses all of this):
 
 1. At prefill the adapter knows, per sample, which columns of the UNMODIFIED LLM input stay: every text and padding
-   column, and the kept image tokens (``keep_columns``, (B, L) bool, from :class:`~vitrim.vlm.spans.ImageSpans`
+   column, and the kept image tokens (``keep_columns``, (B, L) bool, from :class:`~vitrim.vlm.stages.spans.ImageSpans`
    and the method's selection: :func:`columns_to_keep`).
 2. :func:`plan_short_sequence` turns them into a :class:`ShortSequence`: per sample, the kept columns in their
    order, re-padded to the batch's longest on the side the input was padded (right when any sample's last column is
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vitrim.vlm.registry import ImageSelection
-from vitrim.vlm.spans import ImageSpans
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.spans import ImageSpans
 
 
 def columns_to_keep(spans: ImageSpans, selections: list[ImageSelection], num_tokens: int) -> Tensor:

@@ -3,7 +3,7 @@
 How it runs (forward pre-hooks with kwargs on the instance's own decoder layers; no class or source is changed):
 
 - Prefill (the first layer's cache is empty): at each drop layer K (a method may have several, PyramidDrop), the
-  method reads :class:`~vitrim.vlm.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
+  method reads :class:`~vitrim.vlm.stages.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
   layers ≥ K then run on the kept slots only: hidden states gathered per sample, rotary (cos, sin) and
   ``position_ids`` gathered so every token keeps its ORIGINAL position, the 4-D attention mask rebuilt on the kept
   keys (each layer's OWN mask: the per-layer-type masks of Gemma 3, sliding window and image block included).
@@ -38,15 +38,15 @@ cache cut outside vitrim (at decode: assisted decoding crops it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family import FamilyAdapter
-from vitrim.vlm.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
-from vitrim.vlm.in_llm_slots import (
+from vitrim.vlm.families import FamilyAdapter
+from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
+from vitrim.vlm.stages.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.stages.in_llm_slots import (
     Slots,
     as_implementation,
     decode_mask,
@@ -55,29 +55,7 @@ from vitrim.vlm.in_llm_slots import (
     prefill_mask,
     sliding_window,
 )
-from vitrim.vlm.registry import ImageSelection, Method, StageOptions
-from vitrim.vlm.spans import ImageSpans
-
-
-@dataclass(frozen=True)
-class DropStage:
-    """Drop before decoder layer ``layer``; ``tokens(N)`` image tokens of an image of N tokens stay from there on."""
-
-    layer: int
-    tokens: Callable[[int], int]
-
-
-class DropPolicy(Protocol):
-    """An in-LLM method: where it drops, and which image tokens it keeps (a pure function of the evidence)."""
-
-    needs_previous_layer: bool  # True: the evidence carries layer K-1's input (FastV's attention, DART's keys)
-    reads_attention: bool  # True: the method recomputes q/k of some layer (checked at install)
-
-    def drop_stages(self, num_layers: int) -> list[DropStage]: ...
-
-    def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
-        """Per image (batch reading order): the sorted raster indices it keeps, ``counts[i]`` of its current ones."""
-        ...
+from vitrim.vlm.stages.spans import ImageSpans
 
 
 class InLLMDrop:

@@ -8,7 +8,7 @@ continues from the image's largest coordinate + 1, so positions run ahead of or 
 ``rope_deltas`` (B, 1), which the model stores and adds at decode (position = tokens seen + rope_deltas).
 Images have different sizes, so the token count per image is known only at the forward pass.
 
-What vitrim does (conventions of ``vitrim.vlm.family_qwen2vl_vision`` for the evidence and the index space):
+What vitrim does (conventions of ``vitrim.vlm.families.qwen2vl_vision`` for the evidence and the index space):
 - **positions**: computed from the FULL sequence as the unmodified model would (its own ``get_rope_index``, or the
   ``position_ids`` ``generate`` passes), then sliced to the kept tokens, so dropping a token is masking its key;
 - **rope_deltas**: the LLM's cache holds ``n_dropped`` fewer tokens per sample, so after a pruned prefill the model's
@@ -24,7 +24,7 @@ input ids, mask and token types; decode: the mask); a forward pre-hook on the sc
 received attention, ``family_qwen2vl_vision``; only for methods that read it); a forward hook with kwargs on
 ``model.model.visual`` (the method selects per image; merged tokens are put through the merger and written into
 their slots); a forward pre-hook with kwargs on ``model.model.language_model`` (the LLM input is shortened,
-``vitrim.vlm.sequence``, at the full sequence's positions; rope_deltas corrected).
+``vitrim.vlm.stages.sequence``, at the full sequence's positions; rope_deltas corrected).
 Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
 
 Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per image token for each of the LLM's
@@ -42,18 +42,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
-from vitrim.vlm.family_seams import inner_model, input_ids_of, keep_all
+from vitrim.vlm.families.qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
+from vitrim.vlm.families.seams import inner_model, input_ids_of, keep_all
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Installation, Method, VisionEvidence, content_seed
-from vitrim.vlm.sequence import (
+from vitrim.vlm.method.base import ImageSelection, Installation, Method, VisionEvidence, content_seed
+from vitrim.vlm.stages.sequence import (
     DecodeState,
     columns_to_keep,
     decode_attention_mask,
     gather_columns,
     plan_short_sequence,
 )
-from vitrim.vlm.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
 

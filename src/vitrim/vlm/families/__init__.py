@@ -15,14 +15,14 @@ from typing import Protocol
 
 from torch import nn
 
-from vitrim.vlm.family_gemma3 import Gemma3Adapter
-from vitrim.vlm.family_llava import LlavaAdapter
-from vitrim.vlm.family_llava_next import LlavaNextAdapter
-from vitrim.vlm.family_paligemma import PaliGemmaAdapter
-from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.families.gemma3 import Gemma3Adapter
+from vitrim.vlm.families.llava import LlavaAdapter
+from vitrim.vlm.families.llava_next import LlavaNextAdapter
+from vitrim.vlm.families.paligemma import PaliGemmaAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import Installation, Method
-from vitrim.vlm.spans import ImageSpans
+from vitrim.vlm.method.base import Installation, Method
+from vitrim.vlm.stages.spans import ImageSpans
 
 
 class FamilyAdapter(Protocol):
@@ -45,7 +45,7 @@ class FamilyAdapter(Protocol):
         ...
 
     def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        """Install a pre-LLM method: ``keep`` image tokens per image enter the LLM (see vitrim.vlm.sequence)."""
+        """Install a pre-LLM method: ``keep`` image tokens per image enter the LLM (see vitrim.vlm.stages.sequence)."""
         ...
 
 
