@@ -13,6 +13,7 @@ from qwen_tiny import BUILDERS, IMAGE, batch, one
 from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.stages import pre_llm
 
 THREE = [  # different prompt lengths, image sizes and image counts; the same keep (a fraction) for each
     ([[1, 5], [7, 8, 9]], [(4, 6)]),
@@ -39,7 +40,7 @@ class TopReceived(Method):
 
 
 def install(model: torch.nn.Module, keep: float | int):
-    return Qwen2VLAdapter(model).install_pre_llm(TopReceived(), parse_keep(keep))
+    return pre_llm.install(Qwen2VLAdapter(model), TopReceived(), parse_keep(keep))
 
 
 def dropped_positions(inputs: dict, selection: list[ImageSelection], tokens: list[int]) -> torch.Tensor:

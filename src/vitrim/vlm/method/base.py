@@ -73,6 +73,12 @@ class ImageSelection:
     groups: tuple[Tensor, ...]
     merged: Tensor | None = None
 
+    def merged_slots(self) -> Tensor:
+        """(m,) positions in ``kept`` of the slots standing for several tokens: the only slots whose features a
+        family writes (a slot standing for itself keeps the model's own features, bit for bit)."""
+        sizes = torch.tensor([len(group) for group in self.groups], dtype=torch.long)
+        return (sizes > 1).nonzero()[:, 0].to(self.kept.device)
+
     @classmethod
     def unmerged(cls, kept: Tensor) -> ImageSelection:
         """The selection of the sorted ``kept`` (k,) tokens, each standing for itself (nothing merged)."""
