@@ -18,6 +18,11 @@ TOKENS = [52, 88]
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
+    return tiny_llava_next()
+
+
+def tiny_llava_next() -> torch.nn.Module:
+    """A tiny LlavaNextForConditionalGeneration in float64 (CLIP 16-px tiles of 4-px patches, a 2-layer Llama)."""
     config = transformers.LlavaNextConfig(
         vision_config=dict(
             model_type="clip_vision_model",
