@@ -9,8 +9,9 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
   keys (each layer's OWN mask: the per-layer-type masks of Gemma 3, sliding window and image block included).
   Dropping therefore equals the full model with those keys masked out from layer K on (to rounding: exactly on
   SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep different counts (different
-  numbers of images) are re-padded on the LEFT with filler slots that attend to nothing and that nothing attends
-  to, so each sample's last slots are its latest tokens (what a sliding-window cache keeps).
+  numbers of images) are re-padded on the LEFT with filler slots that attend to themselves only and that nothing
+  else attends to (a row seeing no key is NaN under eager attention), so each sample's last slots are its latest
+  tokens (what a sliding-window cache keeps).
 - The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
   step the new tokens join every stage, and each layer ≥ K gets a mask built on the keys ITS cache returns (all its
   slots; a sliding-window layer's last ``window − 1`` of them and the new ones): causal on the original columns,
@@ -21,7 +22,9 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
 - ``logits`` after a pruned prefill keep the full (B, L) layout: at a kept position they are the pruned model's
   (equal to the masked full model's), at a dropped image position they are the final norm and head applied to the
   hidden state the token had when it was dropped (an early exit; nothing attends to it afterwards). ``generate()``
-  reads the last position, which is always kept. ``output_hidden_states`` of layers ≥ K hold the kept slots only.
+  reads the last position, which is always kept: where a prompt ends on image tokens, its last one stays whatever
+  the method chose (that image then keeps one token more than ``keep``). ``output_hidden_states`` of layers ≥ K
+  hold the kept slots only.
 - A drop that keeps every token changes nothing: the hooks then leave every argument as it was (bit for bit).
 
 Handled: decoder stacks whose layers take ``(hidden_states, attention_mask=, position_ids=,
@@ -31,8 +34,11 @@ layers with their own masks and rotary tables), SDPA or eager attention, ``gener
 beams (the beams of one prompt keep the same tokens, so reordering them keeps every layer's cache consistent).
 Each layer's mask and rotary table are read from that layer's own arguments. Where the LLM receives masks already
 built per layer type (Gemma 3), the user's 2-D padding mask is read where the caller gives it (``padding_from``).
-Refused: flash/flex attention (at install); masks prepared for a static or compiled cache (at the prefill); a
-cache cut outside vitrim (at decode: assisted decoding crops it).
+Refused: flash/flex attention (at install); a static or compiled cache, or masks prepared for one (at the prefill,
+one message on every family: ``in_llm_slots.DYNAMIC_CACHE_ONLY``); a cache cut outside vitrim (at decode: assisted
+decoding crops it); meta-device inputs (naming the input). Between layers, what a family adds at the image positions
+(Qwen3-VL's DeepStack rows, after the LLM's first layers) follows the kept slots (``follow_in_llm_slots``).
+``last_selection`` after a prefill without images: [] (no image).
 """
 
 from __future__ import annotations
