@@ -20,7 +20,9 @@ GRID_TOKENS = 16  # the projector's pooled 4×4 grid
 WINDOW = 8
 
 
-def tiny_gemma3(attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+def tiny_gemma3(attn: str = "sdpa", seed: int = 0, image_size: int = 16) -> torch.nn.Module:
+    """``image_size`` 32: a 16×16 patch grid pooled 4×4 to the same 16 image tokens, the ratio of the real checkpoints
+    (896-px images of 14-px patches: 64×64 patches pooled 4×4 to 256 tokens)."""
     config = transformers.Gemma3Config(
         vision_config=dict(
             model_type="siglip_vision_model",
@@ -28,7 +30,7 @@ def tiny_gemma3(attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
             intermediate_size=37,
             num_hidden_layers=2,
             num_attention_heads=4,
-            image_size=16,
+            image_size=image_size,
             patch_size=2,
             vision_use_head=False,
         ),
@@ -71,9 +73,9 @@ def prompt(num_text_before: int, num_text_after: int, images: int = 1, seed: int
     return torch.cat(parts)
 
 
-def pixels(num_images: int, seed: int = 0) -> torch.Tensor:
+def pixels(num_images: int, seed: int = 0, size: int = 16) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(num_images, 3, 16, 16, generator=generator, dtype=torch.float64)
+    return torch.randn(num_images, 3, size, size, generator=generator, dtype=torch.float64)
 
 
 def batch(prompts: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
