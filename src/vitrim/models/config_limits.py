@@ -46,6 +46,10 @@ LIMITS: dict[str, int] = {
     "decoder_depth": _DEPTH,
     "num_heads": _HEADS,
     "num_attention_heads": _HEADS,
+    "num_key_value_heads": _HEADS,
+    "head_dim": _WIDTH,
+    "max_position_embeddings": 2**20,
+    "vocab_size": 2**20,
     "num_classes": 2**20,
     "src_vocab_size": 2**20,
     "tgt_vocab_size": 2**20,
@@ -66,12 +70,14 @@ POSITIVE = frozenset(
     {"embed_dim", "hidden_size", "dim", "intermediate_size", "depth", "num_hidden_layers", "encoder_depth"}
     | {"decoder_depth", "num_heads", "num_attention_heads", "src_vocab_size", "tgt_vocab_size", "max_len"}
     | {"img_size", "image_size", "patch_size", "in_chans", "num_channels", "groups", "widths"}
+    | {"num_key_value_heads", "head_dim", "max_position_embeddings", "vocab_size"}
 )
 # numbers that must be finite, and where they must lie: (low, high, low included)
 RANGES: dict[str, tuple[float, float, bool]] = {
     "mlp_ratio": (0.0, LIMITS["mlp_ratio"], False),
     "norm_eps": (0.0, 1.0, False),
     "layer_norm_eps": (0.0, 1.0, False),
+    "rms_norm_eps": (0.0, 1.0, False),
     "drop_rate": (0.0, 1.0, True),
     "attn_drop_rate": (0.0, 1.0, True),
     "drop_path_rate": (0.0, 1.0, True),
