@@ -1,11 +1,13 @@
 """The subcommands whose values users type most, run in-process with one argument replaced by a generated bad or edge
 value: each ends with exit code 0, or 2 and one line ``vitrim: error: …`` (or argparse's usage error), never with a
-traceback. (The demos are left out: a harmless mutation would run a whole demo per example.)"""
+traceback. (The demos are left out: a harmless mutation would run a whole demo per example.) Every numeric option has
+a bound (issue 45): a test walks the parser for one without."""
 
 from __future__ import annotations
 
 import argparse
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +19,7 @@ from vitrim.cli import models as cli_models
 from vitrim.cli.common import Bounded
 
 FUZZED = ["models", "explain", "train", "eval", "viz attention", "bench models", "bench attention", "bench reducers"]
+VLM_COMMANDS = ("vlm ask", "vlm ask fastv", "viz vlm", "vlm flops", "bench vlm")  # issue 45: vlm_invocations below
 
 
 BAD = ["-1", "0", "abc", "", "1e9", "nan", "{file}/x", "{missing}", "--help-me", "[1,", "x=1", "3.5"]
@@ -28,11 +31,19 @@ def test_every_subcommand_with_one_bad_value(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], command: str, position: int, bad: str
 ) -> None:
     tmp = tmp_path_factory.mktemp("cli")
+    run_with_one_bad_value(tmp, capsys, invocations(tmp)[command], position, bad)
+
+
+def run_with_one_bad_value(
+    tmp: Path, capsys: pytest.CaptureFixture[str], invocation: list[str], position: int, bad: str
+) -> None:
+    """``invocation`` with its argument at ``position`` (modulo its length) replaced by ``bad``: exit code 0, or 2
+    and one line (``vitrim: error: …``, or argparse's usage error), never a traceback."""
     capsys.readouterr()  # capsys spans every example: start from an empty stderr
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp)  # a generated value such as "nan" may become an output path: written here, not in the repo
         (tmp / "a_file").write_text("not a folder")
-        argv = list(invocations(tmp)[command])
+        argv = list(invocation)
         index = 1 + position % (len(argv) - 1)
         argv[index] = bad.format(file=tmp / "a_file", missing=tmp / "no" / "such")
         try:
@@ -46,6 +57,50 @@ def test_every_subcommand_with_one_bad_value(
         if code == 2:
             lines = [line for line in err.splitlines() if line.strip()]
             assert len(lines) == 1 and lines[0].startswith("vitrim: error: "), (argv, err)  # nothing else
+
+
+def vlm_invocations(tmp: Path) -> dict[str, list[str]]:
+    """The VLM commands on the shipped digits VLM (a run folder's hostile files: test_hostile_run_folders.py), and
+    bench vlm at toy sizes: each a second or less, so a mutation cannot start a long run."""
+    from cli_invocations import blank_png
+
+    image = str(blank_png(tmp))
+    return {
+        "vlm ask": ["vlm", "ask", "which digit ?", "--image", image, "--method", "random", "--keep", "0.25"],
+        "vlm ask fastv": ["vlm", "ask", "how many digits ?", "--image", image, "--method", "fastv", "--keep", "16"],
+        "viz vlm": ["viz", "vlm", "--canvas", "3", "--method", "random", "--keep", "16", "--out", str(tmp / "v.png")],
+        "vlm flops": ["vlm", "flops", "--models", "gemma-3-4b", "--keep", "64", "--text-tokens", "20"],
+        "bench vlm": [
+            "bench", "vlm", "--set", "vision_width=32,vision_mlp=48,vision_heads=4,image_size=56,llm_width=32,"
+            "llm_mlp=40,llm_heads=4", "--methods", "random", "--keep", "4", "--repeats", "1", "--warmup", "0",
+        ],
+    }  # fmt: skip
+
+
+VLM_BAD = [*BAD, "1e308", "-0", "0.0", "inf", "2**31", "9" * 30, "which digit ?", "random", "fastv,nope"]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(VLM_COMMANDS)), position=st.integers(1, 20), bad=st.sampled_from(VLM_BAD))
+def test_every_vlm_command_with_one_bad_value(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], command: str, position: int, bad: str
+) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    tmp = tmp_path_factory.mktemp("vlm_cli")
+    run_with_one_bad_value(tmp, capsys, vlm_invocations(tmp)[command], position, bad)
+
+
+@pytest.mark.full
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(VLM_COMMANDS)), position=st.integers(1, 20), bad=st.sampled_from(VLM_BAD))
+def test_every_vlm_command_with_one_bad_value_many_more(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], command: str, position: int, bad: str
+) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    tmp = tmp_path_factory.mktemp("vlm_cli")
+    run_with_one_bad_value(tmp, capsys, vlm_invocations(tmp)[command], position, bad)
 
 
 def test_warnings_are_one_plain_line_on_success_and_dropped_on_failure(tmp_path, capsys) -> None:
