@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=BATCH, default=2, help="batch of the example input (default 2)")
     parser.add_argument(
         "--opset",
-        type=Bounded(int, 7, 30, "an ONNX opset; torch exports 7 and up"),
+        type=Bounded(int, 1, 99, "an ONNX opset: numbered from 1; the exporter says which it can write"),
         default=None,
         help="ONNX opset (default: torch's)",
     )
