@@ -21,7 +21,6 @@ from vitrim.cli.common import (
     UNTIMED,
     Bounded,
     add_threads_argument,
-    check_counts,
     check_output_folder,
     parse_ints,
     parse_set,
@@ -169,7 +168,6 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    check_counts(args, ("batch", "heads", "head_dim"), minimum=1, expected="positive")
     try:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:
@@ -205,8 +203,6 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    check_counts(args, ("batch_size", "repeats"), minimum=1, expected="a positive int")
-    check_counts(args, ("warmup", "latency_repeats"), minimum=0, expected=">= 0")
     if (args.compile or args.optimize) and args.warmup == 0:
         raise ValueError(f"--{'compile' if args.compile else 'optimize'} needs --warmup >= 1 (the first call compiles)")
     if args.compile and args.optimize:

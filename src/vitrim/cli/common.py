@@ -90,17 +90,6 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def check_counts(args: argparse.Namespace, names: tuple[str, ...], *, minimum: int, expected: str) -> None:
-    """Each option in ``names`` (dests, e.g. ``"batch_size"``) must be >= ``minimum``; the error names the flag.
-
-    ``expected`` words the rule as the message says it: ``--batch-size must be a positive int, got 0``.
-    """
-    for name in names:
-        value = getattr(args, name)
-        if value < minimum:
-            raise ValueError(f"--{name.replace('_', '-')} must be {expected}, got {value}")
-
-
 def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]:
     """Repeated ``--set depth=4 --set embed_dim=32,num_heads=2`` -> one dict (later values win).
 

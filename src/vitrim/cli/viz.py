@@ -26,7 +26,7 @@ from torch import Tensor, nn
 import vitrim
 from vitrim.bench import rollout as rollout_bench
 from vitrim.bench.allocator import pin_malloc_threshold
-from vitrim.cli.common import BATCH, IMAGE_SIDE, Bounded, add_threads_argument, check_counts, check_output_file
+from vitrim.cli.common import BATCH, IMAGE_SIDE, Bounded, add_threads_argument, check_output_file
 from vitrim.data import DigitsCanvas
 from vitrim.data.images import read_image
 from vitrim.data.transforms import read_image_for
@@ -180,7 +180,6 @@ def _top(logits: Tensor) -> str:
 
 
 def run_rollout_memory(args: argparse.Namespace) -> int:
-    check_counts(args, ("img_size", "batch"), minimum=1, expected="positive")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in rollout_bench.MODES]
     if bad or not modes:
