@@ -1,5 +1,6 @@
 """torch.compile: every model kind on every family is captured whole (no graph break) and computes what eager
-computes (the cross product in ``make test-all``; every kind and every family once in ``make test``)."""
+computes (the cross product in ``make test-all``; in ``make test``, every family and every kind but Zero-TPrune once,
+compiled with fullgraph=True, which fails on any graph break)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from deploy_models import KINDS, build, cases, images
 SLOW_TO_TRACE = frozenset({"zero_tprune"})
 
 
-@pytest.mark.parametrize(("family", "kind"), cases(KINDS, slow=SLOW_TO_TRACE))
+# make test: the dense plain ViT only. test_compiled_equals_eager below compiles every kind and family of the diagonal
+# with fullgraph=True, which fails on any graph break; this test says why (dynamo's reasons), in make test-all.
+@pytest.mark.parametrize(("family", "kind"), cases(KINDS, every=len(KINDS)))
 def test_no_graph_breaks(family: str, kind: str) -> None:
     model = build(kind, family=family)
     torch._dynamo.reset()
