@@ -266,3 +266,26 @@ def test_running_out_of_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -
         patch.setattr(cli_models, "run", allocates(RuntimeError, "shape mismatch"))
         with pytest.raises(RuntimeError, match="shape mismatch"):
             main(["models"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "models", "vit_tiny_patch16_224", "--set", "embed_dim=1000000000"],
+        ["bench", "models", "vit_tiny_patch16_224[embed_dim=1000000000]"],
+        ["bench", "ops", "vit_tiny_patch16_224", "--set", "embed_dim=1000000000"],
+        ["bench", "reducers", "--models", "vit_tiny_patch16_224", "--set", "embed_dim=1000000000"],
+        ["train", "--model", "vit_tiny_patch16_224", "--set", "embed_dim=1000000000", "--out", "{tmp}/run"],
+    ],
+)
+def test_model_sizes_typed_on_the_command_line_are_bounded_like_a_file_s(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    """A size the machine may grant (Linux overcommits) and then spend hours filling is refused before any model is
+    built, naming the field, the value and the limit."""
+    capsys.readouterr()
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "embed_dim = 1000000000 is over the limit of 16384 for a model built from the " \
+        "command line" in err, err  # fmt: skip
+    assert not (tmp_path / "run").exists()

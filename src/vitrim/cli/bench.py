@@ -23,7 +23,7 @@ from vitrim.cli.common import (
     add_threads_argument,
     check_output_folder,
     parse_ints,
-    parse_set,
+    parse_model_set,
 )
 from vitrim.devices import parse_device
 from vitrim.extras import require
@@ -209,7 +209,7 @@ def run_models(args: argparse.Namespace) -> int:
         raise ValueError("pass --compile or --optimize, not both")
     cases = build_cases(
         args.models,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         keep_ratios=args.keep_ratio or (),
         reducers=args.reducer or (),
         img_size=args.img_size,
@@ -267,7 +267,7 @@ def run_reducers(args: argparse.Namespace) -> int:
         repeats=_positive_ints(args.repeats, "--repeats", TIMED),
         warmup=args.warmup,
         img_size=args.img_size,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         optimize=args.optimize,
     )
     names = [n.strip() for n in args.models.split(",") if n.strip()]

@@ -10,7 +10,7 @@ from torch import nn
 from vitrim import reduce
 from vitrim.bench import models, ops
 from vitrim.bench.model_cases import build_cases, parse_reducer
-from vitrim.cli.common import IMAGE_SIDE, Bounded, add_threads_argument, parse_set
+from vitrim.cli.common import IMAGE_SIDE, Bounded, add_threads_argument, parse_model_set
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"
 
@@ -66,7 +66,7 @@ def run_ops(args: argparse.Namespace) -> int:
     specs = args.reducer or default_reducer_specs()
     cases = build_cases(
         args.models,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         reducers=specs,
         img_size=args.img_size,
     )

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from vitrim.literals import parse_assignments
-from vitrim.models.config_limits import LIMITS
+from vitrim.models.config_limits import FROM_THE_COMMAND_LINE, LIMITS, check_file_config
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]
     values: dict[str, Any] = {}
     for text in items or []:
         values.update(parse_assignments(text, option, form))
+    return values
+
+
+def parse_model_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]:
+    """``--set`` of create_model overrides (:func:`parse_set`), each size bounded as a config file's is
+    (:func:`vitrim.models.config_limits.check_file_config`): ``--set embed_dim=1000000000`` is one line naming it,
+    not an allocation the machine may grant and then spend hours filling."""
+    values = parse_set(items, option, form)
+    check_file_config(values, option, origin=FROM_THE_COMMAND_LINE)
     return values
 
 

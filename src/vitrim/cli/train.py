@@ -12,6 +12,7 @@ from vitrim.cli.common import (
     add_data_arguments,
     add_threads_argument,
     check_output_folder,
+    parse_model_set,
     parse_set,
 )
 from vitrim.data import Augment
@@ -141,7 +142,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         **augment_from_args(args),
         out=str(check_output_folder(args.out, "--out")),
         epochs=args.epochs,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         batch_size=args.batch_size,
         lr=args.lr,
         weight_decay=args.weight_decay,
