@@ -32,7 +32,7 @@ from vitrim.models.config_limits import LIMITS
 from vitrim.vlm import apply, methods, remove
 from vitrim.vlm.api import STATE_ATTRIBUTE
 from vitrim.vlm.flops import LLAVA_15_7B, METHODS, VLM, LanguageModel, prefill_cost
-from vitrim.vlm.registry import method_class
+from vitrim.vlm.method.base import method_class
 
 TEXT_BEFORE_IMAGE = 35  # the system prompt and "USER: " before the image in LLaVA-1.5's template
 # Each setting's range: what a model config read from a file may ask for (vitrim.models.config_limits), so that a
