@@ -198,6 +198,11 @@ def test_each_bound_takes_its_own_range() -> None:
 
 
 def test_the_canvas_is_one_the_demo_scores(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from vitrim.cli.vlm_demo import CANVAS_INDEX
+    from vitrim.vlm_demo.demo import FULL
+
+    assert CANVAS_INDEX.high + 1 == FULL.test_canvases  # the bound is the demo's held-out set, not a round number
     with pytest.raises(SystemExit):
         main(["viz", "vlm", "--canvas", "200", "--out", str(tmp_path / "x.png")])
     last = capsys.readouterr().err.strip().splitlines()[-1]
