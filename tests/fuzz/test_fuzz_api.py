@@ -339,6 +339,9 @@ def test_a_border_resize_of_a_thin_image_keeps_it_one_pixel_high() -> None:
     pad = (round(255 * 0.5) / 255 - 0.5) / 0.5  # the fill colour, normalised
     line = (out == 1.0).all(0).all(1)  # rows that are white (normalised 1) across the whole width
     assert line.sum() == 1 and torch.allclose(out[:, ~line], torch.full_like(out[:, ~line], pad), atol=1e-6)
+    # the pixel guard measures the resize border mode makes (to fit inside), not the covering one of "center": a
+    # 20000x1 line shrinks to 224x1, where covering would be 4,480,000x224 and refused as a decompression bomb
+    assert eval_transform(config)(PIL.new("RGB", (20000, 1), (255, 255, 255))).shape == (3, 224, 224)
 
 
 @pytest.mark.parametrize(
