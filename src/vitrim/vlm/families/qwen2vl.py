@@ -19,12 +19,11 @@ What vitrim does (conventions of ``vitrim.vlm.families.qwen2vl_vision`` for the 
   who passes a mask and no positions gets the positions the model means (mask count + rope_deltas, this step's
   columns): transformers 5.24's unmodified Qwen fails on that path (it builds positions for the whole mask).
 
-Seams (hooks on this instance's submodules only): a forward pre-hook with kwargs on ``model.model`` (prefill: its
-input ids, mask and token types; decode: the mask); a forward pre-hook on the scoring block's attention (the
-received attention, ``family_qwen2vl_vision``; only for methods that read it); a forward hook with kwargs on
+Seams (hooks on this instance's submodules only; the prefill, the shortened LLM input and decoding are the pre-LLM
+stage's, :mod:`vitrim.vlm.stages.pre_llm`): a forward pre-hook on the scoring block's attention (the received
+attention, :mod:`vitrim.vlm.families.qwen2vl_vision`; only for methods that read it); a forward hook with kwargs on
 ``model.model.visual`` (the method selects per image; merged tokens are put through the merger and written into
-their slots); a forward pre-hook with kwargs on ``model.model.language_model`` (the LLM input is shortened,
-``vitrim.vlm.stages.sequence``, at the full sequence's positions; rope_deltas corrected).
+their slots); at the shortened prefill, the DeepStack rows and rope_deltas; at decode, M-RoPE positions.
 Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
 
 Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per image token for each of the LLM's

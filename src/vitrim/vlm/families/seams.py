@@ -1,6 +1,6 @@
 """What the family adapters read the same way: the model's layout, a forward's input ids, a selection keeping all.
 
-Each ``family_<name>.py`` adapter checks the instance's submodules, finds the ``input_ids`` of the forward passes
+Each ``families/<name>.py`` adapter checks the instance's submodules, finds the ``input_ids`` of the forward passes
 it hooks and, where nothing is pruned, records a selection keeping every token; the three do that alike for every
 family, so they live here once (this module imports no adapter and no transformers).
 """

@@ -137,8 +137,11 @@ class Method:
     def check(self) -> None:
         """Raise ``ValueError`` naming the option, its value and what was expected (``self.options``)."""
 
-    def default_keep(self) -> int | None:
-        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``), else None."""
+    default_layer: ClassVar[int | None] = None  # in-LLM: the authors' drop layer K when ``layer=`` is not given
+
+    def default_keep(self) -> int | float | None:
+        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``; FastV: a fraction
+        of each image's tokens), else None."""
         return None
 
     def check_keep(self, keep: int) -> None:

@@ -115,6 +115,8 @@ class Dart(Method):
     on; default 1 − 0.778 of them, the authors' reduction ratio: 128 of 576), ``pivot_image_token`` (default 4),
     ``pivot_text_token`` (default 4)."""
 
+    default_layer = DART_LAYER
+
     defaults: ClassVar[Mapping[str, Any]] = {
         "pivot_image_token": DART_PIVOT_IMAGE_TOKEN,
         "pivot_text_token": DART_PIVOT_TEXT_TOKEN,
@@ -126,7 +128,7 @@ class Dart(Method):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an int >= {least}")
 
-    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
+    def default_keep(self) -> float:  # a fraction: parse_keep takes it
         return 1.0 - DART_REDUCTION_RATIO
 
     def drop_policy(self, options: StageOptions) -> DartDrop:

@@ -18,7 +18,8 @@ Per forward pass with images (a prefill), in the order the model runs them:
    shorter layout (:meth:`PreLLMSeams.decode_extras` for the family's own).
 
 Everything a family differs in is one of the seams of :class:`PreLLMSeams`; beams, sampling, ``use_cache=False``,
-``labels=`` and the text-only forward are handled here, the same for every family. When every image keeps all its
+``labels=`` (the loss over the positions that entered the LLM) and the text-only forward are handled here, the same
+for every family. When every image keeps all its
 tokens, nothing is changed (bit for bit the unmodified model).
 """
 
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
@@ -131,12 +133,15 @@ class PreLLMStage:
         self.decode: DecodeState | None = None
         self.decode_cache: weakref.ref[Any] | None = None
         self.shortened_now = False
-        self.labels_given = False
+        self.labels: Tensor | None = None  # the caller's labels= of the forward in flight (B, L)
+        self.short_labels: Tensor | None = None  # those of the positions a shortened prefill kept (B, L')
+        self.loss_options: dict[str, Any] = {}
         handles = [
             family.inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
             family.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
             family.language_model.register_forward_hook(self.after_llm, with_kwargs=True),
-            family.model.register_forward_pre_hook(self.note_labels, with_kwargs=True),
+            family.model.register_forward_pre_hook(self.take_labels, with_kwargs=True),
+            family.model.register_forward_hook(self.loss_after, with_kwargs=True),
         ]
         self.undo: list[Callable[[], None]] = [handle.remove for handle in handles]
         try:
@@ -185,16 +190,31 @@ class PreLLMStage:
         self.family.decode_extras(kwargs, self.decode, mask, seen, new)
         return args, kwargs
 
-    def note_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.labels_given = kwargs.get("labels") is not None
+    def take_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``labels=`` (B, L) are over the unmodified input; the model gets none, and the loss is computed after it
+        (:meth:`loss_after`) over the positions that entered the LLM."""
+        self.labels = self.short_labels = None
+        labels = kwargs.get("labels")
+        if labels is None:
+            return None
+        self.labels, self.loss_options = labels, {k: kwargs[k] for k in ("num_items_in_batch",) if k in kwargs}
+        kwargs["labels"] = None
+        return args, kwargs
 
-    def refuse_labels(self) -> None:
-        """A loss over every position needs every position: refused when this prefill is shortened."""
-        if self.labels_given:
-            raise ValueError(
-                "labels= (a loss over every position) cannot be computed while vitrim.vlm shortens the LLM input; "
-                "call vitrim.vlm.remove(model) to train or score with labels"
-            )
+    def loss_after(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
+        """The model's own loss function on the logits it returned, with the labels of the positions it ran on (a
+        shortened prefill: the kept columns' labels, -100 at re-padding), shifted within that sequence as the
+        authors who fine-tune on pruned tokens do."""
+        labels = self.labels if self.short_labels is None else self.short_labels
+        self.labels = self.short_labels = None
+        if labels is None:
+            return None
+        model: Any = module  # transformers' …ForConditionalGeneration: its config and its own loss_function
+        vocab_size = model.config.get_text_config().vocab_size
+        output.loss = model.loss_function(
+            logits=output.logits, labels=labels.to(output.logits.device), vocab_size=vocab_size, **self.loss_options
+        )
+        return output
 
     # the LLM: the shortened prefill
 
@@ -211,7 +231,6 @@ class PreLLMStage:
         self.reported = selections
         if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
             return None  # every token stays: the model runs unmodified
-        self.refuse_labels()
         is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
         order = repeated_images(counts, is_image.sum(1).tolist())
         spans = spans_from_mask(is_image, [counts[i] for i in order])
@@ -222,6 +241,9 @@ class PreLLMStage:
         kwargs["inputs_embeds"] = gather_columns(short, embeds)
         kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
         self.family.shorten_extras(kwargs, prefill, Shortened(short, kept, spans, order))
+        if self.labels is not None:
+            labels = gather_columns(short, self.labels.to(short.columns.device))
+            self.short_labels = torch.where(short.real, labels, torch.full_like(labels, IGNORE_INDEX))
         if not isinstance(kwargs.get("attention_mask"), dict):
             kwargs["attention_mask"] = short.attention_mask
         self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
@@ -291,6 +313,8 @@ def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
         order += mine * repeat
     return order
 
+
+IGNORE_INDEX = -100  # transformers' loss skips this label
 
 PREPARED_MASKS = (
     "vitrim.vlm shortens the prefill from the caller's 2-D attention_mask and needs it at decode; got masks "
