@@ -30,6 +30,9 @@ Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per i
 first layers (``deepstack_visual_embeds``, added at ``visual_pos_masks``); those rows go with their tokens, and a
 merged slot's rows are the mean of its group's. ``generate()`` encodes the images before its first forward
 (``mm_encoder_outputs``) and expands beams after; both are handled (the method selects in the tower's own hook).
+Inside the LLM (the in-LLM stage) the rows are added after layers 0, 1, 2 of the real checkpoints, at or after
+FastV's and DART's default drop layer 2: :meth:`Qwen2VLAdapter.follow_in_llm_slots` reads the rows and their mask
+at the kept slots once a drop has shortened the hidden states.
 """
 
 from __future__ import annotations
