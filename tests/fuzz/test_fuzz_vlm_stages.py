@@ -49,22 +49,30 @@ samples = st.tuples(st.integers(1, 4), st.integers(0, 2), st.integers(0, 3))
 batches = st.lists(samples, min_size=1, max_size=3)
 
 
-def llava_inputs(shape: list[tuple[int, int, int]], side: str, seed: int) -> dict[str, torch.Tensor]:
-    from tiny_llava import GRID_TOKENS, IMAGE_TOKEN, batch, pixels
+def llava_inputs(shape: list[tuple[int, int, int]], side: str, seed: int, family: Any = None) -> dict:
+    """A batch for the tiny LLaVA (``family`` None) or the module of another tiny family of the same prompt layout
+    (``tiny_gemma3``: each image after its begin-of-image token, token types and the model's positions added)."""
+    import tiny_llava
 
+    family = family or tiny_llava
+    GRID_TOKENS, IMAGE_TOKEN, batch, pixels = family.GRID_TOKENS, family.IMAGE_TOKEN, family.batch, family.pixels
+    before_image = [torch.tensor([family.BOI])] if hasattr(family, "BOI") else []
     generator = torch.Generator().manual_seed(seed)
     prompts = []
     for before, images, after in shape:
-        parts = [torch.randint(5, 99, (before,), generator=generator)]
+        parts = [torch.randint(6, 99, (before,), generator=generator)]
         for image in range(images):
-            parts.append(torch.full((GRID_TOKENS,), IMAGE_TOKEN))
+            parts += [*before_image, torch.full((GRID_TOKENS,), IMAGE_TOKEN)]
             if image < images - 1:
-                parts.append(torch.randint(5, 99, (1,), generator=generator))
-        parts.append(torch.randint(5, 99, (after,), generator=generator))
+                parts.append(torch.randint(6, 99, (1,), generator=generator))
+        parts.append(torch.randint(6, 99, (after,), generator=generator))
         prompts.append(torch.cat(parts))
     input_ids, attention_mask = batch(prompts, side)
     count = sum(images for _, images, _ in shape)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if hasattr(family, "token_types"):
+        inputs["token_type_ids"] = family.token_types(input_ids)
+        inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0) * attention_mask  # as generate() has
     return {**inputs, "pixel_values": pixels(count, seed=seed)} if count else inputs
 
 
@@ -79,7 +87,7 @@ BAD_KEEPS = [-1, 0, 17, 0.0, 1.5, float("nan"), "half", True]
 keeps = st.one_of(
     st.none(), st.integers(1, 16), st.sampled_from([0.25, 0.5, 1.0]), st.integers(1, 4), st.sampled_from(BAD_KEEPS)
 )
-layer_values = st.sampled_from([None, None, None, 1, 1, 1, 1, 1, 1, 2, 3, -1, 0, 1.5, "1", True])
+layer_values = st.sampled_from([None, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3, -1, 0, 1.5, "1", True])
 
 
 @st.composite
@@ -135,7 +143,7 @@ def applied_or_refused(model: torch.nn.Module, name: str, options: dict[str, Any
         RAN["applied"] += 1
     except CLEAR as err:
         RAN["refused"] += 1
-        words = (*options, "layer")
+        words = (*options, "layer=", "drop layer", repr(name))  # an option given, the default layer, the method
         assert any(word in str(err) for word in words), f"{name} {options}: {err}"
         assert "\n" not in str(err).strip()
         assert vitrim_hooks(model) == 0 and not hasattr(model, STATE_ATTRIBUTE)
@@ -213,12 +221,9 @@ def forward_generate_text_only(model: torch.nn.Module, inputs: dict, images: int
     return out
 
 
-def run_in_llm_on_llava(model, method, shape, side, seed) -> None:
-    from llm_reference import masked_layers
-    from tiny_llava import GRID_TOKENS, IMAGE_TOKEN
-
-    inputs = llava_inputs(shape, side, seed)
-    images = sum(images for _, images, _ in shape)
+def run_in_llm(model, method, inputs: dict, images: int, tokens: int, image_token: int, reference: Any) -> None:
+    """One in-LLM case; ``reference(drops, llm_kwargs)``: the masked model's logits (B, L, V) for the kept columns
+    ``drops`` {K: (B, L) bool} given the keyword arguments the LLM received."""
     lm = model.model.language_model
 
     def run() -> tuple:
@@ -231,7 +236,7 @@ def run_in_llm_on_llava(model, method, shape, side, seed) -> None:
         finally:
             handle.remove()
         stages = drop.stage_selections() if images else []
-        forward_generate_text_only(model, inputs, images, GRID_TOKENS)
+        forward_generate_text_only(model, inputs, images, tokens)
         return out, calls[0], stages, [stage.layer for stage in drop.stages]
 
     ran = applied_run(model, method, inputs, run)
@@ -240,14 +245,29 @@ def run_in_llm_on_llava(model, method, shape, side, seed) -> None:
     out, given, stages, layers = ran
     mask = inputs["attention_mask"]
     drops = {
-        layer: kept_positions(inputs["input_ids"], IMAGE_TOKEN, [GRID_TOKENS] * images, kept)
+        layer: kept_positions(inputs["input_ids"], image_token, [tokens] * images, kept)
         for layer, kept in zip(layers, stages, strict=True)
     }
     last = drops[layers[-1]]
-    assert bool(last[torch.arange(len(shape)), last_real(mask)].all())  # the last real position stays
+    assert bool(last[torch.arange(mask.shape[0]), last_real(mask)].all())  # the last real position stays
     with torch.no_grad():
-        reference = model.lm_head(masked_layers(lm, given["inputs_embeds"], mask, given.get("position_ids"), drops))
-    assert (out - reference)[mask.bool() & last].abs().max() <= TOL
+        expected = reference(drops, given)
+    assert (out - expected)[mask.bool() & last].abs().max() <= TOL
+
+
+def run_in_llm_on_llava(model, method, shape, side, seed) -> None:
+    from llm_reference import masked_layers
+    from tiny_llava import GRID_TOKENS, IMAGE_TOKEN
+
+    inputs = llava_inputs(shape, side, seed)
+    mask = inputs["attention_mask"]
+
+    def reference(drops: dict, given: dict) -> torch.Tensor:
+        lm = model.model.language_model
+        return model.lm_head(masked_layers(lm, given["inputs_embeds"], mask, given.get("position_ids"), drops))
+
+    images = sum(images for _, images, _ in shape)
+    run_in_llm(model, method, inputs, images, GRID_TOKENS, IMAGE_TOKEN, reference)
 
 
 def run_tower_on_llava(model, method, shape, side, seed) -> None:
@@ -278,6 +298,60 @@ def test_tower_on_llava(llava, examples) -> None:
     @given(method=tower_options(), shape=batches, side=SIDES, seed=SEEDS)
     def case(method, shape, side, seed) -> None:
         run_tower_on_llava(llava, method, shape, side, seed)
+
+    case()
+
+
+# -- Gemma 3: the in-LLM stage on sliding-window and full layers with their own masks; the tower on the grid -------
+
+
+@pytest.fixture(scope="module")
+def gemma3() -> torch.nn.Module:
+    from tiny_gemma3 import tiny_gemma3
+
+    return tiny_gemma3(seed=12)
+
+
+def run_in_llm_on_gemma3(model, method, shape, seed) -> None:
+    import tiny_gemma3
+    from gemma3_llm_reference import image_runs, llm_embeddings, masked_gemma3
+
+    inputs = llava_inputs(shape, "left", seed, family=tiny_gemma3)
+    images = sum(images for _, images, _ in shape)
+
+    def reference(drops: dict, given: dict) -> torch.Tensor:
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        embeds = llm_embeddings(model, ids, inputs["pixel_values"])
+        return masked_gemma3(model, embeds, image_runs(ids), mask, inputs["position_ids"], drops)
+
+    run_in_llm(model, method, inputs, images, tiny_gemma3.GRID_TOKENS, tiny_gemma3.IMAGE_TOKEN, reference)
+
+
+def run_tower_on_gemma3(model, method, shape, seed) -> None:
+    import tiny_gemma3
+
+    inputs = llava_inputs(shape, "left", seed, family=tiny_gemma3)
+    images = sum(images for _, images, _ in shape)
+    patches = (16 // 2) ** 2  # the tower's 8×8 patches: what the tower stage's selection indexes
+    applied_run(model, method, inputs, lambda: forward_generate_text_only(model, inputs, images, patches))
+
+
+@pytest.mark.parametrize("examples", [10, pytest.param(60, marks=pytest.mark.full)])
+def test_in_llm_on_gemma3(gemma3, examples) -> None:
+    @_settings(examples)
+    @given(method=in_llm_options(), shape=batches, seed=SEEDS)
+    def case(method, shape, seed) -> None:
+        run_in_llm_on_gemma3(gemma3, method, shape, seed)
+
+    case()
+
+
+@pytest.mark.parametrize("examples", [6, pytest.param(40, marks=pytest.mark.full)])
+def test_tower_on_gemma3(gemma3, examples) -> None:
+    @_settings(examples)
+    @given(method=tower_options(), shape=batches, seed=SEEDS)
+    def case(method, shape, seed) -> None:
+        run_tower_on_gemma3(gemma3, method, shape, seed)
 
     case()
 

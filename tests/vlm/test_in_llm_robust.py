@@ -189,3 +189,12 @@ def test_meta_pixels_are_refused_by_the_tower_stage_where_nothing_else_reads_the
     vitrim.vlm.apply(model, "evit", keep_rate=0.5)
     with pytest.raises(ValueError, match=r"^pixel_values is on the meta device"):
         model(**{**inputs, "pixel_values": inputs["pixel_values"].to("meta")})
+
+
+@pytest.mark.parametrize(("name", "missing"), [("tome", "'r'"), ("pitome", "'ratio'"), ("diffrate", "'merge_kept'")])
+def test_a_tower_method_without_its_strength_is_refused_in_vitrims_words(name, missing):
+    """Found by the fuzz: ``apply(model, "tome")`` raised Python's own "for_layers() missing 1 required argument"."""
+    model, _ = FAMILIES["llava"]()
+    with pytest.raises(ValueError, match=rf"^tower method '{name}' needs option\(s\) \[.*{missing}"):
+        vitrim.vlm.apply(model, name)
+    assert not hasattr(model, "_vitrim_vlm")
