@@ -109,6 +109,9 @@ def run_user_ask(args: argparse.Namespace) -> int:
         options = {"keep": parse_keep(args.keep), **options}
     out = None if args.out is None else check_output_folder(args.out, "--out")
     picture = read_picture(args.image)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # the loading bars would bury the answer and the one-line errors
     model, processor = load_model(args.model)
     answer = ask(model, processor, picture, args.question, args.method, max_new_tokens, **options)
     print(answer.text)
