@@ -82,19 +82,23 @@ def test_llava_next_tiles_by_hand() -> None:
     assert math.isnan(boxes.boxes[5, 0]) and boxes.view.tolist() == [0, 0, -1, 1, 1, -1]
 
 
+SCALE = 3  # pixel value per pixel of distance: pictures up to 85 px
+
+
 def coordinate_picture(height: int, width: int) -> object:
-    """R = 4·x, G = 4·y (pixel indices): a linear picture, which the processors' resize keeps linear inside."""
+    """R = 3·x, G = 3·y (pixel indices): a linear picture, which the processors' resize keeps linear inside."""
     from PIL import Image
 
+    assert SCALE * max(height, width) < 256
     y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([4 * x, 4 * y, np.zeros_like(x)], axis=-1).astype(np.uint8)
+    rgb = np.stack([SCALE * x, SCALE * y, np.zeros_like(x)], axis=-1).astype(np.uint8)
     return Image.fromarray(rgb)
 
 
 def box_centres_seen(pixels: torch.Tensor, cell: int, rows: int, cols: int) -> torch.Tensor:
-    """(rows·cols, 2): the mean R/4, G/4 over each cell of the processed frame (3, H, W) — the original x, y
+    """(rows·cols, 2): the mean R/3, G/3 over each cell of the processed frame (3, H, W) — the original x, y
     coordinate (pixel index) the cell's pixels came from, on average."""
-    means = torch.nn.functional.avg_pool2d(pixels[None, :2].double(), cell)[0] / 4  # (2, rows, cols)
+    means = torch.nn.functional.avg_pool2d(pixels[None, :2].double(), cell)[0] / SCALE  # (2, rows, cols)
     return means.reshape(2, rows * cols).T
 
 
@@ -132,3 +136,51 @@ def test_qwen_boxes_match_the_processor() -> None:
     inside = ((centres > 3) & (centres < torch.tensor([37, 23]) - 3)).all(1)
     assert inside.sum() >= 10
     assert torch.allclose(seen[inside], centres[inside] - 0.5, atol=0.6)
+
+
+@pytest.mark.parametrize("size", [(20, 80), (60, 44)])
+def test_llava_next_boxes_match_the_model_and_processor(size: tuple[int, int]) -> None:
+    """A tiny LLaVA-NeXT's own packing (unpadding included, at 80×20) and LlavaNextImageProcessor's tiles: each
+    packed token's box centre is where its tile patch's pixels came from."""
+    from vitrim.viz.vlm_boxes import vlm_token_boxes
+    from vitrim.vlm.families import find_family
+
+    pinpoints = [[16, 32], [32, 16], [32, 32]]
+    config = transformers.LlavaNextConfig(
+        vision_config=dict(
+            model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+            num_attention_heads=4, image_size=16, patch_size=4,
+        ),
+        text_config=dict(
+            model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2,
+        ),
+        image_token_id=3, vision_feature_layer=-1, vision_feature_select_strategy="default",
+        image_grid_pinpoints=pinpoints,
+    )  # fmt: skip
+    model = transformers.LlavaNextForConditionalGeneration(config).eval()
+    image_processor = transformers.LlavaNextImageProcessor(
+        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, image_grid_pinpoints=pinpoints,
+        do_rescale=False, do_normalize=False,
+    )  # fmt: skip
+    out = image_processor(images=[coordinate_picture(*size)], return_tensors="pt")
+    (boxes,) = vlm_token_boxes(model, SimpleNamespace(image_processor=image_processor), dict(out), [size])
+    (token_map,) = find_family(model).token_maps(out["image_sizes"])
+    tiles = out["pixel_values"][0]  # (tiles, 3, 16, 16)
+    seen = {tile: box_centres_seen(tiles[tile], 4, 4, 4) for tile in range(len(tiles))}
+    placed = 0
+    for position, number in enumerate(token_map.tolist()):
+        if number < 0:
+            assert boxes.view[position] == -1
+            continue
+        tile, token = divmod(number, 16)
+        assert boxes.view[position] == (0 if tile == 0 else 1) or math.isnan(boxes.boxes[position, 0])
+        x0, y0, x1, y1 = boxes.boxes[position].tolist()
+        if math.isnan(x0):
+            continue
+        centre = torch.tensor([(x0 + x1) / 2, (y0 + y1) / 2], dtype=torch.float64)
+        if (centre < 3).any() or centre[0] > size[1] - 3 or centre[1] > size[0] - 3 or (x1 - x0) < 3 or (y1 - y0) < 3:
+            continue  # the edges' blur, and patches half in the padding
+        placed += 1
+        assert torch.allclose(seen[tile][token], centre - 0.5, atol=0.75), (position, number)
+    assert placed >= 6
