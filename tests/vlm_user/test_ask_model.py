@@ -133,3 +133,10 @@ def test_a_folder_without_a_config(
 def test_demo_flags_need_model(folders: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["vlm", "ask", "w10", "--image", str(folders["picture"]), "--out", "x"]) == 2
     assert "--out go with --model" in capsys.readouterr().err
+
+
+def test_save_tiny_vlm_names_its_families(tmp_path: Path) -> None:
+    from vitrim.vlm_user import save_tiny_vlm
+
+    with pytest.raises(ValueError, match="family must be one of llava, qwen2_5_vl, got 'gemma'"):
+        save_tiny_vlm(tmp_path / "x", "gemma")

@@ -8,10 +8,12 @@ method of :mod:`vitrim.vlm` applied, and record which image tokens entered the L
     answer.text, answer.entered, answer.total                         # the reply; image tokens in the LLM / unpruned
     answer.records                                                    # per image: the selection, JSON-ready
 
-The picture of the kept tokens on the user's image is :func:`vitrim.viz.plot_vlm_kept`.
+The picture of the kept tokens on the user's image is :func:`vitrim.viz.plot_vlm_kept`; :func:`save_tiny_vlm`
+writes a tiny random checkpoint folder to try all this offline.
 """
 
 from vitrim.vlm_user.ask import Answer, ask, save_answer
 from vitrim.vlm_user.load import load_model
+from vitrim.vlm_user.tiny import save_tiny_vlm
 
-__all__ = ["Answer", "ask", "load_model", "save_answer"]
+__all__ = ["Answer", "ask", "load_model", "save_answer", "save_tiny_vlm"]
