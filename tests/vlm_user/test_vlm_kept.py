@@ -45,3 +45,15 @@ def test_plot_titles_count_the_tokens() -> None:
     assert ax.get_title() == "image (2x2): 3 of 4 tokens in"
     assert "2 LLM tokens stand for 3 of 4 image tokens" in fig._suptitle.get_text()
     assert len(ax.patches) == 2  # the merged group's two boxes outlined
+
+
+def test_pixels_of_no_token_are_greyed() -> None:
+    """A 2×2 grid over the left 4 columns of a 4×6 picture: columns 4, 5 belong to no token."""
+    rgb = np.random.default_rng(1).random((4, 6, 3)).astype(np.float32)
+    boxes = grid_boxes(2, 2, 1.0, Affine(2.0, 0.0), Affine(2.0, 0.0), (4, 6))
+    narrow = TokenBoxes(boxes, torch.zeros(4, dtype=torch.long), ("image",), ((2, 2),), (4, 6))
+    (panel,) = render_vlm_kept(
+        rgb, narrow, [torch.tensor([0]), torch.tensor([1]), torch.tensor([2]), torch.tensor([3])]
+    )
+    np.testing.assert_allclose(panel[:, :4], rgb[:, :4])
+    np.testing.assert_allclose(panel[:, 4:], 0.25 + 0.5 * rgb[:, 4:], rtol=1e-6)

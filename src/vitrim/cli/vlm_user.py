@@ -123,7 +123,8 @@ def run_user_ask(args: argparse.Namespace) -> int:
     else:
         print(f"{answer.method}: {entered} of {total} image tokens entered the LLM")
     if out is not None:
-        title = f'{answer.method or "no method"} on "{args.question}" -> "{answer.text}"'
+        reply = answer.text if len(answer.text) <= 40 else answer.text[:39] + "…"
+        title = f'{answer.method or "no method"}, keep {args.keep}: "{args.question}" -> "{reply}"'
         for path in save_answer(answer, picture, Path(out), title=title):
             print(f"wrote {path}")
     return 0

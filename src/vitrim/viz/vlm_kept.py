@@ -4,7 +4,8 @@ Each LLM image token is a pixel box of the original picture (:mod:`vitrim.viz.vl
 :func:`vitrim.vlm.last_selection`'s ``groups``: one group per token that entered the LLM, the token indices it
 stands for. A token in no group was dropped and is washed towards white; a token that entered alone keeps its
 pixels; the tokens of a merged group (several indices in one LLM token) are tinted and outlined in the group's
-colour. LLaVA-NeXT's base view and tiles see the picture twice: one panel each.
+colour; pixels no token of the view covers (LLaVA-1.5's crop cut them off) are greyed. LLaVA-NeXT's base view and
+tiles see the picture twice: one panel each.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def render_vlm_kept(
     image: Any, boxes: TokenBoxes, groups: Sequence[Tensor], wash: float = 0.7, tint: float = 0.45
 ) -> list[np.ndarray]:
     """Per view of ``boxes``, (H, W, 3) float32 in [0, 1]: dropped tokens' pixels washed towards white by ``wash``,
-    merged groups' pixels blended with their colour by ``tint``, tokens that entered alone untouched."""
+    merged groups' pixels blended with their colour by ``tint``, tokens that entered alone untouched, pixels of no
+    token blended half-way to mid grey."""
     if not 0.0 <= wash <= 1.0 or not 0.0 <= tint <= 1.0:
         raise ValueError(f"wash and tint must be in [0, 1], got {wash!r} and {tint!r}")
     rgb = picture_array(image)
@@ -81,15 +83,17 @@ def render_vlm_kept(
     sizes = torch.bincount(entered[entered != DROPPED], minlength=len(groups))
     panels = []
     for view in range(len(boxes.views)):
-        panel = rgb.copy()
+        panel = 0.5 * 0.5 + 0.5 * rgb  # what no token covers stays grey
         for token in torch.nonzero(boxes.view == view).reshape(-1).tolist():
             rows, cols = _pixels(boxes.boxes[token])
             number = int(entered[token])
             if number == DROPPED:
                 panel[rows, cols] = wash + (1.0 - wash) * rgb[rows, cols]
+            elif sizes[number] == 1:
+                panel[rows, cols] = rgb[rows, cols]
             elif sizes[number] > 1:
                 panel[rows, cols] = tint * group_colour(number) + (1.0 - tint) * rgb[rows, cols]
-        panels.append(panel)
+        panels.append(panel.astype(np.float32))
     return panels
 
 
