@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
 from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
-from vitrim.cli.vlm_user import add_user_model_arguments, refuse_user_flags, run_user_ask
+from vitrim.cli.vlm_user import add_user_model_arguments, demo_mode, run_user_ask
 from vitrim.extras import require
 
 
@@ -123,7 +123,7 @@ def _run_ask(args: argparse.Namespace) -> int:
 
     if args.model is not None:
         return run_user_ask(args)
-    refuse_user_flags(args)
+    demo_mode(args)
 
     keep = parse_keep(args.keep)
     model = load_demo_model(args.run)

@@ -13,6 +13,8 @@ from typing import Any
 from vitrim.cli.common import check_output_folder
 from vitrim.extras import require
 
+DEMO_KEEP = "0.25"  # the digits demo's --keep when none is given
+
 
 def add_user_model_arguments(p: argparse.ArgumentParser) -> None:
     """``--model``, ``--set``, ``--max-new-tokens``, ``--out`` on the ``ask`` parser."""
@@ -34,6 +36,9 @@ def add_user_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", default=None, help="folder for selection.json and kept_tokens.png (with --model; default: none)"
     )
+    # with --model, no --keep means the method's own default (pdrop takes none: its layers and ratios say it all);
+    # the demo's default (0.25) is filled in by demo_mode
+    p.set_defaults(keep=None)
 
 
 def parse_options(settings: list[str]) -> dict[str, Any]:
@@ -83,8 +88,9 @@ def read_picture(path: str) -> Any:
         raise ValueError(f"--image {path}: not a picture PIL can read ({err})") from None
 
 
-def refuse_user_flags(args: argparse.Namespace) -> None:
-    """The demo's mode (no --model): the flags that only --model reads are refused, not ignored."""
+def demo_mode(args: argparse.Namespace) -> None:
+    """The demo's mode (no --model): the flags that only --model reads are refused, not ignored; --keep defaults to
+    0.25 of the demo's 64 tokens."""
     given = [
         flag
         for flag, value in (("--set", args.set), ("--max-new-tokens", args.max_new_tokens), ("--out", args.out))
@@ -92,6 +98,8 @@ def refuse_user_flags(args: argparse.Namespace) -> None:
     ]
     if given:
         raise ValueError(f"{', '.join(given)} go with --model (your own VLM); the digits demo takes none")
+    if args.keep is None:
+        args.keep = DEMO_KEEP
 
 
 def run_user_ask(args: argparse.Namespace) -> int:
@@ -105,7 +113,9 @@ def run_user_ask(args: argparse.Namespace) -> int:
     options = parse_options(args.set)
     if args.method is None and options:
         raise ValueError(f"--set {args.set[0]} needs --method")
-    if args.method is not None:
+    if args.method is None and args.keep is not None:
+        raise ValueError(f"--keep {args.keep} needs --method")
+    if args.keep is not None:
         options = {"keep": parse_keep(args.keep), **options}
     out = None if args.out is None else check_output_folder(args.out, "--out")
     picture = read_picture(args.image)
