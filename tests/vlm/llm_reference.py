@@ -144,7 +144,7 @@ def dart_reference(image_norms, text_norms, image_states, text_states, keep, piv
         ]
         position_of = {key: int(positions[0 if key[0] == "image" else 1][key[1]]) for key in keys}
         key_at = {position_of[key]: key for key in keys}
-        visited = [key_at[position] for position in set(position_of[key] for key in keys)]  # noqa: C401
+        visited = [key_at[position] for position in set(position_of[key] for key in keys)]
         pivots = [image_states[i] if kind == "image" else text_states[i] for kind, i in visited]
     remaining = keep - len(image_pivots)
     quotas = [remaining // len(pivots) + (1 if i < remaining % len(pivots) else 0) for i in range(len(pivots))]

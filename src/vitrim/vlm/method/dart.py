@@ -56,7 +56,7 @@ def authors_visit_order(image_positions: list[int], text_positions: list[int]) -
     CPython's iteration order of ``set(image_positions + text_positions)``, each list given in ``topk`` order."""
     positions = image_positions + text_positions
     where = {position: number for number, position in enumerate(positions)}
-    return [where[position] for position in set(positions)]  # noqa: C401 - the set's own order is the point
+    return [where[position] for position in set(positions)]
 
 
 def dart_keep(
