@@ -209,7 +209,9 @@ def test_hiprune_is_refused_until_the_stage_hands_it_two_layers() -> None:
 NEW = {"downsample": {}, "scope": {}, "cdpruner": {"theta": 0}}
 
 
-@pytest.mark.parametrize("method", list(NEW))
+@pytest.mark.parametrize(
+    "method", ["downsample", pytest.param("scope", marks=FULL), pytest.param("cdpruner", marks=FULL)]
+)
 def test_llava_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None:
     model = tiny_llava(seed=2)
     pv = pixels(2, seed=4)
@@ -232,11 +234,20 @@ def test_llava_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None:
 QWEN_SQUARE = [([[1, 5], [7, 8]], [(8, 8)]), ([[1], [7, 8, 9]], [(4, 4)])]  # 4 × 4 and 2 × 2 merged tokens
 
 
-@pytest.mark.parametrize("method", list(NEW))
-def test_qwen_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None:
+@pytest.mark.parametrize(
+    ("family", "method"),
+    [
+        ("qwen2_5_vl", "downsample"),
+        ("qwen2_5_vl", "scope"),
+        ("qwen2_5_vl", "cdpruner"),
+        pytest.param("qwen3_vl", "scope", marks=FULL),  # DeepStack rows go with the kept tokens
+        pytest.param("qwen2_vl", "downsample", marks=FULL),
+    ],
+)
+def test_qwen_keeps_k_and_an_image_selects_the_same_alone(family: str, method: str) -> None:
     from qwen_tiny import BUILDERS, batch
 
-    model = BUILDERS["qwen2_5_vl"]()
+    model = BUILDERS[family]()
     vitrim.vlm.apply(model, method, keep=0.5, **NEW[method])
     with torch.no_grad():
         model(**batch(QWEN_SQUARE))
@@ -251,6 +262,30 @@ def test_qwen_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None:
             assert [g.tolist() for g in alone] == [g.tolist() for g in together[sample]]
     vitrim.vlm.remove(model)
     assert [len(image) for image in together] == [8, 2]
+
+
+@pytest.mark.parametrize("method", ["downsample", "scope", pytest.param("cdpruner", marks=FULL)])
+def test_gemma3_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None:
+    from tiny_gemma3 import pixels as gemma_pixels
+    from tiny_gemma3 import prompt as gemma_prompt
+    from tiny_gemma3 import tiny_gemma3, token_types
+
+    model = tiny_gemma3()
+    pv = gemma_pixels(2, seed=5)
+    ids = torch.stack([gemma_prompt(2, 3, seed=0), gemma_prompt(2, 3, seed=1)])  # one length: no padding
+    vitrim.vlm.apply(model, method, keep=4, **NEW[method])
+    with torch.no_grad():
+        together = model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids)).logits
+        groups = vitrim.vlm.last_selection(model, groups=True)
+        for sample in range(2):
+            one = ids[sample : sample + 1]
+            alone = model(input_ids=one, pixel_values=pv[sample : sample + 1], token_type_ids=token_types(one)).logits
+            assert [g.tolist() for g in vitrim.vlm.last_selection(model, groups=True)[0]] == [
+                g.tolist() for g in groups[sample]
+            ]
+            assert torch.allclose(alone[0], together[sample], atol=1e-10, rtol=0)
+    vitrim.vlm.remove(model)
+    assert [len(image) for image in groups] == [4, 4]
 
 
 @pytest.mark.xfail(strict=True, reason="the Qwen family does not hand VisionEvidence.grid yet (the lead's pre_llm)")
