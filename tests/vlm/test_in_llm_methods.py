@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_of
 from llm_reference import (
     dart_authors_reference,
     dart_reference,
@@ -101,7 +102,7 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(la
     for sample in range(len(LENGTHS)):
         input_ids, _, spans = _alone(sample, seed=6)
         out = model(input_ids=input_ids, use_cache=True, output_hidden_states=True)
-        keys = out.cache.layers[layer - 1].keys.transpose(1, 2).flatten(2)[0]  # (L, Hkv·hd) post-rotary, as cached
+        keys = cache_of(out).layers[layer - 1].keys.transpose(1, 2).flatten(2)[0]  # (L, Hkv·hd) post-rotary, as cached
         states = model.model.norm(out.hidden_states[layer])[0].detach()  # (L, D) layer K's input through the final norm
         image = _image_columns(spans, 0)
         text = torch.arange(int(image.max()) + 1, input_ids.shape[1])  # the text after the image
@@ -132,7 +133,7 @@ def test_dart_at_the_authors_own_count_keeps_what_their_code_keeps(per_pivot, pi
     for sample, (before, _) in enumerate(lengths):
         alone = input_ids[sample, attention_mask[sample].bool()][None]  # the sample without its padding
         out = model(input_ids=alone, use_cache=True, output_hidden_states=True)
-        norms = out.cache.layers[1].keys.transpose(1, 2).flatten(2)[0].abs().sum(-1)  # (L,) layer K−1 = 1
+        norms = cache_of(out).layers[1].keys.transpose(1, 2).flatten(2)[0].abs().sum(-1)  # (L,) layer K−1 = 1
         states = model.model.norm(out.hidden_states[2])[0].detach()
         expected = dart_authors_reference(norms, states, before, image_tokens, *pivots, per_pivot)
         assert kept[sample] == expected, sample

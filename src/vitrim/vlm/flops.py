@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vitrim.vlm.method import method_info
+from vitrim.vlm.method import method_class, methods
 from vitrim.vlm.method.tower_reducers import patches_after_stages
 
-PRE_LLM = ("random", "downsample", "fastervlm", "vispruner", "visionzip", "divprune", "scope", "cdpruner", "hiprune")
-IN_LLM = ("fastv", "dart", "pdrop")
+PRE_LLM = tuple(methods(stage="pre_llm"))
+IN_LLM = tuple(methods(stage="in_llm"))
 TOWER = ("tome",)  # a vitrim reducer in the tower, counted with the schedule keep= gives it (any schedule: tower_macs)
 METHODS = ("none", *PRE_LLM, *IN_LLM, *TOWER)
 
@@ -168,11 +168,15 @@ CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, GEMMA3_4B)}
 class InLLMSchedule:
     """The authors' defaults of the in-LLM methods: where they cut and what they keep."""
 
-    fastv_layer: int = 2  # FastV (Chen et al., ECCV 2024): K = 2, scored by the last token's attention at K - 1
-    dart_layer: int = 2  # DART (Wen et al., 2025): K = 2
-    dart_pivots: int = 8  # DART's pivot tokens (its key-norm choice), each compared with every image token
-    pdrop_layers: tuple[int, ...] = (8, 16, 24)  # PyramidDrop (CVPR 2025)
-    pdrop_ratios: tuple[float, ...] = (0.5, 0.25, 0.125)
+    # the registry's defaults (vitrim.vlm.method), read once: FastV (K = 2, scored by the last token's attention at
+    # K - 1), DART (K = 2; its pivots, each compared with every image token), PyramidDrop (its layers and ratios)
+    fastv_layer: int = field(default_factory=lambda: int(method_class("fastv").default_layer or 0))
+    dart_layer: int = field(default_factory=lambda: int(method_class("dart").default_layer or 0))
+    dart_pivots: int = field(
+        default_factory=lambda: sum(method_class("dart").defaults[k] for k in ("pivot_image_token", "pivot_text_token"))
+    )
+    pdrop_layers: tuple[int, ...] = field(default_factory=lambda: tuple(method_class("pdrop").defaults["layers"]))
+    pdrop_ratios: tuple[float, ...] = field(default_factory=lambda: tuple(method_class("pdrop").defaults["ratios"]))
 
 
 def vision_block_macs(tower: VisionTower, tokens: int, *, windowed: bool) -> int:
@@ -348,7 +352,7 @@ def _attention_row_macs(llm: LanguageModel, n: int) -> int:
 
 def _pre_llm_own(vlm: VLM, method: str, keep: int, text_tokens: int) -> int:
     """The dominant products of a pre-LLM selection for one image (the papers' algorithms; see docs/vlm.md); a
-    method's options are its registered defaults (``vitrim.vlm.method_info``)."""
+    method's options are its registered defaults (``method_class(name).defaults``)."""
     n, d, tokens = vlm.image_tokens, vlm.tower.width, vlm.tower.tokens
     received = 2 * tokens * d * d + tokens * tokens * d  # every query, key and q·kᵀ of one tower layer
     if vlm.tower.cls_token:  # [CLS]'s query, every key and one q·kᵀ row at the scoring layer
@@ -367,7 +371,7 @@ def _pre_llm_own(vlm: VLM, method: str, keep: int, text_tokens: int) -> int:
             rest -= min(8, rest - diverse)
         return scores + similarities
     if method == "visionzip":  # dominant by score; the rest merged into the contextual targets by keys
-        options = method_info("visionzip").defaults  # the authors' dominant : contextual split, scaled to keep
+        options = method_class("visionzip").defaults  # the authors' dominant : contextual split, scaled to keep
         share = options["contextual"] / (options["dominant"] + options["contextual"])
         return scores + (n - keep) * max(1, round(keep * share)) * d
     if method == "scope":  # saliency, then the tower features' pairwise cosines (the greedy rounds add no products)
@@ -375,12 +379,14 @@ def _pre_llm_own(vlm: VLM, method: str, keep: int, text_tokens: int) -> int:
     if method == "cdpruner":  # the projected tokens' pairwise cosines, the greedy MAP's k·(k-1)/2 row updates, and
         # with theta None (the default) the relevance: the image tokens against the text's M rows
         own = n * n * vlm.llm.width + n * keep * (keep - 1) // 2
-        if method_info("cdpruner").defaults["theta"] != 0:
+        if method_class("cdpruner").defaults["theta"] != 0:
             own += n * text_tokens * vlm.llm.width
         return own
     if method == "hiprune":  # the global (all-query) attention of two tower layers: the object layer and the last
         return 2 * received
-    return n * n * vlm.llm.width  # divprune: pairwise cosine similarity of the projected image tokens
+    if method == "divprune":  # pairwise cosine similarity of the projected image tokens
+        return n * n * vlm.llm.width
+    raise ValueError(f"vitrim.vlm.flops has no count for the pre-LLM method {method!r} yet")
 
 
 def cost_table(

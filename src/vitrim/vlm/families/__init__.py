@@ -1,64 +1,34 @@
-"""Model families vitrim.vlm handles, and what every family adapter offers the stages (owned here).
+"""Model families vitrim.vlm handles: one file each, an adapter declaring its traits and offering its seams
+(:mod:`vitrim.vlm.families.contract`).
 
 A family adapter wraps ONE model instance the user holds (``adapter.model``); it knows that family's seams (where
-the image tokens are made, where they enter the LLM) and never changes a class or a transformers source file. A new
-family is one file ``family_<name>.py`` with an adapter class (it must not import this module, which imports it)
-and one line in :data:`FAMILIES`. Families are told
-apart by the model's class name (in its MRO), so ``import vitrim.vlm`` never imports transformers.
+the image tokens are made, where they enter the LLM) and never changes a class or a transformers source file.
+Families are told apart by the model's class name (in its MRO, :attr:`FamilyTraits.classes`), so
+``import vitrim.vlm`` never imports transformers. A new family: its file, and one entry in :data:`ADAPTERS`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Protocol
 
 from torch import nn
 
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
 from vitrim.vlm.families.gemma3 import Gemma3Adapter
 from vitrim.vlm.families.llava import LlavaAdapter
 from vitrim.vlm.families.llava_next import LlavaNextAdapter
 from vitrim.vlm.families.paligemma import PaliGemmaAdapter
 from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
-from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import Installation, Method
-from vitrim.vlm.stages.spans import ImageSpans
 
-
-class FamilyAdapter(Protocol):
-    """The seams of one VLM instance.
-
-    model: the user's model (``…ForConditionalGeneration``)
-    language_model: the decoder stack the LLM runs (has ``.layers``; in-LLM methods hook its layers)
-    """
-
-    model: nn.Module
-    language_model: nn.Module
-
-    def tokens_per_image(self) -> int | None:
-        """Image tokens per image entering the LLM unpruned, when the config fixes it (LLaVA-1.5: 576); else None."""
-        ...
-
-    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        """Call ``on_prefill(spans)`` at every prefill before the LLM runs (the spans of the UNMODIFIED input);
-        returns the function that removes the watch."""
-        ...
-
-    def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        """Install a pre-LLM method: ``keep`` image tokens per image enter the LLM (see vitrim.vlm.stages.sequence)."""
-        ...
-
-
-# class name (anywhere in the model's MRO) -> adapter factory
-FAMILIES: dict[str, Callable[[nn.Module], FamilyAdapter]] = {
-    "LlavaForConditionalGeneration": LlavaAdapter,
-    "LlavaNextForConditionalGeneration": LlavaNextAdapter,
-    "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
-    "Qwen2_5_VLForConditionalGeneration": Qwen2VLAdapter,
-    "Qwen3VLForConditionalGeneration": Qwen2VLAdapter,
-    "Gemma3ForConditionalGeneration": Gemma3Adapter,
-    "PaliGemmaForConditionalGeneration": PaliGemmaAdapter,
-}
+ADAPTERS: tuple[type[FamilyAdapter], ...] = (
+    LlavaAdapter,
+    LlavaNextAdapter,
+    Qwen2VLAdapter,
+    Gemma3Adapter,
+    PaliGemmaAdapter,
+)
+# class name (anywhere in the model's MRO) -> its adapter
+FAMILIES: dict[str, type[FamilyAdapter]] = {name: adapter for adapter in ADAPTERS for name in adapter.traits.classes}
 
 
 def find_family(model: object) -> FamilyAdapter:
@@ -75,7 +45,15 @@ def find_family(model: object) -> FamilyAdapter:
     raise TypeError(f"vitrim.vlm does not handle {type(model).__name__}{text_only}; it handles: {handled}")
 
 
+def families_taking(stage: str) -> list[FamilyTraits]:
+    """The traits of every family that takes ``stage`` (for error texts)."""
+    return [adapter.traits for adapter in ADAPTERS if stage in adapter.traits.stages]
+
+
 def _is_text_only(model: nn.Module) -> bool:
     """A model that reads token ids and takes no images (a causal LM)."""
     parameters = inspect.signature(model.forward).parameters
     return "input_ids" in parameters and "pixel_values" not in parameters
+
+
+__all__ = ["ADAPTERS", "FAMILIES", "FamilyAdapter", "FamilyTraits", "families_taking", "find_family"]

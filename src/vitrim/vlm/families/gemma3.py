@@ -24,39 +24,39 @@ Evidence (:class:`~vitrim.vlm.method.base.VisionEvidence`) in that space:
 What reaches the LLM after a method selects: the kept tokens only, at their ORIGINAL positions, with the masks the
 unmodified model built gathered to the kept rows and columns (so the image block and the sliding window are the
 unmodified model's and dropping is exactly masking keys); decode steps get masks built over each layer's cache.
-Seams: forward pre-hooks on the model (``input_ids``, the mask), on the tower (each image's seed), on the scoring
-layer's attention (its input), a forward hook on the projector (select, write merged tokens) and a pre-hook with
-kwargs on ``model.model`` (decode steps) and on the language model (the prefill is shortened).
+Seams: forward pre-hooks on the tower (each image's seed) and on the scoring layer's attention (its input), a forward
+hook on the projector (select, write merged tokens); the masks per layer type gathered for the shortened prefill and
+built over each layer's cache at decode (the rest is the pre-LLM stage's, :mod:`vitrim.vlm.stages.pre_llm`).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
 from vitrim.vlm.families.qwen2vl_vision import received_attention
-from vitrim.vlm.families.seams import inner_model, keep_all, prefill_input_ids
-from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import ImageSelection, Installation, Method, VisionEvidence, content_seed
-from vitrim.vlm.stages.sequence import (
-    DecodeState,
-    columns_to_keep,
-    decode_attention_mask,
-    decode_position_ids,
-    gather_columns,
-    plan_short_sequence,
-)
+from vitrim.vlm.families.seams import inner_model, keep_all, prefill_input_ids, write_merged
+from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, Prefill, PreLLMStage, Shortened, cache_of
+from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 
-class Gemma3Adapter:
+class Gemma3Adapter(FamilyAdapter):
     """The seams of one ``Gemma3ForConditionalGeneration`` instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=("Gemma3ForConditionalGeneration",),
+        title="Gemma 3 (Gemma3ForConditionalGeneration)",
+        stages=("pre_llm", "in_llm", "tower"),
+        tower_grid_only="its projector average-pools the whole patch grid",
+    )
 
     def __init__(self, model: nn.Module) -> None:
         parts = ("vision_tower", "multi_modal_projector", "language_model")
@@ -67,6 +67,7 @@ class Gemma3Adapter:
         config: Any = model.config
         self.config: Any = config
         self.text_config: Any = config.get_text_config()
+        self.positions: Tensor | None = None  # (B, S) original positions of a shortened prefill's cache layout
 
     def tokens_per_image(self) -> int:
         return int(self.config.mm_tokens_per_image)
@@ -90,13 +91,57 @@ class Gemma3Adapter:
         """The attention of the tower's last layer (the projector reads that layer's output)."""
         return self.inner.vision_tower.encoder.layers[-1].self_attn
 
-    def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        return Gemma3PreLLM(self, method, keep)
-
     def in_llm_padding_module(self) -> nn.Module:
         """Where an in-LLM drop reads the user's 2-D padding mask: ``model.model``, whose ``attention_mask`` is the
         caller's (its language model receives the masks already built per layer type)."""
         return self.inner
+
+    # the pre-LLM stage's seams
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        input_ids = prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        if isinstance(mask, dict):
+            raise ValueError(PREPARED_MASKS)
+        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        return Prefill(input_ids, mask, runs_tower=pixels is not None)
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        return ProjectorSelection(self, stage).hooks()
+
+    def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
+        masks: Any = kwargs.get("attention_mask")  # a dict per layer type, one column per token of the full input
+        length = prefill.input_ids.shape[1]
+        lengths = {mask.shape[-1] for mask in masks.values() if mask is not None} if isinstance(masks, dict) else {0}
+        if not lengths <= {length}:
+            raise ValueError(PREPARED_MASKS)
+        config = self.text_config
+        dtype = kwargs["inputs_embeds"].dtype
+        kwargs["attention_mask"] = gather_masks(
+            masks, shortened.short, config.sliding_window, config._attn_implementation, dtype
+        )
+        self.positions = kwargs["position_ids"]
+
+    def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = decode_position_ids(state, past, new, mask.device)
+            kwargs["position_ids"] = positions
+        assert self.positions is not None
+        self.positions = torch.cat([self.positions, positions.expand(mask.shape[0], new)], 1)
+        config = self.text_config
+        kwargs["attention_mask"] = decode_masks(
+            cache_of(kwargs),
+            list(config.layer_types),
+            mask,
+            self.positions,
+            new,
+            config.sliding_window,
+            config._attn_implementation,
+            _dtype(self.language_model),
+        )
 
 
 def pool_to_tokens(values: Tensor, kernel: int, reduce: str) -> Tensor:
@@ -113,49 +158,24 @@ def pool_to_tokens(values: Tensor, kernel: int, reduce: str) -> Tensor:
     return grouped.mean(2) if reduce == "mean" else grouped.sum(2)
 
 
-class Gemma3PreLLM:
-    """A pre-LLM method installed on one Gemma 3 instance (an :class:`Installation`).
+class ProjectorSelection:
+    """The pre-LLM method picks at Gemma 3's projector (its forward hook), for every image of one tower run."""
 
-    The projector's forward hook selects for the images of that tower run (inside the model's forward, or before
-    it when ``generate`` encodes the images and passes ``mm_encoder_outputs``); the language model's pre-hook
-    shortens the prefill; the model's pre-hook fixes the masks and positions of decode steps on that prefill's cache.
-    """
-
-    def __init__(self, adapter: Gemma3Adapter, method: Method, keep: KeepSpec) -> None:
-        self.adapter, self.method, self.keep = adapter, method, keep
-        self.last: list[ImageSelection] | None = None
-        self.spans: ImageSpans | None = None
-        self.user_mask: Tensor | None = None
+    def __init__(self, adapter: Gemma3Adapter, stage: PreLLMStage) -> None:
+        self.adapter, self.stage, self.method = adapter, stage, stage.method
         self.seeds: Tensor | None = None
         self.scoring_input: Tensor | None = None
-        self.decode: DecodeState | None = None
-        self.positions: Tensor | None = None  # (B, S) original positions of the cache's layout
-        self.decode_cache: weakref.ref[Any] | None = None
-        self.shortened_now = False
-        inner = adapter.inner
-        projector = inner.multi_modal_projector
+
+    def hooks(self) -> list[Callable[[], None]]:
+        inner = self.adapter.inner
         handles = [
-            adapter.model.register_forward_pre_hook(self.on_model, with_kwargs=True),
-            inner.register_forward_pre_hook(self.on_inner, with_kwargs=True),
             inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True),
-            projector.register_forward_hook(self.after_projector),
-            adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
-            adapter.language_model.register_forward_hook(self.after_language_model, with_kwargs=True),
+            inner.multi_modal_projector.register_forward_hook(self.after_projector),
         ]
-        if method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
-            attention = adapter.scoring_attention()
+        if self.method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
+            attention = self.adapter.scoring_attention()
             handles.append(attention.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
-        self.handles = handles
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-    def selection(self) -> list[ImageSelection] | None:
-        return self.last
-
-    # the tower and the projector: evidence, selection, merged tokens
+        return [handle.remove for handle in handles]
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
@@ -186,9 +206,8 @@ class Gemma3PreLLM:
     def after_projector(self, module: Any, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
         tower_states = args[0]  # (I, P, C) the tower's last states
         num_tokens = output.shape[1]
-        keep = self.keep.tokens(num_tokens)
-        if keep == num_tokens:
-            self.last = [keep_all(num_tokens, output.device) for _ in range(output.shape[0])]
+        if self.stage.keep_of(num_tokens) == num_tokens:
+            self.stage.selected([keep_all(num_tokens, output.device) for _ in range(output.shape[0])])
             self.scoring_input = None
             return None  # every token stays: the projector's output is untouched
         kernel = int(module.kernel_size)
@@ -200,110 +219,13 @@ class Gemma3PreLLM:
         evidence = VisionEvidence(
             features=pooled, cls_attention=received, keys=keys, seeds=self.seeds, projected=output
         )
-        selections = self.method.select(evidence, keep)
-        self.last = selections
-        merged = [(image, s) for image, s in enumerate(selections) if s.merged is not None]
-        if not merged:
-            return None
-        output = output.clone()
-        for image, selection in merged:
-            states = selection.merged.to(tower_states.dtype)  # type: ignore[union-attr]  # (k, C) pooled states
-            projected = module.mm_soft_emb_norm(states) @ module.mm_input_projection_weight
-            output[image, selection.kept] = projected.to(output.dtype)
-        return output
+        selections = self.stage.select(evidence, num_tokens)
+        self.stage.selected(selections)
 
-    # the model: what a prefill holds, the decode steps after a pruned one
+        def project(states: Tensor) -> Tensor:  # (k, C) merged pooled states -> the LLM's width
+            return module.mm_soft_emb_norm(states.to(tower_states.dtype)) @ module.mm_input_projection_weight
 
-    def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        input_ids = prefill_input_ids(args, kwargs)
-        self.spans = None if input_ids is None else self.adapter.spans(input_ids)
-        self.user_mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-
-    def on_inner(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        cache = kwargs.get("cache")
-        if cache is None:
-            return None
-        owner = None if self.decode_cache is None else self.decode_cache()
-        if self.spans is not None or self.decode is None or owner is not cache:
-            return None  # a prefill, or not a step on the pruned prefill's cache
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        tokens = input_ids if input_ids is not None else kwargs["inputs_embeds"]
-        new = int(tokens.shape[1])
-        past = int(kwargs["cache"].get_seq_length())  # (not `cache`: mypy narrows it to the weakref's type)
-        if isinstance(kwargs.get("attention_mask"), dict):
-            raise ValueError(_PREPARED_MASKS)
-        mask_2d = decode_attention_mask(self.decode, kwargs.get("attention_mask"), past, new)  # (B, past + new)
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = decode_position_ids(self.decode, past, new, mask_2d.device)
-            kwargs["position_ids"] = positions
-        assert self.positions is not None
-        self.positions = torch.cat([self.positions, positions.expand(mask_2d.shape[0], new)], 1)
-        config = self.adapter.text_config
-        kwargs["attention_mask"] = decode_masks(
-            cache,
-            list(config.layer_types),
-            mask_2d,
-            self.positions,
-            new,
-            config.sliding_window,
-            config._attn_implementation,
-            _dtype(self.adapter.language_model),
-        )
-        return args, kwargs
-
-    # the LLM: the shortened prefill
-
-    def on_language_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        spans, self.spans = self.spans, None
-        if spans is None:
-            return None
-        selections = self.last
-        if selections is None or len(selections) != spans.num_images:
-            raise ValueError(
-                f"the input holds {spans.num_images} images but vitrim.vlm selected tokens for "
-                f"{0 if selections is None else len(selections)} (beam search and other input expansions are not "
-                "supported with a pre-LLM method)"
-            )
-        num_tokens = self.adapter.tokens_per_image()
-        if all(len(s.kept) == num_tokens for s in selections):
-            self.decode = None  # every token stays: the model runs unmodified
-            return None
-        cache = kwargs.get("cache")
-        if cache is not None and cache.get_seq_length() > 0:
-            raise ValueError("vitrim.vlm prunes a prefill that starts a cache; got a cache already holding tokens")
-        embeds = kwargs["inputs_embeds"]  # (B, L, D)
-        masks: Any = kwargs.get("attention_mask")  # a dict per layer type, checked below
-        lengths = {mask.shape[-1] for mask in masks.values() if mask is not None} if isinstance(masks, dict) else {0}
-        if isinstance(self.user_mask, dict) or not lengths <= {embeds.shape[1]}:
-            raise ValueError(_PREPARED_MASKS)
-        short = plan_short_sequence(columns_to_keep(spans, selections, num_tokens), self.user_mask)
-        positions = kwargs.get("position_ids")
-        if positions is None:  # what the unmodified LLM would use: 0 … L−1 for every sample
-            positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
-        config = self.adapter.text_config
-        kwargs["attention_mask"] = gather_masks(
-            masks, short, config.sliding_window, config._attn_implementation, embeds.dtype
-        )
-        kwargs["inputs_embeds"] = gather_columns(short, embeds)
-        kwargs["position_ids"] = gather_columns(short, positions)
-        self.positions = kwargs["position_ids"]
-        self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
-        self.shortened_now = True
-        return (), kwargs
-
-    def after_language_model(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        if self.shortened_now:
-            cache = getattr(output, "cache", None)
-            self.decode_cache = weakref.ref(cache) if cache is not None else None
-        self.shortened_now = False
-
-
-_PREPARED_MASKS = (
-    "vitrim.vlm builds Gemma 3's masks for a pruned prefill from the unmodified model's (one per layer type, one "
-    "column per token) and needs the 2-D attention_mask at decode; got masks prepared for a static or compiled "
-    "cache (use generate's default dynamic cache)"
-)
+        return write_merged(output, selections, project)
 
 
 def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:

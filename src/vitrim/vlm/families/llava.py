@@ -6,40 +6,37 @@ The model (transformers ≥ 5): ``model.model.vision_tower`` (CLIP) → ``hidden
 (image_size / patch_size)² tokens (576 for LLaVA-1.5 at 336 px), +1 under the "full" strategy.
 
 Seams used (hooks on this instance's submodules only):
-- a forward pre-hook with kwargs on ``model.model`` (so calling it directly prunes too): the ``input_ids`` and
-  ``pixel_values`` (or, under generate(), ``mm_encoder_outputs``) of a prefill;
 - a forward pre-hook on the scoring layer's attention (tower layer ``vision_feature_layer``): its input hidden
   states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
 - a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
-  are written into their slots);
-- a forward pre-hook with kwargs on the language model: the LLM input is shortened (``vitrim.vlm.stages.sequence``).
+  are written into their slots); a forward hook on it for methods that select on its output;
+- everything else (the prefill, the shortened LLM input, decoding, beams) is the pre-LLM stage's
+  (:mod:`vitrim.vlm.stages.pre_llm`).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families.seams import inner_model, prefill_input_ids
-from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import ImageSelection, Installation, Method, VisionEvidence, content_seed
-from vitrim.vlm.stages.sequence import (
-    DecodeState,
-    columns_to_keep,
-    decode_attention_mask,
-    decode_position_ids,
-    gather_columns,
-    plan_short_sequence,
-)
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.families.seams import inner_model, prefill_input_ids, write_merged
+from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 
-class LlavaAdapter:
+class LlavaAdapter(FamilyAdapter):
     """The seams of one ``LlavaForConditionalGeneration`` instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=("LlavaForConditionalGeneration",),
+        title="LLaVA-1.5 (LlavaForConditionalGeneration)",
+        stages=("pre_llm", "in_llm", "tower"),
+    )
 
     def __init__(self, model: nn.Module) -> None:
         parts = ("vision_tower", "multi_modal_projector", "language_model")
@@ -83,7 +80,18 @@ class LlavaAdapter:
             return None
         return layers[layer] if layer < 0 else layers[layer - 1]
 
-    def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
+    # the pre-LLM stage's seams
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        input_ids = prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        return Prefill(input_ids, mask, runs_tower=pixels is not None)
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        method = stage.method
         layer_ok = self.config.vision_feature_select_strategy == "default" and self.scoring_layer() is not None
         if method.needs_cls_attention and not layer_ok:
             raise ValueError(
@@ -91,10 +99,7 @@ class LlavaAdapter:
                 f"vision_feature_layer={self.config.vision_feature_layer!r} and vision_feature_select_strategy="
                 f"{self.config.vision_feature_select_strategy!r} (expected an int layer and 'default')"
             )
-        return self.make_pre_llm(method, keep)
-
-    def make_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        return LlavaPreLLM(self, method, keep)
+        return ProjectorSelection(self, stage).hooks()
 
 
 def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,73 +117,32 @@ def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tenso
     return row[:, :, 0, 1:], keys[:, :, 1:]
 
 
-class LlavaPreLLM:
-    """A pre-LLM method installed on one LLaVA instance: selects at the projector, shortens the LLM input.
+class ProjectorSelection:
+    """The pre-LLM method picks at LLaVA's projector, for every image of one tower run.
 
-    Per forward pass with images: the tower's pre-hook keeps each image's seed (for the seeded method); the
-    scoring layer's pre-hook its input; the projector's pre-hook selects (``method.select``) and writes merged
-    features into their slots; the language model's pre-hook shortens its input (vitrim.vlm.stages.sequence) and
-    remembers what decoding needs; the language model's forward hook remembers the cache it returned, so a later
-    call on that cache is a decode step.
+    The tower's pre-hook keeps each image's seed (for the seeded method), the scoring layer's pre-hook its input;
+    the projector's pre-hook selects (``method.select``) and writes merged features into their slots, or, for a
+    method that selects on the projector's output, its forward hook selects.
     """
 
-    def __init__(self, adapter: LlavaAdapter, method: Method, keep: KeepSpec) -> None:
-        self.adapter, self.method, self.keep = adapter, method, keep
-        self.last: list[ImageSelection] | None = None
-        self.spans: ImageSpans | None = None
+    def __init__(self, adapter: LlavaAdapter, stage: PreLLMStage) -> None:
+        self.adapter, self.stage, self.method = adapter, stage, stage.method
         self.seeds: Tensor | None = None
         self.scoring_input: Tensor | None = None
         self.features: Tensor | None = None
-        self.decode: DecodeState | None = None
-        self.decode_cache: weakref.ref[Any] | None = None
-        self.shortened_now = False
-        inner = adapter.inner
+
+    def hooks(self) -> list[Callable[[], None]]:
+        inner = self.adapter.inner
         handles = [
-            inner.register_forward_pre_hook(self.on_model, with_kwargs=True),
             inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
             inner.multi_modal_projector.register_forward_hook(self.after_projector),
-            adapter.language_model.register_forward_pre_hook(self.on_language_model, with_kwargs=True),
-            adapter.language_model.register_forward_hook(self.after_language_model, with_kwargs=True),
         ]
-        if not keep.keeps_all(adapter.tile_tokens()):
-            handles.append(adapter.model.register_forward_pre_hook(self.refuse_labels, with_kwargs=True))
-        if method.needs_seeds:
+        if self.method.needs_seeds:
             handles.append(inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
-        scoring = adapter.scoring_layer()
-        if method.needs_cls_attention and scoring is not None:
+        scoring = self.adapter.scoring_layer()
+        if self.method.needs_cls_attention and scoring is not None:
             handles.append(scoring.self_attn.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
-        self.handles = handles
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-    def selection(self) -> list[ImageSelection] | None:
-        return self.last
-
-    def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # the selection (made at the projector) may come before this hook: generate() encodes the images first
-        input_ids = prefill_input_ids(args, kwargs)
-        self.spans = None if input_ids is None else self.adapter.spans(input_ids)
-
-    def image_selections(self) -> tuple[list[ImageSelection], int]:
-        """The selection per image of the prompts (before any expansion by generate()) in the index space of
-        the image's LLM tokens, and the most tokens an image has. LLaVA-1.5: one tower image per image."""
-        assert self.last is not None
-        return self.last, self.adapter.tile_tokens()
-
-    def keeps_everything(self) -> bool:
-        """Every tower image keeps all its tokens (and nothing merged): the LLM input stays as it is."""
-        assert self.last is not None
-        return all(len(s.kept) == self.adapter.tile_tokens() for s in self.last)
-
-    def refuse_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if kwargs.get("labels") is not None:
-            raise ValueError(
-                "labels= (a loss over every position) cannot be computed while vitrim.vlm shortens the LLM input; "
-                "call vitrim.vlm.remove(model) to train or score with labels"
-            )
+        return [handle.remove for handle in handles]
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
@@ -204,95 +168,13 @@ class LlavaPreLLM:
         self.features = features
         if self.method.scores_projected:
             return None  # selected on the projector's output (after_projector)
-        selections = self.method.select(self.evidence(features), self.keep.tokens(features.shape[1]))
-        self.last = selections
-        merged = [(image, s) for image, s in enumerate(selections) if s.merged is not None]
-        if not merged:
-            return None
-        features = features.clone()
-        for image, selection in merged:
-            features[image, selection.kept] = selection.merged.to(features.dtype)  # type: ignore[union-attr]
-        return (features, *args[1:])
+        selections = self.stage.select(self.evidence(features), features.shape[1])
+        self.stage.selected(selections)
+        written = write_merged(features, selections, lambda states: states)
+        return None if written is None else (written, *args[1:])
 
     def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
         if self.method.scores_projected and self.features is not None:
             evidence = self.evidence(self.features, projected=output)
-            self.last = self.method.select(evidence, self.keep.tokens(output.shape[1]))
+            self.stage.selected(self.stage.select(evidence, output.shape[1]))
         self.features = None
-
-    def on_language_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        cache = kwargs.get("cache")
-        if self.spans is not None:
-            return self.shorten_prefill(kwargs)
-        decoding = self.decode is not None and self.decode_cache is not None and cache is not None
-        if decoding and self.decode_cache() is cache:  # type: ignore[misc]  # a step on the prefill's cache
-            return self.fix_decode(kwargs, cache)
-        return None
-
-    def shorten_prefill(self, kwargs: dict[str, Any]) -> Any:
-        spans = self.spans
-        assert spans is not None
-        if self.last is None:
-            raise ValueError("vitrim.vlm saw images enter the LLM but no selection was made for them")
-        images, num_tokens = self.image_selections()
-        selections = expand_selections(images, spans)
-        if self.keeps_everything():
-            self.decode = None  # every token stays: the model runs unmodified
-            return None
-        cache = kwargs.get("cache")
-        if cache is not None and cache.get_seq_length() > 0:
-            raise ValueError("vitrim.vlm prunes a prefill that starts a cache; got a cache already holding tokens")
-        embeds = kwargs["inputs_embeds"]  # (B, L, D)
-        short = plan_short_sequence(columns_to_keep(spans, selections, num_tokens), kwargs.get("attention_mask"))
-        positions = kwargs.get("position_ids")
-        if positions is None:  # what the unmodified LLM would use: 0 … L−1 for every sample
-            positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
-        kwargs["inputs_embeds"] = gather_columns(short, embeds)
-        kwargs["position_ids"] = gather_columns(short, positions)
-        kwargs["attention_mask"] = short.attention_mask
-        self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
-        self.shortened_now = True
-        return (), kwargs
-
-    def after_language_model(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        if self.shortened_now:
-            cache = getattr(output, "cache", None)
-            self.decode_cache = weakref.ref(cache) if cache is not None else None
-        self.shortened_now = False
-        self.spans = None  # this prefill's; a later direct call of the language model is not one
-
-    def fix_decode(self, kwargs: dict[str, Any], cache: Any) -> Any:
-        assert self.decode is not None
-        embeds = kwargs["inputs_embeds"]  # (B, q, D)
-        past, new = cache.get_seq_length(), embeds.shape[1]
-        kwargs["attention_mask"] = decode_attention_mask(self.decode, kwargs.get("attention_mask"), past, new)
-        if kwargs.get("position_ids") is None:
-            kwargs["position_ids"] = decode_position_ids(self.decode, past, new, embeds.device)
-        return (), kwargs
-
-
-def expand_selections(selections: list[ImageSelection] | None, spans: ImageSpans) -> list[ImageSelection]:
-    """The selection per image of ``spans``: the images as selected, or, when generate() expanded the batch (beam
-    search, several sequences per prompt: each row repeated e times with its own images), each row's images'
-    selections repeated alike. ``ValueError`` when the two cannot be matched."""
-    count = 0 if selections is None else len(selections)
-    if selections is not None and spans.num_images == count:
-        return selections
-    per_row = [int(row.unique().numel()) - int(bool((row < 0).any())) for row in spans.image_of]  # images per row
-    expand = spans.num_images // count if count and spans.num_images % count == 0 else 0
-    consistent = (
-        selections is not None
-        and expand > 0
-        and len(per_row) % expand == 0
-        and spans.num_images == expand * count
-        and all(per_row[row] == per_row[row - row % expand] for row in range(len(per_row)))
-    )
-    if not consistent:
-        raise ValueError(f"the input holds {spans.num_images} images but vitrim.vlm selected tokens for {count}")
-    assert selections is not None
-    starts = [sum(per_row[:row:expand]) for row in range(0, len(per_row), expand)]  # first image of each prompt
-    expanded: list[ImageSelection] = []
-    for row, images in enumerate(per_row):
-        start = starts[row // expand]
-        expanded += selections[start : start + images]
-    return expanded

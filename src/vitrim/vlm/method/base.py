@@ -97,6 +97,12 @@ class ImageSelection:
     groups: tuple[Tensor, ...]
     merged: Tensor | None = None
 
+    def merged_slots(self) -> Tensor:
+        """(m,) positions in ``kept`` of the slots standing for several tokens: the only slots whose features a
+        family writes (a slot standing for itself keeps the model's own features, bit for bit)."""
+        sizes = torch.tensor([len(group) for group in self.groups], dtype=torch.long)
+        return (sizes > 1).nonzero()[:, 0].to(self.kept.device)
+
     @classmethod
     def unmerged(cls, kept: Tensor) -> ImageSelection:
         """The selection of the sorted ``kept`` (k,) tokens, each standing for itself (nothing merged)."""
@@ -155,8 +161,11 @@ class Method:
     def check(self) -> None:
         """Raise ``ValueError`` naming the option, its value and what was expected (``self.options``)."""
 
-    def default_keep(self) -> int | None:
-        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``), else None."""
+    default_layer: ClassVar[int | None] = None  # in-LLM: the authors' drop layer K when ``layer=`` is not given
+
+    def default_keep(self) -> int | float | None:
+        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``; FastV: a fraction
+        of each image's tokens), else None."""
         return None
 
     def check_keep(self, keep: int) -> None:

@@ -152,6 +152,8 @@ class Dart(Method):
     ``pivot_text_token`` (default 4), ``pivot_order`` ("authors", the default: the authors' Python-set order;
     "sequence": image pivots then text pivots in sequence order)."""
 
+    default_layer = DART_LAYER
+
     defaults: ClassVar[Mapping[str, Any]] = {
         "pivot_image_token": DART_PIVOT_IMAGE_TOKEN,
         "pivot_text_token": DART_PIVOT_TEXT_TOKEN,
@@ -166,7 +168,7 @@ class Dart(Method):
         if self.options["pivot_order"] not in PIVOT_ORDERS:
             raise ValueError(f"pivot_order={self.options['pivot_order']!r} must be one of {', '.join(PIVOT_ORDERS)}")
 
-    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
+    def default_keep(self) -> float:  # a fraction: parse_keep takes it
         return 1.0 - DART_REDUCTION_RATIO
 
     def drop_policy(self, options: StageOptions) -> DartDrop:

@@ -56,9 +56,11 @@ class FastV(Method):
     """FastV. Options: ``layer=`` (default 2, the authors' K), ``keep=`` (image tokens per image kept from layer K
     on; default 0.5, the authors' R = 50 % dropped)."""
 
+    default_layer = FASTV_LAYER
+
     defaults: ClassVar[Mapping[str, Any]] = {}
 
-    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
+    def default_keep(self) -> float:  # a fraction: parse_keep takes it
         return 1.0 - FASTV_RATIO
 
     def drop_policy(self, options: StageOptions) -> FastVDrop:

@@ -38,12 +38,11 @@ cache cut outside vitrim (at decode: assisted decoding crops it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families import FamilyAdapter
 from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
 from vitrim.vlm.stages.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
 from vitrim.vlm.stages.in_llm_slots import (
@@ -56,6 +55,9 @@ from vitrim.vlm.stages.in_llm_slots import (
     sliding_window,
 )
 from vitrim.vlm.stages.spans import ImageSpans
+
+if TYPE_CHECKING:  # the families' table imports the stages' plumbing
+    from vitrim.vlm.families.contract import FamilyAdapter
 
 
 class InLLMDrop:
@@ -407,6 +409,6 @@ def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InL
     make_policy = getattr(method, "drop_policy", None)
     if make_policy is None:
         raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
-    padding = getattr(family, "in_llm_padding_module", None)  # families whose LLM gets masks built per layer type
-    drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding() if padding else None)
+    padding = family.in_llm_padding_module()  # families whose LLM gets masks built per layer type
+    drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding)
     return InLLMInstallation(drop, family.watch_spans(drop.on_prefill))

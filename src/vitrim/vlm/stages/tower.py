@@ -2,7 +2,7 @@
 
 ``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``), Gemma 3 (``Gemma3ForConditionalGeneration``)
 and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.families.paligemma``); other
-families are refused at ``apply`` (:data:`HANDLED`).
+families are refused at ``apply`` (their traits do not declare the tower stage).
 
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
     vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
@@ -62,6 +62,7 @@ from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Method, StageOptions
 from vitrim.vlm.method.tower_reducers import TowerMethod, build_reducers
+from vitrim.vlm.stages import pre_llm
 
 
 @dataclass
@@ -230,26 +231,16 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
 
 
-# family adapters whose tower the stage handles -> what the error calls them
-HANDLED = {
-    "LlavaAdapter": "LLaVA-1.5 (LlavaForConditionalGeneration)",
-    "Gemma3Adapter": "Gemma 3 (Gemma3ForConditionalGeneration)",
-    "PaliGemmaAdapter": "PaliGemma (PaliGemmaForConditionalGeneration)",
-}
-# families whose tokens must go back on the patch grid (to_grid=True, their default), and why
-GRID_ONLY = {
-    "Gemma3Adapter": "its projector average-pools the whole patch grid",
-    "PaliGemmaAdapter": "vitrim.vlm does not shorten its LLM input (the image and prompt attend both ways)",
-}
-
-
 def tower_plan(family: Any, method_name: str) -> TowerPlan:
-    """The tower of a family the stage handles (:data:`HANDLED`); ``TypeError`` naming the model's class otherwise."""
+    """The tower of a family that takes the tower stage (its traits); ``TypeError`` naming the model's class
+    otherwise (tiled LLaVA-NeXT and windowed Qwen towers are not handled here)."""
     model = family.model
-    if type(family).__name__ not in HANDLED:  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
+    if "tower" not in family.traits.stages:
+        from vitrim.vlm.families import families_taking  # the families' table imports this stage's plumbing
+
+        titles = ", ".join(traits.title for traits in families_taking("tower"))
         raise TypeError(
-            f"tower method {method_name!r} runs on {', '.join(HANDLED.values())}; "
-            f"{type(model).__name__} is not handled in the tower"
+            f"tower method {method_name!r} runs on {titles}; {type(model).__name__} is not handled in the tower"
         )
     feature_layer = getattr(model.config, "vision_feature_layer", -1)  # Gemma 3: the last layer, post-LayerNorm
     if not isinstance(feature_layer, int):
@@ -270,7 +261,7 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     model = family.model
     config = model.config
     plan = tower_plan(family, method.name)
-    grid_only = GRID_ONLY.get(type(family).__name__)
+    grid_only = family.traits.tower_grid_only
     to_grid = method.options.get("to_grid")
     if to_grid is not None and not isinstance(to_grid, bool):
         raise TypeError(f"to_grid={to_grid!r} must be True, False or None (the family's default)")
@@ -300,7 +291,7 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     if to_grid:
         return reduction
     try:
-        handoff = family.install_pre_llm(TowerSelection(reduction), options.keep or KeepSpec(fraction=1.0))
+        handoff = pre_llm.install(family, TowerSelection(reduction), options.keep or KeepSpec(fraction=1.0))
     except BaseException:
         reduction.remove()
         raise
@@ -308,7 +299,7 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
 
 
 class TowerSelection(Method):
-    """Hands the tower's selection to a family's pre-LLM plumbing, which drops the slots no tower token fills."""
+    """Hands the tower's selection to the pre-LLM stage, which drops the slots no tower token fills."""
 
     name = "tower"
     stage = "pre_llm"
