@@ -181,9 +181,8 @@ def bench_inputs(s: VLMBenchSettings) -> dict[str, torch.Tensor]:
 
 
 def bench_methods(s: VLMBenchSettings) -> list[str]:
-    """The methods to time: ``s.methods``, or every registered pre-LLM method that runs with its defaults (cdpruner's
-    default needs the instruction and hiprune a middle tower layer's attention, which the pre-LLM stage does not
-    hand a method yet: their constructors refuse)."""
+    """The methods to time: ``s.methods``, or every registered pre-LLM method that runs with its defaults (hiprune
+    needs a middle tower layer's attention, which the pre-LLM stage does not hand a method yet: it refuses)."""
     names = list(s.methods) or [n for n in methods("pre_llm") if _runs_with_defaults(n)]
     known = methods()
     unknown = [n for n in names if n not in known]

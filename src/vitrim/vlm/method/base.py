@@ -56,6 +56,10 @@ class VisionEvidence:
                                    say, and a square √N × √N grid is meant (LLaVA, each LLaVA-NeXT tile, Gemma 3's
                                    pooled grid are square; a family whose images keep their aspect ratio - Qwen -
                                    must give it)
+    instruction: (I, M, E) | None  the LLM's input embeddings of the instruction each image answers to (the real
+                                   text tokens after the image), for methods whose ``reads_instruction()`` is True:
+                                   the pre-LLM stage then selects when the prompt reaches the LLM, one image at a
+                                   time (I = 1), on ``projected`` = that image's tokens as the LLM receives them
     """
 
     features: Tensor
@@ -64,6 +68,7 @@ class VisionEvidence:
     seeds: Tensor | None = None
     projected: Tensor | None = None
     grid: tuple[int, int] | None = None
+    instruction: Tensor | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
@@ -157,6 +162,10 @@ class Method:
     def option_defaults(cls) -> dict[str, Any]:
         """The method's own options with their defaults (what :func:`method_info` lists)."""
         return dict(cls.defaults)
+
+    def reads_instruction(self) -> bool:
+        """Whether this method's selection reads the prompt (:attr:`VisionEvidence.instruction`)."""
+        return False
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the option, its value and what was expected (``self.options``)."""

@@ -25,11 +25,9 @@ Where vitrim differs from the authors, and why:
   duplicated tokens): the authors' division by √d² would give NaN there; vitrim takes the remaining tokens by
   their kernel diagonal r_i² (ties to the lower index) once the largest d² is not above 1e-10 of L's largest
   diagonal entry.
-- **the instruction.** vitrim's pre-LLM stage hands a method the image tokens only, not the prompt (the plumbing to
-  add is in the ``CDPruner`` docstring); until it does, ``apply`` refuses the default (relevance from the
-  instruction) with a ``ValueError`` and ``theta=0`` runs the unconditioned DPP on every family.
-  :func:`instruction_relevance` takes the embeddings wherever they come from: the authors' CLIP text tower on
-  LLaVA, the LLM's input embeddings of the instruction elsewhere.
+- **the instruction** is the LLM's input embeddings of the text after the image, against the image tokens as
+  the LLM receives them (the authors read CLIP's text tower, which transformers' LLaVA does not ship).
+  :func:`instruction_relevance` takes the embeddings wherever they come from.
 """
 
 from __future__ import annotations
@@ -99,15 +97,14 @@ def conditional_dpp_keep(tokens: Tensor, relevance: Tensor, keep: int) -> Tensor
 class CDPruner(Method):
     """Conditional DPP on the projected tokens × instruction relevance. Options: ``theta`` (None, the authors'
     default: the kernel reads the normalised relevance itself; a float in [0, 1): exp(θ / (2(1 − θ)) r), θ = 0 the
-    DPP without the instruction, which runs on every family today).
+    DPP without the instruction).
 
-    Plumbing the pre-LLM stage must add for the default (vitrim's evidence has no prompt): a field
-    ``VisionEvidence.instruction: (I, M, C) | None`` per image - on LLaVA with a CLIP tower, the authors' signal:
-    the prompt's text after the image through CLIP's tokenizer and text tower with projection (``text_embeds``,
-    77-token segments), with ``VisionEvidence.features`` also passed through the tower's ``post_layernorm`` and
-    ``visual_projection`` as ``image_embeds``; elsewhere the LLM's input embeddings of the sample's text tokens
-    after the image (and the projected image tokens as ``image_embeds``) - then ``select`` calls
-    :func:`instruction_relevance` per image.
+    The instruction: the pre-LLM stage hands the LLM's input embeddings of the sample's real text tokens after the
+    image (:attr:`VisionEvidence.instruction`) and the image's tokens as the LLM receives them, and the relevance
+    is their cosine (the authors' formula) in the LLM's input space, on every family. The authors' own signal on
+    LLaVA is CLIP's: the text through CLIP's tokenizer, text tower and projection against the feature layer through
+    ``post_layernorm`` and ``visual_projection``; transformers' LLaVA ships no CLIP text tower, so vitrim does not
+    use it (a difference from their numbers, docs/vlm.md).
     """
 
     defaults: ClassVar[Mapping[str, Any]] = {"theta": None}
@@ -118,15 +115,24 @@ class CDPruner(Method):
         valid = theta is None or (not isinstance(theta, bool) and isinstance(theta, int | float) and 0 <= theta < 1)
         if not valid:
             raise ValueError(f"theta={theta!r} must be None or a number in [0, 1)")
-        if theta != 0:
-            raise ValueError(
-                f"cdpruner with theta={theta!r} weighs tokens by their relevance to the instruction, which vitrim's "
-                "pre-LLM stage does not hand to a method yet; pass theta=0 for the DPP on the image tokens alone"
-            )
+
+    def reads_instruction(self) -> bool:
+        return self.options["theta"] != 0  # θ = 0: the DPP on the image tokens alone
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         if evidence.projected is None:
             raise ValueError("cdpruner needs the projected image tokens, which the model did not give")
-        ones = torch.ones(evidence.projected.shape[1], dtype=evidence.projected.dtype, device=evidence.projected.device)
-        relevance = theta_weight(ones, float(self.options["theta"]))  # θ = 0 (check): ones
-        return [kept_as_selection(conditional_dpp_keep(tokens, relevance, keep)) for tokens in evidence.projected]
+        theta = self.options["theta"]
+        selections = []
+        for image, tokens in enumerate(evidence.projected):
+            if self.reads_instruction():
+                if evidence.instruction is None:
+                    raise ValueError(
+                        "cdpruner needs the instruction's embeddings, which the pre-LLM stage did not give"
+                    )
+                relevance = instruction_relevance(tokens, evidence.instruction[image])
+            else:
+                relevance = torch.ones(tokens.shape[0], dtype=tokens.dtype, device=tokens.device)
+            weight = theta_weight(relevance, None if theta is None else float(theta))
+            selections.append(kept_as_selection(conditional_dpp_keep(tokens, weight, keep)))
+        return selections
