@@ -279,7 +279,7 @@ def test_no_vlm_module_imports_transformers_at_its_top() -> None:
     from pathlib import Path
 
     package = Path(vitrim.vlm.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:  # module level only: a function may import it when called
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
@@ -287,11 +287,25 @@ def test_no_vlm_module_imports_transformers_at_its_top() -> None:
             assert not any(n.split(".")[0] == "transformers" for n in names), path.name
 
 
-def test_labels_are_refused_while_the_input_is_shortened(model: torch.nn.Module) -> None:
-    ids, pv = prompt(1, 2)[None], pixels(1)
-    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)  # every token: nothing shortened, the loss runs
-    assert model(input_ids=ids, pixel_values=pv, labels=ids).loss is not None
+def test_labels_give_the_loss_over_the_positions_that_entered_the_llm(model: torch.nn.Module) -> None:
+    """Fine-tuning with fewer tokens: the loss is the model's cross-entropy over the kept sequence, each position
+    predicting the next KEPT position's label; written here from the masked full model's logits at the kept columns
+    (a drop equals masking), and keep = all gives the unmodified model's loss."""
+    ids, pv = prompt(3, 4)[None], pixels(1)
+    labels = torch.where(ids == IMAGE_TOKEN, torch.full_like(ids, -100), ids)  # as a processor's collator makes them
+    plain = model(input_ids=ids, pixel_values=pv, labels=labels).loss
+    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)
+    assert model(input_ids=ids, pixel_values=pv, labels=labels).loss.item() == plain.item()
     vitrim.vlm.remove(model)
     vitrim.vlm.apply(model, "random", keep=4)
-    with pytest.raises(ValueError, match=r"labels= .* cannot be computed while vitrim.vlm shortens the LLM input"):
-        model(input_ids=ids, pixel_values=pv, labels=ids)
+    loss = model(input_ids=ids, pixel_values=pv, labels=labels).loss
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    masked = dropped_mask(ids, torch.ones_like(ids), kept)[0].bool()  # (L,) the columns that entered the LLM
+    with torch.no_grad():
+        full = model(input_ids=ids, pixel_values=pv, attention_mask=masked[None].long(),
+                     position_ids=torch.arange(ids.shape[1])[None]).logits[0]  # fmt: skip
+    logits, targets = full[masked][:-1], labels[0, masked][1:]
+    reference = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100)
+    assert (loss - reference).abs().item() <= 1e-5  # transformers' loss runs in float32
+    assert (loss - plain).abs().item() > 1e-3  # fewer positions: another loss

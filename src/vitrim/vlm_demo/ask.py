@@ -17,13 +17,13 @@ from vitrim.data.images import read_image
 from vitrim.shipped import shipped_run
 from vitrim.vlm_demo.data import CANVAS
 from vitrim.vlm_demo.evaluate import MAX_ANSWER_TOKENS
-from vitrim.vlm_demo.model import load_model
+from vitrim.vlm_demo.run_folder import load_digits_vlm
 from vitrim.vlm_demo.words import decode_ids, processor, split_words
 
 
 def load_demo_model(run: str | Path | None = None) -> nn.Module:
     """The model of a ``vitrim demo vlm`` run folder, or the shipped one (``run`` None)."""
-    return load_model(shipped_run("vlm") if run is None else Path(run))
+    return load_digits_vlm(shipped_run("vlm") if run is None else Path(run))
 
 
 def read_canvas(path: str | Path, name: str = "--image") -> np.ndarray:

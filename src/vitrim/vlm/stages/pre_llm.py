@@ -18,7 +18,8 @@ Per forward pass with images (a prefill), in the order the model runs them:
    shorter layout (:meth:`PreLLMSeams.decode_extras` for the family's own).
 
 Everything a family differs in is one of the seams of :class:`PreLLMSeams`; beams, sampling, ``use_cache=False``,
-``labels=`` and the text-only forward are handled here, the same for every family. When every image keeps all its
+``labels=`` (the loss over the positions that entered the LLM) and the text-only forward are handled here, the same
+for every family. When every image keeps all its
 tokens, nothing is changed (bit for bit the unmodified model).
 """
 
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
@@ -131,12 +133,15 @@ class PreLLMStage:
         self.decode: DecodeState | None = None
         self.decode_cache: weakref.ref[Any] | None = None
         self.shortened_now = False
-        self.labels_given = False
+        self.labels: Tensor | None = None  # the caller's labels= of the forward in flight (B, L)
+        self.short_labels: Tensor | None = None  # those of the positions a shortened prefill kept (B, L')
+        self.loss_options: dict[str, Any] = {}
         handles = [
             family.inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
             family.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
             family.language_model.register_forward_hook(self.after_llm, with_kwargs=True),
-            family.model.register_forward_pre_hook(self.note_labels, with_kwargs=True),
+            family.model.register_forward_pre_hook(self.take_labels, with_kwargs=True),
+            family.model.register_forward_hook(self.loss_after, with_kwargs=True),
         ]
         self.undo: list[Callable[[], None]] = [handle.remove for handle in handles]
         try:
@@ -152,8 +157,14 @@ class PreLLMStage:
         return self.keep.tokens(num_tokens)
 
     def select(self, evidence: VisionEvidence, num_tokens: int) -> list[ImageSelection]:
-        """The method's selection for the images of ``evidence``, each of ``num_tokens`` tokens."""
-        return self.method.select(evidence, self.keep_of(num_tokens))
+        """The method's selection for the images of ``evidence``, each of ``num_tokens`` tokens. A method that
+        reads the instruction selects when the prompt reaches the LLM (:meth:`select_with_instruction`): every
+        token stays here."""
+        keep = self.keep_of(num_tokens)
+        if self.method.reads_instruction():
+            everything = torch.arange(num_tokens, device=evidence.features.device)
+            return [ImageSelection.unmerged(everything) for _ in range(evidence.features.shape[0])]
+        return self.method.select(evidence, keep)
 
     def selected(self, selections: list[ImageSelection]) -> None:
         """The selection of every image of one encoder run (encode order)."""
@@ -185,16 +196,31 @@ class PreLLMStage:
         self.family.decode_extras(kwargs, self.decode, mask, seen, new)
         return args, kwargs
 
-    def note_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.labels_given = kwargs.get("labels") is not None
+    def take_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``labels=`` (B, L) are over the unmodified input; the model gets none, and the loss is computed after it
+        (:meth:`loss_after`) over the positions that entered the LLM."""
+        self.labels = self.short_labels = None
+        labels = kwargs.get("labels")
+        if labels is None:
+            return None
+        self.labels, self.loss_options = labels, {k: kwargs[k] for k in ("num_items_in_batch",) if k in kwargs}
+        kwargs["labels"] = None
+        return args, kwargs
 
-    def refuse_labels(self) -> None:
-        """A loss over every position needs every position: refused when this prefill is shortened."""
-        if self.labels_given:
-            raise ValueError(
-                "labels= (a loss over every position) cannot be computed while vitrim.vlm shortens the LLM input; "
-                "call vitrim.vlm.remove(model) to train or score with labels"
-            )
+    def loss_after(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
+        """The model's own loss function on the logits it returned, with the labels of the positions it ran on (a
+        shortened prefill: the kept columns' labels, -100 at re-padding), shifted within that sequence as the
+        authors who fine-tune on pruned tokens do."""
+        labels = self.labels if self.short_labels is None else self.short_labels
+        self.labels = self.short_labels = None
+        if labels is None:
+            return None
+        model: Any = module  # transformers' …ForConditionalGeneration: its config and its own loss_function
+        vocab_size = model.config.get_text_config().vocab_size
+        output.loss = model.loss_function(
+            logits=output.logits, labels=labels.to(output.logits.device), vocab_size=vocab_size, **self.loss_options
+        )
+        return output
 
     # the LLM: the shortened prefill
 
@@ -208,13 +234,14 @@ class PreLLMStage:
                 "image features this model made after vitrim.vlm.apply)"
             )
         selections, counts = self.family.image_tokens(prefill, self.encoded)
-        self.reported = selections
-        if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
-            return None  # every token stays: the model runs unmodified
-        self.refuse_labels()
         is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
         order = repeated_images(counts, is_image.sum(1).tolist())
         spans = spans_from_mask(is_image, [counts[i] for i in order])
+        if self.method.reads_instruction() and not all(self.keep_of(n) == n for n in counts):
+            selections = self.select_with_instruction(kwargs["inputs_embeds"], prefill, spans, order, counts)
+        self.reported = selections
+        if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
+            return None  # every token stays: the model runs unmodified
         kept = columns_to_keep(spans, [selections[i] for i in order], max(counts))  # (B, L) bool
         short = plan_short_sequence(kept, prefill.attention_mask)
         embeds = kwargs["inputs_embeds"]  # (B, L, D)
@@ -222,11 +249,38 @@ class PreLLMStage:
         kwargs["inputs_embeds"] = gather_columns(short, embeds)
         kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
         self.family.shorten_extras(kwargs, prefill, Shortened(short, kept, spans, order))
+        if self.labels is not None:
+            labels = gather_columns(short, self.labels.to(short.columns.device))
+            self.short_labels = torch.where(short.real, labels, torch.full_like(labels, IGNORE_INDEX))
         if not isinstance(kwargs.get("attention_mask"), dict):
             kwargs["attention_mask"] = short.attention_mask
         self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
         self.shortened_now = True
         return args, kwargs
+
+    def select_with_instruction(
+        self, embeds: Tensor, prefill: Prefill, spans: ImageSpans, order: list[int], counts: list[int]
+    ) -> list[ImageSelection]:
+        """Each encoded image's selection by a method that reads the prompt, from the LLM's input ``embeds``
+        (B, L, E): the image's own rows as the LLM receives them, and the real text rows after it in its sample
+        (all of the sample's real text rows when none follows)."""
+        real = torch.ones_like(spans.is_image) if prefill.attention_mask is None else prefill.attention_mask.bool()
+        chosen: dict[int, ImageSelection] = {}
+        for slot, image in enumerate(order):
+            if image in chosen:
+                continue  # generate() repeated the prompt for its beams: one selection per image
+            where = spans.image_of == slot  # (B, L)
+            row = int(where.any(1).nonzero()[0])
+            columns = where[row].nonzero()[:, 0]  # (N,) the image's columns, raster order
+            text = real[row] & ~spans.is_image[row]
+            after = text & (torch.arange(text.shape[0], device=text.device) > columns.max())
+            instruction = embeds[row, after if bool(after.any()) else text]  # (M, E)
+            if not len(instruction):
+                raise ValueError(f"vlm method {self.method.name!r} reads the instruction; the prompt has no text")
+            tokens = embeds[row, columns]  # (N, E)
+            evidence = VisionEvidence(features=tokens[None], projected=tokens[None], instruction=instruction[None])
+            chosen[image] = self.method.select(evidence, self.keep_of(counts[image]))[0]
+        return [chosen[image] for image in range(len(counts))]
 
     def after_llm(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         if self.shortened_now:
@@ -291,6 +345,8 @@ def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
         order += mine * repeat
     return order
 
+
+IGNORE_INDEX = -100  # transformers' loss skips this label
 
 PREPARED_MASKS = (
     "vitrim.vlm shortens the prefill from the caller's 2-D attention_mask and needs it at decode; got masks "
