@@ -140,3 +140,21 @@ def test_save_tiny_vlm_names_its_families(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="family must be one of llava, qwen2_5_vl, got 'gemma'"):
         save_tiny_vlm(tmp_path / "x", "gemma")
+
+
+def test_in_llm_and_staged_methods(folders: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """fastv: every token enters, its kept count from its layer on; pdrop with no --keep: its own stages (tuples
+    through --set: one stage at layer 1 keeping half)."""
+    argv = ["vlm", "ask", "w10", "--model", str(folders["llava"]), "--image", str(folders["picture"])]
+    assert main([*argv, "--method", "fastv", "--keep", "4", "--set", "layer=1", "--max-new-tokens", "2"]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[1]
+        == "fastv: all 16 image tokens entered the LLM; 4 of them stay after its layer"
+    )
+    assert main([*argv, "--method", "pdrop", "--set", "layers=(1,)", "--set", "ratios=(0.5,)"]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[1]
+        == "pdrop: all 16 image tokens entered the LLM; 8 of them stay after its layer"
+    )
+    assert main([*argv, "--keep", "4"]) == 2
+    assert "--keep 4 needs --method" in capsys.readouterr().err
