@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_folders import save_llava, save_picture, save_qwen2_5_vl
+from checkpoint_folders import save_llava, save_llava_next, save_picture, save_qwen2_5_vl
 
 import vitrim.vlm
 from vitrim.cli import main
@@ -28,6 +28,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "llava": save_llava(root / "llava"),
         "qwen": save_qwen2_5_vl(root / "qwen"),
+        "llava_next": save_llava_next(root / "llava_next"),
         "picture": save_picture(root / "picture.png", width=40, height=30),
     }
 
@@ -50,11 +51,23 @@ def api_run(folder: Path, picture: Path, question: str, method: str, keep: float
     return answer, kept, groups
 
 
-@pytest.mark.parametrize(("family", "method", "tokens"), [("llava", "visionzip", 16), ("qwen", "divprune", 80)])
+@pytest.mark.parametrize(
+    ("family", "method", "tokens", "entered"),
+    [("llava", "visionzip", 16, 8), ("qwen", "divprune", 80, 40), ("llava_next", "fastervlm", 70, 32)],
+)
 def test_cli_equals_the_api(
-    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], family: str, method: str, tokens: int
+    folders: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    family: str,
+    method: str,
+    tokens: int,
+    entered: int,
 ) -> None:
-    """Tokens: LLaVA's 16-px crop of 4-px patches (16); Qwen's 40×30 picture smart-resized to 40×32 (10×8 tokens)."""
+    """Tokens: LLaVA's 16-px crop of 4-px patches (16); Qwen's 40×30 picture smart-resized to 40×32 (10×8 tokens);
+    LLaVA-NeXT's 40×30 picture: best pinpoint 32×32 (4 tiles), packed as the base tile's 16 + the 8×8 grid unpadded
+    to 6 rows (8·30/40) of 8 tokens and a newline = 70; fastervlm keeps 4 per tile, of which the grid tiles' survive
+    the unpadding or not, and the 6 newlines always enter (32, the API's own count)."""
     out = tmp_path / "run"
     argv = ["vlm", "ask", "--model", str(folders[family]), "--image", str(folders["picture"]), "w10 w11 w12"]
     code = main([*argv, "--method", method, "--keep", "0.5", "--max-new-tokens", "4", "--out", str(out)])
@@ -63,7 +76,7 @@ def test_cli_equals_the_api(
     answer, kept, groups = api_run(folders[family], folders["picture"], "w10 w11 w12", method, 0.5)
     assert printed[0] == answer
     assert printed[1] == f"{method}: {len(groups[0])} of {tokens} image tokens entered the LLM"
-    assert len(groups[0]) == tokens // 2
+    assert len(groups[0]) == entered
     record = json.loads((out / "selection.json").read_text())
     assert record["method"] == method and record["options"] == {"keep": 0.5} and record["answer"] == answer
     (image,) = record["images"]
@@ -109,6 +122,7 @@ def test_hub_id_from_the_offline_cache(folders: dict[str, Path], tmp_path: Path)
         ({"--keep": "17"}, "keep"),
         ({"--set": "nonsense"}, "--set expects OPTION=VALUE"),
         ({"--run": "x"}, "--model and --run name two models"),
+        ({"--device": "tpu"}, "--device must be cpu, cuda or cuda:N, got 'tpu'"),
     ],
 )
 def test_bad_arguments_are_one_line(
@@ -138,7 +152,7 @@ def test_demo_flags_need_model(folders: dict[str, Path], capsys: pytest.CaptureF
 def test_save_tiny_vlm_names_its_families(tmp_path: Path) -> None:
     from vitrim.vlm_user import save_tiny_vlm
 
-    with pytest.raises(ValueError, match="family must be one of llava, qwen2_5_vl, got 'gemma'"):
+    with pytest.raises(ValueError, match="family must be one of llava, llava_next, qwen2_5_vl, got 'gemma'"):
         save_tiny_vlm(tmp_path / "x", "gemma")
 
 

@@ -34,6 +34,11 @@ def add_user_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated (with --model; default 32)")
     p.add_argument(
+        "--device",
+        default=None,
+        help="where --model runs: cpu (float32), cuda (the checkpoint's dtype; default when a GPU is visible)",
+    )
+    p.add_argument(
         "--out", default=None, help="folder for selection.json and kept_tokens.png (with --model; default: none)"
     )
     # with --model, no --keep means the method's own default (pdrop takes none: its layers and ratios say it all);
@@ -102,6 +107,19 @@ def demo_mode(args: argparse.Namespace) -> None:
         args.keep = DEMO_KEEP
 
 
+def pick_device(name: str | None) -> str:
+    """``--device``: cpu, cuda or cuda:N (default: cuda when a GPU is visible)."""
+    import torch
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no GPU is visible to torch")
+    return name
+
+
 def run_user_ask(args: argparse.Namespace) -> int:
     from vitrim.vlm_user import ask, load_model, save_answer
 
@@ -122,7 +140,7 @@ def run_user_ask(args: argparse.Namespace) -> int:
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # the loading bars would bury the answer and the one-line errors
-    model, processor = load_model(args.model)
+    model, processor = load_model(args.model, device=pick_device(args.device))
     answer = ask(model, processor, picture, args.question, args.method, max_new_tokens, **options)
     print(answer.text)
     total, entered = answer.total[0], answer.entered[0]

@@ -141,7 +141,52 @@ def save_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
     return path
 
 
-TINY = {"llava": save_llava, "qwen2_5_vl": save_qwen2_5_vl}
+def save_llava_next(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-NeXT (anyres: 16-px tiles of 16 tokens, pinpoints 16×32, 32×16, 32×32) and its processor."""
+    import transformers
+
+    pinpoints = [[16, 32], [32, 16], [32, 32]]
+    config = transformers.LlavaNextConfig(
+        vision_config=dict(
+            model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=3,
+            num_attention_heads=4, image_size=LLAVA_CROP, patch_size=LLAVA_PATCH,
+        ),
+        text_config=dict(
+            model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1,
+            bos_token_id=4, eos_token_id=2,
+        ),
+        **LLAVA_IMAGE_TOKEN,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_grid_pinpoints=pinpoints,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.LlavaNextForConditionalGeneration(config).eval()
+    _spread(model, seed)
+    model.save_pretrained(path)
+    tokenizer = word_tokenizer(
+        LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+    )
+    image_processor = transformers.LlavaNextImageProcessor(
+        size={"shortest_edge": LLAVA_CROP},
+        crop_size={"height": LLAVA_CROP, "width": LLAVA_CROP},
+        image_grid_pinpoints=pinpoints,
+    )
+    processor = transformers.LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=LLAVA_PATCH,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
+TINY = {"llava": save_llava, "llava_next": save_llava_next, "qwen2_5_vl": save_qwen2_5_vl}
 
 
 def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0) -> Path:
