@@ -172,3 +172,13 @@ def test_in_llm_and_staged_methods(folders: dict[str, Path], capsys: pytest.Capt
     )
     assert main([*argv, "--keep", "4"]) == 2
     assert "--keep 4 needs --method" in capsys.readouterr().err
+
+
+def test_a_hostile_config_is_read_as_data(
+    tmp_path: Path, folders: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """config.json goes through vitrim.untrusted before transformers sees it: one line naming the file."""
+    (tmp_path / "config.json").write_text('{"model_type": "llava", "x": NaN}')
+    assert main(["vlm", "ask", "w10", "--model", str(tmp_path), "--image", str(folders["picture"])]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "config.json" in err and "NaN" in err

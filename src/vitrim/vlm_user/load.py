@@ -61,6 +61,11 @@ def _checked_source(source: str | Path) -> str:
         raise ValueError(f"--model {source}: a file, expected a checkpoint folder or a hub id (owner/name)")
     if not HUB_ID.match(str(source)):
         raise ValueError(f"--model {source}: no such folder, and not a hub id (owner/name)")
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(str(source), "config.json")
+    if isinstance(cached, str):  # in the local cache: read as untrusted JSON before transformers parses it
+        expect_object(read_json(cached), f"{source}/config.json")
     return str(source)
 
 
