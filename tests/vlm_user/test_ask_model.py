@@ -156,7 +156,9 @@ def test_save_tiny_vlm_names_its_families(tmp_path: Path) -> None:
         save_tiny_vlm(tmp_path / "x", "gemma")
 
 
-def test_in_llm_and_staged_methods(folders: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_in_llm_and_staged_methods(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """fastv: every token enters, its kept count from its layer on; pdrop with no --keep: its own stages (tuples
     through --set: one stage at layer 1 keeping half)."""
     argv = ["vlm", "ask", "w10", "--model", str(folders["llava"]), "--image", str(folders["picture"])]
@@ -165,7 +167,8 @@ def test_in_llm_and_staged_methods(folders: dict[str, Path], capsys: pytest.Capt
         capsys.readouterr().out.splitlines()[1]
         == "fastv: all 16 image tokens entered the LLM; 4 of them stay after its layer"
     )
-    assert main([*argv, "--method", "pdrop", "--set", "layers=(1,)", "--set", "ratios=(0.5,)"]) == 0
+    pdrop = ["--method", "pdrop", "--set", "layers=(1,)", "--set", "ratios=(0.5,)", "--out", str(tmp_path)]
+    assert main([*argv, *pdrop]) == 0
     assert (
         capsys.readouterr().out.splitlines()[1]
         == "pdrop: all 16 image tokens entered the LLM; 8 of them stay after its layer"

@@ -143,11 +143,11 @@ def run_user_ask(args: argparse.Namespace) -> int:
     model, processor = load_model(args.model, device=pick_device(args.device))
     answer = ask(model, processor, picture, args.question, args.method, max_new_tokens, **options)
     print(answer.text)
-    total, entered = answer.total[0], answer.entered[0]
+    total, entered, selected = answer.total[0], answer.entered[0], answer.selected[0]
     if answer.method is None:
         print(f"all {total} image tokens entered the LLM (no --method)")
     elif answer.stage == "in_llm":
-        print(f"{answer.method}: all {total} image tokens entered the LLM; {entered} of them stay after its layer")
+        print(f"{answer.method}: all {entered} image tokens entered the LLM; {selected} of them stay after its layer")
     else:
         print(f"{answer.method}: {entered} of {total} image tokens entered the LLM")
     if out is not None:

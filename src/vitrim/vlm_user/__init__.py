@@ -6,7 +6,7 @@ method of :mod:`vitrim.vlm` applied, and record which image tokens entered the L
     model, processor = load_model("llava-hf/llava-1.5-7b-hf")        # a folder, or a hub id from the local cache
     answer = ask(model, processor, Image.open("cat.png"), "What is on the mat?", method="visionzip", keep=64)
     answer.text, answer.entered, answer.total                         # the reply; image tokens in the LLM / unpruned
-    answer.records                                                    # per image: the selection, JSON-ready
+    answer.records()                                                  # per image: the selection, JSON-ready
 
 The picture of the kept tokens on the user's image is :func:`vitrim.viz.plot_vlm_kept`; :func:`save_tiny_vlm`
 writes a tiny random checkpoint folder to try all this offline.

@@ -8,6 +8,7 @@ after, so the model is returned as it was; what it selected is read with :func:`
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,12 @@ class Answer:
     """One question answered.
 
     text: the reply; method / stage / options: what was applied (None: the unmodified model);
-    total: per image, its image tokens in the unmodified LLM input; entered: per image, the LLM tokens that stood for
-    them (in-LLM methods: those kept from their layer on; every token entered); groups: per image, one LongTensor
-    per such token (``last_selection(model, groups=True)``), None without a method; kept: per image, the kept
-    indices (``last_selection(model)``); boxes: per image, where each
-    token is in the picture; inputs: what the processor made (input_ids, pixel_values, …).
+    total: per image, its image tokens in the unmodified LLM input; entered: per image, the image tokens that entered
+    the LLM (merged ones count once; an in-LLM method lets all in); selected: per image, the tokens the method kept
+    (the LLM tokens standing for the image; in-LLM: from its layer on); groups: per image, one LongTensor per such
+    token (``last_selection(model, groups=True)``), None without a method; kept: per image, the kept indices
+    (``last_selection(model)``); boxes: per image, where each token is in the picture; inputs: what the processor
+    made (input_ids, pixel_values, …).
     """
 
     text: str
@@ -37,6 +39,7 @@ class Answer:
     options: dict[str, Any]
     total: list[int]
     entered: list[int]
+    selected: list[int]
     groups: list[list[Tensor]] | None
     kept: list[list[int]] | None
     boxes: list[TokenBoxes]
@@ -53,13 +56,16 @@ class Answer:
                     "size": {"height": boxes.size[0], "width": boxes.size[1]},
                     "tokens": self.total[number],
                     "entered": self.entered[number],
+                    "selected": self.selected[number],
                     "kept": None if self.kept is None else self.kept[number],
                     "groups": None if groups is None else [g.reshape(-1).tolist() for g in groups],
                     "views": [
                         {"name": name, "grid": list(grid)} for name, grid in zip(boxes.views, boxes.grids, strict=True)
                     ],
                     "token_view": boxes.view.tolist(),
-                    "boxes": [None if row[0] != row[0] else [round(float(v), 4) for v in row] for row in boxes.boxes],
+                    "boxes": [
+                        None if math.isnan(row[0]) else [round(v, 4) for v in row] for row in boxes.boxes.tolist()
+                    ],
                 }
             )
         return {
@@ -73,6 +79,8 @@ class Answer:
 
 
 def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as JSON holds them: tuples as lists, anything else not JSON as its repr."""
+    options = {name: list(value) if isinstance(value, tuple) else value for name, value in options.items()}
     return {
         name: value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
         for name, value in options.items()
@@ -140,7 +148,8 @@ def ask(
         stage=stage,
         options=dict(options),
         total=total,
-        entered=total if groups is None else [len(g) for g in groups],
+        entered=total if groups is None or stage == "in_llm" else [len(g) for g in groups],
+        selected=total if groups is None else [len(g) for g in groups],
         groups=groups,
         kept=kept,
         boxes=boxes,
