@@ -127,3 +127,73 @@ def save_llava(path: Path, seed: int = 0) -> Path:
     )
     processor.save_pretrained(path)
     return path
+
+
+QWEN_SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0 … 2; the vision tokens take 90 … 93 (qwen_tiny's ids)
+QWEN_VISION_TOKENS = {"<|image_pad|>": 90, "<|video_pad|>": 91, "<|vision_start|>": 92, "<|vision_end|>": 93}
+QWEN_PATCH, QWEN_MERGE = 2, 2  # one image token per 4×4 px
+QWEN_HUB_NAMES = {
+    "model.visual.": "visual.",
+    "model.language_model.": "model.",
+    "lm_head.": "lm_head.",
+}
+
+
+def save_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL (qwen_tiny's tower: block 0 windowed, block 1 full; a 2-layer LLM) at ``path``."""
+    import transformers
+
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=2,  # head size 32 (vLLM's CPU attention); M-RoPE sections sum to 32 / 2
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10000.0},
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=QWEN_PATCH,
+            spatial_merge_size=QWEN_MERGE,
+            temporal_patch_size=1,
+            in_channels=3,
+            window_size=2 * QWEN_MERGE * QWEN_PATCH,
+            fullatt_block_indexes=[1],
+        ),
+        image_token_id=90,
+        video_token_id=91,
+        vision_start_token_id=92,
+        vision_end_token_id=93,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    perturb(model, seed)
+    save_weights(model, path, QWEN_HUB_NAMES)
+    vocab_specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + list(QWEN_VISION_TOKENS)
+    word_tokenizer(path, vocab_specials, 96, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    image_processor = transformers.Qwen2VLImageProcessor(
+        patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, min_pixels=64, max_pixels=64 * 64
+    )
+    processor = transformers.Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=transformers.Qwen2VLVideoProcessor(
+            patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1
+        ),
+        chat_template=CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(path)
+    return path
