@@ -71,33 +71,45 @@ LLAVA_IMAGE_TOKEN = 3
 LLAVA_GRID = 4  # 16 px images, 4 px patches: 16 image tokens
 
 
-def save_llava(path: Path, seed: int = 0) -> Path:
-    """A tiny LLaVA-1.5 (CLIP tower of 3 layers, feature layer −2, a 2-layer Llama) with its processor at ``path``."""
+TINY_LLAVA_VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4)
+# head size 32: vLLM's CPU attention has no kernel for 16
+TINY_LLAVA_TEXT = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+
+
+def save_llava(
+    path: Path,
+    seed: int = 0,
+    image_size: int = 16,
+    patch_size: int = 4,
+    vision: dict[str, int] = TINY_LLAVA_VISION,
+    text: dict[str, int] = TINY_LLAVA_TEXT,
+) -> Path:
+    """A LLaVA-1.5 (CLIP tower, feature layer −2, a Llama) with its processor at ``path``; tiny by default (3 tower
+    layers, 16 px images of 16 tokens, a 2-layer LLM), larger sizes for benchmarks/vllm_bench.py."""
     import transformers
 
     config = transformers.LlavaConfig(
         vision_config=dict(
             model_type="clip_vision_model",
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            image_size=16,
-            patch_size=4,
+            image_size=image_size,
+            patch_size=patch_size,
             projection_dim=32,
+            **vision,
         ),
         text_config=dict(
             model_type="llama",
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=2,  # head size 32: vLLM's CPU attention has no kernel for 16
-            num_key_value_heads=1,
-            max_position_embeddings=512,
+            max_position_embeddings=2048,
             pad_token_id=1,
             bos_token_id=4,
             eos_token_id=2,
+            **text,
         ),
         image_token_id=LLAVA_IMAGE_TOKEN,
         vision_feature_layer=-2,
@@ -110,16 +122,22 @@ def save_llava(path: Path, seed: int = 0) -> Path:
     perturb(model, seed)
     save_weights(model, path, LLAVA_HUB_NAMES)
     word_tokenizer(
-        path, LLAVA_SPECIALS, 128, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+        path,
+        LLAVA_SPECIALS,
+        text["vocab_size"],
+        pad_token="<pad>",
+        eos_token="</s>",
+        bos_token="<s>",
+        image_token="<image>",
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     image_processor = transformers.CLIPImageProcessor(
-        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}, do_center_crop=True
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}, do_center_crop=True
     )
     processor = transformers.LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        patch_size=4,
+        patch_size=patch_size,
         vision_feature_select_strategy="default",
         image_token="<image>",
         num_additional_image_tokens=1,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
 from checkpoints import LLAVA_GRID, save_llava
 from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine

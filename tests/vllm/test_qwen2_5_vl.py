@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
 from checkpoints import save_qwen2_5_vl
 from engines import (
