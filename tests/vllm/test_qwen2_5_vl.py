@@ -104,3 +104,22 @@ def test_keeping_every_token_is_vllms_unmodified_qwen(
         assert list(trimmed.outputs[0].token_ids) == expected["tokens"]
         assert trimmed.prompt_token_ids == plain.prompt_token_ids
         assert len(plain.prompt_token_ids) == expected["prompt_tokens"]
+
+
+def test_an_int_keep_above_a_requests_image_fails_that_request_only(
+    folder: Path, requests: list[dict[str, Any]], work: Path
+) -> None:
+    small = work / "small.png"
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(small)  # 4×4 = 16 tokens
+    too_small = {"prompt": f"w10 {IMAGE} w11", "images": [str(small)]}
+
+    def run(llm: Any) -> tuple[str, list[int], list[int]]:
+        before = list(greedy(llm, requests[:1], MAX_TOKENS)[0].outputs[0].token_ids)  # 24 tokens: keeps 20
+        with pytest.raises(ValueError) as raised:
+            greedy(llm, [too_small], MAX_TOKENS)
+        after = list(greedy(llm, requests[:1], MAX_TOKENS)[0].outputs[0].token_ids)
+        return str(raised.value), before, after
+
+    message, before, after = with_engine(folder, overrides(ARCHITECTURE, "fastervlm", keep=20), run)
+    assert "vitrim: keep=20 is more than the image's 16 tokens; expected 1 … 16" in message
+    assert before == after
