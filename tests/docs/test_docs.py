@@ -26,7 +26,7 @@ from vitrim.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-MAX_NO_RUN = 6  # docs/vllm.md: vLLM is not in the main environment
+MAX_NO_RUN = 5
 BLOCKS = {page: code_blocks(page) for page in PAGES}
 PYTHON_PAGES = [page for page, blocks in BLOCKS.items() if any(b.lang == "python" and not b.no_run for b in blocks)]
 
