@@ -15,7 +15,7 @@ from torch.nn.functional import cosine_similarity
 
 transformers = pytest.importorskip("transformers")
 
-from vitrim.vlm.spans import ImageSpans, spans_from_mask  # noqa: E402
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask  # noqa: E402
 
 VOCAB = 64
 

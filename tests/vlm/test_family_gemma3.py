@@ -149,10 +149,15 @@ def test_visionzip_merges_into_kept_slots(model: torch.nn.Module) -> None:
         projector = model.model.multi_modal_projector
         states = model.model.vision_tower(pixel_values=pv).last_hidden_state  # (1, 64, C): the 8×8 patch grid
         pooled = states.reshape(4, 2, 4, 2, -1).permute(0, 2, 1, 3, 4).reshape(GRID_TOKENS, 4, -1).mean(1)  # (16, C)
-        slots = torch.stack(
-            [pooled[t] + (pooled[g[g != t]].mean(0) if len(g) > 1 else 0) for t, g in zip(kept[0], groups, strict=True)]
-        )  # (5, C)
-        tokens = projector.mm_soft_emb_norm(slots) @ projector.mm_input_projection_weight  # (5, D)
+        own = projector(states)[0]  # (16, D) the model's own tokens: a slot standing for itself keeps its own
+        tokens = torch.stack(
+            [
+                projector.mm_soft_emb_norm(pooled[t] + pooled[g[g != t]].mean(0)) @ projector.mm_input_projection_weight
+                if len(g) > 1
+                else own[t]
+                for t, g in zip(kept[0], groups, strict=True)
+            ]
+        )  # (5, D)
         embeds = model.model.get_input_embeddings()(ids).clone()
         image_columns = (ids[0] == IMAGE_TOKEN).nonzero()[:, 0]
         embeds[0, image_columns[kept[0]]] = tokens
@@ -163,6 +168,25 @@ def test_visionzip_merges_into_kept_slots(model: torch.nn.Module) -> None:
             attention_mask=masked,
             position_ids=torch.arange(ids.shape[1])[None],
         ).logits
+    assert (out[0] - reference[0, masked[0].bool()]).abs().max() <= TOL
+
+
+def test_kept_tokens_keep_the_projectors_own_output(model: torch.nn.Module) -> None:
+    """VisionZip with no contextual token merges nothing: its tokens are the projector's own (not re-projected,
+    whose norm rounds through float32), so the pruned model equals the unmodified one with the dropped keys masked
+    to 1e-12 in float64 (issue 45: a re-projection was 4e-7 off)."""
+    ids, pv = prompt(2, 3, images=1)[None], pixels(1)
+    types = token_types(ids)
+    vitrim.vlm.apply(model, "visionzip", dominant=5, contextual=0)
+    out = model(input_ids=ids, pixel_values=pv, token_type_ids=types).logits
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    with torch.no_grad():
+        masked = dropped_mask(ids, torch.ones_like(ids), kept)
+        reference = model(
+            input_ids=ids, pixel_values=pv, token_type_ids=types, attention_mask=masked,
+            position_ids=torch.arange(ids.shape[1])[None],
+        ).logits  # fmt: skip
     assert (out[0] - reference[0, masked[0].bool()]).abs().max() <= TOL
 
 

@@ -10,9 +10,10 @@ import torch
 from qwen_reference import masked_decode, masked_reference
 from qwen_tiny import BUILDERS, IMAGE, batch, one
 
-from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.stages import pre_llm
 
 THREE = [  # different prompt lengths, image sizes and image counts; the same keep (a fraction) for each
     ([[1, 5], [7, 8, 9]], [(4, 6)]),
@@ -39,7 +40,7 @@ class TopReceived(Method):
 
 
 def install(model: torch.nn.Module, keep: float | int):
-    return Qwen2VLAdapter(model).install_pre_llm(TopReceived(), parse_keep(keep))
+    return pre_llm.install(Qwen2VLAdapter(model), TopReceived(), parse_keep(keep))
 
 
 def dropped_positions(inputs: dict, selection: list[ImageSelection], tokens: list[int]) -> torch.Tensor:
@@ -67,7 +68,7 @@ def assert_kept_columns_match(
     """The shortened logits (B, L', V) against the reference's (B, L, V) at every valid column that stays.
 
     The shortened input holds, per sample, the columns that stay (text, padding, kept image tokens) in order,
-    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.sequence)."""
+    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.stages.sequence)."""
     stays = ~dropped  # (B, L)
     width = int(stays.sum(1).max())
     assert pruned.shape[1] == width

@@ -16,11 +16,11 @@ from llm_reference import (
     transformers,
 )
 
-from vitrim.vlm.in_llm import InLLMDrop
-from vitrim.vlm.method_dart import DartDrop
-from vitrim.vlm.method_fastv import FastVDrop
-from vitrim.vlm.method_pdrop import PyramidDrop
-from vitrim.vlm.spans import spans_from_mask
+from vitrim.vlm.method.dart import DartDrop
+from vitrim.vlm.method.fastv import FastVDrop
+from vitrim.vlm.method.pdrop import PyramidDrop
+from vitrim.vlm.stages.in_llm import InLLMDrop
+from vitrim.vlm.stages.spans import spans_from_mask
 
 IMAGE_TOKENS = 8
 LENGTHS = [(3, 4), (1, 2), (5, 6)]  # (text before, text after) the image, per sample: different prompt lengths

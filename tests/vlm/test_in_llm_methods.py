@@ -8,10 +8,10 @@ import pytest
 import torch
 from llm_reference import dart_reference, kept_keys, masked_forward, positions, prompts, tiny_llama, top_k_reference
 
-from vitrim.vlm.in_llm import InLLMDrop
-from vitrim.vlm.method_dart import DartDrop, dart_keep
-from vitrim.vlm.method_fastv import FastVDrop, fastv_keep
-from vitrim.vlm.method_pdrop import PyramidDrop, pdrop_keep
+from vitrim.vlm.method.dart import DartDrop, dart_keep
+from vitrim.vlm.method.fastv import FastVDrop, fastv_keep
+from vitrim.vlm.method.pdrop import PyramidDrop, pdrop_keep
+from vitrim.vlm.stages.in_llm import InLLMDrop
 
 IMAGE_TOKENS = 8
 FULL = pytest.mark.full

@@ -9,7 +9,7 @@ from llm_reference import masked_layers
 from tiny_llava import IMAGE_TOKEN, PAD, transformers
 
 import vitrim.vlm
-from vitrim.vlm.family import find_family
+from vitrim.vlm.families import find_family
 
 TOL = 1e-12
 SIZES = torch.tensor([[20, 40], [30, 30]])  # 1×2 grid (3 tiles, 16 + 4·8 + 4 tokens), 2×2 grid (5 tiles, 16 + 8·8 + 8)

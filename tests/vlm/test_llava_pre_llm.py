@@ -226,7 +226,7 @@ def test_importing_vitrim_vlm_does_not_import_transformers() -> None:
 
 
 def test_watch_spans_reports_every_prefill_plain_and_under_generate(model: torch.nn.Module) -> None:
-    from vitrim.vlm.family import find_family
+    from vitrim.vlm.families import find_family
 
     seen = []
     unwatch = find_family(model).watch_spans(seen.append)

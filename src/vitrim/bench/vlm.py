@@ -31,7 +31,7 @@ from vitrim.extras import require
 from vitrim.vlm import apply, methods, remove
 from vitrim.vlm.api import STATE_ATTRIBUTE
 from vitrim.vlm.flops import LLAVA_15_7B, METHODS, VLM, LanguageModel, prefill_cost
-from vitrim.vlm.registry import method_class
+from vitrim.vlm.method.base import method_class
 
 TEXT_BEFORE_IMAGE = 35  # the system prompt and "USER: " before the image in LLaVA-1.5's template
 
