@@ -1,8 +1,8 @@
 """transformers + vitrim.vlm on a checkpoint folder: the reference tests/vllm compares vLLM against.
 
-Run as a script by vitrim's MAIN environment (``.venv``, the transformers vitrim.vlm is developed on), not by
-``.venv-vllm``: vitrim.vlm's decode steps after a pruned prefill read the cache transformers ≥ 5.24 hands its
-hooks (``cache=``); transformers 5.19, which vLLM 0.32 pins, passes it as ``past_key_values=`` (see docs/vllm.md).
+Run as a script, in a fresh interpreter, by tests/vllm/engines.py: by default in vLLM's environment, so vitrim.vlm
+runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTHON`` picks another interpreter
+(vitrim's main ``.venv``, transformers 5.24, gave the same tokens, seeds and selections for every method).
 
     python tests/vllm/transformers_reference.py SPECS.json OUT.json
 
@@ -58,7 +58,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from PIL import Image
 
     import vitrim.vlm
-    from vitrim.vlm.registry import content_seed
+    from vitrim.vlm.method.base import content_seed
 
     torch.manual_seed(0)
     classes = {

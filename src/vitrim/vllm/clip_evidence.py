@@ -1,6 +1,6 @@
 """What vLLM's CLIP tower tells a pre-LLM method: vitrim.vlm's ``VisionEvidence`` from vLLM's modules (owned here).
 
-The conventions are vitrim.vlm's LLaVA family's (``vitrim.vlm.family_llava``): the features are the tower's
+The conventions are vitrim.vlm's LLaVA family's (``vitrim.vlm.families.llava``): the features are the tower's
 ``vision_feature_layer`` without [CLS]; the scoring layer is the layer that produces it; its [CLS] attention row and
 keys come from the layer's own projections applied to its input (after ``layer_norm1``), by vitrim.vlm's own
 ``cls_attention_and_keys``. vLLM's CLIP attention fuses q, k and v into one ``qkv_proj`` and returns no weights, so
@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from vitrim.vlm.family_llava import cls_attention_and_keys
+from vitrim.vlm.families.llava import cls_attention_and_keys
 
 
 class FusedQKView:

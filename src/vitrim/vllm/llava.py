@@ -34,7 +34,7 @@ from vitrim.vllm.clip_evidence import ScoringCapture, scoring_layer_index
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, trim_options
 from vitrim.vllm.selection_record import SelectionRecord
-from vitrim.vlm.registry import VisionEvidence, content_seed
+from vitrim.vlm.method.base import VisionEvidence, content_seed
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
 

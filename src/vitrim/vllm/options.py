@@ -21,7 +21,7 @@ from typing import Any
 
 import vitrim.vlm  # noqa: F401  (registers every method)
 from vitrim.vlm.keep import KeepSpec, parse_keep
-from vitrim.vlm.registry import Method, method_class, methods
+from vitrim.vlm.method.base import Method, method_class, methods
 
 # architecture registered by the plugin -> (vLLM's class it subclasses, the checkpoint's model_type it runs)
 ARCHITECTURES: dict[str, tuple[str, str]] = {
@@ -33,7 +33,7 @@ EXAMPLE = '{"architectures": ["VitrimLlavaForConditionalGeneration"], "vitrim": 
 
 def pre_llm_methods() -> list[str]:
     """The methods vLLM serving offers: vitrim.vlm's pre-LLM ones (they select before the LLM, from the images)."""
-    return [name for name in methods() if method_class(name).stage == "pre_llm"]
+    return methods(stage="pre_llm")
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from vitrim.vllm.compat import (
 from vitrim.vllm.options import TrimOptions, trim_options
 from vitrim.vllm.qwen_evidence import TowerCapture
 from vitrim.vllm.selection_record import SelectionRecord
-from vitrim.vlm.family_qwen2vl_vision import image_evidence
-from vitrim.vlm.registry import VisionEvidence, content_seed
+from vitrim.vlm.families.qwen2vl_vision import image_evidence
+from vitrim.vlm.method.base import VisionEvidence, content_seed
 
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
 

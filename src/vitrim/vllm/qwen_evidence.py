@@ -1,6 +1,6 @@
 """What vLLM's Qwen2.5-VL tower tells a pre-LLM method: vitrim.vlm's evidence from vLLM's modules (owned here).
 
-The conventions are vitrim.vlm's Qwen family's (``vitrim.vlm.family_qwen2vl_vision``): the index space is the raster
+The conventions are vitrim.vlm's Qwen family's (``vitrim.vlm.families.qwen2vl_vision``): the index space is the raster
 order of the merger's outputs; the features of a token are its m² patch states entering the merger; its score is the
 attention it receives at the last block, from that block's own q/k after rotary, summed per attention segment
 (``received_attention``); its keys are the block's keys before rotary. Here the q/k come from vLLM's fused ``qkv``
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vllm.compat import tap_input
-from vitrim.vlm.family_qwen2vl_vision import ScoringCapture, received_attention
+from vitrim.vlm.families.qwen2vl_vision import ScoringCapture, received_attention
 
 
 def scoring_capture(attention: Any, hidden: Tensor, kwargs: dict[str, Any]) -> ScoringCapture:

@@ -1,7 +1,7 @@
 """What a served model selected, per image, for checking it against vitrim.vlm (owned here).
 
 Each vitrim model keeps, for the last :data:`CAPACITY` images it encoded, the kept raster indices under the image's
-content seed (``vitrim.vlm.registry.content_seed`` of its pixels: the same for an image alone or in a batch, on
+content seed (``vitrim.vlm.method.base.content_seed`` of its pixels: the same for an image alone or in a batch, on
 vLLM and in transformers). :func:`recorded_selections` reads them from every worker of an ``LLM``.
 """
 
