@@ -96,7 +96,7 @@ def patch_cpu_runner() -> None:
         )
 
     load_model.vitrim_patched = True  # type: ignore[attr-defined]
-    CPUModelRunner.load_model = load_model  # type: ignore[method-assign]
+    CPUModelRunner.load_model = load_model
 
 
 def tap_input(module: Any, on_input: Any) -> None:

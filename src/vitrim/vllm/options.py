@@ -69,7 +69,7 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     name = options.pop("method", None)
     keep = options.pop("keep", None)
     try:
-        cls = method_class(name)  # type: ignore[arg-type]
+        cls = method_class(name)
         if cls.stage != "pre_llm":
             raise ValueError(
                 f"method {name!r} cuts at stage {cls.stage!r}; vLLM serving offers the pre-LLM methods: "

@@ -51,7 +51,7 @@ class TowerCapture:
     def __init__(self, visual: nn.Module, needs_attention: bool) -> None:
         self.attention: ScoringCapture | None = None
         self.merger_input: Tensor | None = None
-        tap_input(visual.merger, self.keep_merger_input)  # type: ignore[arg-type]
+        tap_input(visual.merger, self.keep_merger_input)
         if needs_attention:
             last: Any = visual.blocks[-1]  # type: ignore[index]
             last.attn.register_forward_pre_hook(self.score, with_kwargs=True)
