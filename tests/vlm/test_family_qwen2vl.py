@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from qwen_reference import masked_decode, masked_reference
 from qwen_tiny import BUILDERS, IMAGE, batch, one
 
@@ -162,7 +163,7 @@ def test_a_decode_step_after_a_pruned_prefill_equals_the_masked_full_cache(famil
         next_tokens = prefill.logits[:, -1:].argmax(-1)  # (B, 1)
         mask = torch.cat([inputs["attention_mask"], torch.ones_like(next_tokens)], dim=1)  # the caller's layout
         step_inputs = {"attention_mask": mask} if padded else {}
-        step = model(input_ids=next_tokens, cache=prefill.cache, use_cache=True, **step_inputs).logits
+        step = model(input_ids=next_tokens, **cache_kw(cache_of(prefill)), use_cache=True, **step_inputs).logits
     selection = installation.selection()
     installation.remove()
     dropped = dropped_positions(inputs, selection, tokens_of(inputs))

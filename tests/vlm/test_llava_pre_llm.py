@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from tiny_llava import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_llava
 
 import vitrim.vlm
@@ -82,18 +83,18 @@ def test_decode_steps_after_a_pruned_prefill_equal_the_masked_full_cache(model: 
     out = model(input_ids=ids, pixel_values=pv, use_cache=True)
     kept = vitrim.vlm.last_selection(model)
     pruned_steps = []
-    cache, length = out.cache, ids.shape[1]
+    cache, length = cache_of(out), ids.shape[1]
     for token in steps:  # no mask, no positions: the caller's plain decode loop
-        out = model(input_ids=token[None], cache=cache, use_cache=True)
+        out = model(input_ids=token[None], **cache_kw(cache), use_cache=True)
         pruned_steps.append(out.logits[0, -1])
     vitrim.vlm.remove(model)
     mask = dropped_mask(ids, torch.ones_like(ids), kept)
     ref = model(input_ids=ids, pixel_values=pv, attention_mask=mask, use_cache=True)
-    cache = ref.cache
+    cache = cache_of(ref)
     for step, token in enumerate(steps):
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
         ref = model(
-            input_ids=token[None], cache=cache, attention_mask=mask, position_ids=torch.tensor([[length + step]])
+            input_ids=token[None], **cache_kw(cache), attention_mask=mask, position_ids=torch.tensor([[length + step]])
         )
         assert (ref.logits[0, -1] - pruned_steps[step]).abs().max() <= TOL
 
@@ -108,7 +109,7 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, pv: torch.Tensor, mask: to
         tokens.append(int(token))
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
         position = torch.tensor([[length + step]])
-        out = model(input_ids=token.view(1, 1), cache=out.cache, attention_mask=mask, position_ids=position)
+        out = model(input_ids=token.view(1, 1), **cache_kw(cache_of(out)), attention_mask=mask, position_ids=position)
     return tokens
 
 
