@@ -334,7 +334,7 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(mo
             after = torch.arange(int(image_columns.max()) + 1, len(alone_ids))
             text = after[alone_ids[after] != IMAGE_TOKEN]  # the text tokens after the image (not a later image)
             expected = dart_reference(norms[image_columns], norms[text], states[image_columns], states[text], keep,
-                                      *pivots)  # fmt: skip
+                                      *pivots, positions=(image_columns, text))  # fmt: skip
             assert kept[image].tolist() == expected
             image += 1
     handle.remove()

@@ -251,6 +251,7 @@ class TowerSelection:
                 keys=None if item.keys is None else item.keys[None],
                 seeds=seeds[image : image + 1],
                 projected=output.pooler_output[start : start + tokens[image]][None],  # the merger's (raster) output
+                grid=(int(grid[image, 1]) // adapter.merge_size, int(grid[image, 2]) // adapter.merge_size),
             )
             chosen = self.stage.select(found, tokens[image])[0]
             selections.append(chosen)
