@@ -107,3 +107,45 @@ def test_beam_search_gives_each_prompt_of_a_batch_what_it_gets_alone(family: tup
     finally:
         vitrim.vlm.remove(model)
     assert torch.equal(together, torch.cat(alone)), name
+
+
+def test_a_static_cache_is_refused_in_one_line_on_every_family(family: tuple) -> None:
+    _, model, singles, keep = family
+    vitrim.vlm.apply(model, "random", keep=keep)
+    try:
+        with pytest.raises(ValueError, match=r"needs generate's default dynamic cache; a static or compiled cache"):
+            generate(model, singles[0], do_sample=False, cache_implementation="static")
+    finally:
+        vitrim.vlm.remove(model)
+
+
+def test_a_prompt_ending_on_an_image_keeps_its_last_position(family: tuple) -> None:
+    """generate() reads the next token at the last position: it stays even where the method drops it (its image
+    keeps one token more than keep=); on LLaVA the logits there equal the full model's with the other dropped
+    image tokens masked."""
+    name, model, singles, _ = family
+    inputs = dict(singles[0])
+    image_token = model.config.image_token_id
+    ids = inputs["input_ids"]
+    last_image = int((ids[0] == image_token).nonzero().max())
+    for key in ("input_ids", "token_type_ids", "mm_token_type_ids", "attention_mask"):
+        if key in inputs:
+            inputs[key] = inputs[key][:, : last_image + 1]  # the prompt ends on its image's last token
+    vitrim.vlm.apply(model, "random", keep=2)
+    try:
+        with torch.no_grad():
+            out = model(**inputs).logits
+        kept = vitrim.vlm.last_selection(model)[0]
+    finally:
+        vitrim.vlm.remove(model)
+    tokens = int((ids[0] == image_token).sum())
+    assert tokens - 1 in kept.tolist() and len(kept) in (2, 3)
+    if name == "llava":
+        short = inputs["input_ids"]
+        image = (short[0] == image_token).nonzero()[:, 0]
+        mask = torch.ones_like(short)
+        mask[0, image[[i for i in range(tokens) if i not in kept.tolist()]]] = 0
+        with torch.no_grad():
+            reference = model(input_ids=short, pixel_values=inputs["pixel_values"], attention_mask=mask,
+                              position_ids=torch.arange(short.shape[1])[None]).logits  # fmt: skip
+        assert (out[0, -1] - reference[0, -1]).abs().max() <= 1e-12

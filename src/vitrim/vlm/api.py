@@ -86,7 +86,8 @@ def last_selection(model: nn.Module, groups: bool = False) -> list[Tensor] | lis
     indices, raster order of the image tokens the unmodified model would have produced.
 
     ``groups=True``: per image, a list with one LongTensor per token entering the LLM, the image-token indices it
-    stands for (one for a kept token, several for a merged one). ``ValueError`` before any prefill.
+    stands for (one for a kept token, several for a merged one). After a forward without images: ``[]`` (that
+    prefill had no image to select from); ``ValueError`` before any forward.
     """
     applied = _applied(model)
     selection = applied.installation.selection()

@@ -103,8 +103,6 @@ class Gemma3Adapter(FamilyAdapter):
         if input_ids is None:
             return None
         mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-        if isinstance(mask, dict):
-            raise ValueError(PREPARED_MASKS)
         pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
         return Prefill(input_ids, mask, runs_tower=pixels is not None)
 

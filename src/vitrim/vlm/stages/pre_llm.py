@@ -177,6 +177,8 @@ class PreLLMStage:
         seen = 0 if cache is None else int(cache.get_seq_length())
         prefill = self.family.prefill_of(args, kwargs)
         if prefill is not None:
+            if isinstance(prefill.attention_mask, dict) or getattr(cache, "is_compileable", False):
+                raise ValueError(PREPARED_MASKS)  # masks built for a static cache, or the cache itself
             if seen:
                 raise ValueError("vitrim.vlm cannot reduce images that follow a cached prefix; run them in the prefill")
             if prefill.runs_tower:
@@ -239,6 +241,7 @@ class PreLLMStage:
         spans = spans_from_mask(is_image, [counts[i] for i in order])
         if self.method.reads_instruction() and not all(self.keep_of(n) == n for n in counts):
             selections = self.select_with_instruction(kwargs["inputs_embeds"], prefill, spans, order, counts)
+        selections = keep_last_positions(selections, spans, order, prefill.attention_mask)
         self.reported = selections
         if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
             return None  # every token stays: the model runs unmodified
@@ -320,6 +323,37 @@ def query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     return int(tokens.shape[1])
 
 
+def keep_last_positions(
+    selections: list[ImageSelection], spans: ImageSpans, order: list[int], attention_mask: Tensor | None
+) -> list[ImageSelection]:
+    """The selections with each sample's last real position kept: ``generate()`` reads the next token there, so a
+    prompt that ends on an image token keeps that token (its image keeps one token more than ``keep=``), as its
+    own slot."""
+    batch, length = spans.is_image.shape
+    if attention_mask is None:
+        last = torch.full((batch,), length - 1, dtype=torch.long)
+    else:
+        columns = torch.arange(length, device=attention_mask.device)
+        last = torch.where(attention_mask.bool(), columns, -1).amax(1).cpu()  # (B,) the last column the mask keeps
+    selections = list(selections)
+    for row, column in enumerate(last.tolist()):
+        if column < 0 or not bool(spans.is_image[row, column]):
+            continue
+        image = order[int(spans.image_of[row, column])]
+        token = int(spans.token_of[row, column])
+        selection = selections[image]
+        if token in selection.kept.tolist():
+            continue
+        kept = [*selection.kept.tolist(), token]
+        groups = {int(k): g for k, g in zip(selection.kept.tolist(), selection.groups, strict=True)}
+        groups[token] = selection.kept.new_tensor([token])
+        ordered = sorted(kept)
+        selections[image] = ImageSelection(
+            kept=selection.kept.new_tensor(ordered), groups=tuple(groups[k] for k in ordered)
+        )  # merged features were written by the family already; the added token keeps its own
+    return selections
+
+
 def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
     """Per image of the batch's rows (reading order), the encoded image it shows.
 
@@ -349,6 +383,6 @@ def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
 IGNORE_INDEX = -100  # transformers' loss skips this label
 
 PREPARED_MASKS = (
-    "vitrim.vlm shortens the prefill from the caller's 2-D attention_mask and needs it at decode; got masks "
-    "prepared for a static or compiled cache (use generate's default dynamic cache)"
+    "vitrim.vlm shortens the prefill from the caller's 2-D attention_mask and needs generate's default dynamic "
+    "cache; a static or compiled cache (cache_implementation='static', masks prepared for one) is not supported"
 )
