@@ -44,6 +44,7 @@ decoding crops it); meta-device inputs (naming the input). Between layers, what 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,6 +66,29 @@ from vitrim.vlm.stages.spans import ImageSpans
 
 if TYPE_CHECKING:  # the families' table imports the stages' plumbing
     from vitrim.vlm.families.contract import FamilyAdapter
+
+
+@dataclass
+class PassState:
+    """What one forward of the LLM carries from its first layer to its last.
+
+    prefill: the cache was empty (a prefill; else a decode step); active: vitrim acts on this pass; dtype: the
+    hidden states'; cache: the pass's KV cache (or None). A prefill that drops: spans of its images, real (B, L)
+    the columns that are not padding, length L, columns (B, L) 0 … L−1, drop_layers the layers it drops before,
+    selections per drop stage so far. A decode step on a dropped prefill: query_columns (q,) its new columns.
+    """
+
+    prefill: bool
+    dtype: torch.dtype
+    cache: Any
+    active: bool = False
+    spans: ImageSpans | None = None
+    real: Tensor | None = None
+    length: int = 0
+    columns: Tensor | None = None
+    drop_layers: frozenset[int] = frozenset()
+    selections: list[list[Tensor]] = field(default_factory=list)
+    query_columns: Tensor | None = None
 
 
 class InLLMDrop:
@@ -111,7 +135,7 @@ class InLLMDrop:
         self._prepared_masks = False  # the padding module was handed masks already built (static/compiled cache)
         self._slots: list[Slots] = []
         self._cache: object = None
-        self._pass: dict[str, Any] = {}
+        self._pass: PassState | None = None
         self._captured: LayerInput | None = None
         self._early_exit: Tensor | None = None
         self._selections: list[list[Tensor]] | None = None
@@ -145,7 +169,9 @@ class InLLMDrop:
         that ran last, ``(columns, valid)`` each (B, S) (module conventions of ``in_llm_slots``); None while they are
         the full sequence (before the first drop, after the last layer) and at decode steps. What a family that
         adds rows to image positions between layers reads (Qwen3-VL's DeepStack)."""
-        if not self._pass.get("active") or not self._pass["prefill"] or not 0 <= self._running < len(self.layers):
+        if self._pass is None or not self._pass.active or not self._pass.prefill:
+            return None
+        if not 0 <= self._running < len(self.layers):
             return None  # a decode step, or the last layer's output already back on the full layout
         stage = self._stage_of_layer[self._running]
         if stage < 0 or stage >= len(self._slots) or not self._slots[stage].differs:
@@ -156,7 +182,7 @@ class InLLMDrop:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._slots, self._pass, self._spans, self._captured, self._early_exit = [], {}, None, None, None
+        self._slots, self._pass, self._spans, self._captured, self._early_exit = [], None, None, None, None
 
     # ---- hooks --------------------------------------------------------------------------------------------------
     def _capture_padding(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -175,19 +201,20 @@ class InLLMDrop:
         self._running = index
         if index == 0:
             self._start_pass(hidden, kwargs)
-        if not self._pass.get("active"):
+        state = self._pass
+        if state is None or not state.active:
             return None
         stage = self._stage_of_layer[index]
         changed = False
-        if self._pass["prefill"] and stage >= 0 and self.stages[stage].layer == index:
+        if state.prefill and stage >= 0 and self.stages[stage].layer == index:
             hidden = self._drop(stage, index, hidden, kwargs)
             changed = True
         if stage >= 0 and self._slots[stage].differs:
-            if not self._pass["prefill"]:
+            if not state.prefill:
                 self._check_cache(index, stage, hidden.shape[1])
             kwargs = {**kwargs, **self._stage_kwargs(stage, index, kwargs)}
             changed = True
-        if self._pass["prefill"] and self.policy.needs_previous_layer and index + 1 in self._pass["drop_layers"]:
+        if state.prefill and self.policy.needs_previous_layer and index + 1 in state.drop_layers:
             self._captured = _layer_input(hidden, kwargs)
         if not changed:
             return None
@@ -205,7 +232,7 @@ class InLLMDrop:
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length(0)) if cache is not None else 0
         batch, length = hidden.shape[:2]
-        self._pass = {"prefill": past == 0, "active": False, "kwargs": kwargs, "dtype": hidden.dtype, "cache": cache}
+        self._pass = state = PassState(prefill=past == 0, dtype=hidden.dtype, cache=cache)
         if past == 0:
             self._selections, self._slots, self._early_exit, self._cache = None, [], None, cache
             spans, self._spans = self._spans, None  # one prefill per on_prefill
@@ -222,10 +249,8 @@ class InLLMDrop:
                 raise ValueError(DYNAMIC_CACHE_ONLY)
             real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
             columns = torch.arange(length, device=hidden.device).expand(batch, length)
-            self._pass.update(
-                active=True, spans=spans, real=real, length=length, columns=columns,
-                drop_layers={stage.layer for stage in self.stages}, selections=[],
-            )  # fmt: skip
+            state.active, state.spans, state.real, state.length, state.columns = True, spans, real, length, columns
+            state.drop_layers = frozenset(stage.layer for stage in self.stages)
             return
         if not self._slots or cache is not self._cache or batch != self._slots[0].columns.shape[0]:
             return  # a decode step of a pass that dropped nothing (or of a cache vitrim did not prune)
@@ -237,7 +262,7 @@ class InLLMDrop:
             added = torch.ones(batch, new.numel(), dtype=torch.bool, device=new.device)
             slots.valid = torch.cat([slots.valid, added], dim=1)
             slots.kwargs = {}
-        self._pass.update(active=True, query_columns=new)
+        state.active, state.query_columns = True, new
 
     def _refuse_prepared_masks(self) -> None:
         if self._prepared_masks:
@@ -257,8 +282,7 @@ class InLLMDrop:
         return torch.ones_like(is_image)
 
     def _check_cache(self, index: int, stage: int, new_tokens: int) -> None:
-        cache = self._pass["kwargs"].get("cache", self._pass["kwargs"].get("past_key_values"))
-        held = int(cache.get_seq_length(index))
+        held = int(self._state().cache.get_seq_length(index))
         expected = self._slots[stage].columns.shape[1] - new_tokens
         if held != expected:
             raise RuntimeError(
@@ -269,7 +293,8 @@ class InLLMDrop:
     # ---- prefill: dropping --------------------------------------------------------------------------------------
     def _current(self, stage: int) -> tuple[Tensor, Tensor]:
         if stage == 0:
-            columns = self._pass["columns"]
+            columns = self._state().columns
+            assert columns is not None
             return columns, torch.ones_like(columns, dtype=torch.bool)
         previous = self._slots[stage - 1]
         return previous.columns, previous.valid
@@ -277,11 +302,13 @@ class InLLMDrop:
     def _drop(self, stage: int, index: int, hidden: Tensor, given: dict[str, Any]) -> Tensor:
         """Choose the kept tokens before layer ``index`` (stage ``stage``) from its input ``hidden`` and its own
         arguments ``given``; returns the hidden states of the new slots."""
-        spans: ImageSpans = self._pass["spans"]
+        state = self._state()
+        spans, all_real = state.spans, state.real
+        assert spans is not None and all_real is not None
         columns, valid = self._current(stage)
         image_of = torch.where(valid, spans.image_of.gather(1, columns), -1)
         token_of = torch.where(valid, spans.token_of.gather(1, columns), -1)
-        real = valid & self._pass["real"].gather(1, columns)
+        real = valid & all_real.gather(1, columns)
         last_slot = torch.where(real, columns, -1).argmax(dim=1)  # (B,) the last real token (the largest column)
         differs = stage > 0 and self._slots[stage - 1].differs
         own = _layer_input(hidden, {**given, **self._stage_kwargs(stage - 1, index, given)} if differs else given)
@@ -296,8 +323,8 @@ class InLLMDrop:
         counts = [min(self.stages[stage].tokens(size), now) for size, now in zip(sizes, current, strict=True)]
         chosen = _with_last_position(self.policy.choose(evidence, counts), image_of, token_of, last_slot, image_sample)
         self._captured = None
-        self._pass["selections"].append([kept.sort().values for kept in chosen])
-        self._selections = self._pass["selections"]
+        state.selections.append([kept.sort().values for kept in chosen])
+        self._selections = state.selections
         keep = valid & (image_of < 0)  # (B, S) every valid non-image slot stays
         for image, kept in enumerate(chosen):
             sample = int(image_sample[image])
@@ -321,8 +348,7 @@ class InLLMDrop:
 
     def _cached_keys(self, stage: int, hidden: Tensor) -> Tensor | None:
         """Layer K−1's keys from the prefill's KV cache when it holds exactly this stage's current slots."""
-        cache = self._pass["kwargs"].get("cache", self._pass["kwargs"].get("past_key_values"))
-        layers = getattr(cache, "layers", None)
+        layers = getattr(self._state().cache, "layers", None)
         index = self.stages[stage].layer - 1
         if not self.policy.needs_previous_layer or layers is None or index >= len(layers):
             return None
@@ -346,7 +372,7 @@ class InLLMDrop:
         target.scatter_(1, index.unsqueeze(-1).expand(-1, -1, target.shape[-1]), hidden)
 
     def _after_last_layer(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        if not self._pass.get("active") or not self._pass["prefill"] or self._early_exit is None:
+        if self._pass is None or not self._pass.active or not self._pass.prefill or self._early_exit is None:
             return None
         hidden = output[0] if isinstance(output, tuple) else output
         self._running = len(self.layers)  # the output goes back to the full sequence's layout
@@ -369,8 +395,9 @@ class InLLMDrop:
         if key in slots.kwargs:
             return slots.kwargs[key]
         fixed: dict[str, Any]
-        if self._pass["prefill"]:
-            allowed = prefill_mask(slots, full_mask, window, self._pass["length"])
+        state = self._state()
+        if state.prefill:
+            allowed = prefill_mask(slots, full_mask, window, state.length)
             fixed = {"attention_mask": self._as_implementation(allowed, full_mask)}
             fixed["position_embeddings"] = (
                 gather_columns(cos, slots.columns, -2, -3),
@@ -380,8 +407,9 @@ class InLLMDrop:
             if isinstance(position_ids, Tensor):
                 fixed["position_ids"] = gather_columns(position_ids, slots.columns, -1, -2)
         else:
-            query_columns = self._pass["query_columns"]  # (q,)
-            kv_length, _ = self._pass["cache"].get_mask_sizes(query_columns.numel(), index)
+            query_columns = state.query_columns  # (q,)
+            assert query_columns is not None
+            kv_length, _ = state.cache.get_mask_sizes(query_columns.numel(), index)
             real = self._decode_real(full_mask, int(query_columns[-1]) + 1)
             allowed = decode_mask(slots, query_columns, int(kv_length), real, window)
             fixed = {"attention_mask": self._as_implementation(allowed, full_mask)}
@@ -397,10 +425,16 @@ class InLLMDrop:
         if not self._typed_masks and isinstance(full, Tensor) and full.ndim == 4 and full.shape[-1] == total:
             last_row = full[:, 0, -1]
             return last_row if last_row.dtype == torch.bool else last_row == 0
-        return torch.ones(1, total, dtype=torch.bool, device=self._pass["query_columns"].device)
+        query_columns = self._state().query_columns  # a decode step's: set before any layer runs
+        assert query_columns is not None
+        return torch.ones(1, total, dtype=torch.bool, device=query_columns.device)
 
     def _as_implementation(self, allowed: Tensor, full: Tensor | None) -> Tensor:
-        return as_implementation(allowed, full, self._eager, self._pass["dtype"])
+        return as_implementation(allowed, full, self._eager, self._state().dtype)
+
+    def _state(self) -> PassState:
+        assert self._pass is not None, "a layer hook ran outside a forward pass of the LLM"
+        return self._pass
 
 
 def _with_last_position(
