@@ -22,7 +22,7 @@ from torch import nn
 
 from vitrim.bench.timing import interleaved_samples
 from vitrim.vlm_demo.evaluate import HeldOut, score
-from vitrim.vlm_demo.words import processor
+from vitrim.vlm_demo.words import IMAGE_TOKENS, processor
 
 KEPT_FRACTIONS = ("0.5", "0.25", "0.125")  # the summary's keys; float() of each is the `keep=` passed
 # The decoder has 4 layers (the papers' LLaMA-7B: 32): staged and layer-K methods get the same depths, scaled.
@@ -34,13 +34,18 @@ DEMO_OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def method_options(method: str, fraction: str) -> dict[str, Any]:
-    """The options the demo passes for a kept ``fraction``: ``keep=`` and DEMO_OPTIONS; PyramidDrop, which takes no
-    ``keep``, gets its geometric halving with the middle stage at the fraction: ``ratios=(2f, f, f/2)`` (the
-    authors' (0.5, 0.25, 0.125) is f = 0.25)."""
+    """The options the sweep passes for a kept ``fraction`` (a key of ``KEPT_FRACTIONS``): :func:`demo_options`."""
+    return demo_options(method, float(fraction))
+
+
+def demo_options(method: str, keep: float) -> dict[str, Any]:
+    """The options the demo passes ``method`` asked to keep ``keep`` image tokens (a count, or a fraction of the 64 as
+    a float): ``keep=`` and DEMO_OPTIONS; PyramidDrop, which takes no ``keep``, gets its geometric halving with the
+    middle stage at the kept fraction f: ``ratios=(2f, f, f/2)`` (the authors' (0.5, 0.25, 0.125) is f = 0.25)."""
     if method == "pdrop":
-        f = float(fraction)
+        f = keep / IMAGE_TOKENS if isinstance(keep, int) else keep
         return {**DEMO_OPTIONS[method], "ratios": (min(1.0, 2 * f), f, f / 2)}
-    return {"keep": float(fraction), **DEMO_OPTIONS.get(method, {})}
+    return {"keep": keep, **DEMO_OPTIONS.get(method, {})}
 
 
 @dataclass
