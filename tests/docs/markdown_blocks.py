@@ -4,8 +4,10 @@ A fence is three or more backticks or tildes, possibly indented (inside a list i
 characters at least as long. The block's text is dedented by the fence's indentation. A marker counts when it is
 the last non-blank line before the fence.
 
-What a ```python block prints is the ```text block that follows it with nothing but blank lines between
-(:func:`printed_output`); ``...`` there stands for any text, as in a doctest.
+A shell block's commands run in the documentation tests unless the block is marked ``<!-- parse-only: reason -->``
+(they cannot run offline, or take minutes). What a ```python or ```bash block prints is the ```text block that
+follows it with nothing but blank lines between (:func:`printed_output`); ``...`` there stands for any text, as in a
+doctest.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
 NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>.+?)\s*-->\s*$")
+PARSE_ONLY = re.compile(r"^\s*<!--\s*parse-only:\s*(?P<reason>.+?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Block:
     code: str
     no_run: str | None  # the reason given by a no-run marker, or None
     end: int = 0  # 1-based line of the closing fence (the page's last line + 1 when it never closes)
+    parse_only: str | None = None  # a shell block's <!-- parse-only: reason --> marker: its commands are not run
 
     @property
     def where(self) -> str:
@@ -49,6 +53,7 @@ def code_blocks(path: Path) -> list[Block]:
         body = [line[indent:] if line[:indent].strip() == "" else line.lstrip() for line in lines[i + 1 : end]]
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = NO_RUN.match(before)
+        parse_only = PARSE_ONLY.match(before)
         blocks.append(
             Block(
                 path,
@@ -57,6 +62,7 @@ def code_blocks(path: Path) -> list[Block]:
                 "\n".join(body) + "\n",
                 marker["reason"] if marker else None,
                 end + 1,
+                parse_only["reason"] if parse_only else None,
             )
         )
         i = end + 1
@@ -87,10 +93,10 @@ def vitrim_commands(code: str) -> list[list[str]]:
 
 
 def printed_output(blocks: list[Block], page_lines: list[str]) -> dict[int, Block]:
-    """``{index of a python block: the text block that shows what it prints}`` (module doc)."""
+    """``{index of a python or bash block: the text block that shows what it prints}`` (module doc)."""
     shown = {}
     for k, (block, after) in enumerate(itertools.pairwise(blocks)):
         between = page_lines[block.end : after.line - 1]  # the lines after the closing fence, before the next opening
-        if block.lang == "python" and after.lang == "text" and not any(line.strip() for line in between):
+        if block.lang in ("python", "bash") and after.lang == "text" and not any(line.strip() for line in between):
             shown[k] = after
     return shown

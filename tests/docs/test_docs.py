@@ -8,56 +8,36 @@ what the page shows, every `vitrim` command in a ```bash block parses.
   space are one), and a block followed by none must print nothing. A block that cannot run is marked in the page with
   ``<!-- no-run: reason -->`` on the line before its fence; there may be at most ``MAX_NO_RUN`` of those in all.
 * Shell: every ``vitrim`` call of a ```bash block is parsed by the real parser (``vitrim.cli.build_parser``), so a
-  renamed flag or subcommand fails here; test_docs_commands.py runs them.
+  renamed flag or subcommand fails here; test_docs_commands.py runs every block not marked parse-only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import doctest
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from doc_pages import BLOCKS, output_matches, page_name, reader_environment
 from docs_standins import hub_standins_for, standins_for
 from markdown_blocks import Block, code_blocks, printed_output, vitrim_commands
 from run_blocks import END_OF_BLOCK
 
 from vitrim.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MAX_NO_RUN = 5
-BLOCKS = {page: code_blocks(page) for page in PAGES}
 PYTHON_PAGES = [page for page, blocks in BLOCKS.items() if any(b.lang == "python" and not b.no_run for b in blocks)]
 # Pages whose blocks take the longest (about 10 s each): run by `make test-all`; the default suite runs the rest
 HEAVY_PAGES = {"README.md", "docs/checkpoints.md", "docs/dynamicvit.md"}
-DOCTEST_RULES = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-
-
-def _name(page: Path) -> str:
-    return str(page.relative_to(ROOT))
+_name = page_name
 
 
 def _page_param(page: Path) -> object:
     marks = [pytest.mark.full] if _name(page) in HEAVY_PAGES else []
     return pytest.param(page, id=_name(page), marks=marks)
-
-
-def reader_environment() -> dict[str, str]:
-    """The environment a reader's shell has, plus: this checkout's sources first (the environment's editable install
-    may point at another checkout), no window for matplotlib, one thread per process (the suite runs in parallel)."""
-    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="session")
-def standin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("docs_standins")
 
 
 @pytest.mark.parametrize("page", [_page_param(page) for page in PYTHON_PAGES])
@@ -68,7 +48,7 @@ def test_python_blocks_run_and_print_what_the_page_shows(page: Path, tmp_path: P
     standins_for(text, standin_cache, work)
     env = reader_environment()
     if hub_standins_for(text, standin_cache / "hub"):
-        env |= {"HF_HUB_CACHE": str(standin_cache / "hub"), "HF_HUB_OFFLINE": "1"}  # nothing is downloaded
+        env["HF_HUB_CACHE"] = str(standin_cache / "hub")  # the stand-in repos (HF_HUB_OFFLINE: nothing downloaded)
     blocks = BLOCKS[page]
     shown = printed_output(blocks, text.splitlines())
     runnable = [(k, b) for k, b in enumerate(blocks) if b.lang == "python" and not b.no_run]
@@ -91,7 +71,7 @@ def test_python_blocks_run_and_print_what_the_page_shows(page: Path, tmp_path: P
                 )
             continue
         want = shown[k].code
-        if not doctest.OutputChecker().check_output(want, output, DOCTEST_RULES):
+        if not output_matches(want, output):
             raise AssertionError(f"{where} prints\n{output}\nwhere the page shows (line {shown[k].line})\n{want}")
 
 
