@@ -4,7 +4,7 @@
 # CUDA build, whose compiled operators do not load with a CPU torch, and then `import torchvision` (so `import
 # transformers; transformers.LlavaConfig()`, `import timm`) fails: install/torchvision_without_ops.py, installed into
 # the environment's site-packages with a .pth file that imports it at interpreter start, lets torchvision import
-# without them (nothing edited on disk; a no-op where the operators load). tests/install checks it in a fresh python.
+# without them (none of torchvision's files edited; a no-op where they load). tests/install checks it in a fresh python.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := install/torchvision_without_ops.py
 
-.PHONY: test test-all demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-vlm-lowest demo demo-translate demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,19 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal
+
+# vitrim.vlm on the lowest transformers pyproject declares (vLLM 0.32 pins 5.19): its own environment with only what
+# the VLM tests need (CI runs it; the newest is .venv's, run by make test).
+VENV_LOWEST ?= .venv-lowest
+TRANSFORMERS_LOWEST ?= transformers==5.19.0
+$(VENV_LOWEST)/.installed: pyproject.toml Makefile
+	test -x $(VENV_LOWEST)/bin/python || python3 -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install --quiet torch==2.13.0
+	$(VENV_LOWEST)/bin/python -m pip install --quiet -e . $(TRANSFORMERS_LOWEST) torch==2.13.0 pytest pytest-xdist hypothesis
+	touch $@
+
+test-vlm-lowest: $(VENV_LOWEST)/.installed
+	$(VENV_LOWEST)/bin/python -m pytest -n auto --dist worksteal tests/vlm
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
@@ -64,4 +77,4 @@ bench: $(STAMP)
 	$(VENV)/bin/vitrim bench attention
 
 clean:
-	rm -rf $(VENV) runs build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_LOWEST) runs build .pytest_cache .mypy_cache .ruff_cache

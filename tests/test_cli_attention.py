@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from vitrim.cli import main
 
 
-def test_bench_attention_runs(capsys, tmp_path):
+@pytest.mark.parametrize(
+    "memory_length",
+    [0, pytest.param(32, marks=pytest.mark.full)],  # peak memory: a fresh process per case, 30 s of the suite's time
+)
+def test_bench_attention_runs(capsys, tmp_path, memory_length):
     path = tmp_path / "bench.json"
-    rc = main(["bench", "attention", "--lengths", "16", "--repeats", "1", "--memory-length", "32", "--json", str(path)])
+    argv = ["--lengths", "16", "--repeats", "1", "--memory-length", str(memory_length), "--json", str(path)]
+    rc = main(["bench", "attention", *argv])
     out = capsys.readouterr().out
     assert rc == 0
     assert "median ms (ratio to torch SDPA)" in out
     assert "torch_sdpa" in out and "vitrim_auto" in out and "vitrim_weights" in out
-    assert "peak memory growth at N=32" in out
+    assert ("peak memory growth at N=32" in out) == (memory_length == 32)
     results = json.loads(path.read_text())
     assert set(results["times_ms"]["16"]) == {"torch_sdpa", "vitrim_auto", "vitrim_weights", "plain_matmul_softmax"}
 

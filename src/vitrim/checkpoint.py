@@ -2,6 +2,4 @@
 
 from vitrim.moved import moved_to
 
-__getattr__ = moved_to(
-    __name__, "vitrim.weights.checkpoint", {"load_model": "vitrim.weights.checkpoint:build_saved_model"}
-)
+__getattr__ = moved_to(__name__, "vitrim.weights.checkpoint", {"load_model": "vitrim.weights.pretrained:load_model"})

@@ -45,6 +45,10 @@ def create_model(
     reducer="tome", r=13)``. They are attached before the weights load, so a learned reducer's weights (DynamicViT's
     ``score_predictor.*``) load from a checkpoint that has them and stay fresh when it does not.
     """
+    if not isinstance(name, str):  # a path object, a number, a list: before any lookup reads it as a name
+        raise TypeError(
+            f"name must be a model name or 'hf-hub:ORG/NAME' (a str), got {type(name).__name__} {name!r:.80}"
+        )
     reducer, reducer_options = _pop_reducer(overrides)
     if not isinstance(pretrained, bool):
         raise TypeError(f"pretrained must be a bool, got {pretrained!r}")

@@ -117,10 +117,6 @@ def test_keep_ratio_rows(capsys, tmp_path):
     ("argv", "message"),
     [
         (["vit_smol_patch16_224"], "unknown model 'vit_smol_patch16_224'"),
-        (["vit_tiny_patch16_224", "--batch-size", "0"], "--batch-size must be a positive int, got 0"),
-        (["vit_tiny_patch16_224", "--repeats", "-1"], "--repeats must be a positive int, got -1"),
-        (["vit_tiny_patch16_224", "--img-size", "0"], "--img-size must be a positive int, got 0"),
-        (["vit_tiny_patch16_224", "--keep-ratio", "1.5"], "--keep-ratio must be in (0, 1], got 1.5"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--keep-ratio", "0.5"], "does not take keep_ratio"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--reducer", "tomato:r=2"], "unknown reducer 'tomato'"),
         (["vit_tiny_patch16_224", "--set", TINY_SET, "--reducer", "tome:q=2"], "unknown option(s) ['q']"),
@@ -139,6 +135,27 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert err.startswith("vitrim: error: ") and err.count("\n") == 1, err
     assert message in err
     assert "img/s" not in out  # nothing was measured
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--batch-size", "0", "an int in [1, 65536] (images in one batch)"),
+        ("--repeats", "-1", "an int in [1, 100000] (timed calls)"),
+        ("--img-size", "0", "an int in [1, 8192] (an image side in pixels, at most what a model config may ask for)"),
+        ("--keep-ratio", "1.5", "a number in (0, 1] (the share of tokens DynamicViT keeps)"),
+    ],
+)
+def test_numbers_out_of_range_are_argparse_errors(capsys, option, value, expected):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "models", "vit_tiny_patch16_224", option, value, "--no-memory"])
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith(f"argument {option}: expected {expected}, got '{value}'")
+    )
 
 
 def test_values_are_literals_or_strings():

@@ -89,7 +89,11 @@ def test_cli_rows_ratios_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_cli_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "ops", "vit_tiny_patch16_224", "--by-op", "-1"]) == 2
-    assert "--by-op must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "ops", "vit_tiny_patch16_224", "--by-op", "-1"])
+    assert exit_.value.code == 2
+    assert "argument --by-op: expected an int in [0, 10000] (operators listed per row), got '-1'" in (
+        capsys.readouterr().err
+    )
     assert main(["bench", "ops", "vit_tiny_patch16_224", "--reducer", "nope"]) == 2
     assert "unknown reducer 'nope'" in capsys.readouterr().err

@@ -266,6 +266,7 @@ def top1_by_hand(run, name: str | None, options: dict) -> float:
     return right / len(test)
 
 
+@pytest.mark.full  # 16 s; test_cli_without_accuracy_writes_the_speed_picture runs the command by default
 def test_cli_writes_results_and_pictures_with_accuracy(capsys, tmp_path, digits_run):
     out = tmp_path / "bench"
     argv = ["bench", "reducers", "--models", "vit_tiny_patch16_224", "--set", TINY_SET, "--targets", "60%"]
@@ -339,6 +340,7 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, args, message):
 DEIT_S_SHAPE = dict(num_heads=2, num_classes=5)
 
 
+@pytest.mark.full  # DeiT-S at 224 per preset: 20 s on the shared machine
 def test_a_schedule_reducer_runs_the_preset_nearest_to_each_target(monkeypatch):
     torch.manual_seed(0)
     model = vitrim.create_model("deit_small_patch16_224", **DEIT_S_SHAPE).eval()

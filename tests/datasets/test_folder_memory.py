@@ -21,6 +21,7 @@ def _peaks(tmp_path: Path, small: int, large: int) -> tuple[dict, dict]:
     return rows[0], rows[1]
 
 
+@pytest.mark.full  # two evaluations in fresh processes, 20 s on the shared machine
 def test_ten_times_the_images_costs_no_more_memory(tmp_path: Path) -> None:
     small, large = _peaks(tmp_path, 200, 2000)
     assert large["main_mib"] < 1.1 * small["main_mib"]

@@ -52,11 +52,12 @@ def _diagonal(kinds: list[str]) -> list[tuple[str, str]]:
     return chosen + [(family, "dense") for family, n in uses.items() if n == 0]
 
 
-def cases(kinds: list[str], every: int = 1) -> list[object]:
-    """pytest params (family, kind) of the cross product; those off the diagonal are marked ``full``. ``every=2``:
-    only every second diagonal case runs in ``make test`` (a sweep whose cases each cost seconds, such as the ONNX
-    export; the whole product still runs in ``make test-all``)."""
-    diagonal = set(_diagonal(kinds)[::every])
+def cases(kinds: list[str], every: int = 1, slow: frozenset[str] = frozenset()) -> list[object]:
+    """pytest params (family, kind) of the cross product; those off the diagonal are marked ``full``. ``every=N``:
+    only every N-th diagonal case runs in ``make test`` (``every=len(kinds)``: the dense plain ViT alone, for a sweep
+    whose cases each cost many seconds, such as the ONNX export); ``slow`` kinds run in ``make test-all`` only (the
+    whole product still runs there)."""
+    diagonal = {(family, kind) for family, kind in _diagonal(kinds)[::every] if kind not in slow}
     return [
         pytest.param(family, kind, marks=() if (family, kind) in diagonal else pytest.mark.full)
         for family in FAMILIES

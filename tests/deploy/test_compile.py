@@ -1,5 +1,6 @@
 """torch.compile: every model kind on every family is captured whole (no graph break) and computes what eager
-computes (the cross product in ``make test-all``; every kind and every family once in ``make test``)."""
+computes (the cross product in ``make test-all``; in ``make test``, every family and every kind but Zero-TPrune once,
+compiled with fullgraph=True, which fails on any graph break)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ import pytest
 import torch
 from deploy_models import KINDS, build, cases, images
 
+# Zero-TPrune's ranking iterates inside the graph: its diagonal case took 36 s (eager vs compiled) and 23 s (graph
+# breaks) on the shared 2-core machine, a quarter of the suite's compile time; it compiles in make test-all.
+SLOW_TO_TRACE = frozenset({"zero_tprune"})
 
-@pytest.mark.parametrize(("family", "kind"), cases(KINDS))
+
+# make test: the dense plain ViT only. test_compiled_equals_eager below compiles every kind and family of the diagonal
+# with fullgraph=True, which fails on any graph break; this test says why (dynamo's reasons), in make test-all.
+@pytest.mark.parametrize(("family", "kind"), cases(KINDS, every=len(KINDS)))
 def test_no_graph_breaks(family: str, kind: str) -> None:
     model = build(kind, family=family)
     torch._dynamo.reset()
@@ -18,7 +25,7 @@ def test_no_graph_breaks(family: str, kind: str) -> None:
     assert explained.graph_count == 1
 
 
-@pytest.mark.parametrize(("family", "kind"), cases(KINDS))
+@pytest.mark.parametrize(("family", "kind"), cases(KINDS, slow=SLOW_TO_TRACE))
 def test_compiled_equals_eager(family: str, kind: str) -> None:
     # aot_eager traces through dynamo and AOTAutograd (functionalisation, decompositions) without inductor's C++
     # build, which takes minutes on 2 cores; fullgraph=True fails on any graph break. Training-mode DynamicViT runs

@@ -56,6 +56,7 @@ def metric_lines(out: Path) -> list[dict]:
     return [{k: v for k, v in line.items() if not k.endswith("_per_s")} for line in lines]  # but the clock's
 
 
+@pytest.mark.full  # trains in subprocesses killed at each moment: 15-36 s; the torn-file cases below run by default
 def test_sigkill_at_chosen_moments_then_resume_ends_bit_identical(tmp_path: Path) -> None:
     reference, out = tmp_path / "uninterrupted", tmp_path / "killed"
     assert main([*ARGS, "--out", str(reference)]) == 0  # in this process: only the killed runs need their own

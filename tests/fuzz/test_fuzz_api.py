@@ -262,3 +262,125 @@ def test_checkpoint_loader_with_any_file(tmp_path_factory: pytest.TempPathFactor
             else:
                 assert name in loadable[how], f"{how} loaded {name}"
     assert not (tmp / "PWNED").exists()  # no pickle ever ran
+
+
+# -- issue 45: what was left of the data and hub surfaces ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [5, None, ["vit_tiny_patch16_224"], 2.5, b"vit_tiny_patch16_224", Path("vit")])
+@pytest.mark.parametrize("pretrained", [False, True])
+def test_create_model_names_a_name_that_is_no_string(name: object, pretrained: bool) -> None:
+    with pytest.raises(TypeError, match=r"^name must be a model name .* \(a str\), got ") as err:
+        vitrim.create_model(name, pretrained=pretrained)  # type: ignore[arg-type]
+    assert type(name).__name__ in str(err.value) and repr(name)[:40] in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(mean=(1e308,) * 3), ("mean 1e+308", "inf and 0.5 in float32")),  # was: a transform of inf, exit 0
+        (dict(mean=(0.5,) * 3, std=(1e-50,) * 3), ("std 1e-50", "0.0 in float32")),  # positive, 0 in float32
+        (dict(mean=(0.5,) * 3, std=(1e300,) * 3), ("std 1e+300", "inf in float32")),  # every pixel would be 0
+        (dict(mean=(1e30,) * 3, std=(1e-10,) * 3), ("mean 1e+30 and std 1e-10", "overflow float32")),
+    ],
+)
+def test_a_data_config_whose_transform_is_not_finite_in_float32_is_refused(fields, words) -> None:
+    from vitrim.models.data_config import DataConfig
+
+    with pytest.raises(ValueError) as err:
+        DataConfig(**fields)
+    assert all(word in str(err.value) for word in words) and "\n" not in str(err.value), str(err.value)
+
+
+def float32_normalised(mean: float, std: float) -> torch.Tensor:
+    """What torchvision's Normalize makes of the darkest and the brightest pixel, in float32."""
+    return (torch.tensor([0.0, 1.0]) - torch.tensor(mean, dtype=torch.float32)) / torch.tensor(std, dtype=torch.float32)
+
+
+def check_mean_and_std(mean: float, std: float) -> None:
+    """A data config of this mean and std gives finite normalised pixels in float32, or is refused naming them."""
+    from vitrim.models.data_config import DataConfig
+
+    try:
+        config = DataConfig(input_size=(1, 8, 8), mean=(mean,), std=(std,))
+    except ValueError as err:
+        assert ("mean" in str(err) or "std" in str(err)) and "float32" in str(err), str(err)
+        return
+    assert torch.isfinite(float32_normalised(*config.mean, *config.std)).all()
+
+
+MEANS = st.floats(allow_nan=False, allow_infinity=False)
+STDS = st.floats(min_value=0.0, exclude_min=True, allow_infinity=False)
+
+
+@FAST
+@given(mean=MEANS, std=STDS)
+def test_any_finite_mean_and_std_give_a_finite_transform_or_a_clear_error(mean: float, std: float) -> None:
+    check_mean_and_std(mean, std)
+
+
+@pytest.mark.full
+@settings(max_examples=500, deadline=None)
+@given(mean=MEANS, std=STDS)
+def test_any_finite_mean_and_std_many_more(mean: float, std: float) -> None:
+    check_mean_and_std(mean, std)
+
+
+def test_a_border_resize_of_a_thin_image_keeps_it_one_pixel_high() -> None:
+    """A 2000x3 line fitted into 224 px shrinks to 224x0.34: it rounded to 0 px (torchvision's error); timm keeps it,
+    a line one pixel high in the middle of the mean-coloured pad."""
+    PIL = pytest.importorskip("PIL.Image")
+    from vitrim.data.transforms import eval_transform
+    from vitrim.models.data_config import DataConfig
+
+    config = DataConfig(crop_mode="border", crop_pct=1.0, mean=(0.5,) * 3, std=(0.5,) * 3)
+    out = eval_transform(config)(PIL.new("RGB", (2000, 3), (255, 255, 255)))
+    assert out.shape == (3, 224, 224)
+    pad = (round(255 * 0.5) / 255 - 0.5) / 0.5  # the fill colour, normalised
+    line = (out == 1.0).all(0).all(1)  # rows that are white (normalised 1) across the whole width
+    assert line.sum() == 1 and torch.allclose(out[:, ~line], torch.full_like(out[:, ~line], pad), atol=1e-6)
+    # the pixel guard measures the resize border mode makes (to fit inside), not the covering one of "center": a
+    # 20000x1 line shrinks to 224x1, where covering would be 4,480,000x224 and refused as a decompression bomb
+    assert eval_transform(config)(PIL.new("RGB", (20000, 1), (255, 255, 255))).shape == (3, 224, 224)
+
+
+@pytest.mark.parametrize(
+    ("rank", "world_size", "words"),
+    [
+        (0, 0, "world_size must be an int >= 1 (the processes that share the data), got 0"),
+        (0, -2, "world_size must be an int >= 1"),
+        (0, 2.0, "world_size must be an int >= 1"),
+        (2, 2, "rank must be an int in [0, 1] (world_size 2), got 2"),
+        (-1, 2, "rank must be an int in [0, 1]"),
+        ("0", 1, "rank must be an int in [0, 0]"),
+    ],
+)
+def test_ranks_and_world_sizes_are_checked_where_they_enter(rank, world_size, words) -> None:
+    from vitrim.data import build_datasets
+    from vitrim.data.shards import shards_for
+    from vitrim.models.data_config import DataConfig
+
+    with pytest.raises(ValueError) as err:  # was: "slice step cannot be zero" on the first batch
+        shards_for(4, rank=rank, world_size=world_size, worker=0, num_workers=1, epoch=0, seed=0, shuffle=False)
+    assert words in str(err.value)
+    with pytest.raises(ValueError) as err:
+        build_datasets("shards/x-{0..3}.tar", data_config=DataConfig(), rank=rank, world_size=world_size)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("fraction", ["0.2", None, [0.2], True, 0, 1, 1.5, float("nan")])
+def test_test_fraction_of_any_wrong_type_or_range_is_named(fraction: object) -> None:
+    from vitrim.data import build_datasets
+    from vitrim.data.digits import DigitsCanvas
+    from vitrim.data.numbers import split_numbers
+    from vitrim.models.data_config import DataConfig
+
+    calls = [
+        lambda: DigitsCanvas("train", test_fraction=fraction),
+        lambda: split_numbers(100, fraction, 0),  # type: ignore[arg-type]
+        lambda: build_datasets("no/such/folder", data_config=DataConfig(), test_fraction=fraction),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"^test_fraction must be a number in \(0, 1\), got ") as err:
+            call()
+        assert repr(fraction)[:20] in str(err.value)

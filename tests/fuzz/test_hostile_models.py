@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import resource
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,19 +41,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, torch.Ten
     )
     with safe_open(str(path), "pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata())  # noqa: SIM118
-
-
-@pytest.fixture
-def bounded_memory() -> Iterator[None]:
-    """An address-space limit ~3 GiB above what the process holds: an unbounded allocation crashes the test."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        held = int(f.read().split()[0]) * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (held + 3 * 2**30, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def assert_clear(err: BaseException, *words: str) -> None:
@@ -249,6 +234,10 @@ def test_clean_repos_load(cache, tmp_path) -> None:
         (dict(TIMM_CONFIG, num_classes=11), ("a/hostile config.json: num_classes = 11, but the weights hold a 10",)),
         (dict(TIMM_CONFIG, model_args=dict(TIMM_CONFIG["model_args"], img_size=64)), ("pos_embed has 5",)),
         (dict(HF_CONFIG, image_size=64), ("image_size", "pos_embed has 5")),
+        # issue 45: timm's model_args of the wrong type, in vitrim's words (was: "'int' object is not iterable")
+        (dict(TIMM_CONFIG, model_args=5), ("a/hostile config.json: model_args must be an object", "got 5")),
+        (dict(TIMM_CONFIG, model_args="ab"), ("model_args must be an object", "'ab'")),
+        (dict(TIMM_CONFIG, model_args=[["depth", 1]]), ("model_args must be an object", "[['depth', 1]]")),
     ],
 )
 def test_hub_config_sizes_are_bounded(cache, tmp_path, bounded_memory, config, words) -> None:

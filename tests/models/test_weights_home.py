@@ -34,11 +34,13 @@ def test_old_import_paths_hand_on_with_a_deprecation_warning(old: str) -> None:
     assert value is getattr(importlib.import_module(home), name)
 
 
-def test_the_old_checkpoint_load_model_is_the_file_reader_it_was() -> None:
+def test_the_old_checkpoint_load_model_is_the_loader_that_reads_what_it_read() -> None:
+    """It read vitrim files and Hugging Face folders; build_saved_model reads vitrim files only now (one route for
+    Hugging Face folders: vitrim.load_model's), so the old name hands on vitrim.load_model."""
     import vitrim.checkpoint
 
-    with pytest.warns(DeprecationWarning, match="build_saved_model"):
-        assert vitrim.checkpoint.load_model is vitrim.weights.checkpoint.build_saved_model
+    with pytest.warns(DeprecationWarning, match=r"use vitrim\.weights\.pretrained\.load_model"):
+        assert vitrim.checkpoint.load_model is vitrim.load_model
     with pytest.warns(DeprecationWarning):
         assert importlib.import_module("vitrim.checkpoint_formats").HF_WEIGHT_FILES is formats.WEIGHT_FILES
 
@@ -73,6 +75,7 @@ def test_a_hugging_face_state_dict_is_converted_once_per_load(tmp_path: Path, mo
     monkeypatch.setattr(formats, "convert_hf", lambda state_dict: calls.append(1) or convert(state_dict))
     model = vitrim.load_model(tmp_path)
     assert len(calls) == 1 and model.config.embed_dim == 32
-    calls.clear()
-    vitrim.weights.checkpoint.build_saved_model(tmp_path)
-    assert len(calls) == 1
+    with pytest.raises(
+        ValueError, match=r"is a Hugging Face checkpoint, not a file vitrim wrote: use vitrim\.load_model"
+    ):
+        vitrim.weights.checkpoint.build_saved_model(tmp_path)  # one route for Hugging Face folders: load_model's

@@ -28,11 +28,9 @@ def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[s
     [
         (["train", "--model", "vit_nope"], "unknown model 'vit_nope'"),
         (["train", "--model", "cnn_small", "--data", "{tmp}/no-such-folder"], "does not exist"),
-        (["train", "--model", "cnn_small", "--batch-size", "0"], "batch size must be a positive int, got 0"),
         (["train", "--model", DVIT, "--set", "keep_ratio=1.5"], "keep_ratio must be in (0, 1]"),
         (["train", "--model", DVIT, "--set", "keep_ratio=0"], "keep_ratio must be in (0, 1]"),
         (["train", "--model", "cnn_small", "--set", "depth"], "--set expects key=value"),
-        (["train", "--model", "cnn_small", "--epochs", "0"], "epochs must be a positive int, got 0"),
         (["train", "--model", "cnn_small", "--teacher", "{tmp}/t.safetensors"], "needs a dynamicvit_* model"),
         (["eval", "{tmp}/missing.safetensors"], "does not exist"),
     ],
@@ -47,6 +45,30 @@ def test_bad_arguments_give_one_line_and_exit_code_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vitrim: error: ") and message in err[0], err
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--batch-size", "0", "an int in [1, 65536] (images in one batch)"),
+        ("--epochs", "0", "an int in [1, 100000] (epochs)"),
+        ("--lr", "0", "a number in (0, 10] (a learning rate)"),
+        ("--label-smoothing", "1", "a number in [0, 1) (the target's mass spread over every class)"),
+    ],
+)
+def test_numbers_out_of_range_are_argparse_errors_before_any_work(
+    option: str, value: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--model", "cnn_small", option, value, "--out", str(tmp_path / "run")])
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith(f"argument {option}: expected {expected}, got '{value}'")
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_then_eval_reports_the_same_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

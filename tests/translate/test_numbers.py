@@ -55,10 +55,8 @@ def test_alignment_rule_by_hand(number: int, lang: str, expected: list[tuple[str
     assert aligned(number, lang) == expected
 
 
-def test_every_pair_round_trips_and_every_word_is_aligned() -> None:
-    """All 1 … 9999 in both languages: tokens give back num2words' text; only French hyphens are unaligned."""
-    pairs = build_pairs(range(1, 10000))
-    assert len(pairs) == 2 * 9999
+def check_round_trips_and_alignment(pairs: list) -> None:
+    """Tokens give back num2words' text; only French hyphens are unaligned, and nothing aligns to 'and' or ','."""
     for p in pairs:
         assert detokenize(p.target, p.lang) == words(p.number, p.lang)
         assert detokenize(p.source, "en") == words(p.number, "en")
@@ -66,6 +64,23 @@ def test_every_pair_round_trips_and_every_word_is_aligned() -> None:
             assert (j is None) == (tok == "-"), (p.number, p.lang, tok)
             if j is not None:
                 assert p.source[j] not in ("and", ",")
+
+
+def test_a_spread_of_pairs_round_trips_and_every_word_is_aligned() -> None:
+    """Every 37th number of 1 … 9999 and the edges of each order of magnitude (the whole range: make test-all)."""
+    numbers = sorted({*range(1, 10000, 37), *(n + d for n in (1, 10, 100, 1000) for d in (-1, 0, 1, 20, 21)), 9999})
+    pairs = build_pairs([n for n in numbers if 1 <= n <= 9999])
+    check_round_trips_and_alignment(pairs)
+    crossing = [p for p in pairs if p.lang == "de" and p.number % 100 > 20 and p.number % 10]
+    assert crossing and all(p.alignment[-3] > p.alignment[-1] for p in crossing)  # German units before tens
+
+
+@pytest.mark.full  # 23 s on the shared machine
+def test_every_pair_round_trips_and_every_word_is_aligned() -> None:
+    """All 1 … 9999 in both languages: tokens give back num2words' text; only French hyphens are unaligned."""
+    pairs = build_pairs(range(1, 10000))
+    assert len(pairs) == 2 * 9999
+    check_round_trips_and_alignment(pairs)
     german = {tok for p in pairs if p.lang == "de" for tok in p.target}
     assert german == set(GERMAN_MORPHEMES)
     # the German rest r ≥ 21 that is not a round ten always crosses: units before tens

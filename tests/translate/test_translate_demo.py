@@ -67,13 +67,22 @@ def test_translation_attention_is_the_models_own(run_dir: Path) -> None:
         (["translate", "twenty-onee"], "word 'onee' in 'twenty-onee' is out of vocabulary"),
         (["translate", "twenty-one", "--to", "es"], "--to must be one of ['de', 'fr']"),
         (["translate", "twenty-one", "--layer", "7"], "--layer must be in [0, 1)"),
-        (["translate", "twenty-one", "--beam", "0"], "beam_size must be an int >= 1, got 0"),
         (["translate", "   "], "text must be English number words"),
     ],
 )
 def test_bad_input_is_named(run_dir: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--run", str(run_dir)]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("beam", ["0", "65"])
+def test_a_beam_out_of_range_is_refused_before_the_run_is_read(beam: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", "twenty-one", "--beam", beam, "--run", "no/such/run"])
+    assert exit_.value.code == 2
+    assert f"argument --beam: expected an int in [1, 64] (hypotheses kept per step), got '{beam}'" in (
+        capsys.readouterr().err
+    )
 
 
 def test_missing_run_folder_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw
 from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN
 from torch import Tensor
 
@@ -80,7 +81,7 @@ def masked_gemma3(model, embeds, runs, padding, position_ids, drops: dict[int, T
         if config._attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=embeds.dtype).masked_fill(~mask, torch.finfo(embeds.dtype).min)
         hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary[kind], position_ids=position_ids,
-                       cache=cache, use_cache=cache is not None)  # fmt: skip
+                       **cache_kw(cache), use_cache=cache is not None)  # fmt: skip
     return model.lm_head(lm.norm(hidden))
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw
 from torch import Tensor
 from torch.nn.functional import cosine_similarity
 
 transformers = pytest.importorskip("transformers")
 
-from vitrim.vlm.spans import ImageSpans, spans_from_mask  # noqa: E402
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask  # noqa: E402
 
 VOCAB = 64
 
@@ -115,7 +116,7 @@ def masked_layers(
         if lm.config._attn_implementation == "eager":
             mask = torch.zeros(allowed.shape, dtype=hidden.dtype).masked_fill(~allowed, torch.finfo(hidden.dtype).min)
         hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin,
-                       cache=cache, use_cache=cache is not None)  # fmt: skip
+                       **cache_kw(cache), use_cache=cache is not None)  # fmt: skip
     return lm.norm(hidden)
 
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import torch
+from hf_cache import cache_kw, cache_of
 from torch import Tensor
 
 
@@ -99,6 +100,10 @@ def masked_decode(model: torch.nn.Module, inputs: dict, dropped: Tensor, next_to
     step_positions = next_position.view(1, -1, 1).expand(3, -1, 1)
     mask = torch.cat([inputs["attention_mask"] * (~dropped).long(), torch.ones_like(next_tokens)], dim=1)
     out = model(
-        input_ids=next_tokens, attention_mask=mask, position_ids=step_positions, cache=prefill.cache, use_cache=True
+        input_ids=next_tokens,
+        attention_mask=mask,
+        position_ids=step_positions,
+        **cache_kw(cache_of(prefill)),
+        use_cache=True,
     )
     return out.logits

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_gemma3, token_types
 
 import vitrim.vlm
@@ -51,13 +52,13 @@ def masked_reference(model, ids, pv, mask, kept, steps: int = 0):
         input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids), attention_mask=masked, position_ids=positions
     )
     prefill = [out.logits[row, masked[row].bool()] for row in range(len(ids))]
-    decoded, cache, next_position = [], out.cache, positions[:, -1:] + 1
+    decoded, cache, next_position = [], cache_of(out), positions[:, -1:] + 1
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     for _ in range(steps):
         masked = torch.cat([masked, torch.ones_like(token)], 1)
-        step = model(input_ids=token, attention_mask=masked, position_ids=next_position, cache=cache)
+        step = model(input_ids=token, attention_mask=masked, position_ids=next_position, **cache_kw(cache))
         decoded.append(step.logits[:, -1])
-        cache, next_position, token = step.cache, next_position + 1, step.logits[:, -1].argmax(-1, keepdim=True)
+        cache, next_position, token = cache_of(step), next_position + 1, step.logits[:, -1].argmax(-1, keepdim=True)
     return prefill, torch.stack(decoded, 1) if steps else None
 
 
@@ -101,7 +102,9 @@ def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.M
     kept = vitrim.vlm.last_selection(model)
     assert all(len(k) == 5 and torch.equal(k, k.sort().values) for k in kept)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
-    step = model(input_ids=token, attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=torch.long), cache=out.cache)
+    step = model(
+        input_ids=token, attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=torch.long), **cache_kw(cache_of(out))
+    )
     vitrim.vlm.remove(model)
     prefill, decoded = masked_reference(model, ids, pv, mask, kept, steps=1)
     assert out.logits.shape[1] == ids.shape[1] - 2 * (GRID_TOKENS - 5)
@@ -149,10 +152,15 @@ def test_visionzip_merges_into_kept_slots(model: torch.nn.Module) -> None:
         projector = model.model.multi_modal_projector
         states = model.model.vision_tower(pixel_values=pv).last_hidden_state  # (1, 64, C): the 8×8 patch grid
         pooled = states.reshape(4, 2, 4, 2, -1).permute(0, 2, 1, 3, 4).reshape(GRID_TOKENS, 4, -1).mean(1)  # (16, C)
-        slots = torch.stack(
-            [pooled[t] + (pooled[g[g != t]].mean(0) if len(g) > 1 else 0) for t, g in zip(kept[0], groups, strict=True)]
-        )  # (5, C)
-        tokens = projector.mm_soft_emb_norm(slots) @ projector.mm_input_projection_weight  # (5, D)
+        own = projector(states)[0]  # (16, D) the model's own tokens: a slot standing for itself keeps its own
+        tokens = torch.stack(
+            [
+                projector.mm_soft_emb_norm(pooled[t] + pooled[g[g != t]].mean(0)) @ projector.mm_input_projection_weight
+                if len(g) > 1
+                else own[t]
+                for t, g in zip(kept[0], groups, strict=True)
+            ]
+        )  # (5, D)
         embeds = model.model.get_input_embeddings()(ids).clone()
         image_columns = (ids[0] == IMAGE_TOKEN).nonzero()[:, 0]
         embeds[0, image_columns[kept[0]]] = tokens
@@ -163,6 +171,25 @@ def test_visionzip_merges_into_kept_slots(model: torch.nn.Module) -> None:
             attention_mask=masked,
             position_ids=torch.arange(ids.shape[1])[None],
         ).logits
+    assert (out[0] - reference[0, masked[0].bool()]).abs().max() <= TOL
+
+
+def test_kept_tokens_keep_the_projectors_own_output(model: torch.nn.Module) -> None:
+    """VisionZip with no contextual token merges nothing: its tokens are the projector's own (not re-projected,
+    whose norm rounds through float32), so the pruned model equals the unmodified one with the dropped keys masked
+    to 1e-12 in float64 (issue 45: a re-projection was 4e-7 off)."""
+    ids, pv = prompt(2, 3, images=1)[None], pixels(1)
+    types = token_types(ids)
+    vitrim.vlm.apply(model, "visionzip", dominant=5, contextual=0)
+    out = model(input_ids=ids, pixel_values=pv, token_type_ids=types).logits
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    with torch.no_grad():
+        masked = dropped_mask(ids, torch.ones_like(ids), kept)
+        reference = model(
+            input_ids=ids, pixel_values=pv, token_type_ids=types, attention_mask=masked,
+            position_ids=torch.arange(ids.shape[1])[None],
+        ).logits  # fmt: skip
     assert (out[0] - reference[0, masked[0].bool()]).abs().max() <= TOL
 
 
@@ -232,7 +259,7 @@ def test_without_token_types_dropping_equals_the_causal_model_with_those_keys_ma
     out = model(input_ids=ids, pixel_values=pv)
     kept = vitrim.vlm.last_selection(model)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
-    step = model(input_ids=token, cache=out.cache)  # no mask at all: vitrim supplies the cache's layout
+    step = model(input_ids=token, **cache_kw(cache_of(out)))  # no mask at all: vitrim supplies the cache's layout
     vitrim.vlm.remove(model)
     masked = dropped_mask(ids, torch.ones_like(ids), kept)
     positions = torch.arange(ids.shape[1])[None]
@@ -241,7 +268,7 @@ def test_without_token_types_dropping_equals_the_causal_model_with_those_keys_ma
         input_ids=token,
         attention_mask=torch.cat([masked, torch.ones_like(token)], 1),
         position_ids=positions[:, -1:] + 1,
-        cache=reference.cache,
+        **cache_kw(cache_of(reference)),
     )
     assert (out.logits[0] - reference.logits[0, masked[0].bool()]).abs().max() <= TOL
     assert (step.logits - decoded.logits).abs().max() <= TOL
@@ -255,7 +282,9 @@ def test_eager_attention_gets_additive_masks_and_the_same_result() -> None:
     vitrim.vlm.apply(model, "random", keep=5, seed=4)
     out = model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids))
     token = out.logits[:, -1].argmax(-1, keepdim=True)
-    step = model(input_ids=token, attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=torch.long), cache=out.cache)
+    step = model(
+        input_ids=token, attention_mask=torch.ones(1, ids.shape[1] + 1, dtype=torch.long), **cache_kw(cache_of(out))
+    )
     kept = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)
     prefill, decoded = masked_reference(model, ids, pv, torch.ones_like(ids), kept, steps=1)

@@ -7,12 +7,14 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from qwen_reference import masked_decode, masked_reference
 from qwen_tiny import BUILDERS, IMAGE, batch, one
 
-from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.stages import pre_llm
 
 THREE = [  # different prompt lengths, image sizes and image counts; the same keep (a fraction) for each
     ([[1, 5], [7, 8, 9]], [(4, 6)]),
@@ -39,7 +41,7 @@ class TopReceived(Method):
 
 
 def install(model: torch.nn.Module, keep: float | int):
-    return Qwen2VLAdapter(model).install_pre_llm(TopReceived(), parse_keep(keep))
+    return pre_llm.install(Qwen2VLAdapter(model), TopReceived(), parse_keep(keep))
 
 
 def dropped_positions(inputs: dict, selection: list[ImageSelection], tokens: list[int]) -> torch.Tensor:
@@ -67,7 +69,7 @@ def assert_kept_columns_match(
     """The shortened logits (B, L', V) against the reference's (B, L, V) at every valid column that stays.
 
     The shortened input holds, per sample, the columns that stay (text, padding, kept image tokens) in order,
-    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.sequence)."""
+    right-aligned in a left-padded batch, left-aligned in a right-padded one (vitrim.vlm.stages.sequence)."""
     stays = ~dropped  # (B, L)
     width = int(stays.sum(1).max())
     assert pruned.shape[1] == width
@@ -161,7 +163,7 @@ def test_a_decode_step_after_a_pruned_prefill_equals_the_masked_full_cache(famil
         next_tokens = prefill.logits[:, -1:].argmax(-1)  # (B, 1)
         mask = torch.cat([inputs["attention_mask"], torch.ones_like(next_tokens)], dim=1)  # the caller's layout
         step_inputs = {"attention_mask": mask} if padded else {}
-        step = model(input_ids=next_tokens, cache=prefill.cache, use_cache=True, **step_inputs).logits
+        step = model(input_ids=next_tokens, **cache_kw(cache_of(prefill)), use_cache=True, **step_inputs).logits
     selection = installation.selection()
     installation.remove()
     dropped = dropped_positions(inputs, selection, tokens_of(inputs))

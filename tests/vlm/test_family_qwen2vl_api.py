@@ -13,9 +13,10 @@ from qwen_tiny import BUILDERS, IMAGE, MERGE, VIDEO, batch, one
 from test_family_qwen2vl import THREE, assert_kept_columns_match, dropped_positions, tokens_of
 
 import vitrim.vlm
-from vitrim.vlm.family_qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.stages import pre_llm
 
 
 def hooks_of(model: torch.nn.Module) -> int:
@@ -103,7 +104,7 @@ def test_a_merged_token_is_the_merger_on_the_mean_of_its_patch_states(family: st
     """Qwen3-VL: the slot's DeepStack rows are the mean of its group's."""
     model = BUILDERS[family]()  # raster tower order: merged token g is patch rows 4g … 4g+3
     inputs = batch(THREE)
-    installation = Qwen2VLAdapter(model).install_pre_llm(MergeTail(), parse_keep(3))
+    installation = pre_llm.install(Qwen2VLAdapter(model), MergeTail(), parse_keep(3))
     with torch.no_grad():
         pruned = model(**inputs).logits
     selection = installation.selection()

@@ -7,8 +7,8 @@ import torch
 from qwen_reference import received_by_hand, window_of
 from qwen_tiny import BUILDERS, MERGE, batch
 
-from vitrim.vlm import family_qwen2vl_vision
-from vitrim.vlm.family_qwen2vl_vision import capture_scoring_block, image_evidence
+from vitrim.vlm.families import qwen2vl_vision as family_qwen2vl_vision
+from vitrim.vlm.families.qwen2vl_vision import capture_scoring_block, image_evidence
 
 GRIDS = [(4, 6), (6, 4), (2, 2)]  # 6, 6 and 1 merged tokens; 2.5's 2x2-token windows split the first two unevenly
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from llm_reference import (
     kept_keys,
     masked_forward,
@@ -16,11 +17,11 @@ from llm_reference import (
     transformers,
 )
 
-from vitrim.vlm.in_llm import InLLMDrop
-from vitrim.vlm.method_dart import DartDrop
-from vitrim.vlm.method_fastv import FastVDrop
-from vitrim.vlm.method_pdrop import PyramidDrop
-from vitrim.vlm.spans import spans_from_mask
+from vitrim.vlm.method.dart import DartDrop
+from vitrim.vlm.method.fastv import FastVDrop
+from vitrim.vlm.method.pdrop import PyramidDrop
+from vitrim.vlm.stages.in_llm import InLLMDrop
+from vitrim.vlm.stages.spans import spans_from_mask
 
 IMAGE_TOKENS = 8
 LENGTHS = [(3, 4), (1, 2), (5, 6)]  # (text before, text after) the image, per sample: different prompt lengths
@@ -74,10 +75,12 @@ def test_drop_equals_masked_full_model_prefill_and_decode(name, mixed):
     drops = _drops(drop, spans)
     next_ids = torch.tensor([[5], [7], [9]])
     longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
-    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=out.cache)
+    step = model(
+        input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], **cache_kw(cache_of(out))
+    )
     dropped = sum(int((~keep & spans.is_image).sum()) for keep in drops.values())
     assert dropped > 0
-    cache_lengths = [layer.get_seq_length() for layer in step.cache.layers]
+    cache_lengths = [layer.get_seq_length() for layer in cache_of(step).layers]
     drop.remove()
 
     cache = transformers.DynamicCache(config=model.config)
@@ -111,9 +114,9 @@ def test_keep_all_is_the_unmodified_model_bit_for_bit(name):
     next_ids = torch.tensor([[5], [7], [9]])
     longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
     kwargs = {"input_ids": next_ids, "attention_mask": longer, "position_ids": positions(longer)[:, -1:]}
-    step = model(**kwargs, cache=out.cache)
+    step = model(**kwargs, **cache_kw(cache_of(out)))
     drop.remove()
-    assert torch.equal(step.logits, model(**kwargs, cache=plain.cache).logits)
+    assert torch.equal(step.logits, model(**kwargs, **cache_kw(cache_of(plain))).logits)
     assert [kept.tolist() for kept in drop.selection()] == [list(range(IMAGE_TOKENS))] * 3
 
 
@@ -124,7 +127,9 @@ def test_each_sample_of_a_padded_batch_equals_that_sample_alone(name):
     drop, batched = _prefill(model, POLICIES[name](), input_ids, attention_mask, spans)
     next_ids = torch.tensor([[5], [7], [9]])
     longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
-    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=batched.cache)
+    step = model(
+        input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], **cache_kw(cache_of(batched))
+    )
     selection = drop.selection()
     drop.remove()
     for sample, lengths in enumerate(LENGTHS):
@@ -132,8 +137,9 @@ def test_each_sample_of_a_padded_batch_equals_that_sample_alone(name):
         ids = input_ids[sample : sample + 1, input_ids.shape[1] - ids.shape[1] :]  # the same tokens, unpadded
         drop, alone = _prefill(model, POLICIES[name](), ids, mask, alone_spans)
         one = torch.ones(1, 1, dtype=torch.long)
-        alone_step = model(input_ids=next_ids[sample : sample + 1], attention_mask=torch.cat([mask, one], 1),
-                           position_ids=positions(torch.cat([mask, one], 1))[:, -1:], cache=alone.cache)  # fmt: skip
+        grown = torch.cat([mask, one], 1)
+        alone_step = model(input_ids=next_ids[sample : sample + 1], attention_mask=grown,
+                           position_ids=positions(grown)[:, -1:], **cache_kw(cache_of(alone)))  # fmt: skip
         assert torch.equal(drop.selection()[0], selection[sample])
         drop.remove()
         width = ids.shape[1]
@@ -188,9 +194,9 @@ def test_a_cache_cut_outside_vitrim_is_refused_at_the_next_decode_step():
     model = tiny_llama()
     input_ids, attention_mask, spans = prompts(LENGTHS, IMAGE_TOKENS)
     drop, out = _prefill(model, FastVDrop(layer=2, tokens=_keep(2)), input_ids, attention_mask, spans)
-    out.cache.crop(-1)  # what assisted decoding does to reject a drafted token
+    cache_of(out).crop(-1)  # what assisted decoding does to reject a drafted token
     with pytest.raises(RuntimeError, match="the KV cache of decoder layer 2 holds"):
-        model(input_ids=torch.tensor([[5], [7], [9]]), attention_mask=attention_mask, cache=out.cache)
+        model(input_ids=torch.tensor([[5], [7], [9]]), attention_mask=attention_mask, **cache_kw(cache_of(out)))
     drop.remove()
 
 
@@ -214,7 +220,9 @@ def test_mixed_image_counts_either_padding_side_equal_each_sample_alone(name, si
     drop, batched = _prefill(model, POLICIES[name](), input_ids, attention_mask, spans)
     next_ids = torch.tensor([[5], [7], [9]])
     longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
-    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=batched.cache)
+    step = model(
+        input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], **cache_kw(cache_of(batched))
+    )
     selection = drop.selection()
     drop.remove()
     image = 0
@@ -226,7 +234,7 @@ def test_mixed_image_counts_either_padding_side_equal_each_sample_alone(name, si
         drop, alone = _prefill(model, POLICIES[name](), ids, mask, alone_spans)
         longer_alone = torch.ones(1, ids.shape[1] + 1, dtype=torch.long)
         alone_step = model(input_ids=next_ids[sample : sample + 1], attention_mask=longer_alone,
-                           position_ids=positions(longer_alone)[:, -1:], cache=alone.cache)  # fmt: skip
+                           position_ids=positions(longer_alone)[:, -1:], **cache_kw(cache_of(alone)))  # fmt: skip
         alone_selection = drop.selection() if images else []
         drop.remove()
         assert [kept.tolist() for kept in alone_selection] == [
@@ -272,7 +280,9 @@ def test_qwen2_sliding_window_layers_drop_like_the_masked_model_with_their_windo
     keep = kept_keys(spans, drop.selection())
     next_ids = torch.tensor([[5], [7], [9]])
     longer = torch.cat([attention_mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
-    step = model(input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], cache=out.cache)
+    step = model(
+        input_ids=next_ids, attention_mask=longer, position_ids=positions(longer)[:, -1:], **cache_kw(cache_of(out))
+    )
     drop.remove()
     cache = transformers.DynamicCache()  # every layer keeps every token: the window is a mask here
     embeds = model.model.embed_tokens(input_ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gemma3_llm_reference import greedy_reference, image_runs, kept_columns, llm_embeddings, masked_gemma3
+from hf_cache import cache_kw, cache_of
 from llm_reference import dart_reference, top_k_reference
 from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN, WINDOW, batch, pixels, prompt, tiny_gemma3, token_types
 
@@ -88,8 +89,8 @@ def test_dropping_equals_the_masked_model_at_the_prefill_and_a_decode_step(model
     drops = _stage_drops(model, ids)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     longer = torch.cat([mask, torch.ones_like(token)], 1)
-    step = model(input_ids=token, attention_mask=longer, position_ids=positions[:, -1:] + 1, cache=out.cache)
-    cache = out.cache
+    step = model(input_ids=token, attention_mask=longer, position_ids=positions[:, -1:] + 1, **cache_kw(cache_of(out)))
+    cache = cache_of(out)
     vitrim.vlm.remove(model)
     assert all(int((~keep & (ids == IMAGE_TOKEN)).sum()) > 0 for keep in drops.values())  # every stage drops
     # the pruned cache: layers from the first drop on hold the kept tokens only; sliding layers their window of them
@@ -120,7 +121,7 @@ def test_without_token_types_dropping_equals_the_causal_model_with_those_keys_ma
     out = model(input_ids=ids, pixel_values=pixel_values)
     drops = _stage_drops(model, ids)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
-    step = model(input_ids=token, cache=out.cache)  # no mask, no positions: the model's own
+    step = model(input_ids=token, **cache_kw(cache_of(out)))  # no mask, no positions: the model's own
     vitrim.vlm.remove(model)
     cache, ones = __import__("transformers").DynamicCache(), torch.ones_like(ids)
     no_runs = torch.full_like(ids, -1)
@@ -146,7 +147,7 @@ def test_eager_attention_drops_like_the_masked_eager_model() -> None:
     out = eager(input_ids=ids, pixel_values=pixel_values, token_type_ids=types)
     drops = _stage_drops(eager, ids)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
-    step = eager(input_ids=token, cache=out.cache)
+    step = eager(input_ids=token, **cache_kw(cache_of(out)))
     vitrim.vlm.remove(eager)
     picked, reference = greedy_reference(eager, ids, pixel_values, torch.ones_like(ids),
                                          torch.arange(ids.shape[1])[None], drops, steps=2)  # fmt: skip
@@ -181,7 +182,9 @@ def test_each_sample_of_a_padded_batch_equals_that_sample_alone(model, name: str
     if token is not None:
         longer = torch.cat([mask, torch.ones_like(token)], 1)
         position = inputs["position_ids"][:, -1:] + 1
-        step = model(input_ids=token, attention_mask=longer, position_ids=position, cache=together.cache).logits
+        step = model(
+            input_ids=token, attention_mask=longer, position_ids=position, **cache_kw(cache_of(together))
+        ).logits
     image = 0
     for row, alone_ids in enumerate(PROMPTS):
         images = int((alone_ids == IMAGE_TOKEN).sum()) // GRID_TOKENS
@@ -196,7 +199,7 @@ def test_each_sample_of_a_padded_batch_equals_that_sample_alone(model, name: str
         kept_real = kept_columns(alone_ids[None], vitrim.vlm.last_selection(model))[0]
         assert (mine - alone.logits[0])[kept_real].abs().max() <= TOL
         if token is not None:
-            alone_step = model(input_ids=token[row : row + 1], cache=alone.cache,
+            alone_step = model(input_ids=token[row : row + 1], **cache_kw(cache_of(alone)),
                                attention_mask=torch.ones(1, length + 1, dtype=torch.long)).logits  # fmt: skip
             assert (step[row] - alone_step[0]).abs().max() <= TOL
 
@@ -324,7 +327,7 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(mo
         cache = __import__("transformers").DynamicCache()
         with torch.no_grad():
             model(input_ids=alone_ids[None], pixel_values=alone_pixels, token_type_ids=token_types(alone_ids[None]),
-                  cache=cache)  # fmt: skip
+                  **cache_kw(cache))  # fmt: skip
         norms = cache.layers[layer - 1].keys[0].transpose(0, 1).flatten(1).abs().sum(-1)  # (L,) L1 over heads·hd
         states = model.model.language_model.norm(inputs_of_k["h"])[0].detach()  # (L, D)
         for image_columns in columns:

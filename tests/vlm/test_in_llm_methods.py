@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_of
 from llm_reference import dart_reference, kept_keys, masked_forward, positions, prompts, tiny_llama, top_k_reference
 
-from vitrim.vlm.in_llm import InLLMDrop
-from vitrim.vlm.method_dart import DartDrop, dart_keep
-from vitrim.vlm.method_fastv import FastVDrop, fastv_keep
-from vitrim.vlm.method_pdrop import PyramidDrop, pdrop_keep
+from vitrim.vlm.method.dart import DartDrop, dart_keep
+from vitrim.vlm.method.fastv import FastVDrop, fastv_keep
+from vitrim.vlm.method.pdrop import PyramidDrop, pdrop_keep
+from vitrim.vlm.stages.in_llm import InLLMDrop
 
 IMAGE_TOKENS = 8
 FULL = pytest.mark.full
@@ -92,7 +93,7 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(la
     for sample in range(len(LENGTHS)):
         input_ids, _, spans = _alone(sample, seed=6)
         out = model(input_ids=input_ids, use_cache=True, output_hidden_states=True)
-        keys = out.cache.layers[layer - 1].keys.transpose(1, 2).flatten(2)[0]  # (L, Hkv·hd) post-rotary, as cached
+        keys = cache_of(out).layers[layer - 1].keys.transpose(1, 2).flatten(2)[0]  # (L, Hkv·hd) post-rotary, as cached
         states = model.model.norm(out.hidden_states[layer])[0].detach()  # (L, D) layer K's input through the final norm
         image = _image_columns(spans, 0)
         text = torch.arange(int(image.max()) + 1, input_ids.shape[1])  # the text after the image

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from llm_reference import masked_layers
 from tiny_llava import IMAGE_TOKEN, PAD, transformers
 
 import vitrim.vlm
-from vitrim.vlm.family import find_family
+from vitrim.vlm.families import find_family
 
 TOL = 1e-12
 SIZES = torch.tensor([[20, 40], [30, 30]])  # 1×2 grid (3 tiles, 16 + 4·8 + 4 tokens), 2×2 grid (5 tiles, 16 + 8·8 + 8)
@@ -148,7 +149,7 @@ def test_generate_equals_greedy_decoding_of_the_masked_model(model: torch.nn.Mod
         tokens.append(int(token))
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
         position = torch.tensor([[ids.shape[1] + step]])
-        out = model(input_ids=token.view(1, 1), cache=out.cache, attention_mask=mask, position_ids=position)
+        out = model(input_ids=token.view(1, 1), **cache_kw(cache_of(out)), attention_mask=mask, position_ids=position)
     assert generated[0, ids.shape[1] :].tolist() == tokens
 
 

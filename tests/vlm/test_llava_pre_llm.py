@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_cache import cache_kw, cache_of
 from tiny_llava import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_llava
 
 import vitrim.vlm
@@ -82,18 +83,18 @@ def test_decode_steps_after_a_pruned_prefill_equal_the_masked_full_cache(model: 
     out = model(input_ids=ids, pixel_values=pv, use_cache=True)
     kept = vitrim.vlm.last_selection(model)
     pruned_steps = []
-    cache, length = out.cache, ids.shape[1]
+    cache, length = cache_of(out), ids.shape[1]
     for token in steps:  # no mask, no positions: the caller's plain decode loop
-        out = model(input_ids=token[None], cache=cache, use_cache=True)
+        out = model(input_ids=token[None], **cache_kw(cache), use_cache=True)
         pruned_steps.append(out.logits[0, -1])
     vitrim.vlm.remove(model)
     mask = dropped_mask(ids, torch.ones_like(ids), kept)
     ref = model(input_ids=ids, pixel_values=pv, attention_mask=mask, use_cache=True)
-    cache = ref.cache
+    cache = cache_of(ref)
     for step, token in enumerate(steps):
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
         ref = model(
-            input_ids=token[None], cache=cache, attention_mask=mask, position_ids=torch.tensor([[length + step]])
+            input_ids=token[None], **cache_kw(cache), attention_mask=mask, position_ids=torch.tensor([[length + step]])
         )
         assert (ref.logits[0, -1] - pruned_steps[step]).abs().max() <= TOL
 
@@ -108,7 +109,7 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, pv: torch.Tensor, mask: to
         tokens.append(int(token))
         mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
         position = torch.tensor([[length + step]])
-        out = model(input_ids=token.view(1, 1), cache=out.cache, attention_mask=mask, position_ids=position)
+        out = model(input_ids=token.view(1, 1), **cache_kw(cache_of(out)), attention_mask=mask, position_ids=position)
     return tokens
 
 
@@ -226,7 +227,7 @@ def test_importing_vitrim_vlm_does_not_import_transformers() -> None:
 
 
 def test_watch_spans_reports_every_prefill_plain_and_under_generate(model: torch.nn.Module) -> None:
-    from vitrim.vlm.family import find_family
+    from vitrim.vlm.families import find_family
 
     seen = []
     unwatch = find_family(model).watch_spans(seen.append)
@@ -278,7 +279,7 @@ def test_no_vlm_module_imports_transformers_at_its_top() -> None:
     from pathlib import Path
 
     package = Path(vitrim.vlm.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:  # module level only: a function may import it when called
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
@@ -286,11 +287,25 @@ def test_no_vlm_module_imports_transformers_at_its_top() -> None:
             assert not any(n.split(".")[0] == "transformers" for n in names), path.name
 
 
-def test_labels_are_refused_while_the_input_is_shortened(model: torch.nn.Module) -> None:
-    ids, pv = prompt(1, 2)[None], pixels(1)
-    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)  # every token: nothing shortened, the loss runs
-    assert model(input_ids=ids, pixel_values=pv, labels=ids).loss is not None
+def test_labels_give_the_loss_over_the_positions_that_entered_the_llm(model: torch.nn.Module) -> None:
+    """Fine-tuning with fewer tokens: the loss is the model's cross-entropy over the kept sequence, each position
+    predicting the next KEPT position's label; written here from the masked full model's logits at the kept columns
+    (a drop equals masking), and keep = all gives the unmodified model's loss."""
+    ids, pv = prompt(3, 4)[None], pixels(1)
+    labels = torch.where(ids == IMAGE_TOKEN, torch.full_like(ids, -100), ids)  # as a processor's collator makes them
+    plain = model(input_ids=ids, pixel_values=pv, labels=labels).loss
+    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)
+    assert model(input_ids=ids, pixel_values=pv, labels=labels).loss.item() == plain.item()
     vitrim.vlm.remove(model)
     vitrim.vlm.apply(model, "random", keep=4)
-    with pytest.raises(ValueError, match=r"labels= .* cannot be computed while vitrim.vlm shortens the LLM input"):
-        model(input_ids=ids, pixel_values=pv, labels=ids)
+    loss = model(input_ids=ids, pixel_values=pv, labels=labels).loss
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    masked = dropped_mask(ids, torch.ones_like(ids), kept)[0].bool()  # (L,) the columns that entered the LLM
+    with torch.no_grad():
+        full = model(input_ids=ids, pixel_values=pv, attention_mask=masked[None].long(),
+                     position_ids=torch.arange(ids.shape[1])[None]).logits[0]  # fmt: skip
+    logits, targets = full[masked][:-1], labels[0, masked][1:]
+    reference = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100)
+    assert (loss - reference).abs().item() <= 1e-5  # transformers' loss runs in float32
+    assert (loss - plain).abs().item() > 1e-3  # fewer positions: another loss

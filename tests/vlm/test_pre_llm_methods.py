@@ -15,12 +15,12 @@ from pre_llm_reference import (
 from tiny_llava import GRID_TOKENS, pixels, prompt, tiny_llava
 
 import vitrim.vlm
-from vitrim.vlm.family_llava import cls_attention_and_keys
-from vitrim.vlm.method_divprune import DivPrune
-from vitrim.vlm.method_fastervlm import FasterVLM
-from vitrim.vlm.method_visionzip import VisionZip
-from vitrim.vlm.method_vispruner import VisPruner
-from vitrim.vlm.registry import VisionEvidence
+from vitrim.vlm.families.llava import cls_attention_and_keys
+from vitrim.vlm.method.base import VisionEvidence
+from vitrim.vlm.method.divprune import DivPrune
+from vitrim.vlm.method.fastervlm import FasterVLM
+from vitrim.vlm.method.visionzip import VisionZip
+from vitrim.vlm.method.vispruner import VisPruner
 
 
 @pytest.fixture(scope="module")

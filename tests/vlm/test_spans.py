@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitrim.vlm.spans import spans_from_mask
+from vitrim.vlm.stages.spans import spans_from_mask
 
 
 def test_two_samples_three_images_with_padding_by_hand() -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vitrim.vlm.tower_ranking as tower_ranking
+import vitrim.vlm.method.tower_ranking as tower_ranking
 from vitrim.attention import AttentionResult
 from vitrim.reduce import TokenState, get_reducer
 from vitrim.reduce.state import patch_positions
-from vitrim.vlm.tower_ranking import ReceivedAttentionRanking, received_attention
+from vitrim.vlm.method.tower_ranking import ReceivedAttentionRanking, received_attention
 
 
 def _operands(seed: int = 0, B: int = 2, H: int = 3, N: int = 11, hd: int = 4):

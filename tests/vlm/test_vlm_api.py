@@ -11,7 +11,7 @@ from tiny_llava import GRID_TOKENS, tiny_llava, transformers
 
 import vitrim.vlm
 from vitrim.vlm.keep import parse_keep
-from vitrim.vlm.registry import Method, register_method
+from vitrim.vlm.method.base import Method, register_method
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_cls_attention_methods_are_refused_when_the_features_hold_cls() -> None:
 
 
 def test_content_seed_reads_any_dtype_and_tells_images_apart() -> None:
-    from vitrim.vlm.registry import content_seed
+    from vitrim.vlm.method.base import content_seed
 
     image = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0))
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):

@@ -13,8 +13,8 @@ from tiny_llava import batch, pixels, prompt, tiny_llava, transformers
 import vitrim
 import vitrim.vlm
 from vitrim.reduce import get_reducer
-from vitrim.vlm.registry import method_class
-from vitrim.vlm.tower import TowerMethod, TowerReduction, build_reducers, find_tower
+from vitrim.vlm.method.base import method_class
+from vitrim.vlm.stages.tower import TowerMethod, TowerReduction, build_reducers, find_tower
 
 VISION_LAYERS = 5  # vision_feature_layer −2: blocks 0 … 3 reduce, as the reducers' 4-block example models do
 TOWER_METHODS = sorted(name for name in vitrim.vlm.methods() if issubclass(method_class(name), TowerMethod))
@@ -209,7 +209,7 @@ def test_fewer_tokens_enter_the_llm_as_the_masked_full_model_with_vitrim_s_token
 
 def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
     """Gemma 3's and PaliGemma's tower: SigLIP, no [CLS]; the same seam on its encoder layers."""
-    from vitrim.vlm.tower import TowerPlan
+    from vitrim.vlm.stages.tower import TowerPlan
 
     config = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=3,
                                              num_attention_heads=4, image_size=16, patch_size=4)  # fmt: skip

@@ -16,8 +16,8 @@ from tower_reference import on_grid, received_ranking, vitrim_tome
 import vitrim
 import vitrim.vlm
 from vitrim.reduce import get_reducer
-from vitrim.vlm.registry import method_class
-from vitrim.vlm.tower import TowerMethod
+from vitrim.vlm.method.base import method_class
+from vitrim.vlm.stages.tower import TowerMethod
 
 PATCHES = 64  # the tiny tower's 8×8 grid, pooled 2×2 to 16 image tokens
 TOL = 1e-12  # float64

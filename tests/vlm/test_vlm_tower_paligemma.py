@@ -140,14 +140,15 @@ def test_what_cannot_apply_fails_at_apply_and_leaves_the_model(name, options, er
 
 def test_the_adapter_s_own_seams_refuse_the_other_stages_too(model) -> None:
     """apply refuses first; a stage module reaching the adapter directly is refused there as well."""
-    from vitrim.vlm.family import find_family
+    from vitrim.vlm.families import find_family
     from vitrim.vlm.keep import KeepSpec
-    from vitrim.vlm.registry import method_class
+    from vitrim.vlm.method.base import method_class
+    from vitrim.vlm.stages import pre_llm
 
     adapter = find_family(model)
     assert adapter.tokens_per_image() == model.config.text_config.num_image_tokens == IMAGE_TOKENS
     with pytest.raises(TypeError, match="does not cut before the LLM on PaliGemmaForConditionalGeneration"):
-        adapter.install_pre_llm(method_class("random")(), KeepSpec(count=4))
+        pre_llm.install(adapter, method_class("random")(), KeepSpec(count=4))
     with pytest.raises(TypeError, match="does not cut inside the LLM on PaliGemmaForConditionalGeneration"):
         adapter.watch_spans(lambda spans: None)
     assert _untouched(model)

@@ -40,9 +40,9 @@ def test_ask_answers_as_the_library(run: Path, tmp_path: Path, capsys: pytest.Ca
     canvas = held_out(1).pixels[0]
     path = _png(tmp_path, canvas, paper=paper)
     assert np.abs(read_canvas(path) - canvas).max() <= 1 / 255 + 1e-6  # paper pictures are inverted back
-    from vitrim.vlm_demo.model import load_model
+    from vitrim.vlm_demo.run_folder import load_digits_vlm
 
-    expected = ask(load_model(run), canvas, "how many digits ?").text
+    expected = ask(load_digits_vlm(run), canvas, "how many digits ?").text
     assert main(["vlm", "ask", "--image", str(path), "--run", str(run), "how many digits"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == expected
 

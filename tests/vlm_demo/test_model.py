@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 from vitrim.vlm_demo.attention import last_token_attention
 from vitrim.vlm_demo.demo import QUICK
-from vitrim.vlm_demo.model import MODEL_FILE, build_model, digits_vlm_config, load_model, save_model
+from vitrim.vlm_demo.model import MODEL_FILE, build_model, digits_vlm_config, save_model
+from vitrim.vlm_demo.run_folder import load_digits_vlm
 from vitrim.vlm_demo.words import IMAGE_ID, processor
 
 
@@ -38,12 +39,12 @@ def test_the_model_is_llava_and_reads_one_token_per_patch() -> None:
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
     model = _tiny(seed=3)
     save_model(model, tmp_path)
-    loaded = load_model(tmp_path)
+    loaded = load_digits_vlm(tmp_path)
     inputs = _inputs()
     with torch.no_grad():
         assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
     save_model(model, tmp_path / "half", float16=True)
-    halved = load_model(tmp_path / "half")
+    halved = load_digits_vlm(tmp_path / "half")
     assert all(p.dtype == torch.float32 for p in halved.parameters())
     for (name, a), b in zip(model.state_dict().items(), halved.state_dict().values()):
         assert torch.equal(a.half().float(), b), name
@@ -51,7 +52,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"has no model\.safetensors"):
-        load_model(tmp_path)
+        load_digits_vlm(tmp_path)
     save_model(_tiny(), tmp_path)
     from safetensors.torch import load_file, save_file
 
@@ -59,7 +60,7 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     state.pop(next(iter(state)))
     save_file(state, str(tmp_path / MODEL_FILE))
     with pytest.raises(ValueError, match="does not fit the digits VLM: missing"):
-        load_model(tmp_path)
+        load_digits_vlm(tmp_path)
 
 
 @pytest.mark.parametrize("layer", [0, 2])

@@ -22,7 +22,8 @@ from vitrim.shipped import shipped_run
 from vitrim.vlm_demo.data import QUESTION_TYPES
 from vitrim.vlm_demo.demo import FULL, recipe
 from vitrim.vlm_demo.evaluate import answer, held_out, score
-from vitrim.vlm_demo.model import digits_vlm_config, load_model
+from vitrim.vlm_demo.model import digits_vlm_config
+from vitrim.vlm_demo.run_folder import load_digits_vlm
 from vitrim.vlm_demo.sweep import KEPT_FRACTIONS, apply_method
 
 ONE_QUESTION = 1 / FULL.test_canvases
@@ -61,14 +62,14 @@ def test_shipped_model_answers_as_recorded() -> None:
     recorded = _read("details.json")["full_model_answers"]
     data = held_out(FULL.test_canvases)
     questions = data.questions[: len(recorded)]
-    answers = answer(load_model(shipped_run("vlm")), data.pixels[[q.canvas for q in questions]], questions)
+    answers = answer(load_digits_vlm(shipped_run("vlm")), data.pixels[[q.canvas for q in questions]], questions)
     assert answers == recorded
 
 
 @pytest.mark.full
 def test_shipped_summary_is_recomputed_from_the_shipped_weights() -> None:
     summary = _read("summary.json")
-    model = load_model(shipped_run("vlm"))
+    model = load_digits_vlm(shipped_run("vlm"))
     data = held_out(FULL.test_canvases)
     full, _ = score(model, data)
     for kind in QUESTION_TYPES:

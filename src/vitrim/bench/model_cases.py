@@ -16,6 +16,7 @@ from typing import Any
 
 from vitrim import reduce
 from vitrim.literals import parse_assignments, split_top_level
+from vitrim.models.config_limits import FROM_THE_COMMAND_LINE, check_file_config
 from vitrim.models.registry import check_registered
 from vitrim.weights.hub import is_hub_name
 from vitrim.weights.tags import split_tag
@@ -99,6 +100,7 @@ def build_cases(
         if own_reducer is not None and parse_reducer(str(own_reducer)) is None:
             own_reducer = None
         row_overrides = {**shared, **own}
+        check_file_config(row_overrides, f"{name}[...] with --set", origin=FROM_THE_COMMAND_LINE)  # sizes typed
         if has_own_setting:  # the item's own setting replaces the flags
             settings = [(own_ratio, None if own_reducer is None else str(own_reducer))]
         else:

@@ -28,12 +28,33 @@ import torch
 from torch import nn
 
 from vitrim.extras import require
+from vitrim.models.config_limits import LIMITS
 from vitrim.vlm import apply, methods, remove
 from vitrim.vlm.api import STATE_ATTRIBUTE
 from vitrim.vlm.flops import LLAVA_15_7B, METHODS, VLM, LanguageModel, prefill_cost
-from vitrim.vlm.registry import method_class
+from vitrim.vlm.method.base import method_class
 
 TEXT_BEFORE_IMAGE = 35  # the system prompt and "USER: " before the image in LLaVA-1.5's template
+# Each setting's range: what a model config read from a file may ask for (vitrim.models.config_limits), so that a
+# typo (image_size=336000) is one line naming it, not a MemoryError deep in a prefill.
+SETTING_RANGES: dict[str, tuple[int, int]] = {
+    "vision_layers": (1, LIMITS["num_hidden_layers"]),
+    "llm_layers": (1, LIMITS["num_hidden_layers"]),
+    "vocab": (2, 2**20),  # text and the image token; 2**20: a config's largest vocabulary
+    "vision_width": (1, LIMITS["hidden_size"]),
+    "vision_mlp": (1, LIMITS["intermediate_size"]),
+    "vision_heads": (1, LIMITS["num_attention_heads"]),
+    "image_size": (1, LIMITS["image_size"]),
+    "patch_size": (1, LIMITS["patch_size"]),
+    "llm_width": (1, LIMITS["hidden_size"]),
+    "llm_mlp": (1, LIMITS["intermediate_size"]),
+    "llm_heads": (1, LIMITS["num_attention_heads"]),
+    "repeats": (1, 100_000),
+    "text_tokens": (0, 2**17),  # a 128k-token context
+    "warmup": (0, 100_000),
+    "seed": (0, 2**32 - 1),
+}
+MAX_IMAGE_TOKENS = 16384  # Qwen2-VL's default max_pixels (12,845,056) in 28-px merged patches
 
 
 @dataclass(frozen=True)
@@ -59,23 +80,21 @@ class VLMBenchSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        sizes = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "image_size",
-                 "patch_size", "llm_width", "llm_mlp", "llm_heads", "repeats")  # fmt: skip
-        for name in (*sizes, "text_tokens", "warmup", "seed"):
+        for name, (least, most) in SETTING_RANGES.items():
             value = getattr(self, name)
-            least = 1 if name in sizes else 0
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+                raise ValueError(f"{name} must be an int in [{least}, {most}], got {value!r}")
         for width, heads in (("vision_width", "vision_heads"), ("llm_width", "llm_heads")):
             if getattr(self, width) % getattr(self, heads):
                 raise ValueError(f"{width}={getattr(self, width)} is not divisible by {heads}={getattr(self, heads)}")
         if self.image_size < self.patch_size:
             raise ValueError(f"image_size={self.image_size} is smaller than patch_size={self.patch_size}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if self.vocab < 2:
-            raise ValueError(f"vocab must be >= 2 (text and the image token), got {self.vocab}")
         patches = (self.image_size // self.patch_size) ** 2
+        if patches > MAX_IMAGE_TOKENS:
+            raise ValueError(
+                f"image_size={self.image_size} with patch_size={self.patch_size} makes {patches} image tokens, over "
+                f"the limit of {MAX_IMAGE_TOKENS} (Qwen2-VL's largest image)"
+            )
         bad = [k for k in self.keeps if not 1 <= k <= patches]
         if not self.keeps or bad:
             raise ValueError(f"keeps must be image tokens in 1..{patches}, got {self.keeps}")

@@ -2,8 +2,9 @@
 
 A subcommand is a module here with ``register(subparsers)`` (its parser sets ``func(args) -> int``) and a line in
 ``COMMANDS``. ``main`` applies ``--threads`` once, then runs the command. A user error (a bad value, a missing or
-unreadable file, a path that cannot be written) prints one line ``vitrim: error: …`` and exits with code 2; anything
-else is a bug and keeps its traceback. An optional library that is not installed (an extra, see
+unreadable file, a path that cannot be written) prints one line ``vitrim: error: …`` and exits with code 2, and so does
+running out of memory (sizes within every option's bound can still exceed a machine's); anything else is a bug and
+keeps its traceback. An optional library that is not installed (an extra, see
 :mod:`vitrim.extras`) is one line too, naming the extra to install. ``--debug`` shows the traceback of user errors.
 
 Warnings (vitrim's, or a library's) are held while the command runs: a command that fails prints its one error line
@@ -37,6 +38,7 @@ COMMANDS = {
 # Modules that add modes to the commands above rather than a command of their own (registered after them).
 EXTENSIONS = (vlm_demo, vlm_methods)  # `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`, `vitrim vlm methods`
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
+OUT_OF_MEMORY = "the sizes asked for need more memory than this machine has; ask for smaller ones"
 # The extra to name when a command misses an optional library that several extras install (vitrim.extras).
 COMMAND_EXTRAS = {"viz": "viz", "explain": "viz", "export": "export", "train": "train", "eval": "train"}
 
@@ -83,3 +85,19 @@ def _run(args: argparse.Namespace) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"vitrim: error: {in_flags(str(message))}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as err:  # sizes within every bound can still exceed this machine's memory
+        if args.debug or not is_out_of_memory(err):
+            raise
+        print(
+            f"vitrim: error: out of memory ({_first_line(str(err) or type(err).__name__)}): {OUT_OF_MEMORY}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Python's MemoryError, torch's CPU allocator failing ("can't allocate memory") or a GPU's out-of-memory error."""
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
+        return True
+    text = str(err)
+    return "can't allocate memory" in text or "out of memory" in text.lower()

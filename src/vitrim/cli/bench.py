@@ -14,11 +14,23 @@ from vitrim.bench.allocator import pin_malloc_threshold
 from vitrim.bench.model_cases import Case, build_cases
 from vitrim.cli.bench_ops import register_ops
 from vitrim.cli.bench_vlm import register_vlm
-from vitrim.cli.common import add_threads_argument, check_counts, check_output_folder, parse_ints, parse_set
+from vitrim.cli.common import (
+    BATCH,
+    IMAGE_SIDE,
+    TIMED,
+    UNTIMED,
+    Bounded,
+    add_threads_argument,
+    check_output_folder,
+    parse_ints,
+    parse_model_set,
+)
 from vitrim.devices import parse_device
 from vitrim.extras import require
+from vitrim.models.config_limits import LIMITS
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"  # bench models --set (errors show it as --help does)
+MEMORY_LENGTH = Bounded(int, 0, LIMITS["num_patches"], "a sequence length, at most the tokens of a model's image")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,13 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kinds = parser.add_subparsers(dest="bench_kind", required=True, metavar="KIND")
 
     p = kinds.add_parser("attention", help="auto vs math vs torch SDPA, float32, this machine")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=BATCH, default=8)
+    p.add_argument("--heads", type=Bounded(int, 1, LIMITS["num_heads"], "attention heads"), default=6)
+    p.add_argument("--head-dim", type=Bounded(int, 1, 1024, "channels per head"), default=64)
     p.add_argument("--lengths", default="197,1024,4096", help="comma-separated sequence lengths N")
-    p.add_argument("--repeats", type=int, default=0, help="timed repeats per case (0: chosen per N)")
+    p.add_argument("--repeats", type=UNTIMED, default=0, help="timed repeats per case (0: chosen per N)")
     add_threads_argument(p)
-    p.add_argument("--memory-length", type=int, default=4096, help="N at which peak memory is measured (0: skip)")
+    p.add_argument(
+        "--memory-length", type=MEMORY_LENGTH, default=4096, help="N at which peak memory is measured (0: skip)"
+    )
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.set_defaults(func=run_attention)
 
@@ -49,15 +63,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "NAME[reducer=tome:r=13], NAME[reducer='evit:keep_rate=0.7,layers=(3,6,9)'], NAME[depth=6] (create_model "
         "overrides)",
     )
-    p.add_argument("--batch-size", type=int, default=s.batch_size, help="batch of the throughput measurement")
-    p.add_argument("--img-size", type=int, default=s.img_size, help="image side (default: each model's own)")
+    p.add_argument("--batch-size", type=BATCH, default=s.batch_size, help="batch of the throughput measurement")
+    p.add_argument("--img-size", type=IMAGE_SIDE, default=s.img_size, help="image side (default: each model's own)")
     add_threads_argument(p)
-    p.add_argument("--repeats", type=int, default=s.repeats, help="timed batches for throughput (median)")
-    p.add_argument("--latency-repeats", type=int, default=s.latency_repeats, help="timed batch-1 calls; 0: skip")
-    p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls before timing")
+    p.add_argument("--repeats", type=TIMED, default=s.repeats, help="timed batches for throughput (median)")
+    p.add_argument("--latency-repeats", type=UNTIMED, default=s.latency_repeats, help="timed batch-1 calls; 0: skip")
+    p.add_argument("--warmup", type=UNTIMED, default=s.warmup, help="untimed calls before timing")
     p.add_argument(
         "--keep-ratio",
-        type=float,
+        type=Bounded(float, 0.0, 1.0, "the share of tokens DynamicViT keeps", low_open=True),
         action="append",
         default=None,
         help="DynamicViT keep ratio, passed as create_model(..., keep_ratio=R); repeat for several rows",
@@ -133,8 +147,8 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
         default=",".join(map(str, s.repeats)),
         help="timed calls per row (median): one count, or one per batch size (10,5)",
     )
-    p.add_argument("--warmup", type=int, default=s.warmup, help="untimed calls per row and batch size")
-    p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
+    p.add_argument("--warmup", type=UNTIMED, default=s.warmup, help="untimed calls per row and batch size")
+    p.add_argument("--img-size", type=IMAGE_SIDE, default=None, help="image side (default: each model's own)")
     _add_set_argument(p)
     p.add_argument(
         "--optimize",
@@ -154,13 +168,12 @@ def register_reducers(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    check_counts(args, ("batch", "heads", "head_dim"), minimum=1, expected="positive")
     try:
         lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:
         raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-    if not lengths or min(lengths) <= 0:
-        raise ValueError(f"--lengths must be positive sequence lengths, got {args.lengths!r}")
+    if not lengths or not all(MEMORY_LENGTH.contains(n) and n > 0 for n in lengths):
+        raise ValueError(f"--lengths must be sequence lengths in [1, {MEMORY_LENGTH.high:g}], got {args.lengths!r}")
     pin_malloc_threshold()
     shape = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim)
     print(f"attention, float32, B={args.batch}, H={args.heads}, d={args.head_dim}, {torch.get_num_threads()} threads")
@@ -190,15 +203,13 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    check_counts(args, ("batch_size", "repeats"), minimum=1, expected="a positive int")
-    check_counts(args, ("warmup", "latency_repeats"), minimum=0, expected=">= 0")
     if (args.compile or args.optimize) and args.warmup == 0:
         raise ValueError(f"--{'compile' if args.compile else 'optimize'} needs --warmup >= 1 (the first call compiles)")
     if args.compile and args.optimize:
         raise ValueError("pass --compile or --optimize, not both")
     cases = build_cases(
         args.models,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         keep_ratios=args.keep_ratio or (),
         reducers=args.reducer or (),
         img_size=args.img_size,
@@ -245,21 +256,18 @@ def run_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_ints(text: str, option: str) -> tuple[int, ...]:
-    values = parse_ints(text, option)
-    if min(values) <= 0:
-        raise ValueError(f"{option} must be positive, got {text!r}")
-    return values
+def _positive_ints(text: str, option: str, bound: Bounded) -> tuple[int, ...]:
+    return parse_ints(text, option, bound)
 
 
 def run_reducers(args: argparse.Namespace) -> int:
     settings = reducers.ReducerBenchSettings(
         targets=reducers.parse_targets(args.targets),
-        batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes"),
-        repeats=_positive_ints(args.repeats, "--repeats"),
+        batch_sizes=_positive_ints(args.batch_sizes, "--batch-sizes", BATCH),
+        repeats=_positive_ints(args.repeats, "--repeats", TIMED),
         warmup=args.warmup,
         img_size=args.img_size,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         optimize=args.optimize,
     )
     names = [n.strip() for n in args.models.split(",") if n.strip()]

@@ -10,7 +10,7 @@ from torch import nn
 from vitrim import reduce
 from vitrim.bench import models, ops
 from vitrim.bench.model_cases import build_cases, parse_reducer
-from vitrim.cli.common import add_threads_argument, parse_set
+from vitrim.cli.common import IMAGE_SIDE, Bounded, add_threads_argument, parse_model_set
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"
 
@@ -36,7 +36,7 @@ def register_ops(kinds: argparse._SubParsersAction) -> None:
         help="token reducer NAME[:key=value,...]; repeat for several rows (default: dense, then every registered "
         "reducer at its default setting)",
     )
-    p.add_argument("--img-size", type=int, default=None, help="image side (default: each model's own)")
+    p.add_argument("--img-size", type=IMAGE_SIDE, default=None, help="image side (default: each model's own)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -45,7 +45,13 @@ def register_ops(kinds: argparse._SubParsersAction) -> None:
         metavar=SET_FORM,
         help="create_model overrides for every model (the count does not depend on the width: embed_dim=96 is quick)",
     )
-    p.add_argument("--by-op", type=int, default=0, metavar="N", help="also list each row's N most called operators")
+    p.add_argument(
+        "--by-op",
+        type=Bounded(int, 0, 10_000, "operators listed per row"),
+        default=0,
+        metavar="N",
+        help="also list each row's N most called operators",
+    )
     add_threads_argument(p)
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_ops)
@@ -57,12 +63,10 @@ def default_reducer_specs() -> list[str]:
 
 
 def run_ops(args: argparse.Namespace) -> int:
-    if args.by_op < 0:
-        raise ValueError(f"--by-op must be >= 0, got {args.by_op}")
     specs = args.reducer or default_reducer_specs()
     cases = build_cases(
         args.models,
-        overrides=parse_set(args.overrides, "--set", SET_FORM),
+        overrides=parse_model_set(args.overrides, "--set", SET_FORM),
         reducers=specs,
         img_size=args.img_size,
     )

@@ -11,7 +11,15 @@ import sys
 import torch
 
 from vitrim.bench.allocator import pin_malloc_threshold
-from vitrim.cli.common import add_threads_argument, check_output_file, parse_ints, parse_set
+from vitrim.cli.common import (
+    TEXT_TOKENS,
+    TIMED,
+    UNTIMED,
+    add_threads_argument,
+    check_output_file,
+    parse_ints,
+    parse_set,
+)
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"
 SIZES = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "image_size",
@@ -28,9 +36,9 @@ def register_vlm(kinds: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--methods", default="", help="comma-separated vlm methods (default: every pre-LLM method)")
     p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
-    p.add_argument("--text-tokens", type=int, default=94, help="text tokens of the prompt")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds (every case once per round)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed prefills per case")
+    p.add_argument("--text-tokens", type=TEXT_TOKENS, default=94, help="text tokens of the prompt")
+    p.add_argument("--repeats", type=TIMED, default=3, help="timed rounds (every case once per round)")
+    p.add_argument("--warmup", type=UNTIMED, default=1, help="untimed prefills per case")
     p.add_argument(
         "--set",
         dest="overrides",

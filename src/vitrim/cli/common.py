@@ -1,22 +1,81 @@
-"""What several commands share: ``--threads``, the ``--set key=value`` grammar, the data options."""
+"""What several commands share: ``--threads``, the ``--set key=value`` grammar, the data options, and the bounds of
+every numeric option (:class:`Bounded`)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vitrim.literals import parse_assignments
+from vitrim.models.config_limits import FROM_THE_COMMAND_LINE, LIMITS, check_file_config
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """An argparse ``type=`` for a numeric option: its text as an int (or a finite float) in [low, high], a range that
+    says what the number is (``what``). Anything else is argparse's usage error, whose line names the option, the
+    value and the range (``argument --canvas: expected an int in [0, 199] (...), got '500'``), before any work.
+    ``low_open``/``high_open`` exclude that end (a probability of dropping in [0, 1))."""
+
+    kind: type
+    low: float
+    high: float
+    what: str
+    low_open: bool = False
+    high_open: bool = False
+
+    def __call__(self, text: str) -> Any:
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not math.isfinite(value) or not self.contains(value):
+            raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}")
+        return value
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def describe(self) -> str:
+        kind = "an int" if self.kind is int else "a number"
+        brackets = ("(" if self.low_open else "[", ")" if self.high_open else "]")
+        return f"{kind} in {brackets[0]}{_plain(self.low)}, {_plain(self.high)}{brackets[1]} ({self.what})"
+
+    @property
+    def __name__(self) -> str:  # argparse names a type by it in some messages
+        return self.kind.__name__
+
+
+def _plain(number: float) -> str:
+    """4294967295 as itself, 0.0 as 0, 1e-06 as 1e-06: the range as a user would type it."""
+    return str(int(number)) if float(number).is_integer() and abs(number) < 1e15 else f"{number:g}"
+
+
+# Bounds shared by several commands. Sizes read from files have their limits in vitrim.models.config_limits; an option
+# that sets the same size takes the same one.
+SEED = Bounded(int, 0, 2**32 - 1, "a seed: numpy's seeds are 32-bit")
+THREADS = Bounded(int, 0, 1024, "CPU threads, 0: torch's choice")
+BATCH = Bounded(int, 1, 65536, "images in one batch")
+IMAGE_SIDE = Bounded(int, 1, LIMITS["img_size"], "an image side in pixels, at most what a model config may ask for")
+TIMED = Bounded(int, 1, 100_000, "timed calls")
+UNTIMED = Bounded(int, 0, 100_000, "untimed calls")
+TEXT_TOKENS = Bounded(int, 0, 2**17, "text tokens of a prompt, at most a 128k-token context")
+PROBABILITY = Bounded(float, 0.0, 1.0, "a probability")
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--threads N``; :func:`vitrim.cli.main` applies it once, before the command runs."""
     parser.add_argument(
         "--threads",
-        type=int,
+        type=THREADS,
         default=0,
         help="CPU threads for torch (default: torch's choice). On a machine shared with other jobs, 1 can be many "
         "times faster than 2: threads that wait for each other lose their cores",
@@ -31,17 +90,6 @@ def apply_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def check_counts(args: argparse.Namespace, names: tuple[str, ...], *, minimum: int, expected: str) -> None:
-    """Each option in ``names`` (dests, e.g. ``"batch_size"``) must be >= ``minimum``; the error names the flag.
-
-    ``expected`` words the rule as the message says it: ``--batch-size must be a positive int, got 0``.
-    """
-    for name in names:
-        value = getattr(args, name)
-        if value < minimum:
-            raise ValueError(f"--{name.replace('_', '-')} must be {expected}, got {value}")
-
-
 def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]:
     """Repeated ``--set depth=4 --set embed_dim=32,num_heads=2`` -> one dict (later values win).
 
@@ -53,12 +101,24 @@ def parse_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]
     return values
 
 
-def parse_ints(text: str, option: str) -> tuple[int, ...]:
-    """``"64,128"`` -> ``(64, 128)``; ``ValueError`` naming ``option`` when a part is not an int."""
+def parse_model_set(items: list[str] | None, option: str, form: str) -> dict[str, Any]:
+    """``--set`` of create_model overrides (:func:`parse_set`), each size bounded as a config file's is
+    (:func:`vitrim.models.config_limits.check_file_config`): ``--set embed_dim=1000000000`` is one line naming it,
+    not an allocation the machine may grant and then spend hours filling."""
+    values = parse_set(items, option, form)
+    check_file_config(values, option, origin=FROM_THE_COMMAND_LINE)
+    return values
+
+
+def parse_ints(text: str, option: str, bound: Bounded | None = None) -> tuple[int, ...]:
+    """``"64,128"`` -> ``(64, 128)``; ``ValueError`` naming ``option`` when a part is not an int or not in ``bound``."""
     try:
-        return tuple(int(v) for v in text.split(","))
+        values = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ValueError(f"{option} must be comma-separated ints, got {text!r}") from None
+    if bound is not None and not all(bound.contains(v) for v in values):
+        raise ValueError(f"{option} must be comma-separated ints, each {bound.describe()[3:]}, got {text!r}")
+    return values
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
@@ -80,15 +140,19 @@ def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any]
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=Bounded(int, 0, 256, "loader processes"),
         default=d.get("workers"),
         help="DataLoader processes that read and decode images (default: none for digits, min(4, cores) for files)",
     )
-    parser.add_argument("--test-fraction", type=float, default=d.get("test_fraction"), help="test share per class")
-    parser.add_argument("--clutter", type=int, default=d.get("clutter"), help="digits: fragments of other digits")
-    parser.add_argument("--noise", type=float, default=d.get("noise"), help="digits: std of Gaussian pixel noise")
-    parser.add_argument("--align", type=int, default=d.get("align"), help="digits: digits on multiples of N pixels")
-    parser.add_argument("--seed", type=int, default=d.get("seed"), help="seed of the split, placements and init")
+    share = Bounded(float, 0.0, 1.0, "the share of each class held out", low_open=True, high_open=True)
+    parser.add_argument("--test-fraction", type=share, default=d.get("test_fraction"), help="test share per class")
+    clutter = Bounded(int, 0, 64, "fragments per canvas")
+    parser.add_argument("--clutter", type=clutter, default=d.get("clutter"), help="digits: fragments of other digits")
+    noise = Bounded(float, 0.0, 10.0, "a pixel-noise std, on ink in [0, 1]")
+    parser.add_argument("--noise", type=noise, default=d.get("noise"), help="digits: std of Gaussian pixel noise")
+    align = Bounded(int, 1, LIMITS["img_size"], "pixels, at most an image side; the data checks it against the canvas")
+    parser.add_argument("--align", type=align, default=d.get("align"), help="digits: digits on multiples of N pixels")
+    parser.add_argument("--seed", type=SEED, default=d.get("seed"), help="seed of the split, placements and init")
 
 
 def check_output_file(path: str, option: str) -> Path:
@@ -115,8 +179,8 @@ def check_output_folder(path: str, option: str) -> Path:
 
 # The library's arguments that a command's flags set: a library error names the argument (``data 'x' expands to no
 # shard``); the command shows the flag the user typed (``--data 'x' …``).
-FLAGS = {"data": "--data", "val_data": "--val-data", "mctf": "--mctf", "teacher": "--teacher"}
-_LEADING = re.compile(r"^(data|mctf|teacher)\b")  # plain words: only as the subject the message starts with
+FLAGS = {"data": "--data", "val_data": "--val-data", "mctf": "--mctf", "teacher": "--teacher", "methods": "--methods"}
+_LEADING = re.compile(r"^(data|mctf|teacher|methods)\b")  # plain words: only as the subject the message starts with
 _ANYWHERE = re.compile(r"(?<![\w-])(val_data)\b")  # names no prose uses
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitrim.cli.common import add_threads_argument, check_output_folder
+from vitrim.cli.common import SEED, add_threads_argument, check_output_folder
 from vitrim.demo import FULL, NAMES, QUICK, run_demo, ship_run
 from vitrim.extras import require
 
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cores; training runs on 2 threads whatever --threads says: the recipe's numbers depend on it)",
     )
     p.add_argument("--quick", action="store_true", help="train tiny models, one epoch each: checks the plumbing")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, placements and training (needs --retrain)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the split, placements and training (needs --retrain)")
     add_ship_to_argument(p, "models")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
     add_threads_argument(p)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitrim.cli.common import add_data_arguments
+from vitrim.cli.common import BATCH, add_data_arguments
 from vitrim.train import TrainConfig, evaluate_checkpoint
 
 
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_data_arguments(p)  # no defaults: the run's own
     p.add_argument("--split", choices=("test", "train"), default="test")
-    p.add_argument("--batch-size", type=int, default=d["eval_batch_size"])
+    p.add_argument("--batch-size", type=BATCH, default=d["eval_batch_size"])
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     p.add_argument("--device", default=d["device"], choices=("auto", "cpu", "cuda"))
     p.add_argument("--quiet", action="store_true", help="no progress bar")

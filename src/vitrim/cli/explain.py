@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from vitrim.cli.common import check_output_file
+from vitrim.cli.common import SEED, check_output_file
 from vitrim.extras import require
 from vitrim.viz.explain import explain_numbers, format_explanation, plot_explanation
 from vitrim.viz.maps import save_figure
@@ -19,7 +19,7 @@ E = TypeVar("E")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("explain", help="walk through one attention matrix by hand, and why we divide by √d")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the toy embeddings and weights")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the toy embeddings and weights")
     parser.add_argument("--out", default=None, help="also draw every step into this PNG file")
     parser.set_defaults(func=run)
 

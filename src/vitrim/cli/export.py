@@ -8,7 +8,7 @@ from pathlib import Path
 from torch import nn
 
 from vitrim import reduce
-from vitrim.cli.common import check_output_folder
+from vitrim.cli.common import BATCH, IMAGE_SIDE, Bounded, check_output_folder
 from vitrim.export import compare_with_onnxruntime, export_onnx
 from vitrim.factory import create_model
 from vitrim.train.state import load_for_eval
@@ -33,10 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--reducer", help="token reducer to attach before exporting, e.g. tome:r=13, 'evit:keep_rate=0.7'"
     )
-    parser.add_argument("--img-size", type=int, default=None, help="input side (default: the model's own)")
+    parser.add_argument("--img-size", type=IMAGE_SIDE, default=None, help="input side (default: the model's own)")
     parser.add_argument("--static-batch", action="store_true", help="fix the batch size to --batch-size")
-    parser.add_argument("--batch-size", type=int, default=2, help="batch of the example input (default 2)")
-    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: torch's)")
+    parser.add_argument("--batch-size", type=BATCH, default=2, help="batch of the example input (default 2)")
+    parser.add_argument(
+        "--opset",
+        type=Bounded(int, 1, 99, "an ONNX opset: numbered from 1; the exporter says which it can write"),
+        default=None,
+        help="ONNX opset (default: torch's)",
+    )
     parser.add_argument(
         "--check", action="store_true", help="run the file in onnxruntime and print the max logit difference"
     )

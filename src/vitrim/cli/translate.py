@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
+from vitrim.cli.common import SEED, THREADS, Bounded, add_threads_argument, check_output_file, check_output_folder
 from vitrim.cli.demo import add_ship_to_argument, check_ship_to
 from vitrim.cli.explain import show_explanation
 from vitrim.data.numbers import make_pair, number_of
@@ -51,8 +51,15 @@ def _register_translate(subparsers: argparse._SubParsersAction) -> None:
         "--run", default="runs/translate", help="run folder of `vitrim demo translate` (default: %(default)s)"
     )
     p.add_argument("--to", default="de", help="target language: de or fr (default: %(default)s)")
-    p.add_argument("--beam", type=int, default=1, help="beam size (default 1: greedy)")
-    p.add_argument("--layer", type=int, default=None, help="decoder layer to show (default: the run's best-aligned)")
+    p.add_argument(
+        "--beam", type=Bounded(int, 1, 64, "hypotheses kept per step"), default=1, help="beam size (default 1: greedy)"
+    )
+    p.add_argument(
+        "--layer",
+        type=Bounded(int, 0, 255, "a decoder layer index"),
+        default=None,
+        help="decoder layer to show (default: the run's best-aligned)",
+    )
     p.add_argument("--show-attention", default=None, metavar="PNG", help="draw the cross-attention into this file")
     add_threads_argument(p)
     p.set_defaults(func=_run_translate)
@@ -106,15 +113,18 @@ def _register_demo_mode(demo: argparse.ArgumentParser) -> None:
         "--retrain", action="store_true", help="train the model from scratch with the recipe of the shipped one"
     )
     p.add_argument("--quick", action="store_true", help="tiny model, 30 steps, numbers up to 120: checks the plumbing")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the split, the initialisation and the batches")
     p.add_argument(
-        "--steps", type=int, default=None, help="training steps (default: the plan's, 700; with --retrain or --quick)"
+        "--steps",
+        type=Bounded(int, 1, 10**7, "training steps"),
+        default=None,
+        help="training steps (default: the plan's, 700; with --retrain or --quick)",
     )
     add_ship_to_argument(p, "model")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument(
         "--threads",
-        type=int,
+        type=THREADS,
         default=1,
         help="CPU threads for torch (default 1: this model's matrices are too small to share; on the shared 2-core "
         "machine 700 steps took 63 s on 1 thread and 561 s on 2)",
@@ -133,8 +143,6 @@ def _run_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--seed {args.seed} needs --retrain or --quick: the shipped model was trained with seed 0")
     out = check_output_folder(args.out, "--out")
     if args.steps is not None:
-        if args.steps < 1:
-            raise ValueError(f"--steps must be an int >= 1, got {args.steps}")
         plan = replace(
             plan, train=replace(plan.train, steps=args.steps, warmup_steps=min(plan.train.warmup_steps, args.steps))
         )

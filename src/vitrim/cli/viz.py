@@ -26,17 +26,21 @@ from torch import Tensor, nn
 import vitrim
 from vitrim.bench import rollout as rollout_bench
 from vitrim.bench.allocator import pin_malloc_threshold
-from vitrim.cli.common import add_threads_argument, check_counts, check_output_file
+from vitrim.cli.common import BATCH, IMAGE_SIDE, Bounded, add_threads_argument, check_output_file
 from vitrim.data import DigitsCanvas
 from vitrim.data.images import read_image
 from vitrim.data.transforms import read_image_for
 from vitrim.extras import require
+from vitrim.models.config_limits import LIMITS
 from vitrim.viz.maps import model_attention_grid, model_config, plot_attention_maps, plot_rollout, save_figure
 from vitrim.viz.relevance import METHODS, relevance_map
 from vitrim.viz.relevance_plot import plot_relevance
 from vitrim.viz.rollout import HEAD_FUSIONS, attention_rollout_model
 from vitrim.viz.tokens import model_kept_indices, plot_kept_tokens
 from vitrim.weights.hub import is_hub_name
+
+DISCARD = Bounded(float, 0.0, 1.0, "the share of each block's weakest links dropped", high_open=True)
+CLASS = Bounded(int, 0, LIMITS["num_classes"] - 1, "a class index of the model's head")
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -61,14 +65,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         source.add_argument("--model", help="a registered model name with random weights (to try the pictures)")
         picture = p.add_mutually_exclusive_group(required=True)
         picture.add_argument("--image", help="a PNG or JPEG file")
-        picture.add_argument("--digits", type=int, metavar="K", help="the K-th test image of the bundled digits")
-        p.add_argument("--img-size", type=int, default=None, help="with --model: its image size")
+        picture.add_argument(
+            "--digits",
+            type=Bounded(int, 0, 99_999, "an index into the test digits"),
+            metavar="K",
+            help="the K-th test image of the bundled digits",
+        )
+        p.add_argument("--img-size", type=IMAGE_SIDE, default=None, help="with --model: its image size")
         p.add_argument("--out", required=True, help="PNG file to write")
         if kind == "rollout":
             p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
-            p.add_argument("--discard-ratio", type=float, default=0.0, help="weakest links dropped per block, [0, 1)")
+            p.add_argument("--discard-ratio", type=DISCARD, default=0.0, help="weakest links dropped per block, [0, 1)")
         if kind == "relevance":
-            p.add_argument("--class", dest="target", type=int, default=None, metavar="K",
+            p.add_argument("--class", dest="target", type=CLASS, default=None, metavar="K",
                            help="class to explain (default: the predicted one)")  # fmt: skip
             p.add_argument("--method", choices=METHODS, default="chefer", help="relevance method (default chefer)")
             p.add_argument("--reducer", default=None, metavar="SPEC",
@@ -76,8 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.set_defaults(func=run)
     p = kinds.add_parser("rollout-memory", help="peak memory of streaming vs all-at-once rollout")
     p.add_argument("--model", default="vit_small_patch16_224", help="registered model (random weights)")
-    p.add_argument("--img-size", type=int, default=1024, help="square input side; N = (side / patch)² + 1")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--img-size", type=IMAGE_SIDE, default=1024, help="square input side; N = (side / patch)² + 1")
+    p.add_argument("--batch", type=BATCH, default=1)
     p.add_argument("--modes", default="stream", help="comma-separated: stream, all (all needs depth × N² RAM)")
     add_threads_argument(p)
     p.add_argument("--json", default=None, help="also write the results to this file")
@@ -120,8 +129,6 @@ def run(args: argparse.Namespace) -> int:
     require("matplotlib", feature="drawing")
     if args.img_size is not None and args.checkpoint is not None:
         raise ValueError("--img-size applies to --model only; a checkpoint carries its own image size")
-    if args.viz_kind == "rollout" and not 0.0 <= args.discard_ratio < 1.0:
-        raise ValueError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     model = load_viz_model(args)
     image = load_picture(args, model)
     name = Path(args.checkpoint).name if args.checkpoint else args.model
@@ -173,7 +180,6 @@ def _top(logits: Tensor) -> str:
 
 
 def run_rollout_memory(args: argparse.Namespace) -> int:
-    check_counts(args, ("img_size", "batch"), minimum=1, expected="positive")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in rollout_bench.MODES]
     if bad or not modes:

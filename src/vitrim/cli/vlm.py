@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from vitrim.cli.common import check_output_file, parse_ints
+from vitrim.cli.common import TEXT_TOKENS, check_output_file, parse_ints
 from vitrim.vlm.flops import CONFIGS, METHODS, PrefillCost, cost_table
 
 
@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
     p.add_argument("--methods", default=",".join(METHODS[1:]), help=f"comma-separated, of: {', '.join(METHODS[1:])}")
-    p.add_argument("--text-tokens", type=int, default=94, help="text tokens of the prompt (94: a 670-token LLaVA one)")
+    p.add_argument(
+        "--text-tokens", type=TEXT_TOKENS, default=94, help="text tokens of the prompt (94: a 670-token LLaVA one)"
+    )
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_flops)
 
@@ -63,8 +65,6 @@ def run_flops(args: argparse.Namespace) -> int:
     models = _names(args.models, "--models", list(CONFIGS))
     methods = _names(args.methods, "--methods", METHODS[1:])
     keeps = _keeps(args.keep)
-    if args.text_tokens < 0:
-        raise ValueError(f"--text-tokens must be >= 0, got {args.text_tokens}")
     out = None if args.json is None else check_output_file(args.json, "--json")
     results = {}
     for name in models:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitrim.cli.common import add_threads_argument, check_output_file, check_output_folder
+from vitrim.cli.common import SEED, Bounded, add_threads_argument, check_output_file, check_output_folder
 from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
 from vitrim.extras import require
+
+# the demo scores 200 held-out canvases (vitrim.vlm_demo.demo.FULL): --canvas picks one of them
+CANVAS_INDEX = Bounded(int, 0, 199, "one of the 200 held-out canvases the demo scores")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +63,7 @@ def _register_demo_mode(modes: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/vlm", help="run folder (default: %(default)s)")
     p.add_argument("--retrain", action="store_true", help="train the model from scratch with the shipped one's recipe")
     p.add_argument("--quick", action="store_true", help="a tiny model, 3 steps, 6 canvases: checks the plumbing")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and the training (needs --retrain)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the data and the training (needs --retrain)")
     p.add_argument(
         "--methods", default=None, help="comma-separated methods of vitrim.vlm to sweep (default: every one)"
     )
@@ -142,7 +145,7 @@ def _register_viz_kind(kinds: argparse._SubParsersAction) -> None:
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument("--image", default=None, help="a PNG or JPEG file (default: a held-out canvas, --canvas)")
-    source.add_argument("--canvas", type=int, default=0, help="index of a held-out canvas (default 0)")
+    source.add_argument("--canvas", type=CANVAS_INDEX, default=0, help="index of a held-out canvas (default 0)")
     p.add_argument("--question", default="how many digits ?", help="the question asked (default: %(default)s)")
     _add_model_arguments(p)
     p.add_argument("--out", required=True, help="PNG file of the kept tokens")
@@ -176,8 +179,6 @@ def _run_viz(args: argparse.Namespace) -> int:
     if args.image is not None:
         canvas = read_canvas(args.image)
     else:
-        if args.canvas < 0:
-            raise ValueError(f"--canvas must be >= 0, got {args.canvas}")
         canvas = held_out(args.canvas + 1).pixels[args.canvas]
     if args.save_canvas:
         save_canvas(canvas, Path(args.save_canvas))

@@ -1,10 +1,10 @@
 """``vitrim vlm methods``: every method of vitrim.vlm with its stage, its options and their defaults.
 
-Read from the method registry, nothing restated here: each method class's ``stage``, its ``defaults`` (its own
-options, under the authors' names, with the paper defaults; a tower method's unset ones take the reducer's own
-default), ``default_keep()`` (the ``keep=`` it uses when none is given) and the first paragraph of its docstring,
-which says what ``keep=`` and ``layer=`` mean for it. Registered as an extension of the ``vlm`` command
-(``vitrim.cli.EXTENSIONS``).
+Read from the library, nothing restated here: ``vitrim.vlm.methods(stage)`` and ``vitrim.vlm.method_info(name)``
+(the stage, the method's own options under the authors' names with the paper defaults: None for a tower method's
+option left to the reducer's own default), the class's ``default_keep()`` and ``default_layer`` (what ``keep=`` and
+``layer=`` are when not given) and the first paragraph of its docstring, which says what they mean for it.
+Registered as an extension of the ``vlm`` command (``vitrim.cli.EXTENSIONS``).
 """
 
 from __future__ import annotations
@@ -27,53 +27,53 @@ STAGE_TITLES = {
 }
 
 
-REDUCER_DEFAULT = "(the reducer's default)"  # the value listed for a tower method's option left to its reducer
-
-
 @dataclass(frozen=True)
-class MethodInfo:
-    """One row of ``vitrim vlm methods``: ``options`` maps each of the method's own options to its default, or to
-    ``REDUCER_DEFAULT``; ``default_keep`` is None when keep= is needed or refused (the summary says which)."""
+class MethodListing:
+    """One row of ``vitrim vlm methods``: ``options`` maps each of the method's own options to its default (None:
+    the reducer's own, for a tower method); ``default_keep`` / ``default_layer``: what ``keep=`` / ``layer=`` are when
+    not given (None: needed, refused or not taken; the summary says which)."""
 
     name: str
     stage: str
     options: dict[str, Any]
     default_keep: float | int | None
+    default_layer: int | None
     summary: str
 
     def shown_options(self) -> list[str]:
-        """``name=default`` per option, a bare name for one left to the reducer's default."""
-        return [k if v == REDUCER_DEFAULT else f"{k}={v!r}" for k, v in self.options.items()]
+        """``name=default`` per option, a bare name for one without a default of its own, then keep= and layer=."""
+        shown = [k if v is None else f"{k}={v!r}" for k, v in self.options.items()]
+        if self.default_layer is not None:
+            shown.append(f"layer={self.default_layer} when not given")
+        if self.default_keep is not None:
+            shown.append(f"keep={self.default_keep:.3g} when not given")
+        return shown
 
 
-def method_infos(stage: str | None = None) -> list[MethodInfo]:
-    """Every registered method (of ``stage`` when given), grouped by stage in the registry's stage order."""
-    from vitrim import vlm  # noqa: F401  (registers every method)
-    from vitrim.vlm.registry import STAGES, method_class, methods
+def method_listings(stage: str | None = None) -> list[MethodListing]:
+    """Every method of vitrim.vlm (of ``stage`` when given), grouped by stage in the library's stage order."""
+    from vitrim import vlm
+    from vitrim.vlm.method import STAGES, method_class
 
     if stage is not None and stage not in STAGES:
         raise ValueError(f"--stage must be one of {', '.join(STAGES)}; got {stage!r}")
-    infos = []
-    for name in methods():
-        cls = method_class(name)
-        if stage is not None and cls.stage != stage:
-            continue
-        options = {k: REDUCER_DEFAULT if v is inspect.Parameter.empty else v for k, v in cls.defaults.items()}
-        doc = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
-        summary = " ".join(doc.replace("``", "").split())  # the docstring's literals, as a terminal shows them
-        infos.append(MethodInfo(name, cls.stage, options, cls().default_keep(), summary))
-    return sorted(infos, key=lambda info: (STAGES.index(info.stage), info.name))
+    rows = []
+    for name in vlm.methods(stage):
+        info, cls = vlm.method_info(name), method_class(name)
+        paragraph = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
+        summary = " ".join(paragraph.replace("``", "").split())  # the docstring's literals, as a terminal shows them
+        layer = getattr(cls, "default_layer", None)
+        rows.append(MethodListing(name, info.stage, dict(info.defaults), cls().default_keep(), layer, summary))
+    return sorted(rows, key=lambda row: (STAGES.index(row.stage), row.name))
 
 
-def format_infos(infos: list[MethodInfo]) -> str:
+def format_listings(infos: list[MethodListing]) -> str:
     """The listing: a title per stage, then per method its options with their defaults and its summary."""
     blocks = []
     for stage, members in itertools.groupby(infos, key=lambda info: info.stage):
         lines = [f"{stage}: {STAGE_TITLES.get(stage, stage)}"]
         for info in members:
             shown = info.shown_options()
-            if info.default_keep is not None:
-                shown.append(f"keep={info.default_keep:.3g} when not given")
             lines.append(f"  {info.name:<13} {', '.join(shown) if shown else 'no options of its own'}")
             if stage != "tower":  # a tower method's docstring is the same for all of them: the stage title says it
                 lines += textwrap.wrap(info.summary, 104, initial_indent=" " * 16, subsequent_indent=" " * 16)
@@ -97,8 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_methods(args: argparse.Namespace) -> int:
     out = None if args.json is None else check_output_file(args.json, "--json")
-    infos = method_infos(args.stage)
-    print(format_infos(infos))
+    infos = method_listings(args.stage)
+    print(format_listings(infos))
     if out is not None:
         out.write_text(json.dumps([asdict(info) for info in infos], indent=2, default=repr) + "\n")
     return 0

@@ -15,10 +15,10 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from vitrim.data.augment import Augment, MixupCutmix, train_transform
-from vitrim.data.digits import DigitsCanvas, load_digits
+from vitrim.data.digits import DigitsCanvas, check_test_fraction, load_digits
 from vitrim.data.folder import ImageFolder, folder_classes, has_split_folders, image_folder_splits, pil_mode
 from vitrim.data.loader import ReadableBatches, collate_readable, rebatch
-from vitrim.data.shards import ShardDataset, ShardSource, is_shard_pattern
+from vitrim.data.shards import ShardDataset, ShardSource, check_streams, is_shard_pattern
 from vitrim.data.transforms import eval_transform
 from vitrim.data.vision import BuiltTransform
 from vitrim.models.data_config import DataConfig
@@ -88,6 +88,8 @@ def build_datasets(
     ``world_size`` pick this process's shards.
     """
     in_chans, height, width = data_config.input_size
+    check_test_fraction(test_fraction)  # here, not where a split first needs it: folders with train/ never do
+    check_streams(rank, world_size)
     if data == "digits":
         if height != width:
             raise ValueError(f"digits needs a square image size, got img_size={(height, width)}")

@@ -41,10 +41,16 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+def check_test_fraction(test_fraction: object) -> float:
+    """``test_fraction`` as a float in (0, 1) (a share of each class held out); a ValueError naming it otherwise."""
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r:.80}")
+    return float(test_fraction)
+
+
 def split_indices(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A seeded, stratified split: (train indices, test indices), each sorted; every class keeps its proportion."""
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    test_fraction = check_test_fraction(test_fraction)
     rng = np.random.default_rng([seed, 0x5EED])
     train: list[np.ndarray] = []
     test: list[np.ndarray] = []

@@ -41,6 +41,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vitrim.data.digits import check_test_fraction
+
 LANGUAGES = ("de", "fr")
 SOURCE_LANGUAGE = "en"
 PAD, EOS = "<pad>", "<eos>"
@@ -225,8 +227,7 @@ def split_numbers(max_number: int, test_fraction: float, seed: int) -> tuple[lis
     """
     if isinstance(max_number, bool) or not isinstance(max_number, int) or not 10 <= max_number <= 9999:
         raise ValueError(f"max_number must be an int in [10, 9999], got {max_number!r}")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    test_fraction = check_test_fraction(test_fraction)
     numbers = list(range(1, max_number + 1))
     random.Random(seed).shuffle(numbers)
     num_test = max(1, round(test_fraction * len(numbers)))

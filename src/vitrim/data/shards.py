@@ -338,10 +338,19 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def check_streams(rank: object, world_size: object) -> None:
+    """``world_size`` processes (an int >= 1) and this one's ``rank`` among them (an int in [0, world_size))."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1 (the processes that share the data), got {world_size!r:.80}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size - 1}] (world_size {world_size}), got {rank!r:.80}")
+
+
 def shards_for(
     num_shards: int, *, rank: int, world_size: int, worker: int, num_workers: int, epoch: int, seed: int, shuffle: bool
 ) -> list[int]:
     """Indices of the shards one worker of one rank reads in ``epoch`` (module doc: together, a partition)."""
+    check_streams(rank, world_size)
     order = list(range(num_shards))
     if shuffle:
         order = torch.randperm(num_shards, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch))).tolist()
@@ -370,6 +379,7 @@ class ShardDataset(IterableDataset):
         self.classes = list(source.classes)
         self.num_samples = source.num_samples
         self.transform, self.mode = transform, mode
+        check_streams(rank, world_size)
         self.rank, self.world_size = rank, world_size
         self.shuffle, self.seed, self.shuffle_buffer = shuffle, seed, shuffle_buffer
         self.epoch = 0

@@ -51,14 +51,15 @@ class ResizeGuard:
     ``keep_ratio`` False means each side is resized to it ("squash"), which cannot grow past it.
     """
 
-    def __init__(self, scale_size: tuple[int, int], keep_ratio: bool) -> None:
-        self.scale_size, self.keep_ratio = scale_size, keep_ratio
+    def __init__(self, scale_size: tuple[int, int], keep_ratio: bool, *, fit: bool = False) -> None:
+        self.scale_size, self.keep_ratio, self.fit = scale_size, keep_ratio, fit
 
     def __call__(self, image: Any) -> Any:
         width, height = image.size
         if not self.keep_ratio:
             return image
-        scale = max(self.scale_size[0] / height, self.scale_size[1] / width)  # the covering resize, the larger one
+        # the covering resize (the larger scale), or with ``fit`` ("border") the one that fits inside: the smaller
+        scale = (min if self.fit else max)(self.scale_size[0] / height, self.scale_size[1] / width)
         limit = pixel_limit()
         if limit is not None and height * width * scale * scale > limit:
             raise ImageRefused(
@@ -85,7 +86,7 @@ class ResizeKeepRatio:
         _, height, width = functional.get_dimensions(image)
         ratios = (height / self.size[0], width / self.size[1])
         ratio = max(ratios) if self.longest else min(ratios)
-        new_size = [round(height / ratio), round(width / ratio)]
+        new_size = [max(1, round(height / ratio)), max(1, round(width / ratio))]  # a 2000x3 line stays 1 px high
         return functional.resize(image, new_size, interpolation=self.interpolation)
 
     def __repr__(self) -> str:
@@ -131,7 +132,7 @@ def eval_transform(data_config: DataConfig) -> Any:
     interpolation = transforms.InterpolationMode(data_config.interpolation)
     steps: list[Any] = [
         ToMode("RGB" if channels == 3 else "L"),
-        ResizeGuard(scale_size, data_config.crop_mode != "squash"),
+        ResizeGuard(scale_size, data_config.crop_mode != "squash", fit=data_config.crop_mode == "border"),
     ]
     if data_config.crop_mode == "squash":
         steps += [transforms.Resize(scale_size, interpolation=interpolation), transforms.CenterCrop(size)]

@@ -46,6 +46,10 @@ LIMITS: dict[str, int] = {
     "decoder_depth": _DEPTH,
     "num_heads": _HEADS,
     "num_attention_heads": _HEADS,
+    "num_key_value_heads": _HEADS,
+    "head_dim": _WIDTH,
+    "max_position_embeddings": 2**20,
+    "vocab_size": 2**20,
     "num_classes": 2**20,
     "src_vocab_size": 2**20,
     "tgt_vocab_size": 2**20,
@@ -66,12 +70,14 @@ POSITIVE = frozenset(
     {"embed_dim", "hidden_size", "dim", "intermediate_size", "depth", "num_hidden_layers", "encoder_depth"}
     | {"decoder_depth", "num_heads", "num_attention_heads", "src_vocab_size", "tgt_vocab_size", "max_len"}
     | {"img_size", "image_size", "patch_size", "in_chans", "num_channels", "groups", "widths"}
+    | {"num_key_value_heads", "head_dim", "max_position_embeddings", "vocab_size"}
 )
 # numbers that must be finite, and where they must lie: (low, high, low included)
 RANGES: dict[str, tuple[float, float, bool]] = {
     "mlp_ratio": (0.0, LIMITS["mlp_ratio"], False),
     "norm_eps": (0.0, 1.0, False),
     "layer_norm_eps": (0.0, 1.0, False),
+    "rms_norm_eps": (0.0, 1.0, False),
     "drop_rate": (0.0, 1.0, True),
     "attn_drop_rate": (0.0, 1.0, True),
     "drop_path_rate": (0.0, 1.0, True),
@@ -114,7 +120,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_size(name: str, value: Any, source: str) -> None:
+FROM_A_FILE = (
+    "for a config read from a file (raise it for a file you trust with vitrim.models.config_limits.raised_limits)"
+)
+FROM_THE_COMMAND_LINE = "for a model built from the command line (vitrim.models.config_limits.LIMITS)"
+
+
+def _check_size(name: str, value: Any, source: str, origin: str = FROM_A_FILE) -> None:
     sizes = value if isinstance(value, (list, tuple)) and name in ("img_size", "image_size", "widths") else [value]
     if name in ("img_size", "image_size") and isinstance(value, (list, tuple)) and len(value) != 2:
         raise ValueError(f"{source}: {name} must be an int or a pair of ints, got {value!r:.80}")
@@ -127,10 +139,7 @@ def _check_size(name: str, value: Any, source: str) -> None:
         if size < low:
             raise ValueError(f"{source}: {name} must be >= {low}, got {value!r:.80}")
         if size > LIMITS[name]:
-            raise ValueError(
-                f"{source}: {name} = {size} is over the limit of {LIMITS[name]} for a config read from a file "
-                "(raise it for a file you trust with vitrim.models.config_limits.raised_limits)"
-            )
+            raise ValueError(f"{source}: {name} = {size} is over the limit of {LIMITS[name]} {origin}")
 
 
 def _check_number(name: str, value: Any, source: str) -> None:
@@ -144,15 +153,16 @@ def _check_number(name: str, value: Any, source: str) -> None:
         raise ValueError(f"{source}: {name} must be a finite number in {bracket}{low:g}, {high:g}], got {value!r}")
 
 
-def check_file_config(fields: Mapping[str, Any], source: str) -> None:
+def check_file_config(fields: Mapping[str, Any], source: str, *, origin: str = FROM_A_FILE) -> None:
     """Every size and number in ``fields`` (a config read from ``source``) typed, finite and within the limits
     (module doc); ``ValueError`` naming ``source``, the field, its value and the limit. Unknown fields pass (the
-    config class refuses them)."""
+    config class refuses them). ``origin`` ends the over-the-limit message (:data:`FROM_THE_COMMAND_LINE`: the
+    sizes a command's ``--set`` asks for, bounded like a file's)."""
     if not isinstance(fields, Mapping):
         raise ValueError(f"{source}: expected a JSON object of config fields, got {type(fields).__name__}")
     for name, value in fields.items():
         if name in LIMITS and name != "mlp_ratio" and name != "num_patches":
-            _check_size(name, value, source)
+            _check_size(name, value, source, origin)
         elif name in RANGES:
             _check_number(name, value, source)
         elif name in FLAGS and not (isinstance(value, bool) or (value is None and name in FLAGS_MAY_BE_NULL)):

@@ -79,6 +79,7 @@ class DataConfig:
             object.__setattr__(self, name, values)
         if not all(v > 0 for v in self.std):
             raise ValueError(f"std must be positive (pixels are divided by it), got {self.std}")
+        _check_float32_normalisation(self.mean, self.std)
         if not isinstance(self.interpolation, str) or self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {_short(self.interpolation)}")
         crop_pct = self.crop_pct
@@ -190,6 +191,30 @@ class DataConfig:
 
 
 PROCESSOR = "preprocessor_config.json"
+
+
+def _check_float32_normalisation(means: tuple[float, ...], stds: tuple[float, ...]) -> None:
+    """Images are normalised in float32, ``(pixel - mean) / std`` for pixels in [0, 1]: each channel's mean and std
+    must be finite float32 numbers (a std of 1e-50 is 0 there), and the darkest and brightest pixels must stay finite
+    (a mean of 1e308 is not). Checked by computing it as the transform does."""
+    import torch
+
+    cpu = torch.device("cpu")  # a config is also made while a model is built on the meta device: compute here
+    pixels = torch.tensor([0.0, 1.0], device=cpu)
+    for channel, (mean, std) in enumerate(zip(means, stds)):
+        mean32 = torch.tensor(mean, dtype=torch.float32, device=cpu)
+        std32 = torch.tensor(std, dtype=torch.float32, device=cpu)
+        if not (torch.isfinite(mean32) and torch.isfinite(std32) and std32 > 0):
+            raise ValueError(
+                f"mean {mean!r} and std {std!r} (channel {channel}) are {mean32.item()!r} and {std32.item()!r} in "
+                "float32, which images are normalised in; expected finite numbers and a std above 0"
+            )
+        normalised = (pixels - mean32) / std32
+        if not torch.isfinite(normalised).all():
+            raise ValueError(
+                f"mean {mean!r} and std {std!r} (channel {channel}) make normalised pixels overflow float32 "
+                f"((pixel - mean) / std for pixels 0 and 1 is {normalised.tolist()})"
+            )
 
 
 def _side(value: Any, field: str) -> int:

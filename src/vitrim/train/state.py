@@ -26,7 +26,6 @@ from torch import nn
 from vitrim.atomic import atomic_write
 from vitrim.factory import create_model
 from vitrim.untrusted import expect_object, read_json
-from vitrim.weights.checkpoint import build_saved_model
 from vitrim.weights.hub import is_hub_name
 from vitrim.weights.pretrained import load_model
 
@@ -176,4 +175,4 @@ def load_for_eval(checkpoint: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         model = create_model(run["model"], **overrides)
         model.load_state_dict(state["model"], strict=True)
         return model.eval(), run
-    return build_saved_model(path), read_run_record(path)
+    return load_model(path), read_run_record(path)

@@ -11,8 +11,9 @@ from torch import nn
 from vitrim import reduce
 from vitrim.models.config_limits import check_file_config
 from vitrim.untrusted import expect_object, parse_json
-from vitrim.weights.checkpoint import build_saved_model, load_checkpoint
+from vitrim.weights.checkpoint import load_checkpoint
 from vitrim.weights.formats import RawCheckpoint
+from vitrim.weights.pretrained import load_model
 
 # architecture fields a student copies from its teacher's config (all but the head size and regularisation)
 _ARCHITECTURE = (
@@ -39,7 +40,7 @@ def load_teacher(student: nn.Module, checkpoint: RawCheckpoint) -> nn.Module:
     load_checkpoint(student, checkpoint, strict=True)  # a reducer's modules (predictors) are optional: fresh
     device = next(student.parameters()).device
     try:
-        return build_saved_model(checkpoint).to(device)
+        return load_model(checkpoint).to(device)
     except ValueError:  # a state dict without a config: the student's architecture is the teacher's
         teacher = reduce.remove(copy.deepcopy(student))
     if any(getattr(block, "reducer", None) is not None for block in getattr(teacher, "blocks", ())):

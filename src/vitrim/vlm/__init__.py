@@ -7,21 +7,21 @@
     vitrim.vlm.last_selection(model)                  # per image: the kept image-token indices (raster order)
     vitrim.vlm.remove(model)                          # the model as it was
 
-Importing this package does not import transformers; the hooks work on the instance the caller holds.
+The house: :mod:`vitrim.vlm.method` (each method's selection, a function of tensors, one file each),
+:mod:`vitrim.vlm.stages` (the three places a model sheds tokens: before the LLM, inside it, in the tower) and
+:mod:`vitrim.vlm.families` (each model family's seams, one declared contract). Importing this package does not
+import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import (  # noqa: F401  (each registers its method or methods)
-    method_dart,
-    method_divprune,
-    method_fastervlm,
-    method_fastv,
-    method_pdrop,
-    method_random,
-    method_visionzip,
-    method_vispruner,
-    tower,
-)
+from vitrim.vlm import moved_modules
 from vitrim.vlm.api import apply, last_selection, remove
-from vitrim.vlm.registry import methods
+from vitrim.vlm.method import MethodInfo, method_info, methods
 
-__all__ = ["apply", "last_selection", "methods", "remove"]
+moved_modules.install()
+
+__all__ = ["MethodInfo", "apply", "last_selection", "method_info", "methods", "remove"]
+
+
+def __dir__() -> list[str]:
+    """The API, not the modules the package is made of."""
+    return sorted(__all__)

@@ -8,22 +8,19 @@ submodules and one attribute, :data:`STATE_ATTRIBUTE`); ``remove`` takes all of 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
 from vitrim.extras import require
-from vitrim.vlm.family import FamilyAdapter, find_family
+from vitrim.vlm.families import FamilyAdapter, families_taking, find_family
 from vitrim.vlm.keep import KeepSpec, parse_keep
-from vitrim.vlm.registry import Installation, Method, StageOptions, method_class
+from vitrim.vlm.method.base import Installation, Method, StageOptions, method_class
+from vitrim.vlm.stages import in_llm, pre_llm, tower
 
 STATE_ATTRIBUTE = "_vitrim_vlm"
-STAGE_MODULES = {
-    "in_llm": "vitrim.vlm.in_llm",
-    "tower": "vitrim.vlm.tower",
-}  # each has install(family, method, options)
+STAGE_WORDS = {"pre_llm": "pre-LLM", "in_llm": "in-LLM", "tower": "tower"}
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
@@ -48,11 +45,13 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     generic = {name: options.pop(name) for name in ("keep", "layer") if name in options}
     instance = cls(**options)
     family = find_family(model)
-    stages = getattr(family, "stages", None)  # a family adapter may handle some stages only (PaliGemma: the tower)
-    if stages is not None and cls.stage not in stages:
+    stages = family.traits.stages
+    if cls.stage not in stages:
+        titles = ", ".join(traits.title for traits in families_taking(cls.stage))
         raise TypeError(
             f"vlm method {method!r} cuts at stage {cls.stage!r}; on {type(model).__name__} vitrim.vlm handles the "
-            f"stage(s) {', '.join(map(repr, stages))} only"
+            f"stage(s) {', '.join(map(repr, stages))} only ({STAGE_WORDS[cls.stage]} method {method!r} runs on "
+            f"{titles}; {type(model).__name__} is not handled there)"
         )
     if hasattr(model, STATE_ATTRIBUTE):
         applied = getattr(model, STATE_ATTRIBUTE)
@@ -66,9 +65,11 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     if cls.stage == "pre_llm":
         if keep is None:
             raise ValueError(f"vlm method {method!r} needs keep= (image tokens per image, or a fraction in (0, 1])")
-        installation = family.install_pre_llm(instance, keep)
+        installation: Installation = pre_llm.install(family, instance, keep)
+    elif cls.stage == "in_llm":
+        installation = in_llm.install(family, instance, StageOptions(keep=keep, layer=layer))
     else:
-        installation = _stage_module(cls.stage, method).install(family, instance, StageOptions(keep=keep, layer=layer))
+        installation = tower.install(family, instance, StageOptions(keep=keep, layer=layer))
     setattr(model, STATE_ATTRIBUTE, Applied(instance, installation))
     return model
 
@@ -117,18 +118,8 @@ def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | Non
 
 
 def _tokens_per_image(method: Method, family: FamilyAdapter) -> int | None:
-    """What ``keep=`` counts: the stage's own count where its module defines ``keep_counts_per_image(family, method)``
-    (the tower: its patches per image, on Gemma 3 more than the image tokens its projector pools them to), else the
-    family's image tokens."""
-    module = _stage_module(method.stage, method.name) if method.stage in STAGE_MODULES else None
-    counts = getattr(module, "keep_counts_per_image", None)
-    return family.tokens_per_image() if counts is None else int(counts(family, method))
-
-
-def _stage_module(stage: str, method: str) -> Any:
-    try:
-        return importlib.import_module(STAGE_MODULES[stage])
-    except ModuleNotFoundError as err:
-        if err.name != STAGE_MODULES[stage]:
-            raise
-        raise ValueError(f"vlm method {method!r} cuts at stage {stage!r}, which this build of vitrim lacks") from None
+    """What ``keep=`` counts: the family's image tokens, except in the tower (its patches per image, on Gemma 3 more
+    than the image tokens its projector pools them to)."""
+    if method.stage == "tower":
+        return tower.keep_counts_per_image(family, method)
+    return family.tokens_per_image()

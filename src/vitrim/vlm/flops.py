@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vitrim.vlm.tower_methods import patches_after_stages
+from vitrim.vlm.method import method_class, methods
+from vitrim.vlm.method.tower_reducers import patches_after_stages
 
-PRE_LLM = ("random", "fastervlm", "vispruner", "visionzip", "divprune")
-IN_LLM = ("fastv", "dart", "pdrop")
+PRE_LLM = tuple(methods(stage="pre_llm"))
+IN_LLM = tuple(methods(stage="in_llm"))
 TOWER = ("tome",)  # a vitrim reducer in the tower, counted with the schedule keep= gives it (any schedule: tower_macs)
 METHODS = ("none", *PRE_LLM, *IN_LLM, *TOWER)
 
@@ -85,7 +86,7 @@ class VLM:
 
     ``projector``: the (in, out) matrices applied to each LLM image token; ``pool``: tower patches per LLM image
     token (LLaVA 1, Qwen2.5-VL's 2×2 merger 4, Gemma 3's 4×4 average pool 16); ``cut_before_projector``: whether the
-    projector runs on the kept tokens only. vitrim's plumbing (:mod:`vitrim.vlm.family_llava`) writes merged
+    projector runs on the kept tokens only. vitrim's plumbing (:mod:`vitrim.vlm.families.llava`) writes merged
     features into their slots, runs the projector on every slot and drops slots at the LLM's input, so it is False
     for every config here; a gathering implementation would save (N − keep) projector rows (LLaVA: 10.8 GMACs).
     """
@@ -167,11 +168,15 @@ CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, GEMMA3_4B)}
 class InLLMSchedule:
     """The authors' defaults of the in-LLM methods: where they cut and what they keep."""
 
-    fastv_layer: int = 2  # FastV (Chen et al., ECCV 2024): K = 2, scored by the last token's attention at K - 1
-    dart_layer: int = 2  # DART (Wen et al., 2025): K = 2
-    dart_pivots: int = 8  # DART's pivot tokens (its key-norm choice), each compared with every image token
-    pdrop_layers: tuple[int, ...] = (8, 16, 24)  # PyramidDrop (CVPR 2025)
-    pdrop_ratios: tuple[float, ...] = (0.5, 0.25, 0.125)
+    # the registry's defaults (vitrim.vlm.method), read once: FastV (K = 2, scored by the last token's attention at
+    # K - 1), DART (K = 2; its pivots, each compared with every image token), PyramidDrop (its layers and ratios)
+    fastv_layer: int = field(default_factory=lambda: int(method_class("fastv").default_layer or 0))
+    dart_layer: int = field(default_factory=lambda: int(method_class("dart").default_layer or 0))
+    dart_pivots: int = field(
+        default_factory=lambda: sum(method_class("dart").defaults[k] for k in ("pivot_image_token", "pivot_text_token"))
+    )
+    pdrop_layers: tuple[int, ...] = field(default_factory=lambda: tuple(method_class("pdrop").defaults["layers"]))
+    pdrop_ratios: tuple[float, ...] = field(default_factory=lambda: tuple(method_class("pdrop").defaults["ratios"]))
 
 
 def vision_block_macs(tower: VisionTower, tokens: int, *, windowed: bool) -> int:
@@ -212,7 +217,8 @@ def llm_macs(llm: LanguageModel, tokens_per_layer: Sequence[int]) -> int:
 
 def tome_tower_schedule(tower: VisionTower, keep: int) -> list[int]:
     """Tokens entering each block ([CLS] included) for ToMe with ``keep=``, as the tower runs it: the patches left
-    after each of the L blocks up to the feature layer are :func:`vitrim.vlm.tower_methods.patches_after_stages`
+    after each of the L blocks up to the feature layer are
+    :func:`~vitrim.vlm.method.tower_reducers.patches_after_stages`
     (an even spread, merged earlier where one block would have to merge more than half).
 
     ToMe merges after each block's attention, so block i runs its attention on the tokens left by block i - 1 and
@@ -312,7 +318,9 @@ def prefill_cost(
             )
         tower_cost = tower_macs(tower, tome_tower_schedule(tower, k))
         entering = k
-        projected = k if vlm.cut_before_projector else n_img  # vitrim.vlm.tower writes the tokens into their slots
+        projected = (
+            k if vlm.cut_before_projector else n_img
+        )  # vitrim.vlm.stages.tower writes the tokens into their slots
         cuts = [(0, k)]
         # ToMe's bipartite similarity in each block: (n/2) × (n/2) cosines of the keys summed over heads (head width)
         head = tower.width // tower.heads
@@ -363,7 +371,9 @@ def _pre_llm_own(vlm: VLM, method: str, keep: int) -> int:
     if method == "visionzip":  # dominant by score; the rest merged into ~1/6 of keep contextual targets by keys
         contextual = max(1, round(keep * 10 / 64))  # the authors' 54 + 10, 108 + 20, 162 + 30
         return scores + (n - keep) * contextual * d
-    return n * n * vlm.llm.width  # divprune: pairwise cosine similarity of the projected image tokens
+    if method == "divprune":  # pairwise cosine similarity of the projected image tokens
+        return n * n * vlm.llm.width
+    raise ValueError(f"vitrim.vlm.flops has no count for the pre-LLM method {method!r} yet")
 
 
 def cost_table(

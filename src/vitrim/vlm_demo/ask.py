@@ -17,13 +17,13 @@ from vitrim.data.images import read_image
 from vitrim.shipped import shipped_run
 from vitrim.vlm_demo.data import CANVAS
 from vitrim.vlm_demo.evaluate import MAX_ANSWER_TOKENS
-from vitrim.vlm_demo.model import load_model
+from vitrim.vlm_demo.run_folder import load_digits_vlm
 from vitrim.vlm_demo.words import IMAGE_TOKENS, decode_ids, processor, split_words
 
 
 def load_demo_model(run: str | Path | None = None) -> nn.Module:
     """The model of a ``vitrim demo vlm`` run folder, or the shipped one (``run`` None)."""
-    return load_model(shipped_run("vlm") if run is None else Path(run))
+    return load_digits_vlm(shipped_run("vlm") if run is None else Path(run))
 
 
 def read_canvas(path: str | Path, name: str = "--image") -> np.ndarray:
@@ -91,7 +91,6 @@ def ask(model: nn.Module, canvas: np.ndarray, question: str, *, method: str | No
         generated = model.generate(**inputs, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)  # type: ignore[operator]
         return Answer(decode_ids(generated[0, inputs["input_ids"].shape[1] :].tolist()), None)
     from vitrim import vlm
-    from vitrim.vlm.registry import method_class
     from vitrim.vlm_demo.sweep import demo_options
 
     trimmed = vlm.apply(copy.deepcopy(model), method, **demo_options(method, keep))
@@ -99,4 +98,4 @@ def ask(model: nn.Module, canvas: np.ndarray, question: str, *, method: str | No
     groups = list(vlm.last_selection(trimmed, groups=True)[0])
     kept = [int(i) for i in torch.as_tensor(vlm.last_selection(trimmed)[0]).tolist()]
     text = decode_ids(generated[0, inputs["input_ids"].shape[1] :].tolist())
-    return Answer(text, groups, method_class(method).stage, kept)
+    return Answer(text, groups, vlm.method_info(method).stage, kept)

@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 
+from vitrim import untrusted
 from vitrim.atomic import atomic_write
 from vitrim.shipped import copy_run_files, shipped_run
 from vitrim.vlm_demo.evaluate import HeldOut, held_out, score
-from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, load_model, save_model
-from vitrim.vlm_demo.sweep import SweepResult, available_methods, run_sweep
+from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, save_model
+from vitrim.vlm_demo.run_folder import load_digits_vlm
+from vitrim.vlm_demo.sweep import SweepResult, check_methods, run_sweep
 from vitrim.vlm_demo.train import TrainPlan, pretrain_tower, train_model
 
 SUMMARY_FILE, DETAILS_FILE, REPORT_FILE = "summary.json", "details.json", "report.md"
@@ -100,6 +102,7 @@ def run_vlm_demo(
     ``weights``: with ``shipped``, the folder holding them (default: the package's own)."""
     if shipped and (plan != FULL or seed != 0):
         raise ValueError(f"the shipped model is the FULL plan at seed 0; seed {seed} and other plans need --retrain")
+    chosen = check_methods(methods)  # before training: a typo must not cost a training run
     from vitrim.vlm_demo.report import write_report  # drawing needs matplotlib; the report imports it lazily
 
     log: Callable[[str], None] | None = None if quiet else (lambda line: print(line, flush=True))
@@ -108,8 +111,8 @@ def run_vlm_demo(
     if shipped:
         source = shipped_run("vlm") if weights is None else weights
         copy_run_files(source, out, [MODEL_FILE, CONFIG_FILE])
-        training = json.loads((source / DETAILS_FILE).read_text())["training"]
-        model = load_model(out)
+        training = untrusted.read_json(source / DETAILS_FILE)["training"]
+        model = load_digits_vlm(out)
     else:
         model, training = _train(plan, seed, log)
         save_model(model, out)
@@ -118,7 +121,6 @@ def run_vlm_demo(
     full, answers = score(model, data)
     if log is not None:
         log("full model: " + "  ".join(f"{k} {v:.3f}" for k, v in full.items()))
-    chosen = available_methods() if methods is None else methods
     sweep = run_sweep(model, data, chosen, timing_batch=plan.timing_batch, repeats=plan.repeats, log=log)
     summary = {"full": full, "methods": sweep.methods}
     details = {
@@ -169,14 +171,14 @@ def ship_run(out: Path, dest: Path, methods: list[str] | None = None) -> None:
     of those float16 weights: they are scored again (into ``out/as_shipped``), since storing them in float16 moves a
     few answers of the trimmed models, and the docs quote what ``vitrim demo vlm`` on them gives."""
     details_file = out / DETAILS_FILE
-    details = json.loads(details_file.read_text()) if details_file.is_file() else {}
+    details = untrusted.read_json(details_file) if details_file.is_file() else {}
     if details.get("weights") != "trained" or recipe(details.get("plan", {})) != recipe(_plain(asdict(FULL))):
         raise ValueError(f"{str(out)!r} is not a run that trained the FULL plan (vitrim demo vlm --retrain)")
-    trained = json.loads((out / SUMMARY_FILE).read_text())
+    trained = untrusted.read_json(out / SUMMARY_FILE)
     copy_run_files(out, dest, list(SHIPPED_FILES), float16=True)
     rescored = out / "as_shipped"
     summary = run_vlm_demo(rescored, FULL, quiet=True, shipped=True, methods=methods, weights=dest)
-    scored = json.loads((rescored / DETAILS_FILE).read_text())
+    scored = untrusted.read_json(rescored / DETAILS_FILE)
     details.update({key: scored[key] for key in RESCORED_DETAILS})
     details["summary_of"] = "the shipped float16 weights (vitrim demo vlm on them)"
     details["full_when_trained"] = trained["full"]

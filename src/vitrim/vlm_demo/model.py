@@ -6,7 +6,7 @@ two-layer GELU projector, and a Llama decoder (RMSNorm, RoPE, SwiGLU, grouped-qu
 vocabulary of :mod:`vitrim.vlm_demo.words`. Every method of :mod:`vitrim.vlm` sees the real classes.
 
 Files (a run folder, and the shipped weights): ``model.safetensors`` (float16 when shipped) and ``config.json``
-(the ``LlavaConfig``), read as data: nothing in them runs code.
+(the ``LlavaConfig``), written here and read, checked as files from anyone, by :mod:`vitrim.vlm_demo.run_folder`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from vitrim.atomic import atomic_write
 from vitrim.data.vision import _import_torchvision
@@ -104,26 +104,19 @@ def _write_text(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def load_model(folder: str | Path) -> LlavaForConditionalGeneration:
-    """The digits VLM saved in ``folder`` (float32 whatever the file stores), in eval mode."""
-    import_transformers()
-    from transformers import LlavaConfig
+def __getattr__(name: str) -> Any:
+    """``load_model``: deprecated for one release (it read the folder unchecked, and was a second public
+    ``load_model`` beside :func:`vitrim.load_model`); :func:`vitrim.vlm_demo.run_folder.load_digits_vlm` replaces it."""
+    if name != "load_model":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
 
-    folder = Path(folder)
-    for name in (MODEL_FILE, CONFIG_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{str(folder)!r} has no {name}: not a digits VLM run (vitrim demo vlm)")
-    config = LlavaConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
-    vocab_size = getattr(config.text_config, "vocab_size", None)
-    if vocab_size != len(WORDS):
-        raise ValueError(f"{str(folder / CONFIG_FILE)!r}: vocab_size {vocab_size}, expected "
-                         f"{len(WORDS)} (this vitrim's digits vocabulary)")  # fmt: skip
-    model = build_model(config)
-    state = {k: v.float() for k, v in load_file(str(folder / MODEL_FILE)).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"{str(folder / MODEL_FILE)!r} does not fit the digits VLM: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
-        )
-    return model.eval()
+    from vitrim.vlm_demo.run_folder import load_digits_vlm
+
+    warnings.warn(
+        "vitrim.vlm_demo.model.load_model is deprecated and goes in the next release: use "
+        "vitrim.vlm_demo.run_folder.load_digits_vlm",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return load_digits_vlm

@@ -152,6 +152,6 @@ def _line_style(method: str, colour: Any) -> dict[str, Any]:
     if method in BASELINES:
         return {"ls": "--", "color": BASELINES[method]}
     import vitrim.vlm  # noqa: F401  (registers every method)
-    from vitrim.vlm.registry import method_class
+    from vitrim.vlm.method.base import method_class
 
     return {"ls": STAGE_LINES.get(method_class(method).stage, "-"), "color": colour}

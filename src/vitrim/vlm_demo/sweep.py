@@ -75,6 +75,22 @@ def available_methods() -> list[str]:
     return list(vlm.methods())
 
 
+def check_methods(methods: list[str] | None) -> list[str]:
+    """The methods to sweep (None: every one), each a method of :mod:`vitrim.vlm`, checked before any training:
+    ``ValueError`` naming the unknown ones and the known ones."""
+    known = available_methods()
+    if methods is None:
+        return known
+    if isinstance(methods, str) or not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+        raise TypeError(f"methods must be a list of method names, got {methods!r:.80}")
+    if not methods:
+        raise ValueError(f"methods is empty; expected one or more of {known}")
+    unknown = [method for method in methods if method not in known]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown} of vitrim.vlm; known: {known}")
+    return list(dict.fromkeys(methods))
+
+
 def apply_method(model: nn.Module, method: str, fraction: str, seed: int | None = None) -> nn.Module:
     """A copy of ``model`` with ``method`` applied at ``keep=float(fraction)`` (the model itself is left as it was);
     ``seed``: a seeded baseline's seed."""

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitrim.seeds import epoch_seed
 from vitrim.vlm_demo.data import BACKGROUND, CANVAS, PATCH, DigitsScenes
 from vitrim.vlm_demo.words import EOS_ID, encode_words, labelled_batch, pixel_values, prompt_ids
 
@@ -173,7 +174,8 @@ def train_model(
             scenes.set_epoch(epoch)
             permutation = np.random.default_rng([seed, 0xE7, epoch]).permutation(plan.canvases_per_epoch)
         indices = [int(i) for i in permutation[within * plan.batch_size : (within + 1) * plan.batch_size]]
-        batch = conversation_batch(scenes, indices, order_seed=seed * 1_000_003 + step)
+        # each step orders its conversations from a stream of its own: the step plays the epoch's part of epoch_seed
+        batch = conversation_batch(scenes, indices, order_seed=epoch_seed(seed, step))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, plan)
         loss = model(**batch).loss

@@ -46,10 +46,9 @@ from vitrim.atomic import atomic_write
 from vitrim.models.config import ViTConfig
 from vitrim.models.config_limits import check_file_model
 from vitrim.models.pos_embed import resample_pos_embed
-from vitrim.models.vit import VisionTransformer
 from vitrim.untrusted import expect_object, parse_json
 from vitrim.weights.formats import RawCheckpoint, convert_timm, detect_format, read_checkpoint
-from vitrim.weights.hf_names import hf_config_to_vit_fields, hf_pos_embed_antialias, vision_config
+from vitrim.weights.hf_names import hf_pos_embed_antialias, vision_config
 
 logger = logging.getLogger(__name__)
 
@@ -386,18 +385,17 @@ def _import_vitrim(name: str, what: str) -> Any:
 
 
 def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides: Any) -> nn.Module:
-    """Build the model a vitrim file (or a Hugging Face ViT folder) describes and load its weights; returns it in
-    eval mode. :func:`vitrim.load_model` reads these, and every other source, through it.
+    """Build the model a vitrim file describes and load its weights; returns it in eval mode.
+    :func:`vitrim.load_model` reads vitrim files through it, and every other source (Hugging Face folders, timm's
+    layout, the hub) its own way.
 
-    ``path``: a file written by :func:`save_checkpoint`, or a Hugging Face ViT directory (``config.json`` plus
-    weights), or HF weights next to their ``config.json``. ``overrides`` change config fields (e.g.
+    ``path``: a file written by :func:`save_checkpoint`. ``overrides`` change config fields (e.g.
     ``img_size=384``: the position embedding is resampled; ``num_classes=10``: a fresh head); without them, the
     file's config must agree with its weights (:func:`check_config_fits_weights`). A bare timm/DeiT
     state dict has no config: use ``vitrim.create_model(name, checkpoint=path)``.
     """
     raw = path if isinstance(path, RawCheckpoint) else read_checkpoint(path)
     fmt = detect_format(raw)
-    model: nn.Module
     if fmt == "vitrim" and "vitrim.config" in raw.metadata:
         cls = _import_vitrim(raw.metadata["vitrim.class"], "model class")
         config_cls = _import_vitrim(raw.metadata.get("vitrim.config_class", _qualified(ViTConfig)), "config class")
@@ -425,18 +423,16 @@ def build_saved_model(path: str | os.PathLike[str] | RawCheckpoint, **overrides:
         if unexplained:  # e.g. a DynamicViT file without its score predictors would prune at random
             raise ValueError(f"{where}: the weights lack {_summary(unexplained)}, which this model needs")
         return model.eval()
-    elif fmt == "huggingface" and raw.hf_config is not None:
-        fields = hf_config_to_vit_fields(raw.hf_config, raw.hf_in_vitrim_names()[0])
-        check_file_model(fields, lambda: VisionTransformer(ViTConfig.from_dict(fields)), raw.state_dict, str(raw.path))
-        model = VisionTransformer(_config_from(ViTConfig, fields, overrides))
-    else:
-        where = "a Hugging Face checkpoint without config.json" if fmt == "huggingface" else f"a bare {fmt} state dict"
+    if fmt == "huggingface" and raw.hf_config is not None:  # one route for Hugging Face layouts: load_model's
         raise ValueError(
-            f"{str(raw.path)!r} is {where}, which does not say how to build the model; "
-            "use vitrim.create_model(name, checkpoint=path, ...) instead"
+            f"{str(raw.path)!r} is a Hugging Face checkpoint, not a file vitrim wrote: use vitrim.load_model(path), "
+            "which builds it from its config.json"
         )
-    _load_raw(model, raw, strict=True)
-    return model.eval()
+    where = "a Hugging Face checkpoint without config.json" if fmt == "huggingface" else f"a bare {fmt} state dict"
+    raise ValueError(
+        f"{str(raw.path)!r} is {where}, which does not say how to build the model; "
+        "use vitrim.create_model(name, checkpoint=path, ...) instead"
+    )
 
 
 def _reducer_specs(text: str | None, source: str) -> list[dict[str, Any]]:

@@ -94,7 +94,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> RawCheckpoint:
     source = check_path(path)
     if source.is_dir():
         return _read_hf_directory(source)
-    state_dict, metadata = _read_weights_file(source)
+    state_dict, metadata = read_weights_file(source)
     config_file = source.parent / "config.json"
     hf_config = None
     if has_hf_keys(state_dict) and config_file.is_file():
@@ -112,9 +112,9 @@ def _read_hf_directory(directory: Path) -> RawCheckpoint:
     if weights.name.endswith(".index.json"):
         state_dict: dict[str, Tensor] = {}
         for shard in shard_files(weights):
-            state_dict.update(_read_weights_file(check_path(directory / shard))[0])
+            state_dict.update(read_weights_file(check_path(directory / shard))[0])
     else:
-        state_dict = _read_weights_file(weights)[0]
+        state_dict = read_weights_file(weights)[0]
     config_file = directory / "config.json"
     hf_config = read_json(config_file) if config_file.is_file() else None
     return RawCheckpoint(weights, state_dict, {}, hf_config)
@@ -174,7 +174,7 @@ def _describe(path: Path, size: int) -> str:
     return f"a text file starting {first_line!r}"
 
 
-def _read_weights_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+def read_weights_file(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     """One file -> (state dict with the names as stored, safetensors metadata or {})."""
     kind = sniff(path)
     try:

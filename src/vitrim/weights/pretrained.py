@@ -153,7 +153,12 @@ def from_timm_config(config: dict[str, Any], raw: RawCheckpoint, overrides: dict
             f"{where} is timm's {arch!r}, which vitrim does not build; vitrim builds the Vision Transformers of "
             "vitrim.list_models() (timm's names)"
         )
-    args = timm_model_args(dict(config.get("model_args") or {}), where)
+    model_args = config.get("model_args") or {}
+    if not isinstance(model_args, dict):
+        raise ValueError(
+            f"{where} config.json: model_args must be an object of timm's constructor arguments, got {model_args!r:.80}"
+        )
+    args = timm_model_args(dict(model_args), where)
     if "num_classes" in config:
         args["num_classes"] = config["num_classes"]
     check_file_model(args, lambda: build_model(arch, **args), raw.state_dict, f"{where} config.json")

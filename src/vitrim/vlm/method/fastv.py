@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
-from vitrim.vlm.in_llm import DropStage
-from vitrim.vlm.in_llm_evidence import LayerEvidence, rank_by_attention
-from vitrim.vlm.registry import Method, StageOptions, register_method
+from vitrim.vlm.method.ranking import rank_by_attention
+
+if TYPE_CHECKING:
+    from vitrim.vlm.stages.in_llm_evidence import LayerEvidence
+
+from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
 
 FASTV_LAYER = 2  # the authors' K
 FASTV_RATIO = 0.5  # the authors' R: the fraction of image tokens dropped
@@ -33,7 +36,7 @@ def fastv_keep(rows: Tensor, keep: int) -> Tensor:
 
 @dataclass(frozen=True)
 class FastVDrop:
-    """FastV as a drop policy for :class:`vitrim.vlm.in_llm.InLLMDrop`: one drop before ``layer``; ``tokens(N)``
+    """FastV as a drop policy for :class:`vitrim.vlm.stages.in_llm.InLLMDrop`: one drop before ``layer``; ``tokens(N)``
     image tokens of an N-token image stay."""
 
     layer: int
@@ -53,9 +56,11 @@ class FastV(Method):
     """FastV. Options: ``layer=`` (default 2, the authors' K), ``keep=`` (image tokens per image kept from layer K
     on; default 0.5, the authors' R = 50 % dropped)."""
 
+    default_layer = FASTV_LAYER
+
     defaults: ClassVar[Mapping[str, Any]] = {}
 
-    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
+    def default_keep(self) -> float:  # a fraction: parse_keep takes it
         return 1.0 - FASTV_RATIO
 
     def drop_policy(self, options: StageOptions) -> FastVDrop:

@@ -1,18 +1,19 @@
 """What the family adapters read the same way: the model's layout, a forward's input ids, a selection keeping all.
 
-Each ``family_<name>.py`` adapter checks the instance's submodules, finds the ``input_ids`` of the forward passes
+Each ``families/<name>.py`` adapter checks the instance's submodules, finds the ``input_ids`` of the forward passes
 it hooks and, where nothing is pruned, records a selection keeping every token; the three do that alike for every
 family, so they live here once (this module imports no adapter and no transformers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.registry import ImageSelection
+from vitrim.vlm.method.base import ImageSelection
 
 
 def inner_model(model: nn.Module, parts: tuple[str, ...], layout: str) -> Any:
@@ -49,3 +50,21 @@ def prefill_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor |
 def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
     """The selection of an image that keeps its ``num_tokens`` tokens, each its own group (nothing merged)."""
     return ImageSelection.unmerged(torch.arange(num_tokens, device=device))
+
+
+def write_merged(
+    values: Tensor, selections: list[ImageSelection], transform: Callable[[Tensor], Tensor]
+) -> Tensor | None:
+    """``values`` (I, N, …) with each image's merged slots (:meth:`ImageSelection.merged_slots`) set to
+    ``transform(merged features)``: a copy, or None when no slot of any image was merged (nothing to write)."""
+    written = None
+    for image, selection in enumerate(selections):
+        if selection.merged is None:
+            continue
+        slots = selection.merged_slots()
+        if not len(slots):
+            continue
+        written = values.clone() if written is None else written
+        merged = transform(selection.merged[slots.to(selection.merged.device)])
+        written[image, selection.kept[slots]] = merged.to(values.dtype)
+    return written

@@ -5,29 +5,31 @@ post-LayerNorm) → ``model.model.multi_modal_projector`` (one linear map per pa
 one image token, 256 at 224 px) → scattered into the ``input_ids == image_token_id`` positions →
 ``model.model.language_model`` (Gemma, attending bidirectionally over the image and the prompt: the prefix).
 
-What vitrim.vlm runs here: the tower stage (``vitrim.vlm.tower``), its tokens put back on the patch grid, so the
-LLM input keeps its P image tokens per image and the tower gets cheaper. The pre-LLM and in-LLM stages would
-shorten a prefix that attends both ways, whose masks vitrim does not build for this family: they are refused at
-``apply`` (:attr:`PaliGemmaAdapter.stages`).
+What vitrim.vlm runs here: the tower stage (``vitrim.vlm.stages.tower``), its tokens put back on the patch grid, so
+the LLM input keeps its P image tokens per image and the tower gets cheaper. The pre-LLM and in-LLM stages would
+shorten a prefix that attends both ways, whose masks vitrim does not build for this family: its traits declare the
+tower stage only, and ``apply`` refuses the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
-from vitrim.vlm.family_seams import inner_model
-from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import Installation, Method
-from vitrim.vlm.spans import ImageSpans
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.families.seams import inner_model
 
 
-class PaliGemmaAdapter:
+class PaliGemmaAdapter(FamilyAdapter):
     """The seams of one ``PaliGemmaForConditionalGeneration`` instance (see the module docstring)."""
 
-    stages = ("tower",)  # the stages vitrim.vlm handles on this family; api.apply refuses the others
+    traits = FamilyTraits(
+        classes=("PaliGemmaForConditionalGeneration",),
+        title="PaliGemma (PaliGemmaForConditionalGeneration)",
+        stages=("tower",),
+        tower_grid_only="vitrim.vlm does not shorten its LLM input (the image and prompt attend both ways)",
+    )
 
     def __init__(self, model: nn.Module) -> None:
         parts = ("vision_tower", "multi_modal_projector", "language_model")
@@ -41,13 +43,3 @@ class PaliGemmaAdapter:
         """Image tokens per image entering the LLM: one per patch of the tower's grid."""
         vision = self.config.vision_config
         return int((vision.image_size // vision.patch_size) ** 2)
-
-    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        raise TypeError(_TOWER_ONLY.format(stage="inside the LLM"))
-
-    def install_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        raise TypeError(_TOWER_ONLY.format(stage="before the LLM"))
-
-
-# api.apply refuses these stages first (stages above); the adapter's own seams refuse them too
-_TOWER_ONLY = "vitrim.vlm does not cut {stage} on PaliGemmaForConditionalGeneration; it runs tower methods there only"

@@ -16,7 +16,7 @@ the authors' selection at ``dominant = keep − contextual + 1``, with one more 
 Options (the authors' names and their 64-token setting): ``dominant=54``, ``contextual=10``; without ``keep=``,
 ``keep = dominant + contextual``; with ``keep=`` alone, ``contextual = round(keep · 10 / 64)`` (the authors' 54:10
 split: 10, 20, 30 at 64, 128, 192). Ties in the [CLS] scores go to the lower index (the authors' ``topk`` leaves
-them to the backend). A merged token sits in its target's slot (vitrim.vlm.sequence).
+them to the backend). A merged token sits in its target's slot (vitrim.vlm.stages.sequence).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from vitrim.vlm.method_fastervlm import top_indices
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.fastervlm import top_indices
 
 AUTHORS_DOMINANT, AUTHORS_CONTEXTUAL = 54, 10
 

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from vitrim.vlm.method_fastervlm import cls_scores, kept_as_selection
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.fastervlm import cls_scores, kept_as_selection
 
 DROP_PER_ROUND = 8  # the authors' fixed number of near-duplicates removed per round
 

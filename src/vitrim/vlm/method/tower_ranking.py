@@ -2,7 +2,7 @@
 
 EViT and top-k rank a block's patch tokens by the [CLS] row of its attention, PPT weighs that row by ‖v‖. A SigLIP
 tower has no [CLS], so here the row is replaced by the attention each token receives, as the toolkits score
-[CLS]-less towers and as vitrim.vlm's pre-LLM methods do on Gemma 3 and Qwen (``vitrim.vlm.family_gemma3``):
+[CLS]-less towers and as vitrim.vlm's pre-LLM methods do on Gemma 3 and Qwen (``vitrim.vlm.families.gemma3``):
 
     r_j = (1/N) Σ_i softmax_j(q_i · kᵀ · scale + bias)          per head, i over the N tokens entering the block
 

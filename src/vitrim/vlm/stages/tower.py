@@ -1,8 +1,8 @@
 """vitrim's token reducers inside a transformers VLM's own vision tower (CLIP: LLaVA-1.5; SigLIP: Gemma 3, PaliGemma).
 
 ``apply`` installs them on LLaVA-1.5 (``LlavaForConditionalGeneration``), Gemma 3 (``Gemma3ForConditionalGeneration``)
-and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.family_paligemma``); other
-families are refused at ``apply`` (:data:`HANDLED`).
+and PaliGemma (``PaliGemmaForConditionalGeneration``, the tower stage only: ``vitrim.vlm.families.paligemma``); other
+families are refused at ``apply`` (their traits do not declare the tower stage).
 
     vitrim.vlm.apply(model, "tome", r=8)            # ToMe in every tower block up to the feature layer
     vitrim.vlm.apply(model, "evit", keep=64)        # EViT at its quarter blocks, 64 patches left at the feature layer
@@ -10,7 +10,7 @@ families are refused at ``apply`` (:data:`HANDLED`).
 ``keep=`` counts the tower's patches per image (P = (image_size / patch_size)²): on LLaVA-1.5 they are its image
 tokens; on Gemma 3 they are the 64×64 patches its projector pools to 16×16 image tokens, so ``keep`` runs up to
 4096 there, not 256. A SigLIP tower has no [CLS]: EViT, top-k and PPT rank by the attention each token receives
-instead (:mod:`vitrim.vlm.tower_ranking`); DiffRate is refused there.
+instead (:mod:`vitrim.vlm.method.tower_ranking`); DiffRate is refused there.
 
 The seam, and why it is this one. A reducer of :mod:`vitrim.reduce` acts between a block's attention and its MLP
 (``x = x + attn(LN(x))``; reduce; ``x = x + MLP(LN(x))``), on the keys, queries or values of that attention, and
@@ -44,7 +44,7 @@ p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the
 for. On LLaVA-1.5 and PaliGemma a patch is an image token, so this is the usual selection. On Gemma 3 every pooled
 image token still enters the LLM (``to_grid=True``): the indices are then patches of the 64×64 grid, not of the
 16×16 pooled tokens, and pooled token (r, c) is the mean of its k×k cell of the refilled grid, each patch carrying
-the token of its group (``vitrim.vlm.family_gemma3`` for the pooling).
+the token of its group (``vitrim.vlm.families.gemma3`` for the pooling).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Method, StageOptions
-from vitrim.vlm.tower_methods import TowerMethod, build_reducers
+from vitrim.vlm.method.base import ImageSelection, Method, StageOptions
+from vitrim.vlm.method.tower_reducers import TowerMethod, build_reducers
+from vitrim.vlm.stages import pre_llm
 
 
 @dataclass
@@ -79,7 +80,8 @@ class TowerPlan:
 
 
 class TowerReduction:
-    """Reducers on the encoder layers of one tower instance (module doc); an :class:`~vitrim.vlm.registry.Installation`.
+    """Reducers on the encoder layers of one tower instance (module doc); an
+    :class:`~vitrim.vlm.method.base.Installation`.
 
     ``reducers``: layer index -> reducer (layers up to ``plan.feature_index``). After each forward,
     :meth:`feature_state` is the token state at the feature layer and :meth:`selection` its per-image selection.
@@ -229,26 +231,16 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
 
 
-# family adapters whose tower the stage handles -> what the error calls them
-HANDLED = {
-    "LlavaAdapter": "LLaVA-1.5 (LlavaForConditionalGeneration)",
-    "Gemma3Adapter": "Gemma 3 (Gemma3ForConditionalGeneration)",
-    "PaliGemmaAdapter": "PaliGemma (PaliGemmaForConditionalGeneration)",
-}
-# families whose tokens must go back on the patch grid (to_grid=True, their default), and why
-GRID_ONLY = {
-    "Gemma3Adapter": "its projector average-pools the whole patch grid",
-    "PaliGemmaAdapter": "vitrim.vlm does not shorten its LLM input (the image and prompt attend both ways)",
-}
-
-
 def tower_plan(family: Any, method_name: str) -> TowerPlan:
-    """The tower of a family the stage handles (:data:`HANDLED`); ``TypeError`` naming the model's class otherwise."""
+    """The tower of a family that takes the tower stage (its traits); ``TypeError`` naming the model's class
+    otherwise (tiled LLaVA-NeXT and windowed Qwen towers are not handled here)."""
     model = family.model
-    if type(family).__name__ not in HANDLED:  # tiled (LLaVA-NeXT) and windowed (Qwen) towers: not handled here
+    if "tower" not in family.traits.stages:
+        from vitrim.vlm.families import families_taking  # the families' table imports this stage's plumbing
+
+        titles = ", ".join(traits.title for traits in families_taking("tower"))
         raise TypeError(
-            f"tower method {method_name!r} runs on {', '.join(HANDLED.values())}; "
-            f"{type(model).__name__} is not handled in the tower"
+            f"tower method {method_name!r} runs on {titles}; {type(model).__name__} is not handled in the tower"
         )
     feature_layer = getattr(model.config, "vision_feature_layer", -1)  # Gemma 3: the last layer, post-LayerNorm
     if not isinstance(feature_layer, int):
@@ -269,7 +261,7 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     model = family.model
     config = model.config
     plan = tower_plan(family, method.name)
-    grid_only = GRID_ONLY.get(type(family).__name__)
+    grid_only = family.traits.tower_grid_only
     to_grid = method.options.get("to_grid")
     if to_grid is not None and not isinstance(to_grid, bool):
         raise TypeError(f"to_grid={to_grid!r} must be True, False or None (the family's default)")
@@ -299,7 +291,7 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     if to_grid:
         return reduction
     try:
-        handoff = family.install_pre_llm(TowerSelection(reduction), options.keep or KeepSpec(fraction=1.0))
+        handoff = pre_llm.install(family, TowerSelection(reduction), options.keep or KeepSpec(fraction=1.0))
     except BaseException:
         reduction.remove()
         raise
@@ -307,7 +299,7 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
 
 
 class TowerSelection(Method):
-    """Hands the tower's selection to a family's pre-LLM plumbing, which drops the slots no tower token fills."""
+    """Hands the tower's selection to the pre-LLM stage, which drops the slots no tower token fills."""
 
     name = "tower"
     stage = "pre_llm"

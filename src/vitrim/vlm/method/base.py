@@ -5,9 +5,9 @@ authors' names, their paper defaults in ``defaults``) and its selection, a pure 
 
 - ``"pre_llm"``: between the vision tower and the LLM. The family adapter captures :class:`VisionEvidence` for a
   batch of images and calls ``method.select(evidence, keep)``, which returns one :class:`ImageSelection` per image;
-  the adapter then hands only those tokens to the LLM (``vitrim.vlm.sequence``).
-- ``"in_llm"``: inside the LLM from a layer on; installed by ``vitrim.vlm.in_llm.install(family, method, keep)``.
-- ``"tower"``: inside the vision tower; installed by ``vitrim.vlm.tower.install(family, method, keep)``.
+  the adapter then hands only those tokens to the LLM (``vitrim.vlm.stages.sequence``).
+- ``"in_llm"``: inside the LLM from a layer on; installed by ``vitrim.vlm.stages.in_llm.install(family, method, keep)``.
+- ``"tower"``: inside the vision tower; installed by ``vitrim.vlm.stages.tower.install(family, method, keep)``.
 
 Every stage's ``install`` returns an :class:`Installation`; ``vitrim.vlm.remove`` calls its ``remove()`` and
 ``vitrim.vlm.last_selection`` reads its ``selection()``.
@@ -19,14 +19,18 @@ hand the LLM for that image (0 … N−1; for LLaVA-1.5 the patches of the featu
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 from vitrim.vlm.keep import KeepSpec
+
+if TYPE_CHECKING:  # the stage hands it to a method; the method only reads it
+    from vitrim.vlm.stages.in_llm_evidence import LayerEvidence
 
 STAGES = ("pre_llm", "in_llm", "tower")
 GENERIC_OPTIONS = ("keep", "layer")  # read by the plumbing, not by a method's constructor
@@ -68,6 +72,12 @@ class ImageSelection:
     kept: Tensor
     groups: tuple[Tensor, ...]
     merged: Tensor | None = None
+
+    def merged_slots(self) -> Tensor:
+        """(m,) positions in ``kept`` of the slots standing for several tokens: the only slots whose features a
+        family writes (a slot standing for itself keeps the model's own features, bit for bit)."""
+        sizes = torch.tensor([len(group) for group in self.groups], dtype=torch.long)
+        return (sizes > 1).nonzero()[:, 0].to(self.kept.device)
 
     @classmethod
     def unmerged(cls, kept: Tensor) -> ImageSelection:
@@ -119,11 +129,19 @@ class Method:
         self.given = frozenset(options)  # the options the caller named (the rest are defaults)
         self.check()
 
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The method's own options with their defaults (what :func:`method_info` lists)."""
+        return dict(cls.defaults)
+
     def check(self) -> None:
         """Raise ``ValueError`` naming the option, its value and what was expected (``self.options``)."""
 
-    def default_keep(self) -> int | None:
-        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``), else None."""
+    default_layer: ClassVar[int | None] = None  # in-LLM: the authors' drop layer K when ``layer=`` is not given
+
+    def default_keep(self) -> int | float | None:
+        """Tokens per image when ``keep=`` is not given (VisionZip: ``dominant + contextual``; FastV: a fraction
+        of each image's tokens), else None."""
         return None
 
     def check_keep(self, keep: int) -> None:
@@ -132,6 +150,27 @@ class Method:
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         """pre-LLM methods: ``keep`` tokens per image (1 ≤ keep ≤ N, already validated)."""
         raise NotImplementedError(f"vlm method {self.name!r} ({self.stage}) does not select before the LLM")
+
+
+@dataclass(frozen=True)
+class DropStage:
+    """Drop before decoder layer ``layer``; ``tokens(N)`` image tokens of an image of N tokens stay from there on."""
+
+    layer: int
+    tokens: Callable[[int], int]
+
+
+class DropPolicy(Protocol):
+    """An in-LLM method: where it drops, and which image tokens it keeps (a pure function of the evidence)."""
+
+    needs_previous_layer: bool  # True: the evidence carries layer K-1's input (FastV's attention, DART's keys)
+    reads_attention: bool  # True: the method recomputes q/k of some layer (checked at install)
+
+    def drop_stages(self, num_layers: int) -> list[DropStage]: ...
+
+    def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
+        """Per image (batch reading order): the sorted raster indices it keeps, ``counts[i]`` of its current ones."""
+        ...
 
 
 _METHODS: dict[str, type[Method]] = {}
@@ -165,9 +204,30 @@ def method_class(name: str) -> type[Method]:
     return _METHODS[name]
 
 
-def methods() -> list[str]:
-    """The registered method names, sorted."""
-    return sorted(_METHODS)
+def methods(stage: str | None = None) -> list[str]:
+    """The registered method names, sorted; only those cutting at ``stage`` ("pre_llm", "in_llm", "tower") if given."""
+    if stage is not None and stage not in STAGES:
+        raise ValueError(f"stage={stage!r} is not a vlm stage; expected one of: {', '.join(STAGES)}")
+    return sorted(name for name, cls in _METHODS.items() if stage is None or cls.stage == stage)
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What a method is, for a listing: its ``name``, the ``stage`` it cuts at, its own options with their defaults
+    (the authors' names and paper values; ``keep=`` and, in the LLM, ``layer=`` come on top) and its docstring's
+    first line (``summary``)."""
+
+    name: str
+    stage: str
+    defaults: Mapping[str, Any]
+    summary: str
+
+
+def method_info(name: str) -> MethodInfo:
+    """The :class:`MethodInfo` of the method ``name``; ``ValueError`` listing the known names otherwise."""
+    cls = method_class(name)
+    doc = inspect.getdoc(cls) or inspect.getdoc(inspect.getmodule(cls)) or ""
+    return MethodInfo(name=name, stage=cls.stage, defaults=dict(cls.option_defaults()), summary=doc.split("\n")[0])
 
 
 def content_seed(values: Tensor) -> int:

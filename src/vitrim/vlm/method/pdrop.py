@@ -16,13 +16,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
-from vitrim.vlm.in_llm import DropStage
-from vitrim.vlm.in_llm_evidence import LayerEvidence, rank_by_attention
-from vitrim.vlm.registry import Method, StageOptions, register_method
+from vitrim.vlm.method.ranking import rank_by_attention
+
+if TYPE_CHECKING:
+    from vitrim.vlm.stages.in_llm_evidence import LayerEvidence
+
+from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
 
 PDROP_LAYERS = (8, 16, 24)
 PDROP_RATIOS = (0.5, 0.25, 0.125)
@@ -62,7 +65,7 @@ def check_pyramid(layers: Any, ratios: Any) -> None:
 
 @dataclass(frozen=True)
 class PyramidDrop:
-    """PyramidDrop as a drop policy for :class:`vitrim.vlm.in_llm.InLLMDrop`."""
+    """PyramidDrop as a drop policy for :class:`vitrim.vlm.stages.in_llm.InLLMDrop`."""
 
     layers: tuple[int, ...] = PDROP_LAYERS
     ratios: tuple[float, ...] = PDROP_RATIOS

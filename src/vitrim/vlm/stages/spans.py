@@ -4,7 +4,7 @@ Conventions (owned here): positions are columns of the LLM input as the UNMODIFI
 included; images are numbered 0 … I−1 over the whole batch in reading order (sample 0's images first, each
 sample's from left to right), which is the order the processor stacks ``pixel_values`` and the order of
 ``last_selection``'s list; ``token_of`` is the raster index of the image token within its image (the index space of
-``vitrim.vlm.registry``).
+``vitrim.vlm.method.base``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
 
 
 def top_indices(scores: Tensor, count: int) -> Tensor:

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from vitrim.vlm.in_llm import DropStage
-from vitrim.vlm.in_llm_evidence import LayerEvidence, top_k_stable
-from vitrim.vlm.registry import Method, StageOptions, register_method
+from vitrim.vlm.method.ranking import top_k_stable
+
+if TYPE_CHECKING:
+    from vitrim.vlm.stages.in_llm_evidence import LayerEvidence
+
+from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
 
 DART_LAYER = 2
 DART_PIVOT_IMAGE_TOKEN = 4
@@ -75,7 +78,7 @@ def dart_keep(
 
 @dataclass(frozen=True)
 class DartDrop:
-    """DART as a drop policy for :class:`vitrim.vlm.in_llm.InLLMDrop`: one drop before ``layer``."""
+    """DART as a drop policy for :class:`vitrim.vlm.stages.in_llm.InLLMDrop`: one drop before ``layer``."""
 
     layer: int
     tokens: Callable[[int], int]
@@ -112,6 +115,8 @@ class Dart(Method):
     on; default 1 − 0.778 of them, the authors' reduction ratio: 128 of 576), ``pivot_image_token`` (default 4),
     ``pivot_text_token`` (default 4)."""
 
+    default_layer = DART_LAYER
+
     defaults: ClassVar[Mapping[str, Any]] = {
         "pivot_image_token": DART_PIVOT_IMAGE_TOKEN,
         "pivot_text_token": DART_PIVOT_TEXT_TOKEN,
@@ -123,7 +128,7 @@ class Dart(Method):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an int >= {least}")
 
-    def default_keep(self) -> float:  # type: ignore[override]  # a fraction: parse_keep takes it
+    def default_keep(self) -> float:  # a fraction: parse_keep takes it
         return 1.0 - DART_REDUCTION_RATIO
 
     def drop_policy(self, options: StageOptions) -> DartDrop:

@@ -4,7 +4,7 @@ Every reducer of :mod:`vitrim.reduce` but the two that cannot run in a transform
 vlm method of stage "tower" under its own name (the random baseline as ``tower_random``: ``random`` is the pre-LLM
 one), taking the reducer's options, ``keep=`` (count-based reducers) and ``to_grid``. :func:`build_reducers`
 validates them as ``vitrim.reduce.apply`` does and builds the reducers; on a tower without [CLS] the [CLS]-ranking
-ones rank by received attention (:mod:`vitrim.vlm.tower_ranking`). :mod:`vitrim.vlm.tower` installs them.
+ones rank by received attention (:mod:`vitrim.vlm.method.tower_ranking`). :mod:`vitrim.vlm.stages.tower` installs them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 from vitrim.reduce import Reducer, get_reducer, list_reducers, reducer_options
 from vitrim.reduce.api import check_layers
 from vitrim.reduce.schedule import Schedule
-from vitrim.vlm.registry import Method, register_method
-from vitrim.vlm.tower_ranking import for_tower_without_cls
+from vitrim.vlm.method.base import Method, register_method
+from vitrim.vlm.method.tower_ranking import for_tower_without_cls
 
 # vitrim reducers that cannot run here: DynamicViT learns its scorer with the model; MCTF needs the attention
 # weights before the block's attention runs (it merges ahead and reuses them).
@@ -93,6 +93,11 @@ class TowerMethod(Method):
 
     reducer: ClassVar[str] = ""
 
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The reducer's options; None where the user may leave one out and the reducer's own default applies."""
+        return {name: None if value is _UNSET else value for name, value in cls.defaults.items()}
+
     def reducer_options(self) -> dict[str, Any]:
         """The options the user gave (the reducer's own defaults apply to the others)."""
         return {k: v for k, v in self.options.items() if v is not _UNSET and k != "to_grid"}
@@ -106,7 +111,7 @@ def _register_tower_methods() -> None:
         defaults: dict[str, Any] = {option: _UNSET for option in reducer_options(reducer) if option != "schedule"}
         defaults["to_grid"] = None
         cls = type(f"Tower_{reducer}", (TowerMethod,), {"defaults": defaults, "reducer": reducer, "__doc__": (
-            f"vitrim reducer {reducer!r} in the vision tower (vitrim.vlm.tower); options: the reducer's, and "
+            f"vitrim reducer {reducer!r} in the vision tower (vitrim.vlm.stages.tower); options: the reducer's, and "
             "to_grid (put the tokens back on the patch grid before the projector)")})  # fmt: skip
         register_method(name, stage="tower")(cls)
 

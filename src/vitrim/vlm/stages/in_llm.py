@@ -3,7 +3,7 @@
 How it runs (forward pre-hooks with kwargs on the instance's own decoder layers; no class or source is changed):
 
 - Prefill (the first layer's cache is empty): at each drop layer K (a method may have several, PyramidDrop), the
-  method reads :class:`~vitrim.vlm.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
+  method reads :class:`~vitrim.vlm.stages.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
   layers ≥ K then run on the kept slots only: hidden states gathered per sample, rotary (cos, sin) and
   ``position_ids`` gathered so every token keeps its ORIGINAL position, the 4-D attention mask rebuilt on the kept
   keys (each layer's OWN mask: the per-layer-type masks of Gemma 3, sliding window and image block included).
@@ -38,15 +38,14 @@ cache cut outside vitrim (at decode: assisted decoding crops it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family import FamilyAdapter
-from vitrim.vlm.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
-from vitrim.vlm.in_llm_slots import (
+from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
+from vitrim.vlm.stages.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.stages.in_llm_slots import (
     Slots,
     as_implementation,
     decode_mask,
@@ -55,29 +54,10 @@ from vitrim.vlm.in_llm_slots import (
     prefill_mask,
     sliding_window,
 )
-from vitrim.vlm.registry import ImageSelection, Method, StageOptions
-from vitrim.vlm.spans import ImageSpans
+from vitrim.vlm.stages.spans import ImageSpans
 
-
-@dataclass(frozen=True)
-class DropStage:
-    """Drop before decoder layer ``layer``; ``tokens(N)`` image tokens of an image of N tokens stay from there on."""
-
-    layer: int
-    tokens: Callable[[int], int]
-
-
-class DropPolicy(Protocol):
-    """An in-LLM method: where it drops, and which image tokens it keeps (a pure function of the evidence)."""
-
-    needs_previous_layer: bool  # True: the evidence carries layer K-1's input (FastV's attention, DART's keys)
-    reads_attention: bool  # True: the method recomputes q/k of some layer (checked at install)
-
-    def drop_stages(self, num_layers: int) -> list[DropStage]: ...
-
-    def choose(self, evidence: LayerEvidence, counts: list[int]) -> list[Tensor]:
-        """Per image (batch reading order): the sorted raster indices it keeps, ``counts[i]`` of its current ones."""
-        ...
+if TYPE_CHECKING:  # the families' table imports the stages' plumbing
+    from vitrim.vlm.families.contract import FamilyAdapter
 
 
 class InLLMDrop:
@@ -429,6 +409,6 @@ def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InL
     make_policy = getattr(method, "drop_policy", None)
     if make_policy is None:
         raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
-    padding = getattr(family, "in_llm_padding_module", None)  # families whose LLM gets masks built per layer type
-    drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding() if padding else None)
+    padding = family.in_llm_padding_module()  # families whose LLM gets masks built per layer type
+    drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding)
     return InLLMInstallation(drop, family.watch_spans(drop.on_prefill))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrim.vlm.sequence import ShortSequence
+from vitrim.vlm.stages.sequence import ShortSequence
 
 
 def _as_implementation(allowed: Tensor, like: Tensor | None, dtype: torch.dtype, implementation: str) -> Tensor:

@@ -1,14 +1,14 @@
 """Shortening the LLM's input at prefill, and the decode fix-ups ``generate()`` needs afterwards (shared plumbing).
 
-A guide for a family adapter (LLaVA's is ``family_llava.py``; a Qwen adapter reuses all of this):
+How the pre-LLM stage (:mod:`vitrim.vlm.stages.pre_llm`) uses it, for every family:
 
-1. At prefill the adapter knows, per sample, which columns of the UNMODIFIED LLM input stay: every text and padding
-   column, and the kept image tokens (``keep_columns``, (B, L) bool, from :class:`~vitrim.vlm.spans.ImageSpans`
+1. At prefill the stage knows, per sample, which columns of the UNMODIFIED LLM input stay: every text and padding
+   column, and the kept image tokens (``keep_columns``, (B, L) bool, from :class:`~vitrim.vlm.stages.spans.ImageSpans`
    and the method's selection: :func:`columns_to_keep`).
 2. :func:`plan_short_sequence` turns them into a :class:`ShortSequence`: per sample, the kept columns in their
    order, re-padded to the batch's longest on the side the input was padded (right when any sample's last column is
    masked, else left), filler columns masked out.
-3. The adapter gathers every per-column input with :func:`gather_columns` — the embeddings, the ORIGINAL position
+3. The stage gathers every per-column input with :func:`gather_columns` — the embeddings, the ORIGINAL position
    ids (LLaVA: (B, L); Qwen's M-RoPE: (3, B, L) with ``batch_dim=1``), anything else of length L — and passes
    ``short.attention_mask`` (always an explicit 2-D mask: transformers reads gapped position ids without a mask
    and without a cache as packed sequences).
@@ -23,7 +23,7 @@ Conventions (owned here):
   contextual target token) and takes that slot's position id.
 - Filler columns (re-padding) have attention mask 0, zero embeddings and position id 0; they never change a real
   column's output (a masked key gets exactly zero weight).
-- When every image keeps all its tokens, the adapter leaves the LLM's input untouched (bit for bit the unmodified
+- When every image keeps all its tokens, the stage leaves the LLM's input untouched (bit for bit the unmodified
   model), so none of this runs.
 """
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vitrim.vlm.registry import ImageSelection
-from vitrim.vlm.spans import ImageSpans
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.spans import ImageSpans
 
 
 def columns_to_keep(spans: ImageSpans, selections: list[ImageSelection], num_tokens: int) -> Tensor:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
 
 
 def random_keep(num_tokens: int, keep: int, seed: int) -> Tensor:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vitrim.vlm.method_fastervlm import kept_as_selection
-from vitrim.vlm.registry import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.fastervlm import kept_as_selection
 
 
 def divprune_keep(tokens: Tensor, keep: int) -> Tensor:

@@ -28,17 +28,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.family_llava import LlavaAdapter, LlavaPreLLM
-from vitrim.vlm.family_seams import prefill_input_ids
-from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.registry import ImageSelection, Installation, Method
-from vitrim.vlm.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.families.contract import FamilyTraits
+from vitrim.vlm.families.llava import LlavaAdapter
+from vitrim.vlm.families.seams import prefill_input_ids
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, repeated_images
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 NEWLINE = -1  # in a token map: the position holds the image_newline token
 
 
 class LlavaNextAdapter(LlavaAdapter):
     """The seams of one ``LlavaNextForConditionalGeneration`` instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=("LlavaNextForConditionalGeneration",),
+        title="LLaVA-NeXT (LlavaNextForConditionalGeneration)",
+        stages=("pre_llm", "in_llm"),
+    )
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -70,17 +77,8 @@ class LlavaNextAdapter(LlavaAdapter):
     def spans_for(self, input_ids: Tensor, image_sizes: Tensor) -> ImageSpans:
         is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
         counts = [len(m) for m in self.token_maps(image_sizes)]
-        return spans_from_mask(is_image, expanded_counts(counts, is_image.sum(1).tolist()))
-
-    def prefill_spans(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ImageSpans | None:
-        input_ids = prefill_input_ids(args, kwargs)
-        if input_ids is None:
-            return None
-        sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
-        sizes = sizes if sizes is not None else self.image_sizes
-        if sizes is None:
-            raise ValueError("vitrim.vlm needs the image_sizes of a LLaVA-NeXT prefill")
-        return self.spans_for(input_ids, torch.as_tensor(sizes))
+        order = repeated_images(counts, is_image.sum(1).tolist())
+        return spans_from_mask(is_image, [counts[image] for image in order])
 
     def see_image_sizes(self) -> Callable[[], None]:
         """Wrap ``get_image_features`` on the instance to remember ``image_sizes``; returns the undo."""
@@ -104,9 +102,9 @@ class LlavaNextAdapter(LlavaAdapter):
         undo_sizes = self.see_image_sizes()
 
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            spans = self.prefill_spans(args, kwargs)
-            if spans is not None:
-                on_prefill(spans)
+            prefill = self.prefill_of(args, kwargs)
+            if prefill is not None:
+                on_prefill(self.spans_for(prefill.input_ids, prefill.extras["image_sizes"]))
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -116,66 +114,39 @@ class LlavaNextAdapter(LlavaAdapter):
 
         return remove
 
-    def make_pre_llm(self, method: Method, keep: KeepSpec) -> Installation:
-        keep.tokens(self.tile_tokens())  # keep counts per tile here: checked against a tile's tokens
-        return LlavaNextPreLLM(self, method, keep)
+    # the pre-LLM stage's seams: LLaVA's, selected per tile, mapped onto the packed tokens
 
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        input_ids = prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
+        sizes = sizes if sizes is not None else self.image_sizes
+        if sizes is None:
+            raise ValueError("vitrim.vlm needs the image_sizes of a LLaVA-NeXT prefill")
+        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        extras = {"image_sizes": torch.as_tensor(sizes)}
+        return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower=pixels is not None, extras=extras)
 
-class LlavaNextPreLLM(LlavaPreLLM):
-    """LLaVA's pre-LLM plumbing with tiles: selected per tile at the projector, mapped to the packed tokens."""
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        stage.keep_of(self.tile_tokens())  # keep counts per tile here: checked against a tile's tokens
+        return [*super().select_hooks(stage), self.see_image_sizes()]
 
-    adapter: LlavaNextAdapter
-
-    def __init__(self, adapter: LlavaNextAdapter, method: Method, keep: KeepSpec) -> None:
-        super().__init__(adapter, method, keep)
-        self.reported: list[ImageSelection] | None = None
-        self.sizes: Tensor | None = None
-        self.undo_sizes = adapter.see_image_sizes()
-
-    def remove(self) -> None:
-        super().remove()
-        self.undo_sizes()
-
-    def selection(self) -> list[ImageSelection] | None:
-        return self.reported
-
-    def on_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.spans = self.adapter.prefill_spans(args, kwargs)
-        if self.spans is not None:
-            sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
-            self.sizes = torch.as_tensor(sizes) if sizes is not None else self.adapter.image_sizes
-
-    def image_selections(self) -> tuple[list[ImageSelection], int]:
-        assert self.last is not None and self.sizes is not None
-        maps = self.adapter.token_maps(self.sizes)
-        tiles = self.adapter.tiles_of(self.sizes)
-        if sum(tiles) != len(self.last):
-            raise ValueError(f"the images have {sum(tiles)} tiles but vitrim.vlm selected tokens for {len(self.last)}")
-        tokens = self.adapter.tile_tokens()
+    def image_tokens(
+        self, prefill: Prefill, selections: list[ImageSelection]
+    ) -> tuple[list[ImageSelection], list[int]]:
+        sizes = prefill.extras["image_sizes"]
+        maps = self.token_maps(sizes)
+        tiles = self.tiles_of(sizes)
+        if sum(tiles) != len(selections):
+            raise ValueError(f"the images have {sum(tiles)} tiles but vitrim.vlm selected tokens for {len(selections)}")
+        tokens = self.tile_tokens()
         starts = [sum(tiles[:image]) for image in range(len(tiles))]
-        self.reported = [
-            tiles_to_image(self.last[start : start + count], token_map, tokens)
-            for start, count, token_map in zip(starts, tiles, maps)
+        images = [
+            tiles_to_image(selections[start : start + count], token_map, tokens)
+            for start, count, token_map in zip(starts, tiles, maps, strict=True)
         ]
-        return self.reported, max(len(m) for m in maps)
-
-
-def expanded_counts(counts: list[int], row_tokens: list[int]) -> list[int]:
-    """Tokens per image of the input's rows: ``counts`` as they are, or, when generate() repeated every prompt e
-    times with its images (beam search, several sequences per prompt), each prompt's counts repeated e times.
-    ``row_tokens``: image tokens per row. Unmatched inputs are left to :func:`spans_from_mask`'s error."""
-    total, given = sum(row_tokens), sum(counts)
-    if total == given or given == 0 or total % given or len(row_tokens) % (total // given):
-        return counts
-    repeat = total // given
-    expanded, image = [], 0
-    for row in range(0, len(row_tokens), repeat):
-        group: list[int] = []
-        while sum(group) < row_tokens[row] and image < len(counts):
-            group.append(counts[image])
-            image += 1
-        expanded += group * repeat
-    return expanded
+        return images, [len(token_map) for token_map in maps]
 
 
 def tiles_to_image(tiles: list[ImageSelection], token_map: Tensor, tokens: int) -> ImageSelection:

@@ -1,0 +1,59 @@
+"""Model families vitrim.vlm handles: one file each, an adapter declaring its traits and offering its seams
+(:mod:`vitrim.vlm.families.contract`).
+
+A family adapter wraps ONE model instance the user holds (``adapter.model``); it knows that family's seams (where
+the image tokens are made, where they enter the LLM) and never changes a class or a transformers source file.
+Families are told apart by the model's class name (in its MRO, :attr:`FamilyTraits.classes`), so
+``import vitrim.vlm`` never imports transformers. A new family: its file, and one entry in :data:`ADAPTERS`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.families.gemma3 import Gemma3Adapter
+from vitrim.vlm.families.llava import LlavaAdapter
+from vitrim.vlm.families.llava_next import LlavaNextAdapter
+from vitrim.vlm.families.paligemma import PaliGemmaAdapter
+from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
+
+ADAPTERS: tuple[type[FamilyAdapter], ...] = (
+    LlavaAdapter,
+    LlavaNextAdapter,
+    Qwen2VLAdapter,
+    Gemma3Adapter,
+    PaliGemmaAdapter,
+)
+# class name (anywhere in the model's MRO) -> its adapter
+FAMILIES: dict[str, type[FamilyAdapter]] = {name: adapter for adapter in ADAPTERS for name in adapter.traits.classes}
+
+
+def find_family(model: object) -> FamilyAdapter:
+    """The adapter for ``model``; ``TypeError`` naming the class and the families handled otherwise."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a transformers vision-language model (an nn.Module); got {type(model).__name__}"
+        )
+    for cls in type(model).__mro__:
+        if cls.__name__ in FAMILIES:
+            return FAMILIES[cls.__name__](model)
+    handled = ", ".join(sorted(FAMILIES))
+    text_only = " (a text-only model has no image tokens to reduce)" if _is_text_only(model) else ""
+    raise TypeError(f"vitrim.vlm does not handle {type(model).__name__}{text_only}; it handles: {handled}")
+
+
+def families_taking(stage: str) -> list[FamilyTraits]:
+    """The traits of every family that takes ``stage`` (for error texts)."""
+    return [adapter.traits for adapter in ADAPTERS if stage in adapter.traits.stages]
+
+
+def _is_text_only(model: nn.Module) -> bool:
+    """A model that reads token ids and takes no images (a causal LM)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "input_ids" in parameters and "pixel_values" not in parameters
+
+
+__all__ = ["ADAPTERS", "FAMILIES", "FamilyAdapter", "FamilyTraits", "families_taking", "find_family"]

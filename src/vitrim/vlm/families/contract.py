@@ -1,0 +1,111 @@
+"""What a family declares and offers the stages, in one place: :class:`FamilyTraits` (what it can do) and
+:class:`FamilyAdapter` (its seams, with the defaults most families share).
+
+A new family is one file ``families/<name>.py``: a :class:`FamilyAdapter` subclass with its ``traits`` and the
+seams it needs, and one line in :data:`vitrim.vlm.families.ADAPTERS`. The stages read nothing else: no class-name
+tables, no attribute probing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
+
+if TYPE_CHECKING:
+    from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, Shortened
+    from vitrim.vlm.stages.spans import ImageSpans
+
+
+@dataclass(frozen=True)
+class FamilyTraits:
+    """What one family declares.
+
+    classes: transformers class names it handles (found anywhere in the model's MRO)
+    title: how errors name it, e.g. "LLaVA-1.5 (LlavaForConditionalGeneration)"
+    stages: the stages vitrim.vlm runs on it ("pre_llm", "in_llm", "tower"); ``apply`` refuses the others
+    tower_grid_only: where the tower stage must put its tokens back on the patch grid, why (None: it need not)
+    """
+
+    classes: tuple[str, ...]
+    title: str
+    stages: tuple[str, ...]
+    tower_grid_only: str | None = None
+
+
+class FamilyAdapter:
+    """The seams of one VLM instance the user holds (``self.model``); it never changes a class or a source file.
+
+    model: the user's ``…ForConditionalGeneration``; inner: its ``model.model``; language_model: the decoder stack
+    (has ``.layers``; in-LLM methods hook them). The pre-LLM seams are those of
+    :class:`~vitrim.vlm.stages.pre_llm.PreLLMSeams`; defaults here are the plain causal LLM's (positions 0 … L−1,
+    one 2-D mask).
+    """
+
+    traits: ClassVar[FamilyTraits]
+    model: nn.Module
+    inner: Any
+    language_model: nn.Module
+
+    def __init__(self, model: nn.Module) -> None:
+        raise NotImplementedError  # each family checks its model's layout
+
+    def image_token_id(self) -> int:
+        config: Any = self.model.config
+        return int(config.image_token_id)
+
+    def tokens_per_image(self) -> int | None:
+        """Image tokens per image entering the LLM unpruned, when the config fixes it (LLaVA-1.5: 576); else None."""
+        return None
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        """Call ``on_prefill(spans)`` at every prefill before the LLM runs (the spans of the UNMODIFIED input);
+        returns the function that removes the watch (the in-LLM stage)."""
+        raise TypeError(self._not_here("inside the LLM"))
+
+    def in_llm_padding_module(self) -> nn.Module | None:
+        """Where an in-LLM drop reads the caller's 2-D padding mask when the LLM receives masks built per layer
+        type (Gemma 3: ``model.model``); None: the language model's own ``attention_mask``."""
+        return None
+
+    # the pre-LLM stage's seams (vitrim.vlm.stages.pre_llm.PreLLMSeams)
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        raise TypeError(self._not_here("before the LLM"))
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        raise NotImplementedError
+
+    def image_tokens(
+        self, prefill: Prefill, selections: list[ImageSelection]
+    ) -> tuple[list[ImageSelection], list[int]]:
+        count = self.tokens_per_image()
+        assert count is not None, "a family whose images differ in size maps them itself"
+        return selections, [count] * len(selections)
+
+    def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
+        positions = kwargs.get("position_ids")
+        if positions is None:  # what the unmodified LLM would use: 0 … L−1 for every sample
+            positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
+        return positions
+
+    def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
+        """Nothing more to shorten: the embeddings, positions and the 2-D mask are all a causal LLM reads."""
+
+    def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
+        kwargs["attention_mask"] = mask
+        if kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = decode_position_ids(state, past, new, mask.device)
+
+    def remove_extras(self) -> None:
+        """Nothing but hooks was changed."""
+
+    def _not_here(self, where: str) -> str:
+        stages = ", ".join(map(repr, self.traits.stages))
+        return f"vitrim.vlm does not cut {where} on {type(self.model).__name__}; it runs the stage(s) {stages} there"

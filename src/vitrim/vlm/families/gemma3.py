@@ -1,0 +1,240 @@
+"""Gemma 3 (transformers' ``Gemma3ForConditionalGeneration``): where its image tokens are made and enter the LLM.
+
+The model (transformers ≥ 5): ``model.model.vision_tower`` (SigLIP, no [CLS]; its last layer's states after the
+post-LayerNorm) → ``model.model.multi_modal_projector`` (an average pool of the P = p×p patch grid to the
+``mm_tokens_per_image`` = t×t grid, kernel k = p / t, then RMSNorm and a matmul: Gemma-3-4B pools 64×64 patches
+to 16×16 = 256 tokens) → scattered into the ``input_ids == image_token_id`` positions → ``model.model.language_model``,
+whose masks are built per layer type (full and sliding-window layers) with the image block bidirectional through
+``token_type_ids`` (``vitrim.vlm.families.gemma3_masks``).
+
+Index space: the image tokens entering the LLM are the projector's pooled tokens, so indices are raster indices of
+the pooled t×t grid (row-major, 0 … t²−1); pooled token (r, c) stands for the k×k patches of rows r·k … r·k+k−1 and
+columns c·k … c·k+k−1 of the tower's grid. Under the processor's pan-and-scan each crop is a picture of its own
+(its own ``pixel_values`` row and run of image tokens), so it is one "image" of ``last_selection`` and keeps ``keep``.
+
+Evidence (:class:`~vitrim.vlm.method.base.VisionEvidence`) in that space:
+- ``features``: the pooled tower states (what the projector's norm and matmul read), so a merged token is the mean
+  of its group's pooled states put through the projector's norm and matmul;
+- **no [CLS]**: the [CLS]-based methods (FasterVLM, VisPruner, VisionZip) rank by the attention each token RECEIVES
+  at the scoring layer (the tower's last layer, whose output the projector reads), as for Qwen
+  (``vitrim.vlm.families.qwen2vl_vision``): per head, the softmax map of that layer from its own q/k projections on
+  its input, summed over the queries and divided by the patch count, then summed over the k×k patches of each
+  pooled token (per image and head the scores sum to 1). ``keys``: that layer's keys averaged over the k×k patches.
+
+What reaches the LLM after a method selects: the kept tokens only, at their ORIGINAL positions, with the masks the
+unmodified model built gathered to the kept rows and columns (so the image block and the sliding window are the
+unmodified model's and dropping is exactly masking keys); decode steps get masks built over each layer's cache.
+Seams: forward pre-hooks on the tower (each image's seed) and on the scoring layer's attention (its input), a forward
+hook on the projector (select, write merged tokens); the masks per layer type gathered for the shortened prefill and
+built over each layer's cache at decode (the rest is the pre-LLM stage's, :mod:`vitrim.vlm.stages.pre_llm`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
+from vitrim.vlm.families.qwen2vl_vision import received_attention
+from vitrim.vlm.families.seams import inner_model, keep_all, prefill_input_ids, write_merged
+from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, Prefill, PreLLMStage, Shortened, cache_of
+from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+
+
+class Gemma3Adapter(FamilyAdapter):
+    """The seams of one ``Gemma3ForConditionalGeneration`` instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=("Gemma3ForConditionalGeneration",),
+        title="Gemma 3 (Gemma3ForConditionalGeneration)",
+        stages=("pre_llm", "in_llm", "tower"),
+        tower_grid_only="its projector average-pools the whole patch grid",
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        parts = ("vision_tower", "multi_modal_projector", "language_model")
+        inner = inner_model(model, parts, "Gemma3ForConditionalGeneration")
+        self.model = model
+        self.inner: Any = inner
+        self.language_model: nn.Module = inner.language_model
+        config: Any = model.config
+        self.config: Any = config
+        self.text_config: Any = config.get_text_config()
+        self.positions: Tensor | None = None  # (B, S) original positions of a shortened prefill's cache layout
+
+    def tokens_per_image(self) -> int:
+        return int(self.config.mm_tokens_per_image)
+
+    def spans(self, input_ids: Tensor) -> ImageSpans:
+        """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
+        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
+        per_image = self.tokens_per_image()
+        return spans_from_mask(is_image, [per_image] * (int(is_image.sum()) // per_image))
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            input_ids = prefill_input_ids(args, kwargs)
+            if input_ids is not None:
+                on_prefill(self.spans(input_ids))
+
+        handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
+        return handle.remove
+
+    def scoring_attention(self) -> Any:
+        """The attention of the tower's last layer (the projector reads that layer's output)."""
+        return self.inner.vision_tower.encoder.layers[-1].self_attn
+
+    def in_llm_padding_module(self) -> nn.Module:
+        """Where an in-LLM drop reads the user's 2-D padding mask: ``model.model``, whose ``attention_mask`` is the
+        caller's (its language model receives the masks already built per layer type)."""
+        return self.inner
+
+    # the pre-LLM stage's seams
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        input_ids = prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        if isinstance(mask, dict):
+            raise ValueError(PREPARED_MASKS)
+        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        return Prefill(input_ids, mask, runs_tower=pixels is not None)
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        return ProjectorSelection(self, stage).hooks()
+
+    def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
+        masks: Any = kwargs.get("attention_mask")  # a dict per layer type, one column per token of the full input
+        length = prefill.input_ids.shape[1]
+        lengths = {mask.shape[-1] for mask in masks.values() if mask is not None} if isinstance(masks, dict) else {0}
+        if not lengths <= {length}:
+            raise ValueError(PREPARED_MASKS)
+        config = self.text_config
+        dtype = kwargs["inputs_embeds"].dtype
+        kwargs["attention_mask"] = gather_masks(
+            masks, shortened.short, config.sliding_window, config._attn_implementation, dtype
+        )
+        self.positions = kwargs["position_ids"]
+
+    def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = decode_position_ids(state, past, new, mask.device)
+            kwargs["position_ids"] = positions
+        assert self.positions is not None
+        self.positions = torch.cat([self.positions, positions.expand(mask.shape[0], new)], 1)
+        config = self.text_config
+        kwargs["attention_mask"] = decode_masks(
+            cache_of(kwargs),
+            list(config.layer_types),
+            mask,
+            self.positions,
+            new,
+            config.sliding_window,
+            config._attn_implementation,
+            _dtype(self.language_model),
+        )
+
+
+def pool_to_tokens(values: Tensor, kernel: int, reduce: str) -> Tensor:
+    """(I, P, ...) per patch of a p×p grid -> (I, t², ...) per pooled token (t = p / kernel), raster order.
+
+    ``reduce``: "mean" (the projector's average pool) or "sum" (attention mass of the k×k patches).
+    """
+    images, patches = values.shape[:2]
+    side = math.isqrt(patches)
+    tokens_side = side // kernel
+    rest = values.shape[2:]
+    grid = values.reshape(images, tokens_side, kernel, tokens_side, kernel, *rest)
+    grouped = grid.transpose(2, 3).reshape(images, tokens_side * tokens_side, kernel * kernel, *rest)
+    return grouped.mean(2) if reduce == "mean" else grouped.sum(2)
+
+
+class ProjectorSelection:
+    """The pre-LLM method picks at Gemma 3's projector (its forward hook), for every image of one tower run."""
+
+    def __init__(self, adapter: Gemma3Adapter, stage: PreLLMStage) -> None:
+        self.adapter, self.stage, self.method = adapter, stage, stage.method
+        self.seeds: Tensor | None = None
+        self.scoring_input: Tensor | None = None
+
+    def hooks(self) -> list[Callable[[], None]]:
+        inner = self.adapter.inner
+        handles = [
+            inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True),
+            inner.multi_modal_projector.register_forward_hook(self.after_projector),
+        ]
+        if self.method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
+            attention = self.adapter.scoring_attention()
+            handles.append(attention.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
+        return [handle.remove for handle in handles]
+
+    def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
+        self.seeds = torch.tensor([content_seed(image) for image in pixel_values], dtype=torch.long)
+
+    def on_scoring_attention(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.scoring_input = kwargs.get("hidden_states", args[0] if args else None)
+
+    def received_and_keys(self, kernel: int) -> tuple[Tensor, Tensor]:
+        """Per pooled token: the attention received at the scoring layer (I, H, N) and its mean keys (I, H, N, hd)."""
+        if self.scoring_input is None:
+            raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
+        hidden, self.scoring_input = self.scoring_input, None
+        attention = self.adapter.scoring_attention()
+        images, patches, _ = hidden.shape
+        heads, head_dim = attention.num_heads, attention.head_dim
+        work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower is scored in float32
+        query = attention.q_proj(hidden).reshape(images * patches, heads, head_dim).to(work)  # (I·P, H, hd)
+        key = attention.k_proj(hidden).reshape(images * patches, heads, head_dim).to(work)
+        bounds = torch.arange(images + 1) * patches  # each image attends within itself
+        received = received_attention(query, key, bounds, float(attention.scale)) / patches  # (H, I·P)
+        received = received.reshape(heads, images, patches).permute(1, 2, 0)  # (I, P, H)
+        keys = key.reshape(images, patches, heads, head_dim)
+        pooled_received = pool_to_tokens(received, kernel, "sum").transpose(1, 2)  # (I, H, N)
+        pooled_keys = pool_to_tokens(keys, kernel, "mean").transpose(1, 2)  # (I, H, N, hd)
+        return pooled_received, pooled_keys
+
+    def after_projector(self, module: Any, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
+        tower_states = args[0]  # (I, P, C) the tower's last states
+        num_tokens = output.shape[1]
+        if self.stage.keep_of(num_tokens) == num_tokens:
+            self.stage.selected([keep_all(num_tokens, output.device) for _ in range(output.shape[0])])
+            self.scoring_input = None
+            return None  # every token stays: the projector's output is untouched
+        kernel = int(module.kernel_size)
+        with torch.no_grad():
+            pooled = _projector_pool(module, tower_states)  # (I, N, C), what the projector's norm reads
+            received = keys = None
+            if self.method.needs_cls_attention:
+                received, keys = self.received_and_keys(kernel)
+        evidence = VisionEvidence(
+            features=pooled, cls_attention=received, keys=keys, seeds=self.seeds, projected=output
+        )
+        selections = self.stage.select(evidence, num_tokens)
+        self.stage.selected(selections)
+
+        def project(states: Tensor) -> Tensor:  # (k, C) merged pooled states -> the LLM's width
+            return module.mm_soft_emb_norm(states.to(tower_states.dtype)) @ module.mm_input_projection_weight
+
+        return write_merged(output, selections, project)
+
+
+def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:
+    """(I, P, C) -> (I, N, C): the projector's own average pool (so a token kept as it is stays bit for bit)."""
+    images, _, channels = tower_states.shape
+    side = int(projector.patches_per_image)
+    grid = tower_states.transpose(1, 2).reshape(images, channels, side, side).contiguous()
+    return projector.avg_pool(grid).flatten(2).transpose(1, 2)
+
+
+def _dtype(module: nn.Module) -> torch.dtype:
+    return next(module.parameters()).dtype

@@ -1,0 +1,180 @@
+"""LLaVA-1.5 (transformers' ``LlavaForConditionalGeneration``): where its image tokens are made and enter the LLM.
+
+The model (transformers ≥ 5): ``model.model.vision_tower`` (CLIP) → ``hidden_states[vision_feature_layer]``
+([CLS] dropped under the "default" strategy) → ``model.model.multi_modal_projector`` → scattered into the
+``input_ids == image_token_id`` positions of the embeddings → ``model.model.language_model``. Each image gives
+(image_size / patch_size)² tokens (576 for LLaVA-1.5 at 336 px), +1 under the "full" strategy.
+
+Seams used (hooks on this instance's submodules only):
+- a forward pre-hook on the scoring layer's attention (tower layer ``vision_feature_layer``): its input hidden
+  states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
+- a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
+  are written into their slots); a forward hook on it for methods that select on its output;
+- everything else (the prefill, the shortened LLM input, decoding, beams) is the pre-LLM stage's
+  (:mod:`vitrim.vlm.stages.pre_llm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.families.seams import inner_model, prefill_input_ids, write_merged
+from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+
+
+class LlavaAdapter(FamilyAdapter):
+    """The seams of one ``LlavaForConditionalGeneration`` instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=("LlavaForConditionalGeneration",),
+        title="LLaVA-1.5 (LlavaForConditionalGeneration)",
+        stages=("pre_llm", "in_llm", "tower"),
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        parts = ("vision_tower", "multi_modal_projector", "language_model")
+        inner = inner_model(model, parts, "LlavaForConditionalGeneration")
+        self.model = model
+        self.inner: Any = inner
+        self.language_model: nn.Module = inner.language_model
+        self.config: Any = model.config
+
+    def tile_tokens(self) -> int:
+        """Tokens of one tower image entering the projector: the grid, +1 ([CLS]) under the "full" strategy."""
+        vision = self.config.vision_config
+        grid = (vision.image_size // vision.patch_size) ** 2
+        return grid + (1 if self.config.vision_feature_select_strategy == "full" else 0)
+
+    def tokens_per_image(self) -> int | None:
+        return self.tile_tokens()
+
+    def spans(self, input_ids: Tensor) -> ImageSpans:
+        """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
+        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
+        per_image = self.tile_tokens()
+        num_images = int(is_image.sum()) // per_image
+        return spans_from_mask(is_image, [per_image] * num_images)
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            input_ids = prefill_input_ids(args, kwargs)
+            if input_ids is not None:
+                on_prefill(self.spans(input_ids))
+
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
+        return handle.remove
+
+    def scoring_layer(self) -> Any:
+        """The tower layer that produces the feature layer (``vision_feature_layer`` −2: the tower's layer −2, whose
+        attention the authors of FasterVLM, VisPruner and VisionZip read); None for the embeddings (layer 0)."""
+        layer = self.config.vision_feature_layer
+        layers = self.inner.vision_tower.encoder.layers
+        if not isinstance(layer, int) or layer == 0:
+            return None
+        return layers[layer] if layer < 0 else layers[layer - 1]
+
+    # the pre-LLM stage's seams
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        input_ids = prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        return Prefill(input_ids, mask, runs_tower=pixels is not None)
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        method = stage.method
+        layer_ok = self.config.vision_feature_select_strategy == "default" and self.scoring_layer() is not None
+        if method.needs_cls_attention and not layer_ok:
+            raise ValueError(
+                f"vlm method {method.name!r} scores by [CLS] attention at one tower layer; this model has "
+                f"vision_feature_layer={self.config.vision_feature_layer!r} and vision_feature_select_strategy="
+                f"{self.config.vision_feature_select_strategy!r} (expected an int layer and 'default')"
+            )
+        return ProjectorSelection(self, stage).hooks()
+
+
+def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
+    """The [CLS] attention row and the keys of a CLIP attention layer, from its own q/k projections.
+
+    hidden_states: (I, 1 + N, D) the layer's input after its first LayerNorm ([CLS] first).
+    Returns ((I, H, N) softmax row of [CLS] over [CLS] and the N tokens, [CLS]'s own weight left out;
+    (I, H, N, hd) the keys of the N tokens).
+    """
+    images, length, _ = hidden_states.shape
+    heads, head_dim = attention.num_heads, attention.head_dim
+    query = attention.q_proj(hidden_states[:, :1]).view(images, 1, heads, head_dim).transpose(1, 2)  # (I, H, 1, hd)
+    keys = attention.k_proj(hidden_states).view(images, length, heads, head_dim).transpose(1, 2)  # (I, H, 1+N, hd)
+    row = torch.softmax((query @ keys.transpose(-1, -2)) * attention.scale, dim=-1)  # (I, H, 1, 1+N)
+    return row[:, :, 0, 1:], keys[:, :, 1:]
+
+
+class ProjectorSelection:
+    """The pre-LLM method picks at LLaVA's projector, for every image of one tower run.
+
+    The tower's pre-hook keeps each image's seed (for the seeded method), the scoring layer's pre-hook its input;
+    the projector's pre-hook selects (``method.select``) and writes merged features into their slots, or, for a
+    method that selects on the projector's output, its forward hook selects.
+    """
+
+    def __init__(self, adapter: LlavaAdapter, stage: PreLLMStage) -> None:
+        self.adapter, self.stage, self.method = adapter, stage, stage.method
+        self.seeds: Tensor | None = None
+        self.scoring_input: Tensor | None = None
+        self.features: Tensor | None = None
+
+    def hooks(self) -> list[Callable[[], None]]:
+        inner = self.adapter.inner
+        handles = [
+            inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
+            inner.multi_modal_projector.register_forward_hook(self.after_projector),
+        ]
+        if self.method.needs_seeds:
+            handles.append(inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
+        scoring = self.adapter.scoring_layer()
+        if self.method.needs_cls_attention and scoring is not None:
+            handles.append(scoring.self_attn.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
+        return [handle.remove for handle in handles]
+
+    def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
+        self.seeds = torch.tensor([content_seed(image) for image in pixel_values], dtype=torch.long)
+
+    def on_scoring_attention(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.scoring_input = kwargs.get("hidden_states", args[0] if args else None)
+
+    def evidence(self, features: Tensor, projected: Tensor | None = None) -> VisionEvidence:
+        cls_attention = keys = None
+        if self.method.needs_cls_attention:
+            if self.scoring_input is None:
+                raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
+            attention = self.adapter.scoring_layer().self_attn
+            cls_attention, keys = cls_attention_and_keys(attention, self.scoring_input)
+        self.scoring_input = None
+        return VisionEvidence(
+            features=features, cls_attention=cls_attention, keys=keys, seeds=self.seeds, projected=projected
+        )
+
+    def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        features = args[0]  # (I, N, D) the tower features of every image of this forward pass
+        self.features = features
+        if self.method.scores_projected:
+            return None  # selected on the projector's output (after_projector)
+        selections = self.stage.select(self.evidence(features), features.shape[1])
+        self.stage.selected(selections)
+        written = write_merged(features, selections, lambda states: states)
+        return None if written is None else (written, *args[1:])
+
+    def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+        if self.method.scores_projected and self.features is not None:
+            evidence = self.evidence(self.features, projected=output)
+            self.stage.selected(self.stage.select(evidence, output.shape[1]))
+        self.features = None

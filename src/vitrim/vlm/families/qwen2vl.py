@@ -1,0 +1,261 @@
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (transformers' ``Qwen2VL…``, ``Qwen2_5_VL…``, ``Qwen3VL…`` classes).
+
+The model (transformers ≥ 5): ``model.model.visual`` (patches → blocks → ``PatchMerger``, one token per 2×2
+patches; Qwen2.5 runs most blocks in windows) → scattered into the ``input_ids == image_token_id`` positions of the
+embeddings → ``model.model.language_model`` with M-RoPE: positions (3, B, L) - temporal, height, width - from
+``get_rope_index`` over the whole sequence; an image's tokens take their grid coordinates and the text after it
+continues from the image's largest coordinate + 1, so positions run ahead of or behind the token count by
+``rope_deltas`` (B, 1), which the model stores and adds at decode (position = tokens seen + rope_deltas).
+Images have different sizes, so the token count per image is known only at the forward pass.
+
+What vitrim does (conventions of ``vitrim.vlm.families.qwen2vl_vision`` for the evidence and the index space):
+- **positions**: computed from the FULL sequence as the unmodified model would (its own ``get_rope_index``, or the
+  ``position_ids`` ``generate`` passes), then sliced to the kept tokens, so dropping a token is masking its key;
+- **rope_deltas**: the LLM's cache holds ``n_dropped`` fewer tokens per sample, so after a pruned prefill the model's
+  ``rope_deltas`` is set to the unmodified value + ``n_dropped`` (per sample): the model's own decode positions
+  (kept tokens seen + rope_deltas) then equal the unmodified model's;
+- **decode**: the caller's attention mask (the unpruned layout, as ``generate`` grows it) is mapped onto the cache's
+  layout; ``generate``'s own position ids need nothing (it counts on from the full prefill's positions). A caller
+  who passes a mask and no positions gets the positions the model means (mask count + rope_deltas, this step's
+  columns): transformers 5.24's unmodified Qwen fails on that path (it builds positions for the whole mask).
+
+Seams (hooks on this instance's submodules only; the prefill, the shortened LLM input and decoding are the pre-LLM
+stage's, :mod:`vitrim.vlm.stages.pre_llm`): a forward pre-hook on the scoring block's attention (the received
+attention, :mod:`vitrim.vlm.families.qwen2vl_vision`; only for methods that read it); a forward hook with kwargs on
+``model.model.visual`` (the method selects per image; merged tokens are put through the merger and written into
+their slots); at the shortened prefill, the DeepStack rows and rope_deltas; at decode, M-RoPE positions.
+Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
+
+Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per image token for each of the LLM's
+first layers (``deepstack_visual_embeds``, added at ``visual_pos_masks``); those rows go with their tokens, and a
+merged slot's rows are the mean of its group's. ``generate()`` encodes the images before its first forward
+(``mm_encoder_outputs``) and expands beams after; both are handled (the method selects in the tower's own hook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.families.qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
+from vitrim.vlm.families.seams import inner_model, input_ids_of, keep_all
+from vitrim.vlm.method.base import ImageSelection, VisionEvidence, content_seed
+from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, Shortened
+from vitrim.vlm.stages.sequence import DecodeState, gather_columns
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+
+SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
+
+
+class Qwen2VLAdapter(FamilyAdapter):
+    """The seams of one Qwen2-VL / Qwen2.5-VL / Qwen3-VL instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=(
+            "Qwen2VLForConditionalGeneration",
+            "Qwen2_5_VLForConditionalGeneration",
+            "Qwen3VLForConditionalGeneration",
+        ),
+        title="Qwen2-VL, Qwen2.5-VL and Qwen3-VL (Qwen2VL…, Qwen2_5_VL…, Qwen3VLForConditionalGeneration)",
+        stages=("pre_llm", "in_llm"),
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        inner = inner_model(model, ("visual", "language_model", "get_rope_index"), "Qwen2-VL")
+        self.model = model
+        self.inner: Any = inner  # transformers' Qwen2VLModel / Qwen2_5_VLModel
+        self.visual: Any = inner.visual
+        self.language_model: nn.Module = inner.language_model
+        self.config: Any = model.config
+        self.merge_size = int(inner.visual.spatial_merge_size)
+        self.rope_deltas_before: Any = None
+        self.grid: Tensor | None = None  # (I, 3) image_grid_thw of the last tower run
+
+    def tokens_of(self, grid_thw: Tensor) -> list[int]:
+        """Merged tokens per image (I,) of ``image_grid_thw`` (I, 3)."""
+        return (grid_thw.prod(-1) // (self.merge_size * self.merge_size)).tolist()
+
+    def spans(self, input_ids: Tensor, grid_thw: Tensor) -> ImageSpans:
+        """The image positions of ``input_ids`` (B, L), image i giving ``tokens_of(grid_thw)[i]`` tokens."""
+        return spans_from_mask(input_ids == self.config.image_token_id, self.tokens_of(grid_thw))
+
+    def prefill_token_counts(self, kwargs: dict[str, Any]) -> list[int] | None:
+        """Merged tokens per image of a forward's images, None when it has none (a decode step, text only).
+
+        The images come as ``pixel_values`` + ``image_grid_thw`` (a direct call) or, under ``generate``, already
+        encoded as ``mm_encoder_outputs["image"]`` (whose ``pooler_output`` holds one tensor per image).
+        """
+        if kwargs.get("pixel_values") is not None:
+            return self.tokens_of(kwargs["image_grid_thw"])
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
+        if encoded is not None:
+            return [int(image.shape[0]) for image in encoded.pooler_output]
+        return None
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            counts = self.prefill_token_counts(kwargs)
+            if counts is None:
+                return  # a decode step or a text-only call
+            is_image = input_ids_of(args, kwargs) == self.config.image_token_id
+            on_prefill(spans_from_mask(is_image, counts))
+
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
+        return handle.remove
+
+    # the pre-LLM stage's seams: the method selects in the tower's own hook, for the images of that run
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        encoded = kwargs.get("mm_encoder_outputs") or {}
+        if kwargs.get("pixel_values_videos") is not None or encoded.get("video") is not None:
+            raise ValueError("vitrim.vlm reduces images only; this Qwen input holds videos")
+        if kwargs.get("pixel_values") is None and encoded.get("image") is None:
+            return None
+        input_ids = input_ids_of(args, kwargs)
+        token_types = kwargs.get("mm_token_type_ids")
+        if token_types is None:
+            token_types = (input_ids == self.config.image_token_id).int()
+        runs_tower = kwargs.get("pixel_values") is not None
+        return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower, extras={"token_types": token_types})
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        self.rope_deltas_before = self.inner.rope_deltas
+        return TowerSelection(self, stage).hooks()
+
+    def image_tokens(
+        self, prefill: Prefill, selections: list[ImageSelection]
+    ) -> tuple[list[ImageSelection], list[int]]:
+        assert self.grid is not None
+        return selections, self.tokens_of(self.grid)
+
+    def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
+        positions = kwargs.get("position_ids")  # the full sequence's (3 or 4, B, L), from the model or generate
+        if positions is None:
+            raise ValueError("vitrim.vlm needs Qwen's M-RoPE positions at the prefill (pass mm_token_type_ids)")
+        return positions
+
+    def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
+        short, kept = shortened.short, shortened.kept
+        if kwargs.get("visual_pos_masks") is not None:  # Qwen3-VL's DeepStack: its rows go with their tokens
+            stays = kept[kwargs["visual_pos_masks"]]  # (V,) per visual position, reading order
+            kwargs["visual_pos_masks"] = gather_columns(short, kwargs["visual_pos_masks"])
+            kwargs["deepstack_visual_embeds"] = [rows[stays] for rows in kwargs["deepstack_visual_embeds"]]
+        assert self.grid is not None
+        grid = self.grid[torch.tensor(shortened.order, dtype=torch.long, device=self.grid.device)]
+        _, deltas = self.inner.get_rope_index(
+            prefill.input_ids, prefill.extras["token_types"], image_grid_thw=grid, attention_mask=prefill.attention_mask
+        )
+        dropped = (shortened.spans.is_image & ~kept).sum(1)  # (B,)
+        self.inner.rope_deltas = deltas + dropped[:, None].to(deltas.device)
+
+    def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
+        if kwargs.get("attention_mask") is None and bool(state.prefill_mask.all()):
+            return  # the model's own positions: tokens in the cache + the corrected rope_deltas
+        kwargs["attention_mask"] = mask
+        if kwargs.get("position_ids") is None:
+            # what the model computes from a mask (tokens seen + rope_deltas), for this step's columns only
+            deltas = self.inner.rope_deltas  # (B, 1), corrected at the prefill
+            steps = mask.long().cumsum(-1)[:, -new:] - 1 + deltas  # (B, q)
+            kwargs["position_ids"] = steps[None].expand(3, -1, -1)
+
+    def remove_extras(self) -> None:
+        self.inner.rope_deltas = self.rope_deltas_before
+
+
+class TowerSelection:
+    """The pre-LLM method picks in the Qwen tower's forward hook, per image (their sizes differ); merged tokens are
+    put through the merger and written into their slots, DeepStack rows averaged over their groups."""
+
+    def __init__(self, adapter: Qwen2VLAdapter, stage: PreLLMStage) -> None:
+        self.adapter, self.stage, self.method = adapter, stage, stage.method
+        self.capture: ScoringCapture | None = None
+
+    def hooks(self) -> list[Callable[[], None]]:
+        visual = self.adapter.visual
+        handles = [visual.register_forward_hook(self.after_tower, with_kwargs=True)]
+        if self.method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
+            scoring = visual.blocks[SCORING_BLOCK].attn
+            handles.append(scoring.register_forward_pre_hook(self.before_scoring, with_kwargs=True))
+        return [handle.remove for handle in handles]
+
+    def before_scoring(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        with torch.no_grad():
+            self.capture = capture_scoring_block(module, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"])
+
+    def after_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        capture, self.capture = self.capture, None
+        if capture is None and self.method.needs_cls_attention:
+            raise RuntimeError("vitrim.vlm: the Qwen tower ran without its scoring block")
+        grid: Tensor = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
+        pixels: Tensor = args[0] if args else kwargs["hidden_states"]
+        adapter = self.adapter
+        adapter.grid = grid
+        tokens = adapter.tokens_of(grid)
+        keep = [self.stage.keep_of(n) for n in tokens]  # ValueError naming keep when an int exceeds an image
+        if keep == tokens:
+            self.stage.selected([keep_all(n, grid.device) for n in tokens])
+            return None  # every token stays: the tower's output is untouched
+        with torch.no_grad():
+            evidence = image_evidence(
+                capture, output.last_hidden_state, grid, adapter.merge_size, self.window_index(grid)
+            )
+        seeds = torch.tensor([content_seed(image) for image in pixels.split(grid.prod(-1).tolist())])  # (I,)
+        selections, rows, merged_tokens = [], [], []
+        start = 0
+        for image, item in enumerate(evidence):
+            found = VisionEvidence(
+                features=item.features[None],
+                cls_attention=None if item.received is None else item.received[None],
+                keys=None if item.keys is None else item.keys[None],
+                seeds=seeds[image : image + 1],
+                projected=output.pooler_output[start : start + tokens[image]][None],  # the merger's (raster) output
+            )
+            chosen = self.stage.select(found, tokens[image])[0]
+            selections.append(chosen)
+            slots = chosen.merged_slots()
+            if chosen.merged is not None and len(slots):
+                unit = adapter.merge_size**2
+                merged = chosen.merged[slots.to(chosen.merged.device)]
+                merged = merged.reshape(len(slots) * unit, -1).to(output.last_hidden_state.dtype)
+                rows.append(chosen.kept[slots] + start)
+                merged_tokens.append(adapter.visual.merger(merged))  # (m, D): the projector on merged states
+            start += tokens[image]
+        self.stage.selected(selections)
+        if rows:
+            pooled = output.pooler_output.clone()
+            pooled[torch.cat(rows)] = torch.cat(merged_tokens).to(pooled.dtype)
+            output.pooler_output = pooled
+            if getattr(output, "deepstack_features", None):
+                output.deepstack_features = _merge_deepstack(output.deepstack_features, selections, tokens)
+        return output
+
+    def window_index(self, grid: Tensor) -> Tensor | None:
+        """Qwen2.5's window order of the tower's row groups (None for Qwen2-VL, which keeps raster order)."""
+        visual = self.adapter.visual
+        if not hasattr(visual, "fullatt_block_indexes"):
+            return None
+        from transformers.vision_utils import get_vision_window_index
+
+        window_index, _ = get_vision_window_index(
+            grid, visual.spatial_merge_size, visual.window_size, visual.patch_size
+        )
+        return window_index
+
+
+def _merge_deepstack(features: list[Tensor], selections: list[ImageSelection], tokens: list[int]) -> list[Tensor]:
+    """Qwen3-VL's DeepStack rows (T, D) per tapped layer, a merged slot's row the mean of its group's rows (the
+    taps see intermediate states the method's merge formula does not cover; the mean is what vitrim uses)."""
+    merged = [rows.clone() for rows in features]
+    start = 0
+    for selection, count in zip(selections, tokens, strict=True):
+        for slot, group in zip(selection.kept.tolist(), selection.groups, strict=True):
+            if len(group) > 1:
+                for rows, out in zip(features, merged, strict=True):
+                    out[start + slot] = rows[start + group.to(rows.device)].mean(0)
+        start += count
+    return merged

@@ -1,0 +1,322 @@
+"""The pre-LLM stage, once for every family: the method picks each image's tokens between the tower and the LLM,
+and only those enter the LLM.
+
+Per forward pass with images (a prefill), in the order the model runs them:
+
+1. the family's encoder seams (:meth:`PreLLMSeams.select_hooks`) capture the evidence where its tokens are made,
+   call :meth:`PreLLMStage.select` and write merged tokens into their slots, then report every encoded image's
+   selection with :meth:`PreLLMStage.selected` (``generate()`` encodes the images before its first forward, a
+   plain call inside it: both land here);
+2. the stage's pre-hook on the family's model (``model.model``) notes what the prefill holds
+   (:meth:`PreLLMSeams.prefill_of`: its input ids, the caller's 2-D mask, the family's extras);
+3. the stage's pre-hook on the language model shortens the prefill (:mod:`vitrim.vlm.stages.sequence`): the spans
+   of the images (expanded when ``generate()`` repeated every prompt for beams or several sequences), the kept
+   columns, the embeddings, positions and mask gathered, the family's own inputs after them
+   (:meth:`PreLLMSeams.shorten_extras`: M-RoPE deltas, DeepStack rows, per-layer masks);
+4. its forward hook on the language model remembers the cache that prefill filled; a later forward on that cache is
+   a decode step, whose mask (and positions, where the caller gave none) the model pre-hook maps onto the cache's
+   shorter layout (:meth:`PreLLMSeams.decode_extras` for the family's own).
+
+Everything a family differs in is one of the seams of :class:`PreLLMSeams`; beams, sampling, ``use_cache=False``,
+``labels=`` (the loss over the positions that entered the LLM) and the text-only forward are handled here, the same
+for every family. When every image keeps all its
+tokens, nothing is changed (bit for bit the unmodified model).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.keep import KeepSpec
+from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.stages.sequence import (
+    DecodeState,
+    ShortSequence,
+    columns_to_keep,
+    decode_attention_mask,
+    gather_columns,
+    plan_short_sequence,
+)
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+
+
+@dataclass
+class Prefill:
+    """What one prefill holds, as the family's model received it.
+
+    input_ids: (B, L)               the prompt ids with the image placeholders
+    attention_mask: (B, L) | None   the caller's 2-D padding mask (None: no padding)
+    runs_tower: the images come as pixels (the tower runs in this forward), not as features ``generate()`` made
+    extras: the family's own (Qwen: ``image_grid_thw`` and the token types; LLaVA-NeXT: ``image_sizes``)
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor | None
+    runs_tower: bool
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shortened:
+    """What :meth:`PreLLMSeams.shorten_extras` may read about a shortened prefill.
+
+    short: the plan (:class:`~vitrim.vlm.stages.sequence.ShortSequence`); kept: (B, L) bool, the kept columns;
+    spans: the images' spans in the (possibly expanded) batch; order: per image of ``spans``, the index of the
+    encoded image it repeats (``generate()``'s beams repeat a prompt's images).
+    """
+
+    short: ShortSequence
+    kept: Tensor
+    spans: ImageSpans
+    order: list[int]
+
+
+class PreLLMSeams(Protocol):
+    """What a family offers the pre-LLM stage (implemented by its adapter, see :mod:`vitrim.vlm.families`)."""
+
+    model: nn.Module
+    inner: Any  # transformers' ``model.model``: the forward that holds the prompt, the tower, the LLM
+    language_model: nn.Module
+
+    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        """Install the hooks that capture evidence, call ``stage.select`` and report ``stage.selected``; returns
+        the functions that remove them."""
+        ...
+
+    def image_token_id(self) -> int:
+        """The id of the image placeholder token in ``input_ids``."""
+        ...
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
+        """The prefill a forward of ``model.model`` holds, None for a forward without images."""
+        ...
+
+    def image_tokens(
+        self, prefill: Prefill, selections: list[ImageSelection]
+    ) -> tuple[list[ImageSelection], list[int]]:
+        """The encoded images' selections in the index space of each image's LLM tokens, and each image's count of
+        LLM tokens (LLaVA-NeXT maps its tiles onto the packed tokens here)."""
+        ...
+
+    def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
+        """The full sequence's position ids the unmodified LLM uses: (B or 1, L), or M-RoPE's (3, B, L)."""
+        ...
+
+    def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
+        """Shorten the family's own LLM inputs in ``kwargs`` (the embeddings, positions and mask are done)."""
+        ...
+
+    def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
+        """A decode step: ``mask`` (B, past + new) is the 2-D mask on the cache's layout; set ``kwargs``' mask and,
+        when the caller gave none, its positions as the unmodified model would have them."""
+        ...
+
+    def remove_extras(self) -> None:
+        """Undo what the family changed on the instance besides hooks (Qwen: its ``rope_deltas``)."""
+        ...
+
+
+class PreLLMStage:
+    """A pre-LLM method installed on one family instance (an :class:`~vitrim.vlm.method.base.Installation`)."""
+
+    def __init__(self, family: PreLLMSeams, method: Method, keep: KeepSpec) -> None:
+        self.family, self.method, self.keep = family, method, keep
+        self.encoded: list[ImageSelection] | None = None  # the last encoder run's, one per encoded image
+        self.reported: list[ImageSelection] | None = None  # what last_selection reads
+        self.prefill: Prefill | None = None
+        self.decode: DecodeState | None = None
+        self.decode_cache: weakref.ref[Any] | None = None
+        self.shortened_now = False
+        self.labels: Tensor | None = None  # the caller's labels= of the forward in flight (B, L)
+        self.short_labels: Tensor | None = None  # those of the positions a shortened prefill kept (B, L')
+        self.loss_options: dict[str, Any] = {}
+        handles = [
+            family.inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
+            family.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
+            family.language_model.register_forward_hook(self.after_llm, with_kwargs=True),
+            family.model.register_forward_pre_hook(self.take_labels, with_kwargs=True),
+            family.model.register_forward_hook(self.loss_after, with_kwargs=True),
+        ]
+        self.undo: list[Callable[[], None]] = [handle.remove for handle in handles]
+        try:
+            self.undo += family.select_hooks(self)
+        except BaseException:
+            self.remove()
+            raise
+
+    # what the family's encoder seams call
+
+    def keep_of(self, num_tokens: int) -> int:
+        """Tokens an image of ``num_tokens`` keeps (``ValueError`` naming keep when an int exceeds it)."""
+        return self.keep.tokens(num_tokens)
+
+    def select(self, evidence: VisionEvidence, num_tokens: int) -> list[ImageSelection]:
+        """The method's selection for the images of ``evidence``, each of ``num_tokens`` tokens."""
+        return self.method.select(evidence, self.keep_of(num_tokens))
+
+    def selected(self, selections: list[ImageSelection]) -> None:
+        """The selection of every image of one encoder run (encode order)."""
+        self.encoded = selections
+
+    # the model: what a prefill holds; decode steps on a shortened prefill's cache
+
+    def before_model(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        cache = cache_of(kwargs)
+        seen = 0 if cache is None else int(cache.get_seq_length())
+        prefill = self.family.prefill_of(args, kwargs)
+        if prefill is not None:
+            if seen:
+                raise ValueError("vitrim.vlm cannot reduce images that follow a cached prefix; run them in the prefill")
+            if prefill.runs_tower:
+                self.encoded = None  # the tower runs inside this forward and selects again
+            self.prefill, self.decode = prefill, None
+            return None
+        if seen == 0:  # a forward without images and without a cache: a text-only prompt
+            self.prefill, self.decode, self.reported = None, None, []
+            return None
+        owner = None if self.decode_cache is None else self.decode_cache()
+        if self.decode is None or owner is not cache:
+            return None  # not a step on the shortened prefill's cache
+        if isinstance(kwargs.get("attention_mask"), dict):
+            raise ValueError(PREPARED_MASKS)
+        new = query_length(args, kwargs)
+        mask = decode_attention_mask(self.decode, kwargs.get("attention_mask"), seen, new)
+        self.family.decode_extras(kwargs, self.decode, mask, seen, new)
+        return args, kwargs
+
+    def take_labels(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``labels=`` (B, L) are over the unmodified input; the model gets none, and the loss is computed after it
+        (:meth:`loss_after`) over the positions that entered the LLM."""
+        self.labels = self.short_labels = None
+        labels = kwargs.get("labels")
+        if labels is None:
+            return None
+        self.labels, self.loss_options = labels, {k: kwargs[k] for k in ("num_items_in_batch",) if k in kwargs}
+        kwargs["labels"] = None
+        return args, kwargs
+
+    def loss_after(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
+        """The model's own loss function on the logits it returned, with the labels of the positions it ran on (a
+        shortened prefill: the kept columns' labels, -100 at re-padding), shifted within that sequence as the
+        authors who fine-tune on pruned tokens do."""
+        labels = self.labels if self.short_labels is None else self.short_labels
+        self.labels = self.short_labels = None
+        if labels is None:
+            return None
+        model: Any = module  # transformers' …ForConditionalGeneration: its config and its own loss_function
+        vocab_size = model.config.get_text_config().vocab_size
+        output.loss = model.loss_function(
+            logits=output.logits, labels=labels.to(output.logits.device), vocab_size=vocab_size, **self.loss_options
+        )
+        return output
+
+    # the LLM: the shortened prefill
+
+    def before_llm(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        prefill, self.prefill = self.prefill, None
+        if prefill is None:
+            return None
+        if self.encoded is None:
+            raise ValueError(
+                "vitrim.vlm saw images enter the LLM but no selection was made for them (pass pixel_values, or "
+                "image features this model made after vitrim.vlm.apply)"
+            )
+        selections, counts = self.family.image_tokens(prefill, self.encoded)
+        self.reported = selections
+        if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
+            return None  # every token stays: the model runs unmodified
+        is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
+        order = repeated_images(counts, is_image.sum(1).tolist())
+        spans = spans_from_mask(is_image, [counts[i] for i in order])
+        kept = columns_to_keep(spans, [selections[i] for i in order], max(counts))  # (B, L) bool
+        short = plan_short_sequence(kept, prefill.attention_mask)
+        embeds = kwargs["inputs_embeds"]  # (B, L, D)
+        positions = self.family.prefill_positions(kwargs, embeds)
+        kwargs["inputs_embeds"] = gather_columns(short, embeds)
+        kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
+        self.family.shorten_extras(kwargs, prefill, Shortened(short, kept, spans, order))
+        if self.labels is not None:
+            labels = gather_columns(short, self.labels.to(short.columns.device))
+            self.short_labels = torch.where(short.real, labels, torch.full_like(labels, IGNORE_INDEX))
+        if not isinstance(kwargs.get("attention_mask"), dict):
+            kwargs["attention_mask"] = short.attention_mask
+        self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
+        self.shortened_now = True
+        return args, kwargs
+
+    def after_llm(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        if self.shortened_now:
+            cache = getattr(output, "cache", None)
+            cache = getattr(output, "past_key_values", None) if cache is None else cache
+            self.decode_cache = weakref.ref(cache) if cache is not None else None
+        self.shortened_now = False
+
+    # the installation
+
+    def selection(self) -> list[ImageSelection] | None:
+        return self.reported
+
+    def remove(self) -> None:
+        for undo in self.undo:
+            undo()
+        self.undo = []
+        self.family.remove_extras()
+
+
+def install(family: PreLLMSeams, method: Method, keep: KeepSpec) -> PreLLMStage:
+    """Install the pre-LLM ``method`` on ``family``: ``keep`` image tokens per image enter its LLM."""
+    return PreLLMStage(family, method, keep)
+
+
+def cache_of(kwargs: dict[str, Any]) -> Any:
+    """The cache a forward was given (transformers >= 5.20 call it ``cache``, earlier 5.x ``past_key_values``)."""
+    cache = kwargs.get("cache")
+    return kwargs.get("past_key_values") if cache is None else cache
+
+
+def query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Columns in this forward (its ``input_ids`` or ``inputs_embeds``)."""
+    tokens = kwargs.get("input_ids", args[0] if args else None)
+    if tokens is None:
+        tokens = kwargs["inputs_embeds"]
+    return int(tokens.shape[1])
+
+
+def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
+    """Per image of the batch's rows (reading order), the encoded image it shows.
+
+    ``counts``: LLM tokens of each encoded image; ``row_tokens``: image tokens in each row. ``generate()`` encodes a
+    prompt's images once and then repeats the prompt's row e times (beam search, ``num_return_sequences``): each
+    prompt's images are then repeated e times in a row. Anything else is the images as encoded (a mismatch is
+    reported by :func:`~vitrim.vlm.stages.spans.spans_from_mask`).
+    """
+    total, given = sum(row_tokens), sum(counts)
+    identity = list(range(len(counts)))
+    if total == given or given == 0 or total % given or len(row_tokens) % (total // given):
+        return identity
+    repeat = total // given
+    order: list[int] = []
+    image = 0
+    for row in range(0, len(row_tokens), repeat):
+        if any(row_tokens[row + copy] != row_tokens[row] for copy in range(repeat)):
+            return identity
+        mine: list[int] = []
+        while sum(counts[i] for i in mine) < row_tokens[row] and image < len(counts):
+            mine.append(image)
+            image += 1
+        order += mine * repeat
+    return order
+
+
+IGNORE_INDEX = -100  # transformers' loss skips this label
+
+PREPARED_MASKS = (
+    "vitrim.vlm shortens the prefill from the caller's 2-D attention_mask and needs it at decode; got masks "
+    "prepared for a static or compiled cache (use generate's default dynamic cache)"
+)

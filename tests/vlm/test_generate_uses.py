@@ -1,0 +1,109 @@
+"""Every documented generate() use the unmodified model supports runs on every family with a pre-LLM and an in-LLM
+method (issue 41: the stage is written once, so no family refuses beams or ``use_cache=False``).
+
+References, per use: ``use_cache=False`` re-runs the shortened prefill at every step, so its greedy tokens must
+equal the cached run's; sampling with the same seed likewise; beam search on a batch of two prompts must give each
+prompt what it gets alone (a prompt's selection repeated for its own beams, never another's)."""
+
+from __future__ import annotations
+
+import pytest
+import qwen_tiny
+import tiny_gemma3
+import tiny_llava
+import torch
+
+import vitrim.vlm
+
+STEPS = 3
+
+
+def llava_inputs() -> list[dict]:
+    first, second = tiny_llava.prompt(2, 3, seed=1), tiny_llava.prompt(4, 1, seed=2)
+    return [
+        {"input_ids": first[None], "pixel_values": tiny_llava.pixels(1, seed=1)},
+        {"input_ids": second[None], "pixel_values": tiny_llava.pixels(1, seed=2)},
+    ]
+
+
+def gemma_inputs() -> list[dict]:
+    rows = [tiny_gemma3.prompt(2, 3, seed=1), tiny_gemma3.prompt(4, 1, seed=2)]
+    return [
+        {
+            "input_ids": ids[None],
+            "pixel_values": tiny_gemma3.pixels(1, seed=s),
+            "token_type_ids": tiny_gemma3.token_types(ids[None]),
+        }
+        for s, ids in zip((1, 2), rows, strict=True)
+    ]
+
+
+def qwen_inputs() -> list[dict]:
+    return [qwen_tiny.one(seed=1), qwen_tiny.one(texts=[[1, 5], [7, 8, 9, 10]], grids=[(4, 4)], seed=2)]
+
+
+def batched(family: str, singles: list[dict]) -> dict:
+    """The two prompts as one left-padded batch, as a processor makes it."""
+    if family == "qwen":
+        prompts = [([[1, 5, 6], [7, 8, 9]], [(4, 6)]), ([[1, 5], [7, 8, 9, 10]], [(4, 4)])]
+        both = qwen_tiny.batch(prompts, seed=0, side="left")
+        # the pixels of each image as drawn alone (batch() draws them in sequence from one seed)
+        both["pixel_values"] = torch.cat([single["pixel_values"] for single in singles])
+        return both
+    module = tiny_llava if family == "llava" else tiny_gemma3
+    ids, mask = module.batch([single["input_ids"][0] for single in singles], side="left")
+    inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": torch.cat([s["pixel_values"] for s in singles])}
+    if family == "gemma3":
+        inputs["token_type_ids"] = tiny_gemma3.token_types(ids)
+    return inputs
+
+
+FAMILIES = {
+    "llava": (lambda: tiny_llava.tiny_llava(), llava_inputs, 8),
+    "gemma3": (lambda: tiny_gemma3.tiny_gemma3(), gemma_inputs, 6),
+    "qwen": (lambda: qwen_tiny.qwen2_5_vl(), qwen_inputs, 3),
+}
+METHODS = {"pre_llm": ("random", {}), "in_llm": ("fastv", {"layer": 1})}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module, list[dict], int]:
+    build, inputs, keep = FAMILIES[request.param]
+    return request.param, build(), inputs(), keep
+
+
+def generate(model: torch.nn.Module, inputs: dict, **options: object) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=STEPS, **options)
+    return out[:, -STEPS:]
+
+
+@pytest.mark.parametrize("stage", sorted(METHODS))
+def test_use_cache_false_and_sampling_give_the_cached_runs_tokens(family: tuple, stage: str) -> None:
+    name, model, singles, keep = family
+    method, options = METHODS[stage]
+    vitrim.vlm.apply(model, method, keep=keep, **options)
+    try:
+        cached = generate(model, singles[0], do_sample=False)
+        uncached = generate(model, singles[0], do_sample=False, use_cache=False)
+        assert torch.equal(cached, uncached), name
+        torch.manual_seed(7)
+        sampled = generate(model, singles[0], do_sample=True, top_k=0)
+        torch.manual_seed(7)
+        sampled_uncached = generate(model, singles[0], do_sample=True, top_k=0, use_cache=False)
+        assert torch.equal(sampled, sampled_uncached), name
+    finally:
+        vitrim.vlm.remove(model)
+
+
+@pytest.mark.parametrize("stage", sorted(METHODS))
+def test_beam_search_gives_each_prompt_of_a_batch_what_it_gets_alone(family: tuple, stage: str) -> None:
+    name, model, singles, keep = family
+    method, options = METHODS[stage]
+    vitrim.vlm.apply(model, method, keep=keep, **options)
+    try:
+        alone = [generate(model, single, num_beams=2, do_sample=False) for single in singles]
+        together = generate(model, batched(name, singles), num_beams=2, do_sample=False)
+    finally:
+        vitrim.vlm.remove(model)
+    assert torch.equal(together, torch.cat(alone)), name
