@@ -16,7 +16,8 @@ from vitrim.cli.common import in_flags  # noqa: E402
 from vitrim.vlm_demo.ask import ask, read_canvas  # noqa: E402
 from vitrim.vlm_demo.demo import QUICK  # noqa: E402
 from vitrim.vlm_demo.evaluate import answer, held_out  # noqa: E402
-from vitrim.vlm_demo.model import build_model, digits_vlm_config, load_model, save_model  # noqa: E402
+from vitrim.vlm_demo.model import build_model, digits_vlm_config, save_model  # noqa: E402
+from vitrim.vlm_demo.run_folder import load_digits_vlm  # noqa: E402
 from vitrim.vlm_demo.sweep import apply_method, available_methods  # noqa: E402
 from vitrim.vlm_demo.words import split_words  # noqa: E402
 
@@ -71,7 +72,7 @@ def test_ask_runs_every_method_with_the_options_the_demo_sweeps_it_with(
     canvas = read_canvas(path)  # the pixels the command sees (8-bit): the random method's seed is drawn from them
     args = ["vlm", "ask", "--image", str(path), "--run", str(run), "where is the one ?", "--method", method]
     try:
-        pruned = apply_method(load_model(run), method, "0.125")
+        pruned = apply_method(load_digits_vlm(run), method, "0.125")
     except (ValueError, TypeError) as err:
         assert main([*args, "--keep", "0.125"]) == 2
         assert capsys.readouterr().err.strip() == f"vitrim: error: {in_flags(str(err))}"
@@ -123,7 +124,7 @@ def test_viz_vlm_draws_every_method_the_sweep_runs_and_names_the_others(
     refused = []
     for method in available_methods():
         try:
-            apply_method(load_model(run), method, "0.125")
+            apply_method(load_digits_vlm(run), method, "0.125")
         except (ValueError, TypeError):
             refused.append(method)
     args = ["viz", "vlm", "--run", str(run), "--canvas", "3", "--keep", "0.125", "--out", str(tmp_path / "k.png")]
