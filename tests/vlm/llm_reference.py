@@ -127,14 +127,26 @@ def top_k_reference(scores: Tensor, k: int) -> list[int]:
     return sorted(ranked[:k])
 
 
-def dart_reference(image_norms, text_norms, image_states, text_states, keep, pivot_image, pivot_text):
+def dart_reference(image_norms, text_norms, image_states, text_states, keep, pivot_image, pivot_text, positions=None):
     """DART's selection in the authors' shape (pivot lists, a shrinking pool, least-similar first), with vitrim's
-    documented exact count: keep − pivots split evenly, earlier pivots one more; pivots in sequence order."""
+    documented exact count: keep − pivots split evenly, earlier-visited pivots one more. Pivots visited in sequence
+    order, or, with ``positions`` = (image positions, text positions) in the sample's sequence, in the authors'
+    order: the order of the Python set their code builds from those positions (image pivots, then text pivots, each
+    largest norm first)."""
     image_pivots = top_k_reference(image_norms, min(pivot_image, len(image_norms), keep))
     if keep <= len(image_pivots):
         return image_pivots
     text_pivots = top_k_reference(text_norms, min(pivot_text, len(text_norms)))
     pivots = [image_states[i] for i in image_pivots] + [text_states[j] for j in text_pivots]
+    if positions is not None:
+        by_norm = lambda norms, chosen: sorted(chosen, key=lambda j: (-float(norms[j].detach()), j))  # noqa: E731
+        keys = [("image", i) for i in by_norm(image_norms, image_pivots)] + [
+            ("text", j) for j in by_norm(text_norms, text_pivots)
+        ]
+        position_of = {key: int(positions[0 if key[0] == "image" else 1][key[1]]) for key in keys}
+        key_at = {position_of[key]: key for key in keys}
+        visited = [key_at[position] for position in set(position_of[key] for key in keys)]
+        pivots = [image_states[i] if kind == "image" else text_states[i] for kind, i in visited]
     remaining = keep - len(image_pivots)
     quotas = [remaining // len(pivots) + (1 if i < remaining % len(pivots) else 0) for i in range(len(pivots))]
     pool = [j for j in range(len(image_norms)) if j not in image_pivots]
@@ -145,3 +157,27 @@ def dart_reference(image_norms, text_norms, image_states, text_states, keep, piv
         chosen.update(taken)
         pool = [j for j in pool if j not in taken]
     return sorted(chosen)
+
+
+def dart_authors_reference(norms, states, image_start, image_length, pivot_image, pivot_text, token_topk):
+    """The authors' ``get_retained_image_token`` (DART, LLaVA), step for step on one unpadded sequence: norms (L,)
+    the L1 norms of layer K−1's keys, states (L, D) layer K's input through the final norm, the image at
+    ``image_start`` … ``image_start + image_length − 1``; every pivot takes ``token_topk`` tokens. Returns the kept
+    image tokens as raster indices (0 … image_length − 1), sorted."""
+    image_norms = norms[image_start : image_start + image_length]
+    text_norms = norms[image_start + image_length :]
+    image_indices = (image_norms.topk(pivot_image).indices + image_start).tolist()
+    query_indices = (text_norms.topk(pivot_text).indices + image_start + image_length).tolist()
+    indices_set = set(image_indices + query_indices)
+    valid_indices = set(range(image_start, image_start + image_length)) - set(image_indices)
+    valid_indices_list = list(valid_indices)
+    for item in list(indices_set):
+        valid_vectors = states[valid_indices_list, :]
+        cos_sim = -cosine_similarity(states[item, :], valid_vectors, dim=-1)
+        top_k_indices = cos_sim.topk(token_topk).indices
+        top_k_real_indices = [valid_indices_list[i] for i in top_k_indices]
+        indices_set.update(top_k_real_indices)
+        valid_indices.difference_update(top_k_real_indices)
+        valid_indices_list = list(valid_indices)
+    indices_set.difference_update(query_indices)
+    return sorted(index - image_start for index in indices_set)

@@ -102,3 +102,115 @@ def divprune_reference(projected: torch.Tensor, keep: int) -> list[list[int]]:
             chosen.append(max(rest, key=lambda i: (min(dist[i][j] for j in chosen), -i)))
         result.append(sorted(chosen))
     return result
+
+
+def downsample_reference(features: torch.Tensor, rows: int, columns: int, keep: int) -> tuple[list[list[int]], list]:
+    """vitrim's documented pooling (vitrim.vlm.method.downsample), as plain loops: every band count r, its cells by
+    the floor boundaries, the most even cells, then the most nearly square mean cell, then the fewest bands. Returns
+    the cells (raster indices, raster order of their top-left token) and each cell's mean feature."""
+    import math
+
+    def cells_of(bands: int) -> list[list[int]]:
+        cells = []
+        for band in range(bands):
+            count = keep // bands + (1 if band < keep % bands else 0)
+            band_rows = range(band * rows // bands, (band + 1) * rows // bands)
+            for cell in range(count):
+                cell_columns = range(cell * columns // count, (cell + 1) * columns // count)
+                cells.append([r * columns + c for r in band_rows for c in cell_columns])
+        return cells
+
+    candidates = []
+    for bands in range(1, min(rows, keep) + 1):
+        if keep / bands > columns:
+            continue
+        sizes = [len(cell) for cell in cells_of(bands)]
+        squareness = abs(math.log((rows / bands) / (columns * bands / keep)))
+        candidates.append(((max(sizes) - min(sizes), round(squareness, 12), bands), bands))
+    cells = cells_of(min(candidates)[1])
+    means = [sum(features[i] for i in cell) / len(cell) for cell in cells]
+    return cells, means
+
+
+def cdpruner_reference(
+    projected: torch.Tensor, relevance: torch.Tensor, keep: int, theta: float | None = None
+) -> list[list[int]]:
+    """The authors' encode_images of CDPruner from the kernel on, batched as they wrote it: projected (B, N, D),
+    relevance (B, N) already normalised (per image, vitrim's documented departure from their batch-wide min/max);
+    the similarity's diagonal set to exactly 1, vitrim's other documented change (theirs is 1 ± rounding)."""
+    batch, num_tokens, _ = projected.shape
+    image_normalized = projected / projected.norm(dim=-1, keepdim=True)
+    similarity = torch.matmul(image_normalized, image_normalized.transpose(1, 2))
+    similarity = similarity * (1 - torch.eye(num_tokens)) + torch.eye(num_tokens)  # cos(x, x) = 1 (vitrim's one change)
+    if theta is not None:
+        relevance = torch.exp(theta / (2 * (1 - theta)) * relevance)
+    kernel = relevance.unsqueeze(2) * similarity * relevance.unsqueeze(1)
+    cis = torch.zeros((keep, batch, num_tokens), dtype=projected.dtype)
+    di2s = torch.diagonal(kernel, dim1=1, dim2=2).clone()
+    select_idx = torch.empty((keep, batch), dtype=torch.long)
+    rows = torch.arange(batch)
+    for i in range(keep):
+        j = torch.argmax(di2s, dim=-1)
+        select_idx[i] = j
+        eis = (kernel[rows, j] - torch.einsum("tb,tbn->bn", cis[:i, rows, j], cis[:i])) / torch.sqrt(
+            di2s[rows, j]
+        ).unsqueeze(-1)
+        cis[i, :, :] = eis
+        di2s -= torch.square(eis)
+        di2s[rows, j] = -float("inf")
+    return torch.sort(select_idx.t()).values.tolist()
+
+
+def cdpruner_relevance_reference(image_embeds: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
+    """The authors' relevance (B, N) at batch 1 (their min and max run over the whole batch)."""
+    image_embeds = image_embeds / image_embeds.norm(dim=-1, keepdim=True)
+    text_embeds = text_embeds / text_embeds.norm(dim=-1, keepdim=True)
+    relevance = torch.matmul(image_embeds, text_embeds.t())
+    relevance = (-relevance).mean(dim=-1)
+    return (relevance - relevance.min() + 1e-6) / (relevance.max() - relevance.min())
+
+
+def scope_reference(features: torch.Tensor, saliency: torch.Tensor, keep: int, alpha: float) -> list[int]:
+    """SCOPE from the paper's definitions as plain loops: the set coverage c(S) = Σ_j max(0, max_{i∈S} cos(i, j))
+    computed whole for S and S ∪ {i}, the score saliency^α · (c(S ∪ {i}) − c(S)), the largest taken (ties to the
+    lower index). Returns the selection in selection order."""
+    unit = [f / f.norm() for f in features]
+    n = len(unit)
+    sim = [[1.0 if i == j else float(unit[i] @ unit[j]) for j in range(n)] for i in range(n)]
+
+    def coverage(chosen: list[int]) -> float:
+        return sum(max([0.0] + [sim[i][j] for i in chosen]) for j in range(n))
+
+    chosen: list[int] = []
+    for _ in range(keep):
+        base = coverage(chosen)
+        scores = {
+            i: max(float(saliency[i]), 0.0) ** alpha * (coverage([*chosen, i]) - base)
+            for i in range(n)
+            if i not in chosen
+        }
+        chosen.append(max(scores, key=lambda i: (scores[i], -i)))
+    return chosen
+
+
+def hiprune_reference(
+    object_attentions: torch.Tensor, deep_attentions: torch.Tensor, keep: int, alpha: float, width: int
+) -> list[list[int]]:
+    """The authors' encode_images of HiPrune (LLaVA): attentions (B, H, 1 + N, 1 + N) of the object layer and of the
+    deep layer as transformers returns them; the global attention is their mean over heads and queries, [CLS]'s
+    column dropped. topk is stable here (ties to the lower index)."""
+    batch, num_tokens = object_attentions.shape[0], object_attentions.shape[-1] - 1
+    deep_attention = deep_attentions.mean(dim=1).mean(dim=1)[:, 1:].clone()
+    shallow_attention = object_attentions.mean(dim=1).mean(dim=1)[:, 1:]
+    shallow_token_num = round(keep * alpha / 5)
+    kept = []
+    for i in range(batch):
+        shallow = stable_topk(shallow_attention[i].unsqueeze(0), shallow_token_num)
+        shallow = torch.cat([shallow, shallow - 1, shallow + 1, shallow - width, shallow + width], dim=1)
+        shallow = torch.unique(shallow.clamp(0, num_tokens - 1)).unsqueeze(0)
+        deep_token_num = keep - shallow.shape[1]
+        available = torch.zeros(1, num_tokens, dtype=torch.bool).scatter_(1, shallow, 1)
+        deep_attention[i] -= available.int().squeeze()
+        deep = stable_topk(deep_attention[i].unsqueeze(0), deep_token_num)
+        kept.append(torch.sort(torch.cat([shallow, deep], dim=1), dim=1)[0][0].tolist())
+    return kept

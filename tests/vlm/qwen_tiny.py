@@ -104,6 +104,42 @@ def qwen3_vl(seed: int = 0) -> torch.nn.Module:
     return transformers.Qwen3VLForConditionalGeneration(config).double().eval()
 
 
+def qwen3_vl_8b_layout(seed: int = 0) -> torch.nn.Module:
+    """A tiny Qwen3VLForConditionalGeneration laid out as Qwen/Qwen3-VL-8B-Instruct's config is, float64 on SDPA.
+
+    The 8B: a 27-block tower with DeepStack taps after blocks 8, 16 and 24, added to the LLM's layers 0, 1 and 2;
+    a 36-layer LLM with 32 heads on 8 KV heads (GQA groups of 4), interleaved M-RoPE (section [24, 20, 20] of 64),
+    temporal patches of 2 frames. Here: 4 tower blocks tapped after 0, 1 and 2 (three taps, the last block feeding
+    the merger only), a 4-layer LLM (FastV's and DART's default layer 2 is at the last tap), 4 heads on 1 KV head,
+    section [2, 1, 1] of 4, temporal patches of 2 (an image is its frame twice: ``batch(..., temporal=2)``)."""
+    text = {
+        **TEXT,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "rope_parameters": {**TEXT["rope_parameters"], "mrope_interleaved": True, "rope_theta": 5_000_000.0},
+    }
+    config = transformers.Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=4,
+            hidden_size=16,
+            intermediate_size=24,
+            num_heads=2,
+            out_hidden_size=32,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            in_channels=CHANNELS,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0, 1, 2],
+        ),
+        **TOKENS,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen3VLForConditionalGeneration(config).double().eval()
+
+
 BUILDERS = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl}
 
 
@@ -115,9 +151,12 @@ def prompt(texts: list[list[int]], grids: list[tuple[int, int]]) -> list[int]:
     return ids
 
 
-def batch(prompts: list[tuple[list[list[int]], list[tuple[int, int]]]], seed: int = 0, side: str = "left") -> dict:
+def batch(
+    prompts: list[tuple[list[list[int]], list[tuple[int, int]]]], seed: int = 0, side: str = "left", temporal: int = 1
+) -> dict:
     """Processor-like inputs for several prompts, padded on ``side``: input_ids, attention_mask, mm_token_type_ids,
-    pixel_values (patches of every image in reading order), image_grid_thw. Pixels are drawn per image from ``seed``."""
+    pixel_values (patches of every image in reading order), image_grid_thw. Pixels are drawn per image from ``seed``;
+    ``temporal``: the tower's temporal patch size (a patch holds that many frames, an image repeating its own)."""
     rows = [prompt(texts, grids) for texts, grids in prompts]
     length = max(map(len, rows))
     ids = torch.full((len(rows), length), PAD)
@@ -128,7 +167,12 @@ def batch(prompts: list[tuple[list[list[int]], list[tuple[int, int]]]], seed: in
         mask[b, span] = 1
     grids = [grid for _, image_grids in prompts for grid in image_grids]
     generator = torch.Generator().manual_seed(seed)
-    pixels = [torch.randn(h * w, CHANNELS * PATCH * PATCH, generator=generator, dtype=torch.float64) for h, w in grids]
+    pixels = [
+        torch.randn(h * w, CHANNELS, 1, PATCH * PATCH, generator=generator, dtype=torch.float64) for h, w in grids
+    ]
+    pixels = [
+        image.expand(-1, -1, temporal, -1).reshape(h * w, -1) for image, (h, w) in zip(pixels, grids, strict=True)
+    ]
     return {
         "input_ids": ids,
         "attention_mask": mask,

@@ -42,12 +42,20 @@ def test_fastervlm_keeps_the_tokens_receiving_the_most_attention(family: str) ->
 
 
 @pytest.mark.parametrize(
-    "method", ["fastervlm", "vispruner", "divprune", pytest.param("random", marks=pytest.mark.full)]
+    ("method", "options"),
+    [
+        ("fastervlm", {}),
+        ("vispruner", {}),
+        ("divprune", {}),
+        pytest.param("random", {}, marks=pytest.mark.full),
+        pytest.param("scope", {}, marks=pytest.mark.full),
+        pytest.param("cdpruner", {"theta": 0}, marks=pytest.mark.full),
+    ],
 )
-def test_dropping_methods_are_exact_against_the_masked_full_model(method: str) -> None:
+def test_dropping_methods_are_exact_against_the_masked_full_model(method: str, options: dict) -> None:
     model = BUILDERS["qwen2_5_vl"]()
     inputs = batch(THREE)
-    vitrim.vlm.apply(model, method, keep=3)
+    vitrim.vlm.apply(model, method, keep=3, **options)
     with torch.no_grad():
         pruned = model(**inputs).logits
     groups = vitrim.vlm.last_selection(model, groups=True)

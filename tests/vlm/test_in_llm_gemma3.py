@@ -13,7 +13,7 @@ import torch
 from gemma3_llm_reference import greedy_reference, image_runs, kept_columns, llm_embeddings, masked_gemma3
 from hf_cache import cache_kw, cache_of
 from llm_reference import dart_reference, top_k_reference
-from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN, WINDOW, batch, pixels, prompt, tiny_gemma3, token_types
+from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN, REAL_PATTERN, WINDOW, batch, pixels, prompt, tiny_gemma3, token_types
 
 import vitrim.vlm
 
@@ -334,7 +334,7 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(mo
             after = torch.arange(int(image_columns.max()) + 1, len(alone_ids))
             text = after[alone_ids[after] != IMAGE_TOKEN]  # the text tokens after the image (not a later image)
             expected = dart_reference(norms[image_columns], norms[text], states[image_columns], states[text], keep,
-                                      *pivots)  # fmt: skip
+                                      *pivots, positions=(image_columns, text))  # fmt: skip
             assert kept[image].tolist() == expected
             image += 1
     handle.remove()
@@ -374,3 +374,24 @@ def test_a_static_cache_is_refused_not_left_unpruned(model) -> None:
     vitrim.vlm.apply(model, "fastv", **APPLIED["fastv"])
     with pytest.raises(ValueError, match="static or compiled cache"):
         model.generate(**inputs, max_new_tokens=2, do_sample=False, cache_implementation="static")
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("fastv", {}), pytest.param("pdrop", {"layers": (2, 5), "ratios": (0.5, 0.25)}, marks=FULL)],
+)
+def test_the_checkpoints_five_sliding_to_one_full_layers_drop_like_the_masked_model(name: str, options: dict) -> None:
+    """Gemma 3's checkpoints run five sliding-window layers per full one (the tiny model alternates them): FastV at
+    its default layer 2 and PyramidDrop across both kinds equal the masked reference there too."""
+    model = tiny_gemma3(layer_types=REAL_PATTERN)
+    inputs = _inputs()
+    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
+    vitrim.vlm.apply(model, name, **options)
+    out = model(**inputs)
+    drops = _stage_drops(model, ids)
+    vitrim.vlm.remove(model)
+    embeds = llm_embeddings(model, ids, inputs["pixel_values"])
+    reference = masked_gemma3(model, embeds, image_runs(ids), mask, positions, drops)
+    kept_real = mask.bool() & drops[max(drops)]
+    assert all(int((~keep & (ids == IMAGE_TOKEN)).sum()) > 0 for keep in drops.values())
+    assert (out.logits - reference)[kept_real].abs().max() <= TOL

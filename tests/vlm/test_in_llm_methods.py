@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_cache import cache_of
-from llm_reference import dart_reference, kept_keys, masked_forward, positions, prompts, tiny_llama, top_k_reference
+from llm_reference import (
+    dart_authors_reference,
+    dart_reference,
+    kept_keys,
+    masked_forward,
+    positions,
+    prompts,
+    tiny_llama,
+    top_k_reference,
+)
 
 from vitrim.vlm.method.dart import DartDrop, dart_keep
 from vitrim.vlm.method.fastv import FastVDrop, fastv_keep
@@ -98,8 +107,36 @@ def test_dart_keeps_key_norm_pivots_and_the_tokens_least_duplicated_with_them(la
         image = _image_columns(spans, 0)
         text = torch.arange(int(image.max()) + 1, input_ids.shape[1])  # the text after the image
         norms = keys.abs().sum(dim=-1)
-        expected = dart_reference(norms[image], norms[text], states[image], states[text], keep, *pivots)
+        expected = dart_reference(
+            norms[image], norms[text], states[image], states[text], keep, *pivots, positions=(image, text)
+        )
         assert stages[0][sample].tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("per_pivot", "pivots", "image_tokens"),
+    [(1, (4, 4), 16), pytest.param(2, (4, 4), 24, marks=FULL), pytest.param(3, (2, 3), 20, marks=FULL)],
+)
+def test_dart_at_the_authors_own_count_keeps_what_their_code_keeps(per_pivot, pivots, image_tokens):
+    """keep = image pivots + t · (all pivots), so every pivot takes t tokens as in the authors' code (ported step for
+    step in ``llm_reference.dart_authors_reference``): the same kept tokens in their pivot order, the default."""
+    model = tiny_llama(seed=9)
+    lengths = [(35, 9), (3, 12), (20, 6)]  # the image after 35 tokens, as LLaVA-1.5's prompt places it
+    keep = pivots[0] + per_pivot * sum(pivots)
+    policy = DartDrop(layer=2, tokens=lambda n: keep, pivot_image_token=pivots[0], pivot_text_token=pivots[1])
+    drop = InLLMDrop(model.model, policy)
+    input_ids, attention_mask, spans = prompts(lengths, image_tokens, seed=9)
+    drop.on_prefill(spans)
+    model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask))
+    kept = [k.tolist() for k in drop.selection()]
+    drop.remove()
+    for sample, (before, _) in enumerate(lengths):
+        alone = input_ids[sample, attention_mask[sample].bool()][None]  # the sample without its padding
+        out = model(input_ids=alone, use_cache=True, output_hidden_states=True)
+        norms = cache_of(out).layers[1].keys.transpose(1, 2).flatten(2)[0].abs().sum(-1)  # (L,) layer K−1 = 1
+        states = model.model.norm(out.hidden_states[2])[0].detach()
+        expected = dart_authors_reference(norms, states, before, image_tokens, *pivots, per_pivot)
+        assert kept[sample] == expected, sample
 
 
 def test_ties_go_to_the_earlier_token():

@@ -19,6 +19,11 @@ TOKENS = [52, 88]
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
+    return tiny_llava_next()
+
+
+def tiny_llava_next() -> torch.nn.Module:
+    """A tiny LlavaNextForConditionalGeneration in float64 (CLIP 16-px tiles of 4-px patches, a 2-layer Llama)."""
     config = transformers.LlavaNextConfig(
         vision_config=dict(
             model_type="clip_vision_model",
@@ -114,9 +119,17 @@ def dropped_mask(ids: torch.Tensor, kept: list[torch.Tensor]) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("method", ["fastervlm", pytest.param("divprune", marks=pytest.mark.full)])
-def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.Module, method: str) -> None:
-    vitrim.vlm.apply(model, method, keep=5)
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("fastervlm", {}),
+        pytest.param("divprune", {}, marks=pytest.mark.full),
+        pytest.param("scope", {}, marks=pytest.mark.full),
+        pytest.param("cdpruner", {"theta": 0}, marks=pytest.mark.full),
+    ],
+)
+def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.Module, method: str, options) -> None:
+    vitrim.vlm.apply(model, method, keep=5, **options)
     pruned = model(**inputs()).logits
     kept = vitrim.vlm.last_selection(model)
     # per tile 5 tokens (3 and 5 tiles), and every newline token (4 and 8)
@@ -127,8 +140,9 @@ def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.M
     assert (full[0, mask[0].bool()] - pruned[0]).abs().max() <= TOL
 
 
-def test_merged_groups_cover_every_token_the_llm_would_see(model: torch.nn.Module) -> None:
-    vitrim.vlm.apply(model, "visionzip", keep=5, contextual=2)
+@pytest.mark.parametrize(("method", "options"), [("visionzip", {"contextual": 2}), ("downsample", {})])
+def test_merged_groups_cover_every_token_the_llm_would_see(model: torch.nn.Module, method: str, options) -> None:
+    vitrim.vlm.apply(model, method, keep=5, **options)  # downsample: each 4 × 4 tile pooled to 5 cells
     model(**inputs())
     for image, groups in enumerate(vitrim.vlm.last_selection(model, groups=True)):
         assert sorted(torch.cat(groups).tolist()) == list(range(TOKENS[image]))

@@ -10,7 +10,15 @@ import pytest
 
 import vitrim.vlm
 from vitrim.bench.flops import count_flops
-from vitrim.bench.vlm import VLMBenchSettings, bench_inputs, build_model, flops_config, markdown, run_bench
+from vitrim.bench.vlm import (
+    VLMBenchSettings,
+    bench_inputs,
+    bench_methods,
+    build_model,
+    flops_config,
+    markdown,
+    run_bench,
+)
 from vitrim.cli import main
 from vitrim.vlm.flops import prefill_cost
 
@@ -33,6 +41,19 @@ def test_the_mac_counts_are_what_torch_counts_in_the_timed_model() -> None:
     finally:
         vitrim.vlm.remove(model)
     assert pruned == 2 * prefill_cost(vlm, "random", 5, text_tokens=94).total
+    vitrim.vlm.apply(model, "downsample", keep=4)  # cell means: pooling, no products either
+    try:
+        pooled = count_flops(lambda: model(**inputs, logits_to_keep=1))
+    finally:
+        vitrim.vlm.remove(model)
+    assert pooled == 2 * prefill_cost(vlm, "downsample", 4, text_tokens=94).total
+
+
+def test_by_default_every_pre_llm_method_that_runs_with_its_defaults_is_timed() -> None:
+    names = bench_methods(VLMBenchSettings(**TINY, keeps=(4,)))  # type: ignore[arg-type]
+    assert {"downsample", "scope", "fastervlm", "random", "cdpruner"} <= set(names)
+    assert "cdpruner" in names and "hiprune" not in names  # hiprune needs a middle layer the stage lacks
+    assert set(names) <= set(vitrim.vlm.methods("pre_llm"))
 
 
 @pytest.mark.full  # the CLI test runs the same path with one method

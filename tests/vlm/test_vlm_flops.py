@@ -198,3 +198,18 @@ def test_vispruner_s_own_count_follows_the_authors_rounds_by_hand() -> None:
     tower = VisionTower("tiny", 8, 2, 8, 2, 2, 16, cls_token=True, feature_layer=-2)
     vlm = dataclasses.replace(LLAVA_15_7B, tower=tower, projector=((8, 8),))
     assert prefill_cost(vlm, "vispruner", 8).method_own == 8 * 8 + 17 * 8 * 8 + 17 * 8 + 36 * 8
+
+
+def test_the_new_pre_llm_methods_count_their_own_products_by_hand() -> None:
+    """LLaVA-1.5-7B at keep 64, 94 text tokens: n = 576 image tokens, tower width 1024 on 577 tokens, LLM width 4096."""
+    n, d, tokens, e, k, text = 576, 1024, 577, 4096, 64, 94
+    cls_row = d * d + tokens * d * d + tokens * d
+    received = 2 * tokens * d * d + tokens * tokens * d
+    own = lambda method: prefill_cost(LLAVA_15_7B, method, k, text_tokens=text).method_own  # noqa: E731
+    assert own("downsample") == 0
+    assert own("scope") == cls_row + n * n * d
+    assert own("cdpruner") == n * n * e + n * k * (k - 1) // 2 + n * text * e  # theta=None: relevance counted
+    assert own("hiprune") == 2 * received
+    assert own("visionzip") == cls_row + (n - k) * 10 * d  # the registry's 54 : 10 split at 64
+    for method in ("downsample", "scope", "cdpruner", "hiprune"):
+        assert prefill_cost(LLAVA_15_7B, method, k, text_tokens=text).tokens_per_layer == (k + text,) * 32

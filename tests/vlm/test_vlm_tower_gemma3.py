@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from tiny_gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
-from tower_reference import on_grid, received_ranking, vitrim_tome
+from tower_reference import fed_the_grid, on_grid, received_ranking, vitrim_tome
 
 import vitrim
 import vitrim.vlm
@@ -113,14 +113,8 @@ def test_the_tower_s_tokens_equal_the_independent_path(name: str, model, inputs)
 def test_the_model_equals_the_unmodified_one_fed_the_tokens_on_the_grid(name: str, model, inputs) -> None:
     tower = model.model.vision_tower
     tokens, _, patch_to_token = independent(tower, name, inputs["pixel_values"])
-    grid = on_grid(tower, tokens, patch_to_token)
+    reference, unmodified = fed_the_grid(model, inputs, on_grid(tower, tokens, patch_to_token))
     with torch.no_grad():
-        handle = model.model.multi_modal_projector.register_forward_pre_hook(lambda m, args: (grid,))
-        try:
-            reference = model(**inputs).logits
-        finally:
-            handle.remove()
-        unmodified = model(**inputs).logits
         vitrim.vlm.apply(model, name, **OPTIONS[name])
         logits = model(**inputs).logits
         vitrim.vlm.remove(model)

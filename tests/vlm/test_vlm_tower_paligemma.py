@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_gemma3 import batch
 from tiny_paligemma import IMAGE_TOKENS, pixels, prompt, tiny_paligemma
-from tower_reference import on_grid, received_ranking, vitrim_tome
+from tower_reference import fed_the_grid, on_grid, received_ranking, vitrim_tome
 
 import vitrim.vlm
 
@@ -78,14 +78,8 @@ def test_a_reducer_that_removes_nothing_leaves_the_model_bit_for_bit(name, optio
 @pytest.mark.parametrize("name", ["tome", pytest.param("evit", marks=pytest.mark.full)])
 def test_the_model_equals_the_unmodified_one_fed_the_tokens_on_the_grid(name: str, model) -> None:
     prompts, inputs = padded()
-    grid = grid_reference(model, name, inputs["pixel_values"])
+    reference, unmodified = fed_the_grid(model, inputs, grid_reference(model, name, inputs["pixel_values"]))
     with torch.no_grad():
-        handle = model.model.multi_modal_projector.register_forward_pre_hook(lambda m, args: (grid,))
-        try:
-            reference = model(**inputs).logits
-        finally:
-            handle.remove()
-        unmodified = model(**inputs).logits
         vitrim.vlm.apply(model, name, **OPTIONS[name])
         logits = model(**inputs).logits
         kept = vitrim.vlm.last_selection(model)

@@ -20,7 +20,16 @@ GRID_TOKENS = 16  # the projector's pooled 4×4 grid
 WINDOW = 8
 
 
-def tiny_gemma3(attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+ALTERNATING = ("sliding_attention", "full_attention") * 2
+REAL_PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 3's checkpoints: 5 sliding layers, 1 full
+
+
+def tiny_gemma3(
+    attn: str = "sdpa", seed: int = 0, image_size: int = 16, layer_types: tuple[str, ...] = ALTERNATING
+) -> torch.nn.Module:
+    """``image_size`` 32: a 16×16 patch grid pooled 4×4 to the same 16 image tokens, the ratio of the real checkpoints
+    (896-px images of 14-px patches: 64×64 patches pooled 4×4 to 256 tokens). ``layer_types``: the LLM's layers
+    (:data:`REAL_PATTERN`: the checkpoints' five sliding-window layers to one full one)."""
     config = transformers.Gemma3Config(
         vision_config=dict(
             model_type="siglip_vision_model",
@@ -28,7 +37,7 @@ def tiny_gemma3(attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
             intermediate_size=37,
             num_hidden_layers=2,
             num_attention_heads=4,
-            image_size=16,
+            image_size=image_size,
             patch_size=2,
             vision_use_head=False,
         ),
@@ -37,13 +46,13 @@ def tiny_gemma3(attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
             vocab_size=99,
             hidden_size=32,
             intermediate_size=37,
-            num_hidden_layers=4,
+            num_hidden_layers=len(layer_types),
             num_attention_heads=4,
             num_key_value_heads=2,
             head_dim=8,
             max_position_embeddings=512,
             sliding_window=WINDOW,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            layer_types=list(layer_types),
             pad_token_id=PAD,
         ),
         mm_tokens_per_image=GRID_TOKENS,
@@ -71,9 +80,9 @@ def prompt(num_text_before: int, num_text_after: int, images: int = 1, seed: int
     return torch.cat(parts)
 
 
-def pixels(num_images: int, seed: int = 0) -> torch.Tensor:
+def pixels(num_images: int, seed: int = 0, size: int = 16) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(num_images, 3, 16, 16, generator=generator, dtype=torch.float64)
+    return torch.randn(num_images, 3, size, size, generator=generator, dtype=torch.float64)
 
 
 def batch(prompts: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,6 +64,18 @@ def received_ranking(
     return x, positions, patch_to_token
 
 
+def fed_the_grid(model: torch.nn.Module, inputs: dict, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of the unmodified ``model`` on ``inputs`` with its projector fed ``grid`` (B, P, C) (the reference),
+    and its logits as they are (B, L, V) each."""
+    with torch.no_grad():
+        handle = model.model.multi_modal_projector.register_forward_pre_hook(lambda m, args: (grid,))
+        try:
+            reference = model(**inputs).logits
+        finally:
+            handle.remove()
+        return reference, model(**inputs).logits
+
+
 def on_grid(tower: torch.nn.Module, tokens: torch.Tensor, patch_to_token: torch.Tensor) -> torch.Tensor:
     """(B, P, C): the tower's output (post-LayerNorm) of each patch's token, zero for a dropped patch."""
     normed = tower.post_layernorm(tokens)

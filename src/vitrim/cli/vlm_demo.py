@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vitrim.cli.common import SEED, Bounded, add_threads_argument, check_output_file, check_output_folder
 from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
+from vitrim.cli.vlm_user import add_user_model_arguments, demo_mode, run_user_ask
 from vitrim.extras import require
 
 # the demo scores 200 held-out canvases (vitrim.vlm_demo.demo.FULL): --canvas picks one of them
@@ -115,12 +116,17 @@ def _register_ask(commands: argparse._SubParsersAction) -> None:
     p.add_argument("question", help='e.g. "which digit ?", "where is the seven ?", "how many digits ?"')
     p.add_argument("--image", required=True, help="a PNG or JPEG file")
     _add_model_arguments(p)
+    add_user_model_arguments(p)  # --model: the user's own VLM instead of the demo's (vitrim.cli.vlm_user)
     add_threads_argument(p)
     p.set_defaults(func=_run_ask)
 
 
 def _run_ask(args: argparse.Namespace) -> int:
     from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas
+
+    if args.model is not None:
+        return run_user_ask(args)
+    demo_mode(args)
 
     keep = parse_keep(args.keep)
     model = load_demo_model(args.run)

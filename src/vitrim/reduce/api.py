@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -31,6 +31,11 @@ def reducer_options(name: str) -> tuple[str, ...]:
     cls = get_reducer(name)
     alias = cls.layers_alias
     return ("layers", *((alias,) if alias else ()), *(("schedule",) if cls.takes_schedule() else ()), *_options(name))
+
+
+def missing_options(name: str, options: Mapping[str, Any]) -> list[str]:
+    """The options reducer ``name`` needs (no default) that ``options`` lacks, sorted (e.g. ToMe's ``r``)."""
+    return sorted(k for k, p in _options(name).items() if p.default is p.empty and k not in options)
 
 
 def _options(name: str) -> dict[str, inspect.Parameter]:
@@ -84,7 +89,7 @@ def apply(model: nn.Module, name: str, *, layers: Sequence[int] | int | None = N
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for reducer {name!r}; expected some of {list(allowed)}")
-    missing = sorted(k for k, p in _options(name).items() if p.default is p.empty and k not in options)
+    missing = missing_options(name, options)
     if missing:
         raise ValueError(f"reducer {name!r} needs option(s) {missing}, e.g. {cls.example_options}")
     if cls.needs_cls_token and not _has_class_token(model):

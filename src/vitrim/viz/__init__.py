@@ -1,5 +1,5 @@
 """Seeing attention: maps per block and head, attention rollout, class-specific relevance (Chefer, AttnLRP), kept
-tokens per stage, and one matrix by hand.
+tokens per stage, a VLM's kept tokens on the user's own picture, and one matrix by hand.
 
 Importing this package does not import matplotlib; the drawing functions do, on their own Agg canvas.
 """
@@ -24,12 +24,15 @@ from vitrim.viz.rollout import (
     rollout_step,
 )
 from vitrim.viz.tokens import kept_masks, model_kept_indices, plot_kept_tokens, render_kept_tokens
+from vitrim.viz.vlm_boxes import TokenBoxes, vlm_token_boxes
+from vitrim.viz.vlm_kept import plot_vlm_kept, render_vlm_kept
 
 __all__ = [
     "METHODS",
     "Explanation",
     "RelevanceMap",
     "Rollout",
+    "TokenBoxes",
     "attention_rollout",
     "attention_rollout_model",
     "block_token_indices",
@@ -45,10 +48,13 @@ __all__ = [
     "plot_explanation",
     "plot_kept_tokens",
     "plot_rollout",
+    "plot_vlm_kept",
     "positions_to_token_index",
     "relevance",
     "relevance_map",
     "render_kept_tokens",
+    "render_vlm_kept",
     "rollout_step",
     "save_figure",
+    "vlm_token_boxes",
 ]

@@ -295,7 +295,7 @@ def prefill_cost(
         entering = k
         cuts = [(0, k)]
         projected = k if vlm.cut_before_projector else n_img
-        own = _pre_llm_own(vlm, method, k)
+        own = _pre_llm_own(vlm, method, k, text_tokens)
     elif method in ("fastv", "dart"):
         layer = schedule.fastv_layer if method == "fastv" else schedule.dart_layer
         cuts = [(layer, k)]
@@ -350,14 +350,16 @@ def _attention_row_macs(llm: LanguageModel, n: int) -> int:
     return llm.width * llm.heads * llm.head_dim + _key_macs(llm, n) + llm.heads * n * llm.head_dim
 
 
-def _pre_llm_own(vlm: VLM, method: str, keep: int) -> int:
-    """The dominant products of a pre-LLM selection for one image (the papers' algorithms; see docs/vlm.md)."""
+def _pre_llm_own(vlm: VLM, method: str, keep: int, text_tokens: int) -> int:
+    """The dominant products of a pre-LLM selection for one image (the papers' algorithms; see docs/vlm.md); a
+    method's options are its registered defaults (``method_class(name).defaults``)."""
     n, d, tokens = vlm.image_tokens, vlm.tower.width, vlm.tower.tokens
+    received = 2 * tokens * d * d + tokens * tokens * d  # every query, key and q·kᵀ of one tower layer
     if vlm.tower.cls_token:  # [CLS]'s query, every key and one q·kᵀ row at the scoring layer
         scores = d * d + tokens * d * d + tokens * d
-    else:  # no [CLS]: the attention each token receives, so every query, key and q·kᵀ (see docs/vlm.md)
-        scores = 2 * tokens * d * d + tokens * tokens * d
-    if method == "random":
+    else:  # no [CLS]: the attention each token receives (see docs/vlm.md)
+        scores = received
+    if method in ("random", "downsample"):  # a draw; cell means (pooling is not counted)
         return 0
     if method == "fastervlm":
         return scores
@@ -368,9 +370,20 @@ def _pre_llm_own(vlm: VLM, method: str, keep: int) -> int:
             similarities += ((rest + 1) // 2) * (rest // 2) * d
             rest -= min(8, rest - diverse)
         return scores + similarities
-    if method == "visionzip":  # dominant by score; the rest merged into ~1/6 of keep contextual targets by keys
-        contextual = max(1, round(keep * 10 / 64))  # the authors' 54 + 10, 108 + 20, 162 + 30
-        return scores + (n - keep) * contextual * d
+    if method == "visionzip":  # dominant by score; the rest merged into the contextual targets by keys
+        options = method_class("visionzip").defaults  # the authors' dominant : contextual split, scaled to keep
+        share = options["contextual"] / (options["dominant"] + options["contextual"])
+        return scores + (n - keep) * max(1, round(keep * share)) * d
+    if method == "scope":  # saliency, then the tower features' pairwise cosines (the greedy rounds add no products)
+        return scores + n * n * d
+    if method == "cdpruner":  # the projected tokens' pairwise cosines, the greedy MAP's k·(k-1)/2 row updates, and
+        # with theta None (the default) the relevance: the image tokens against the text's M rows
+        own = n * n * vlm.llm.width + n * keep * (keep - 1) // 2
+        if method_class("cdpruner").defaults["theta"] != 0:
+            own += n * text_tokens * vlm.llm.width
+        return own
+    if method == "hiprune":  # the global (all-query) attention of two tower layers: the object layer and the last
+        return 2 * received
     if method == "divprune":  # pairwise cosine similarity of the projected image tokens
         return n * n * vlm.llm.width
     raise ValueError(f"vitrim.vlm.flops has no count for the pre-LLM method {method!r} yet")

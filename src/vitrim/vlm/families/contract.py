@@ -74,6 +74,13 @@ class FamilyAdapter:
         type (Gemma 3: ``model.model``); None: the language model's own ``attention_mask``."""
         return None
 
+    def follow_in_llm_slots(self, slots_now: Callable[[], tuple[Tensor, Tensor] | None]) -> Callable[[], None]:
+        """Where the LLM adds rows at the image positions between its layers (Qwen3-VL's DeepStack), make them
+        follow the tokens an in-LLM drop keeps: ``slots_now()`` gives, between layers of a prefill that dropped
+        tokens, the slots the hidden states are on (``vitrim.vlm.stages.in_llm.InLLMDrop.slots_now``). Returns the
+        undo; nothing to do for an LLM that adds nothing between layers."""
+        return lambda: None
+
     # the pre-LLM stage's seams (vitrim.vlm.stages.pre_llm.PreLLMSeams)
 
     def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:

@@ -30,10 +30,14 @@ Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per i
 first layers (``deepstack_visual_embeds``, added at ``visual_pos_masks``); those rows go with their tokens, and a
 merged slot's rows are the mean of its group's. ``generate()`` encodes the images before its first forward
 (``mm_encoder_outputs``) and expands beams after; both are handled (the method selects in the tower's own hook).
+Inside the LLM (the in-LLM stage) the rows are added after layers 0, 1, 2 of the real checkpoints, at or after
+FastV's and DART's default drop layer 2: :meth:`Qwen2VLAdapter.follow_in_llm_slots` reads the rows and their mask
+at the kept slots once a drop has shortened the hidden states.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +46,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
 from vitrim.vlm.families.qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
-from vitrim.vlm.families.seams import inner_model, input_ids_of, keep_all
+from vitrim.vlm.families.seams import inner_model, input_ids_of, keep_all, refuse_meta_inputs
 from vitrim.vlm.method.base import ImageSelection, VisionEvidence, content_seed
 from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, Shortened
 from vitrim.vlm.stages.sequence import DecodeState, gather_columns
@@ -98,6 +102,7 @@ class Qwen2VLAdapter(FamilyAdapter):
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            refuse_meta_inputs(args, kwargs)
             counts = self.prefill_token_counts(kwargs)
             if counts is None:
                 return  # a decode step or a text-only call
@@ -106,6 +111,38 @@ class Qwen2VLAdapter(FamilyAdapter):
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove
+
+    def follow_in_llm_slots(self, slots_now: Callable[[], tuple[Tensor, Tensor] | None]) -> Callable[[], None]:
+        """Qwen3-VL: make the DeepStack rows follow the tokens the in-LLM stage keeps; returns the undo.
+
+        transformers' text model adds ``deepstack_visual_embeds[i]`` (V, D) at ``visual_pos_masks`` (B, L) after
+        its layer i (``_deepstack_process``, the first layers: 0-2 on Qwen3-VL-8B). After an in-LLM drop before
+        such a layer the hidden states are on the kept slots (``slots_now()``: columns, valid, (B, S)), so the
+        mask and the rows are read at those slots: each kept image token gets its own row, as in the full model.
+        The instance gets an attribute ``_deepstack_process`` calling the model's own (its class is untouched);
+        nothing for Qwen2-VL and Qwen2.5-VL."""
+        language_model: Any = self.language_model
+        original = getattr(language_model, "_deepstack_process", None)
+        if original is None:
+            if "deepstack_visual_embeds" in inspect.signature(language_model.forward).parameters:
+                raise TypeError(
+                    f"{type(language_model).__name__} takes DeepStack rows but has no _deepstack_process; vitrim.vlm's "
+                    "in-LLM stage needs transformers >= 5's Qwen3-VL layout"
+                )
+            return lambda: None  # Qwen2-VL, Qwen2.5-VL: nothing is added between layers
+
+        def process(hidden: Tensor, visual_pos_masks: Tensor, visual_embeds: Tensor) -> Tensor:
+            slots = slots_now()
+            if slots is not None:
+                visual_pos_masks, visual_embeds = deepstack_on_slots(visual_pos_masks, visual_embeds, *slots)
+            return original(hidden, visual_pos_masks, visual_embeds)
+
+        language_model._deepstack_process = process
+
+        def undo() -> None:
+            del language_model._deepstack_process  # the class's method again
+
+        return undo
 
     # the pre-LLM stage's seams: the method selects in the tower's own hook, for the images of that run
 
@@ -214,6 +251,7 @@ class TowerSelection:
                 keys=None if item.keys is None else item.keys[None],
                 seeds=seeds[image : image + 1],
                 projected=output.pooler_output[start : start + tokens[image]][None],  # the merger's (raster) output
+                grid=(int(grid[image, 1]) // adapter.merge_size, int(grid[image, 2]) // adapter.merge_size),
             )
             chosen = self.stage.select(found, tokens[image])[0]
             selections.append(chosen)
@@ -245,6 +283,15 @@ class TowerSelection:
             grid, visual.spatial_merge_size, visual.window_size, visual.patch_size
         )
         return window_index
+
+
+def deepstack_on_slots(visual_pos_masks: Tensor, rows: Tensor, columns: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Qwen3-VL's DeepStack input on slots: ``visual_pos_masks`` (B, L) bool and ``rows`` (V, D), one per True
+    position in reading order, read at the slots ``columns`` / ``valid`` (B, S) -> the mask (B, S) and the rows of
+    the image positions it marks, in reading order again (slots keep their columns' order within a sample)."""
+    rank = visual_pos_masks.flatten().long().cumsum(0).view_as(visual_pos_masks) - 1  # (B, L) row of each position
+    on_slots = valid & visual_pos_masks.gather(1, columns)  # (B, S)
+    return on_slots, rows[rank.gather(1, columns)[on_slots].to(rows.device)]
 
 
 def _merge_deepstack(features: list[Tensor], selections: list[ImageSelection], tokens: list[int]) -> list[Tensor]:

@@ -28,8 +28,26 @@ def inner_model(model: nn.Module, parts: tuple[str, ...], layout: str) -> Any:
     return inner
 
 
+def refuse_meta_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], positional: tuple[str, ...] = ("input_ids", "pixel_values")
+) -> None:
+    """``ValueError`` naming the first tensor input of a hooked forward call that is on the meta device: vitrim's
+    hooks read input values (the image-token positions, the padding, image sizes), which a meta tensor has not.
+    ``positional``: the names of the call's first positional arguments (a VLM's forward: input_ids, pixel_values)."""
+    names = [positional[i] if i < len(positional) else f"positional argument {i}" for i in range(len(args))]
+    named = [*zip(names, args, strict=True), *kwargs.items()]
+    for name, value in named:
+        if isinstance(value, Tensor) and value.is_meta:
+            raise ValueError(
+                f"{name} is on the meta device (a tensor without values); vitrim.vlm reads the inputs of a forward "
+                "(the image-token positions, the padding): pass tensors on a real device"
+            )
+
+
 def input_ids_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-    """The ``input_ids`` (B, L) of a hooked forward call; ``ValueError`` when it was given ``inputs_embeds``."""
+    """The ``input_ids`` (B, L) of a hooked forward call; ``ValueError`` when it was given ``inputs_embeds`` or a
+    meta-device input (:func:`refuse_meta_inputs`)."""
+    refuse_meta_inputs(args, kwargs)
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     if input_ids is None:
         raise ValueError("vitrim.vlm needs input_ids (not inputs_embeds) to find the image tokens")
@@ -40,6 +58,7 @@ def prefill_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor |
     """The ``input_ids`` (B, L) of a forward pass that carries images (a prefill), None for one without (a decode
     step: generate drops the images after the prefill; or text alone). generate() encodes the images before its
     first forward and passes them as ``mm_encoder_outputs``, a plain call as ``pixel_values`` (its 2nd argument)."""
+    refuse_meta_inputs(args, kwargs)
     pixel_values = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
     encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
     if pixel_values is None and encoded is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
@@ -50,6 +51,15 @@ class VisionEvidence:
                                    tokens for an image alone or in a batch
     projected: (I, N, E) | None    the image tokens as the LLM receives them (the projector's output), for methods
                                    with ``scores_projected`` (they select after the projector and cannot merge)
+    grid: (rows, columns) | None   the raster grid of the N tokens (rows · columns = N) for the methods that read
+                                   the image's 2-D layout (``downsample``, ``hiprune``); None: the family did not
+                                   say, and a square √N × √N grid is meant (LLaVA, each LLaVA-NeXT tile, Gemma 3's
+                                   pooled grid are square; a family whose images keep their aspect ratio - Qwen -
+                                   must give it)
+    instruction: (I, M, E) | None  the LLM's input embeddings of the instruction each image answers to (the real
+                                   text tokens after the image), for methods whose ``reads_instruction()`` is True:
+                                   the pre-LLM stage then selects when the prompt reaches the LLM, one image at a
+                                   time (I = 1), on ``projected`` = that image's tokens as the LLM receives them
     """
 
     features: Tensor
@@ -57,6 +67,25 @@ class VisionEvidence:
     keys: Tensor | None = None
     seeds: Tensor | None = None
     projected: Tensor | None = None
+    grid: tuple[int, int] | None = None
+    instruction: Tensor | None = None
+
+    def token_grid(self) -> tuple[int, int]:
+        """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
+        family gave no grid and N is not a square (the layout cannot be known from N alone)."""
+        num_tokens = self.features.shape[1]
+        if self.grid is not None:
+            rows, columns = self.grid
+            if rows * columns != num_tokens:
+                raise ValueError(f"VisionEvidence.grid={self.grid} does not hold the image's {num_tokens} tokens")
+            return rows, columns
+        side = math.isqrt(num_tokens)
+        if side * side != num_tokens:
+            raise ValueError(
+                f"this method reads the image's 2-D token grid; the model gave no grid (VisionEvidence.grid) and "
+                f"{num_tokens} tokens are not a square grid"
+            )
+        return side, side
 
 
 @dataclass(frozen=True)
@@ -133,6 +162,10 @@ class Method:
     def option_defaults(cls) -> dict[str, Any]:
         """The method's own options with their defaults (what :func:`method_info` lists)."""
         return dict(cls.defaults)
+
+    def reads_instruction(self) -> bool:
+        """Whether this method's selection reads the prompt (:attr:`VisionEvidence.instruction`)."""
+        return False
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the option, its value and what was expected (``self.options``)."""

@@ -13,7 +13,7 @@ import inspect
 from typing import Any, ClassVar
 
 from vitrim.reduce import Reducer, get_reducer, list_reducers, reducer_options
-from vitrim.reduce.api import check_layers
+from vitrim.reduce.api import check_layers, missing_options
 from vitrim.reduce.schedule import Schedule
 from vitrim.vlm.method.base import Method, register_method
 from vitrim.vlm.method.tower_ranking import for_tower_without_cls
@@ -61,6 +61,10 @@ def build_reducers(
         if clash:
             raise ValueError(f"keep= sets {clash[0]!r} itself; pass one or the other")
         options = {**options, **scheduled}
+    missing = missing_options(name, options)
+    if missing:
+        count = " (or keep=, the patches left)" if cls.takes_schedule() else ""
+        raise ValueError(f"tower method {name!r} needs option(s) {missing}{count}, e.g. {cls.example_options}")
     chosen = cls.default_layers(depth) if layers is None else check_layers(layers, depth)
     reducers = {i: r for i, r in cls.for_layers(tuple(chosen), **options).items() if r is not None}
     if cls.needs_cls_token and not has_cls:  # SigLIP: rank by the attention each token receives

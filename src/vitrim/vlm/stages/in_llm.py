@@ -9,8 +9,9 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
   keys (each layer's OWN mask: the per-layer-type masks of Gemma 3, sliding window and image block included).
   Dropping therefore equals the full model with those keys masked out from layer K on (to rounding: exactly on
   SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep different counts (different
-  numbers of images) are re-padded on the LEFT with filler slots that attend to nothing and that nothing attends
-  to, so each sample's last slots are its latest tokens (what a sliding-window cache keeps).
+  numbers of images) are re-padded on the LEFT with filler slots that attend to themselves only and that nothing
+  else attends to (a row seeing no key is NaN under eager attention), so each sample's last slots are its latest
+  tokens (what a sliding-window cache keeps).
 - The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
   step the new tokens join every stage, and each layer ≥ K gets a mask built on the keys ITS cache returns (all its
   slots; a sliding-window layer's last ``window − 1`` of them and the new ones): causal on the original columns,
@@ -21,7 +22,9 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
 - ``logits`` after a pruned prefill keep the full (B, L) layout: at a kept position they are the pruned model's
   (equal to the masked full model's), at a dropped image position they are the final norm and head applied to the
   hidden state the token had when it was dropped (an early exit; nothing attends to it afterwards). ``generate()``
-  reads the last position, which is always kept. ``output_hidden_states`` of layers ≥ K hold the kept slots only.
+  reads the last position, which is always kept: where a prompt ends on image tokens, its last one stays whatever
+  the method chose (that image then keeps one token more than ``keep``). ``output_hidden_states`` of layers ≥ K
+  hold the kept slots only.
 - A drop that keeps every token changes nothing: the hooks then leave every argument as it was (bit for bit).
 
 Handled: decoder stacks whose layers take ``(hidden_states, attention_mask=, position_ids=,
@@ -31,8 +34,11 @@ layers with their own masks and rotary tables), SDPA or eager attention, ``gener
 beams (the beams of one prompt keep the same tokens, so reordering them keeps every layer's cache consistent).
 Each layer's mask and rotary table are read from that layer's own arguments. Where the LLM receives masks already
 built per layer type (Gemma 3), the user's 2-D padding mask is read where the caller gives it (``padding_from``).
-Refused: flash/flex attention (at install); masks prepared for a static or compiled cache (at the prefill); a
-cache cut outside vitrim (at decode: assisted decoding crops it).
+Refused: flash/flex attention (at install); a static or compiled cache, or masks prepared for one (at the prefill,
+one message on every family: ``in_llm_slots.DYNAMIC_CACHE_ONLY``); a cache cut outside vitrim (at decode: assisted
+decoding crops it); meta-device inputs (naming the input). Between layers, what a family adds at the image positions
+(Qwen3-VL's DeepStack rows, after the LLM's first layers) follows the kept slots (``follow_in_llm_slots``).
+``last_selection`` after a prefill without images: [] (no image).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from torch import Tensor, nn
 from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
 from vitrim.vlm.stages.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
 from vitrim.vlm.stages.in_llm_slots import (
+    DYNAMIC_CACHE_ONLY,
     Slots,
     as_implementation,
     decode_mask,
@@ -108,6 +115,7 @@ class InLLMDrop:
         self._captured: LayerInput | None = None
         self._early_exit: Tensor | None = None
         self._selections: list[list[Tensor]] | None = None
+        self._running = -1  # the decoder layer that ran last (its pre-hook was the last one called)
         owner = language_model if padding_from is None else padding_from
         self._handles = [owner.register_forward_pre_hook(self._capture_padding, with_kwargs=True)]
         for index, layer in enumerate(self.layers):
@@ -124,12 +132,25 @@ class InLLMDrop:
         self._spans = spans
 
     def selection(self) -> list[Tensor] | None:
-        """For the last prefill, per image: the sorted raster indices kept through the last layer."""
+        """For the last prefill, per image: the sorted raster indices kept through the last layer ([] after a
+        prefill without images; None before any prefill)."""
         return None if self._selections is None else self._selections[-1]
 
     def stage_selections(self) -> list[list[Tensor]] | None:
         """For the last prefill, per drop stage, per image: the sorted raster indices kept from that stage on."""
         return self._selections
+
+    def slots_now(self) -> tuple[Tensor, Tensor] | None:
+        """During a prefill that dropped tokens, between layers: the slots the hidden states are on after the layer
+        that ran last, ``(columns, valid)`` each (B, S) (module conventions of ``in_llm_slots``); None while they are
+        the full sequence (before the first drop, after the last layer) and at decode steps. What a family that
+        adds rows to image positions between layers reads (Qwen3-VL's DeepStack)."""
+        if not self._pass.get("active") or not self._pass["prefill"] or not 0 <= self._running < len(self.layers):
+            return None  # a decode step, or the last layer's output already back on the full layout
+        stage = self._stage_of_layer[self._running]
+        if stage < 0 or stage >= len(self._slots) or not self._slots[stage].differs:
+            return None
+        return self._slots[stage].columns, self._slots[stage].valid
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -151,6 +172,7 @@ class InLLMDrop:
 
     def _before_layer(self, index: int, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         hidden = args[0] if args else kwargs["hidden_states"]
+        self._running = index
         if index == 0:
             self._start_pass(hidden, kwargs)
         if not self._pass.get("active"):
@@ -175,6 +197,11 @@ class InLLMDrop:
         return args, kwargs
 
     def _start_pass(self, hidden: Tensor, kwargs: dict) -> None:
+        if hidden.is_meta:
+            raise ValueError(
+                "the LLM's input (inputs_embeds) is on the meta device, without values; vitrim.vlm's in-LLM drop "
+                "reads the hidden states it ranks: run the model on real tensors"
+            )
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length(0)) if cache is not None else 0
         batch, length = hidden.shape[:2]
@@ -183,6 +210,7 @@ class InLLMDrop:
             self._selections, self._slots, self._early_exit, self._cache = None, [], None, cache
             spans, self._spans = self._spans, None  # one prefill per on_prefill
             if spans is None or not self.stages or not bool(spans.is_image.any()):
+                self._selections = [[] for _ in self.stages]  # this prefill had no image: nothing was selected
                 return
             if tuple(spans.is_image.shape) != (batch, length):
                 raise ValueError(
@@ -190,6 +218,8 @@ class InLLMDrop:
                     f"{(batch, length)}; build them from the same prefill"
                 )
             self._refuse_prepared_masks()
+            if getattr(cache, "is_compileable", False):  # StaticCache: one length for every layer, fixed
+                raise ValueError(DYNAMIC_CACHE_ONLY)
             real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
             columns = torch.arange(length, device=hidden.device).expand(batch, length)
             self._pass.update(
@@ -211,10 +241,7 @@ class InLLMDrop:
 
     def _refuse_prepared_masks(self) -> None:
         if self._prepared_masks:
-            raise ValueError(
-                "vitrim.vlm's in-LLM drop reads the 2-D attention_mask (batch, length) and builds each layer's mask "
-                "itself; got masks prepared for a static or compiled cache (use generate's default dynamic cache)"
-            )
+            raise ValueError(DYNAMIC_CACHE_ONLY)
 
     def _real_columns(self, layer_mask: Any, is_image: Tensor) -> Tensor:
         """(B, L) bool, the columns that are not padding: the user's 2-D mask; failing that (the LLM was handed a
@@ -267,7 +294,7 @@ class InLLMDrop:
         sizes = [int((spans.image_of == image).sum()) for image in range(len(image_sample))]
         current = [int((image_of == image).sum()) for image in range(len(image_sample))]
         counts = [min(self.stages[stage].tokens(size), now) for size, now in zip(sizes, current, strict=True)]
-        chosen = self.policy.choose(evidence, counts)
+        chosen = _with_last_position(self.policy.choose(evidence, counts), image_of, token_of, last_slot, image_sample)
         self._captured = None
         self._pass["selections"].append([kept.sort().values for kept in chosen])
         self._selections = self._pass["selections"]
@@ -322,6 +349,7 @@ class InLLMDrop:
         if not self._pass.get("active") or not self._pass["prefill"] or self._early_exit is None:
             return None
         hidden = output[0] if isinstance(output, tuple) else output
+        self._running = len(self.layers)  # the output goes back to the full sequence's layout
         last = self._slots[-1]
         full = self._early_exit
         self._scatter(full, last.columns, last.valid, hidden)
@@ -375,6 +403,22 @@ class InLLMDrop:
         return as_implementation(allowed, full, self._eager, self._pass["dtype"])
 
 
+def _with_last_position(
+    chosen: list[Tensor], image_of: Tensor, token_of: Tensor, last_slot: Tensor, image_sample: Tensor
+) -> list[Tensor]:
+    """``chosen`` (per image, the raster indices the method keeps) with each sample's last real token added where it
+    is an image token the method left out: ``generate()`` reads that position, so it is never dropped (a prompt
+    that ends on image tokens). ``image_of``, ``token_of``: (B, S); ``last_slot``: (B,); ``image_sample``: (I,)."""
+    rows = torch.arange(last_slot.shape[0], device=last_slot.device)
+    last_image = image_of[rows, last_slot].tolist()  # (B,) the image the last real token shows, -1 for text
+    last_token = token_of[rows, last_slot]  # (B,)
+    kept = list(chosen)
+    for image, sample in enumerate(image_sample.tolist()):
+        if last_image[sample] == image and not bool((kept[image] == last_token[sample]).any()):
+            kept[image] = torch.cat([kept[image], last_token[sample : sample + 1].to(kept[image].device)])
+    return kept
+
+
 def _layer_input(hidden: Tensor, kwargs: dict[str, Any]) -> LayerInput:
     """What a layer receives: its input ``hidden`` (B, S, D), its rotary table and its mask (after vitrim's fix-ups)."""
     cos, sin = kwargs["position_embeddings"]
@@ -388,12 +432,14 @@ def _layer_input(hidden: Tensor, kwargs: dict[str, Any]) -> LayerInput:
 class InLLMInstallation:
     """What :func:`install` leaves on a model: the drop hooks and the family's prefill watch."""
 
-    def __init__(self, drop: InLLMDrop, unwatch: Callable[[], None]) -> None:
+    def __init__(self, drop: InLLMDrop, undo: list[Callable[[], None]]) -> None:
         self.drop = drop
-        self._unwatch = unwatch
+        self._undo = undo
 
     def remove(self) -> None:
-        self._unwatch()
+        for undo in self._undo:
+            undo()
+        self._undo = []
         self.drop.remove()
 
     def selection(self) -> list[ImageSelection] | None:
@@ -411,4 +457,7 @@ def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InL
         raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
     padding = family.in_llm_padding_module()  # families whose LLM gets masks built per layer type
     drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding)
-    return InLLMInstallation(drop, family.watch_spans(drop.on_prefill))
+    # the watch of the prefills, and what follows the kept tokens where the LLM adds rows at image positions between
+    # layers (Qwen3-VL's DeepStack)
+    undo = [family.watch_spans(drop.on_prefill), family.follow_in_llm_slots(drop.slots_now)]
+    return InLLMInstallation(drop, undo)

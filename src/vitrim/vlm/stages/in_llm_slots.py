@@ -6,8 +6,10 @@ Conventions (owned here):
   samples kept different counts. Fillers come FIRST in each row, then the sample's kept slots in column order, so
   a sample's last slots are its latest tokens (what a sliding-window KV cache keeps).
 - Masks here are bool, True = may attend; :func:`as_implementation` turns them into what the attention
-  implementation reads (bool for SDPA, additive float for eager). A filler never is a key and, at the prefill, its
-  row sees nothing.
+  implementation reads (bool for SDPA, additive float for eager). A filler is never a key of another slot and, at
+  the prefill, its row sees its own key only: a row that sees no key is NaN under eager attention (its softmax runs
+  in float32, where a float64 mask's minimum is −inf), and the next layer would carry that NaN into every real row
+  as 0 × NaN, although no real row attends to a filler.
 - Distances are in ORIGINAL columns: a sliding-window layer sees a key when ``query column − key column < window``
   (transformers' one-sided window; an image block's later keys come from the model's own mask), so the window is
   the unmodified model's, never a count of kept tokens.
@@ -20,6 +22,13 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+# the one refusal of a static or compiled cache, on every family (each layer's cache here has its own length)
+DYNAMIC_CACHE_ONLY = (
+    "vitrim.vlm's in-LLM drop needs generate's default dynamic cache: each decoder layer's cache holds only the "
+    "tokens it kept; a static or compiled cache (cache_implementation='static', masks prepared for one) is not "
+    "supported"
+)
 
 
 @dataclass
@@ -60,23 +69,23 @@ def sliding_window(layer: nn.Module) -> int | None:
 def prefill_mask(slots: Slots, full: Tensor | None, window: int | None, length: int) -> Tensor:
     """(B, 1, S, S) bool: a prefill layer's own mask ``full`` (B|1, 1, L, L) over the ``length`` = L columns —
     padding, causality, a sliding window, an image block, whatever the model built — read at the slots' rows and
-    key columns, restricted to valid keys and rows. ``full`` None (SDPA's own causal mask): causal on the original
-    columns, within ``window``. ``ValueError`` for a mask of another size (built for a static or compiled cache)."""
+    key columns, restricted to valid keys and rows; a filler's row sees itself only (module conventions). ``full``
+    None (SDPA's own causal mask): causal on the original columns, within ``window``. ``ValueError`` for a mask of
+    another size (built for a static or compiled cache)."""
     if full is None:
         distance = slots.columns[:, :, None] - slots.columns[:, None, :]  # (B, S, S) query − key column
         allowed = (distance >= 0) if window is None else (distance >= 0) & (distance < window)
         allowed = allowed.unsqueeze(1)
     else:
         if full.ndim != 4 or tuple(full.shape[-2:]) != (length, length):
-            raise ValueError(
-                f"vitrim.vlm's in-LLM drop reads each layer's prefill mask over the {length} tokens; got a mask of "
-                f"shape {tuple(full.shape)} (masks prepared for a static or compiled cache are not supported)"
-            )
+            raise ValueError(f"{DYNAMIC_CACHE_ONLY} (a prefill mask of shape {tuple(full.shape)}, {length} tokens)")
         rows = gather_columns(full, slots.columns, 2, 0)  # (B, 1, S, L)
         allowed = gather_columns(rows, slots.columns, 3, 0)  # (B, 1, S, S)
         if allowed.dtype != torch.bool:
             allowed = allowed == 0  # an additive float mask: 0 = may attend
-    return allowed & slots.valid[:, None, None, :] & slots.valid[:, None, :, None]
+    allowed = allowed & slots.valid[:, None, None, :] & slots.valid[:, None, :, None]
+    filler_self = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device) & ~slots.valid[:, None, :, None]
+    return allowed | filler_self
 
 
 def decode_mask(slots: Slots, query_columns: Tensor, kv_length: int, real: Tensor, window: int | None) -> Tensor:

@@ -157,8 +157,14 @@ class PreLLMStage:
         return self.keep.tokens(num_tokens)
 
     def select(self, evidence: VisionEvidence, num_tokens: int) -> list[ImageSelection]:
-        """The method's selection for the images of ``evidence``, each of ``num_tokens`` tokens."""
-        return self.method.select(evidence, self.keep_of(num_tokens))
+        """The method's selection for the images of ``evidence``, each of ``num_tokens`` tokens. A method that
+        reads the instruction selects when the prompt reaches the LLM (:meth:`select_with_instruction`): every
+        token stays here."""
+        keep = self.keep_of(num_tokens)
+        if self.method.reads_instruction():
+            everything = torch.arange(num_tokens, device=evidence.features.device)
+            return [ImageSelection.unmerged(everything) for _ in range(evidence.features.shape[0])]
+        return self.method.select(evidence, keep)
 
     def selected(self, selections: list[ImageSelection]) -> None:
         """The selection of every image of one encoder run (encode order)."""
@@ -228,12 +234,14 @@ class PreLLMStage:
                 "image features this model made after vitrim.vlm.apply)"
             )
         selections, counts = self.family.image_tokens(prefill, self.encoded)
-        self.reported = selections
-        if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
-            return None  # every token stays: the model runs unmodified
         is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
         order = repeated_images(counts, is_image.sum(1).tolist())
         spans = spans_from_mask(is_image, [counts[i] for i in order])
+        if self.method.reads_instruction() and not all(self.keep_of(n) == n for n in counts):
+            selections = self.select_with_instruction(kwargs["inputs_embeds"], prefill, spans, order, counts)
+        self.reported = selections
+        if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
+            return None  # every token stays: the model runs unmodified
         kept = columns_to_keep(spans, [selections[i] for i in order], max(counts))  # (B, L) bool
         short = plan_short_sequence(kept, prefill.attention_mask)
         embeds = kwargs["inputs_embeds"]  # (B, L, D)
@@ -249,6 +257,30 @@ class PreLLMStage:
         self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
         self.shortened_now = True
         return args, kwargs
+
+    def select_with_instruction(
+        self, embeds: Tensor, prefill: Prefill, spans: ImageSpans, order: list[int], counts: list[int]
+    ) -> list[ImageSelection]:
+        """Each encoded image's selection by a method that reads the prompt, from the LLM's input ``embeds``
+        (B, L, E): the image's own rows as the LLM receives them, and the real text rows after it in its sample
+        (all of the sample's real text rows when none follows)."""
+        real = torch.ones_like(spans.is_image) if prefill.attention_mask is None else prefill.attention_mask.bool()
+        chosen: dict[int, ImageSelection] = {}
+        for slot, image in enumerate(order):
+            if image in chosen:
+                continue  # generate() repeated the prompt for its beams: one selection per image
+            where = spans.image_of == slot  # (B, L)
+            row = int(where.any(1).nonzero()[0])
+            columns = where[row].nonzero()[:, 0]  # (N,) the image's columns, raster order
+            text = real[row] & ~spans.is_image[row]
+            after = text & (torch.arange(text.shape[0], device=text.device) > columns.max())
+            instruction = embeds[row, after if bool(after.any()) else text]  # (M, E)
+            if not len(instruction):
+                raise ValueError(f"vlm method {self.method.name!r} reads the instruction; the prompt has no text")
+            tokens = embeds[row, columns]  # (N, E)
+            evidence = VisionEvidence(features=tokens[None], projected=tokens[None], instruction=instruction[None])
+            chosen[image] = self.method.select(evidence, self.keep_of(counts[image]))[0]
+        return [chosen[image] for image in range(len(counts))]
 
     def after_llm(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         if self.shortened_now:

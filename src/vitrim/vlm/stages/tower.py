@@ -59,6 +59,7 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
+from vitrim.vlm.families.seams import refuse_meta_inputs
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Method, StageOptions
 from vitrim.vlm.method.tower_reducers import TowerMethod, build_reducers
@@ -92,6 +93,8 @@ class TowerReduction:
         self.reducers = dict(reducers)
         self._state: TokenState | None = None
         self._feature: TokenState | None = None
+        self._tower_ran = False  # the tower ran since the LLM's last prefill (see on_llm)
+        self._no_images = False  # the LLM's last prefill came without a tower run: it had no image
         self._captured: dict[str, Tensor] = {}
         self._handles: list[Any] = []
         self._overridden: list[nn.Module] = []
@@ -122,6 +125,7 @@ class TowerReduction:
     ) -> Tensor:
         """transformers' encoder layer, in its order, with vitrim's Block hooks between the halves."""
         if index == 0 or self._state is None:
+            self._tower_ran, self._no_images = True, False
             B = x.shape[0]
             self._feature = None
             state = TokenState(
@@ -157,12 +161,24 @@ class TowerReduction:
         B, N, D = t.shape
         return t.view(B, N, heads, D // heads).transpose(1, 2)
 
+    def on_llm(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook on the LLM: a prefill (an empty cache) that no tower run came before had no image, so
+        :meth:`selection` is then empty instead of describing an earlier forward; decode steps change nothing."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = int(cache.get_seq_length()) if cache is not None else 0
+        if past == 0 and not self._tower_ran:
+            self._feature, self._no_images = None, True
+        self._tower_ran = False
+
     def feature_state(self) -> TokenState | None:
         """The token state the feature layer produced in the last forward (None before any)."""
         return self._feature
 
     def selection(self) -> list[ImageSelection] | None:
-        """Per image of the last forward: kept = the feature-layer tokens' positions, sorted; one group per token."""
+        """Per image of the last forward: kept = the feature-layer tokens' positions, sorted; one group per token.
+        [] after a prefill without images; None before any forward."""
+        if self._no_images:
+            return []
         state = self._feature
         if state is None or state.positions is None:
             return None
@@ -288,6 +304,10 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
 
     # registered before the pre-LLM plumbing's own projector hook, which then sees every slot
     reduction._handles.append(model.model.multi_modal_projector.register_forward_pre_hook(to_slots))
+    reduction._handles.append(family.language_model.register_forward_pre_hook(reduction.on_llm, with_kwargs=True))
+    # the reducers rank and merge by values: a meta-device image is refused naming it, before the tower runs
+    refuse_meta = lambda module, args, kwargs: refuse_meta_inputs(args, kwargs, positional=("pixel_values",))  # noqa: E731
+    reduction._handles.append(model.model.vision_tower.register_forward_pre_hook(refuse_meta, with_kwargs=True))
     if to_grid:
         return reduction
     try:

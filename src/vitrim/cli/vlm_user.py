@@ -1,0 +1,158 @@
+"""``vitrim vlm ask --model FOLDER_OR_HUB_ID --image PIC "question"``: the user's own VLM, next to the demo's ``--run``.
+
+The arguments are added to the ``ask`` parser of :mod:`vitrim.cli.vlm_demo`; the work is :mod:`vitrim.vlm_user`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+from typing import Any
+
+from vitrim.cli.common import check_output_folder
+from vitrim.extras import require
+
+DEMO_KEEP = "0.25"  # the digits demo's --keep when none is given
+
+
+def add_user_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--set``, ``--max-new-tokens``, ``--out`` on the ``ask`` parser."""
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="FOLDER_OR_HUB_ID",
+        help="your own VLM: a checkpoint folder or a hub id from the local hub cache (LLaVA-1.5, LLaVA-NeXT, "
+        "Qwen2-VL / 2.5-VL / 3-VL); instead of the digits demo's --run",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="an option of --method (repeatable), e.g. --set layer=2 (with --model)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated (with --model; default 32)")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="where --model runs: cpu (float32), cuda (the checkpoint's dtype; default when a GPU is visible)",
+    )
+    p.add_argument(
+        "--out", default=None, help="folder for selection.json and kept_tokens.png (with --model; default: none)"
+    )
+    # with --model, no --keep means the method's own default (pdrop takes none: its layers and ratios say it all);
+    # the demo's default (0.25) is filled in by demo_mode
+    p.set_defaults(keep=None)
+
+
+def parse_options(settings: list[str]) -> dict[str, Any]:
+    """``["layer=2", "lambda=0.5", "mode=x"]`` -> ``{"layer": 2, "lambda": 0.5, "mode": "x"}`` (Python literals,
+    else the text)."""
+    options: dict[str, Any] = {}
+    for setting in settings:
+        name, sep, text = setting.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise ValueError(f"--set expects OPTION=VALUE, got {setting!r}")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        options[name.strip()] = value
+    return options
+
+
+def parse_keep(text: str) -> int | float:
+    """``--keep``: a count of image tokens (``64``) or a fraction in (0, 1] (``0.25``)."""
+    try:
+        value: int | float = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(
+                f"--keep must be a token count (64) or a fraction in (0, 1] (0.25), got {text!r}"
+            ) from None
+    if value <= 0 or (isinstance(value, float) and value > 1):
+        raise ValueError(f"--keep must be a token count (64) or a fraction in (0, 1] (0.25), got {text!r}")
+    return value
+
+
+def read_picture(path: str) -> Any:
+    """The --image file as an RGB PIL image (a clear error for a missing or unreadable file)."""
+    require("PIL", feature="reading --image")
+    from PIL import Image, UnidentifiedImageError
+
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--image {path}: no such file")
+    try:
+        with Image.open(file) as picture:
+            return picture.convert("RGB")
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"--image {path}: not a picture PIL can read ({err})") from None
+
+
+def demo_mode(args: argparse.Namespace) -> None:
+    """The demo's mode (no --model): the flags that only --model reads are refused, not ignored; --keep defaults to
+    0.25 of the demo's 64 tokens."""
+    given = [
+        flag
+        for flag, value in (("--set", args.set), ("--max-new-tokens", args.max_new_tokens), ("--out", args.out))
+        if value
+    ]
+    if given:
+        raise ValueError(f"{', '.join(given)} go with --model (your own VLM); the digits demo takes none")
+    if args.keep is None:
+        args.keep = DEMO_KEEP
+
+
+def pick_device(name: str | None) -> str:
+    """``--device``: cpu, cuda or cuda:N (default: cuda when a GPU is visible)."""
+    import torch
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no GPU is visible to torch")
+    return name
+
+
+def run_user_ask(args: argparse.Namespace) -> int:
+    from vitrim.vlm_user import ask, load_model, save_answer
+
+    if args.run is not None:
+        raise ValueError("--model and --run name two models; give one")
+    max_new_tokens = 32 if args.max_new_tokens is None else args.max_new_tokens
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    options = parse_options(args.set)
+    if args.method is None and options:
+        raise ValueError(f"--set {args.set[0]} needs --method")
+    if args.method is None and args.keep is not None:
+        raise ValueError(f"--keep {args.keep} needs --method")
+    if args.keep is not None:
+        options = {"keep": parse_keep(args.keep), **options}
+    out = None if args.out is None else check_output_folder(args.out, "--out")
+    picture = read_picture(args.image)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # the loading bars would bury the answer and the one-line errors
+    model, processor = load_model(args.model, device=pick_device(args.device))
+    answer = ask(model, processor, picture, args.question, args.method, max_new_tokens, **options)
+    print(answer.text)
+    total, entered, selected = answer.total[0], answer.entered[0], answer.selected[0]
+    if answer.method is None:
+        print(f"all {total} image tokens entered the LLM (no --method)")
+    elif answer.stage == "in_llm":
+        print(f"{answer.method}: all {entered} image tokens entered the LLM; {selected} of them stay after its layer")
+    else:
+        print(f"{answer.method}: {entered} of {total} image tokens entered the LLM")
+    if out is not None:
+        reply = answer.text if len(answer.text) <= 40 else answer.text[:39] + "…"
+        title = f'{answer.method or "no method"}, keep {args.keep}: "{args.question}" -> "{reply}"'
+        for path in save_answer(answer, picture, Path(out), title=title):
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,133 @@
+"""Everything of vitrim.vllm that leans on vLLM's internals, in one place, behind one version check (owned here).
+
+The model classes subclass vLLM's public model classes and override ``embed_multimodal`` and the processor's
+placeholder count, the seams vLLM offers an out-of-tree model. Beyond them:
+
+- **The vLLM version.** Those seams, and the ones below, are vLLM internals that change between releases without
+  notice; vitrim.vllm was run and tested on :data:`TESTED` only. :func:`check_vllm_version` fails in one line on
+  any other release (``VITRIM_VLLM_UNTESTED=1`` lets a user try anyway, at their own risk).
+- **M-RoPE of pruned images** (Qwen2.5-VL): vLLM re-numbers a prompt whose media were pruned only for video
+  pruning (:func:`declare_image_pruning`), continues the text after an image by the grid's width rather than its
+  largest side (:func:`image_positions`), lays out a prompt's first positions as if no image were pruned
+  (:func:`sequential_mrope_positions`), and its CPU runner never turns the re-numbering on
+  (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
+- **Modules that take no hooks** (:func:`tap_input`): vLLM's ``support_torch_compile`` wrapper (Qwen2.5-VL's
+  vision blocks and merger) calls ``forward`` directly, so forward hooks never run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+TESTED = ("0.32",)  # vLLM major.minor releases vitrim.vllm's tests ran on
+UNTESTED_ENV = "VITRIM_VLLM_UNTESTED"
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """``RuntimeError`` (one line) unless ``version`` (default: the installed vLLM's) is a tested release."""
+    if version is None:
+        import vllm
+
+        version = str(vllm.__version__)
+    major_minor = ".".join(version.split("+")[0].split(".")[:2])
+    if major_minor in TESTED or os.environ.get(UNTESTED_ENV) == "1":
+        return
+    raise RuntimeError(
+        f"vitrim: vLLM {version} is not a release vitrim.vllm was tested on (tested: "
+        f"{', '.join(v + '.x' for v in TESTED)}); install vllm=={TESTED[-1]}.* or set {UNTESTED_ENV}=1 to try anyway"
+    )
+
+
+def declare_image_pruning(multimodal_config: Any) -> None:
+    """Make this engine's ``MultiModalConfig`` report multimodal pruning as on, for a vitrim model.
+
+    vLLM runs its M-RoPE re-numbering (``recompute_mrope_positions``) only where
+    ``MultiModalConfig.is_multimodal_pruning_enabled()``, which is true only for video pruning
+    (``--video-pruning-rate``); the runner reads it after loading the model. A vitrim model sets it on the instance
+    its engine holds, so images pruned by the model get their positions. Removed when upstream lets a model that
+    ``supports_multimodal_pruning`` turn the re-numbering on for images.
+    """
+    object.__setattr__(multimodal_config, "is_multimodal_pruning_enabled", lambda: True)
+
+
+def image_positions(grid_thw: list[int], merge_size: int) -> Tensor:
+    """(N, 4) long: per merged token of an image (raster order) its M-RoPE (t, h, w) counted from the image's first
+    position, and in the last column the span the image takes, where the text after it continues.
+
+    The layout of vLLM's ``compute_mrope_for_media`` (which vLLM's ``recompute_mrope_positions`` reads), except the
+    last column: vLLM writes the grid's width there, transformers' ``get_rope_index`` (and vitrim.vlm) continue the
+    text after the image's largest coordinate + 1, i.e. max(t, h, w) for an image; the two differ for an image
+    taller than wide. Removed when upstream continues the text after the largest coordinate.
+    """
+    t, h, w = grid_thw[0], grid_thw[1] // merge_size, grid_thw[2] // merge_size
+    coords = torch.stack(
+        torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), dim=-1
+    ).reshape(-1, 3)
+    span = torch.full((coords.shape[0], 1), max(t, h, w), dtype=torch.long)
+    return torch.cat([coords, span], dim=1)
+
+
+def patch_cpu_runner() -> None:
+    """Give vLLM's ``CPUModelRunner.load_model`` the line ``GPUModelRunner.load_model`` has and it lacks.
+
+    After loading, the GPU runner sets ``is_multimodal_pruning_enabled`` from the model and the config; the CPU
+    runner never does (vLLM 0.32), so pruned embeddings would keep their position columns and the prompt its stale
+    positions. Applied by the plugin's ``register`` on a CPU platform only, once. Removed when upstream's
+    ``CPUModelRunner.load_model`` sets the flag.
+    """
+    from vllm.model_executor.models.interfaces import supports_multimodal_pruning
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    if getattr(CPUModelRunner.load_model, "vitrim_patched", False):
+        return
+    original = CPUModelRunner.load_model
+
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        mm_config = self.model_config.multimodal_config
+        self.is_multimodal_pruning_enabled = (
+            supports_multimodal_pruning(self.get_model())
+            and mm_config is not None
+            and mm_config.is_multimodal_pruning_enabled()
+        )
+
+    load_model.vitrim_patched = True  # type: ignore[attr-defined]
+    CPUModelRunner.load_model = load_model
+
+
+def tap_input(module: Any, on_input: Any) -> None:
+    """Call ``on_input(x)`` with the first argument of every ``module.forward(x, ...)``, then run it as before.
+
+    For a module whose class vLLM wrapped with ``support_torch_compile``: its ``__call__`` calls ``self.forward``
+    without PyTorch's hooks, so the tap replaces ``forward`` on the instance. Only where vLLM does not compile the
+    module (``do_not_compile``: the default for vision encoders, ``compile_mm_encoder`` off); a compiled module
+    fails here in one line. Removed when vLLM's wrapper runs the module's hooks.
+    """
+    if not getattr(module, "do_not_compile", True):
+        raise ValueError(
+            f"vitrim: vLLM compiles {type(module).__name__}, whose input vitrim reads; serve with the multimodal "
+            "encoder uncompiled (compile_mm_encoder off, vLLM's default)"
+        )
+    original = module.forward
+
+    def forward(x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        on_input(x)
+        return original(x, *args, **kwargs)
+
+    module.forward = forward
+
+
+def sequential_mrope_positions(num_tokens: int) -> tuple[Tensor, int]:
+    """M-RoPE positions (3, L) 0 … L−1 and delta 0: what a trimmed prompt starts with before vLLM re-numbers it.
+
+    vLLM's ``Qwen2_5_VLForConditionalGeneration.get_mrope_input_positions`` assumes each image holds its full grid
+    of placeholders (h·w) and fails on a prompt whose images hold fewer. The runner overwrites the positions from an
+    image's first token on (``recompute_mrope_positions``, with the positions the embeddings carry), so only the
+    text before the first image keeps these, and for it they are right. Removed when upstream lays out an image by
+    its placeholder count (``mm_position.length``), as pruned media need.
+    """
+    return torch.arange(num_tokens).expand(3, num_tokens).clone(), 0

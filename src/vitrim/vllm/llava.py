@@ -1,0 +1,135 @@
+"""LLaVA-1.5 in vLLM with a vitrim.vlm pre-LLM method: ``VitrimLlavaForConditionalGeneration``.
+
+A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, at the seams vLLM gives a model:
+
+- **How many placeholders an image gets** (the processing info's ``get_num_image_tokens``): ``keep`` instead of
+  the grid's N, decided from the options alone (vLLM lays out the prompt before the tower runs);
+- **Which features fill them** (``embed_multimodal``): the tower runs as vLLM's does, the method of vitrim.vlm
+  selects from its evidence (vitrim.vllm.clip_evidence), merged features are written into their slots before the
+  projector (VisionZip), and each image hands the LLM its ``keep`` projected tokens in raster order.
+
+Positions: vLLM numbers the shortened prompt 0, 1, 2, … (the kept image tokens and the text after them take
+consecutive positions), as the authors' LLaVA code does when it drops tokens. vitrim.vlm in transformers keeps each
+kept token's ORIGINAL position instead; the two agree on the selection and on every feature, and differ in the
+rotary positions of the tokens after the first dropped one (tests/vllm compares each against its own convention).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.models.llava import (
+    LlavaDummyInputsBuilder,
+    LlavaForConditionalGeneration,
+    LlavaMultiModalProcessor,
+    LlavaProcessingInfo,
+)
+from vllm.multimodal import MULTIMODAL_REGISTRY
+
+from vitrim.vllm.clip_evidence import ScoringCapture, scoring_layer_index
+from vitrim.vllm.compat import check_vllm_version
+from vitrim.vllm.options import TrimOptions, trim_options
+from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vlm.method.base import VisionEvidence, content_seed
+
+ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
+
+
+def llava_trim_options(hf_config: Any) -> TrimOptions:
+    """The validated ``vitrim`` options of a LLaVA-1.5 config (a CLIP tower, one feature layer, [CLS] dropped)."""
+    check_vllm_version()
+    options = trim_options(hf_config, ARCHITECTURE)
+    vision = hf_config.vision_config
+    strategy, layer = hf_config.vision_feature_select_strategy, hf_config.vision_feature_layer
+    if vision.model_type != "clip_vision_model" or strategy != "default" or not isinstance(layer, int):
+        raise ValueError(
+            f"vitrim: {ARCHITECTURE} runs LLaVA-1.5 (a CLIP tower, an int vision_feature_layer, strategy 'default'); "
+            f"this checkpoint has a {vision.model_type!r} tower, vision_feature_layer={layer!r}, "
+            f"vision_feature_select_strategy={strategy!r}"
+        )
+    grid = (vision.image_size // vision.patch_size) ** 2
+    options.tokens(grid)  # keep above the grid fails here, when the engine starts
+    if options.method.needs_cls_attention:
+        scoring_layer_index(layer, vision.num_hidden_layers)
+    options.method.check_keep(options.tokens(grid))
+    return options
+
+
+class TrimmedLlavaProcessingInfo(LlavaProcessingInfo):
+    """vLLM's LLaVA processing info with ``keep`` placeholders per image."""
+
+    def get_num_image_tokens(self, *, image_width: int, image_height: int) -> int:
+        full = super().get_num_image_tokens(image_width=image_width, image_height=image_height)
+        return llava_trim_options(self.get_hf_config()).tokens(full)
+
+
+def trimmed_llava_info(ctx: Any) -> TrimmedLlavaProcessingInfo:
+    """The processing info, its options checked (the front end builds it when the engine starts)."""
+    info = TrimmedLlavaProcessingInfo(ctx)
+    llava_trim_options(info.get_hf_config())
+    return info
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    LlavaMultiModalProcessor, info=trimmed_llava_info, dummy_inputs=LlavaDummyInputsBuilder
+)
+class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
+    """vLLM's LLaVA-1.5 whose images hand the LLM the ``keep`` tokens a vitrim.vlm method selects."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        config = vllm_config.model_config.hf_config
+        options = llava_trim_options(config)
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        vision = config.vision_config
+        self.vitrim_grid = (vision.image_size // vision.patch_size) ** 2
+        self.vitrim_options = options
+        self.vitrim_keep = options.tokens(self.vitrim_grid)
+        self.vitrim_record = SelectionRecord()
+        self.vitrim_scoring: ScoringCapture | None = None
+        if options.method.needs_cls_attention and self.vitrim_keep < self.vitrim_grid:
+            if get_tensor_model_parallel_world_size() > 1:
+                raise ValueError(
+                    f"vitrim: method {options.method.name!r} reads the tower's [CLS] attention over all heads; "
+                    "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
+                )
+            index = scoring_layer_index(config.vision_feature_layer, vision.num_hidden_layers)
+            layer = self.vision_tower.vision_model.encoder.layers[index]
+            self.vitrim_scoring = ScoringCapture(layer.self_attn)
+
+    def embed_multimodal(self, **kwargs: object) -> Any:
+        image_input = self._parse_and_validate_image_input(**kwargs)
+        if image_input is None:
+            return []
+        if image_input["type"] != "pixel_values":
+            raise ValueError("vitrim: trimmed LLaVA selects from the tower's evidence; send images, not image_embeds")
+        pixels: Tensor = image_input["pixel_values"]  # (I, 3, H, W)
+        features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, N, D)
+        assert isinstance(features, Tensor)
+        seeds = torch.tensor([content_seed(image) for image in pixels], dtype=torch.long)  # (I,)
+        method, keep = self.vitrim_options.method, self.vitrim_keep
+        if keep == features.shape[1]:  # every token stays: the model runs as vLLM's
+            for seed in seeds.tolist():
+                self.vitrim_record.add(seed, torch.arange(keep))
+            return tuple(self.multi_modal_projector(features).unbind(0))
+        cls_attention = keys = None
+        if self.vitrim_scoring is not None:
+            cls_attention, keys = self.vitrim_scoring.take()
+        projected = self.multi_modal_projector(features) if method.scores_projected else None
+        evidence = VisionEvidence(
+            features=features, cls_attention=cls_attention, keys=keys, seeds=seeds, projected=projected
+        )
+        selections = method.select(evidence, keep)
+        if projected is None:
+            merged = [(image, s) for image, s in enumerate(selections) if s.merged is not None]
+            if merged:
+                features = features.clone()
+                for image, selection in merged:
+                    features[image, selection.kept] = selection.merged.to(features.dtype)  # type: ignore[union-attr]
+            projected = self.multi_modal_projector(features)  # (I, N, E)
+        for seed, selection in zip(seeds.tolist(), selections, strict=True):
+            self.vitrim_record.add(seed, selection.kept)
+        return tuple(projected[image, selection.kept] for image, selection in enumerate(selections))

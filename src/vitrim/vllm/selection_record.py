@@ -1,0 +1,39 @@
+"""What a served model selected, per image, for checking it against vitrim.vlm (owned here).
+
+Each vitrim model keeps, for the last :data:`CAPACITY` images it encoded, the kept raster indices under the image's
+content seed (``vitrim.vlm.method.base.content_seed`` of its pixels: the same for an image alone or in a batch, on
+vLLM and in transformers). :func:`recorded_selections` reads them from every worker of an ``LLM``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from torch import Tensor
+
+CAPACITY = 256  # images remembered per worker; older ones are forgotten first
+
+
+class SelectionRecord:
+    """A bounded map: image content seed -> the kept raster indices (sorted) of its last encoding."""
+
+    def __init__(self) -> None:
+        self.kept: OrderedDict[int, list[int]] = OrderedDict()
+
+    def add(self, seed: int, kept: Tensor) -> None:
+        self.kept[seed] = [int(i) for i in kept.tolist()]
+        self.kept.move_to_end(seed)
+        while len(self.kept) > CAPACITY:
+            self.kept.popitem(last=False)
+
+    def as_dict(self) -> dict[int, list[int]]:
+        return dict(self.kept)
+
+
+def recorded_selections(llm: Any) -> dict[int, list[int]]:
+    """The kept indices per image seed that the workers of ``llm`` (a ``vllm.LLM`` of a vitrim architecture) hold."""
+    merged: dict[int, list[int]] = {}
+    for record in llm.apply_model(lambda model: model.vitrim_record.as_dict()):
+        merged.update(record)
+    return merged

@@ -1,0 +1,174 @@
+"""Ask a user's VLM one question about one picture, with a method of :mod:`vitrim.vlm` applied, and keep the record.
+
+The prompt is the processor's chat template (a user turn: the image, then the question) when it has one, else the
+processor's image token and the question. The method is applied for the one ``generate()`` (greedy) and removed
+after, so the model is returned as it was; what it selected is read with :func:`vitrim.vlm.last_selection` before.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import vitrim.vlm
+from vitrim.viz.vlm_boxes import TokenBoxes, vlm_token_boxes
+
+
+@dataclass
+class Answer:
+    """One question answered.
+
+    text: the reply; method / stage / options: what was applied (None: the unmodified model);
+    total: per image, its image tokens in the unmodified LLM input; entered: per image, the image tokens that entered
+    the LLM (merged ones count once; an in-LLM method lets all in); selected: per image, the tokens the method kept
+    (the LLM tokens standing for the image; in-LLM: from its layer on); groups: per image, one LongTensor per such
+    token (``last_selection(model, groups=True)``), None without a method; kept: per image, the kept indices
+    (``last_selection(model)``); boxes: per image, where each token is in the picture; inputs: what the processor
+    made (input_ids, pixel_values, …).
+    """
+
+    text: str
+    method: str | None
+    stage: str | None
+    options: dict[str, Any]
+    total: list[int]
+    entered: list[int]
+    selected: list[int]
+    groups: list[list[Tensor]] | None
+    kept: list[list[int]] | None
+    boxes: list[TokenBoxes]
+    inputs: dict[str, Any] = field(repr=False)
+    family: str = ""
+
+    def records(self) -> dict[str, Any]:
+        """The selection as JSON-ready data: per image its kept indices, groups, token grid and boxes."""
+        images = []
+        for number, boxes in enumerate(self.boxes):
+            groups = None if self.groups is None else self.groups[number]
+            images.append(
+                {
+                    "size": {"height": boxes.size[0], "width": boxes.size[1]},
+                    "tokens": self.total[number],
+                    "entered": self.entered[number],
+                    "selected": self.selected[number],
+                    "kept": None if self.kept is None else self.kept[number],
+                    "groups": None if groups is None else [g.reshape(-1).tolist() for g in groups],
+                    "views": [
+                        {"name": name, "grid": list(grid)} for name, grid in zip(boxes.views, boxes.grids, strict=True)
+                    ],
+                    "token_view": boxes.view.tolist(),
+                    "boxes": [
+                        None if math.isnan(row[0]) else [round(v, 4) for v in row] for row in boxes.boxes.tolist()
+                    ],
+                }
+            )
+        return {
+            "family": self.family,
+            "method": self.method,
+            "stage": self.stage,
+            "options": _jsonable(self.options),
+            "answer": self.text,
+            "images": images,
+        }
+
+
+def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as JSON holds them: tuples as lists, anything else not JSON as its repr."""
+    options = {name: list(value) if isinstance(value, tuple) else value for name, value in options.items()}
+    return {
+        name: value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
+        for name, value in options.items()
+    }
+
+
+def build_inputs(processor: Any, image: Any, question: str) -> dict[str, Any]:
+    """The processor's tensors for one picture and one question (a chat turn when the processor has a template)."""
+    if getattr(processor, "chat_template", None):
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        image_token = getattr(processor, "image_token", None)
+        if not image_token:
+            raise ValueError(
+                f"{type(processor).__name__} has neither a chat template nor an image token to prompt with"
+            )
+        text = f"{image_token}\n{question}"
+    return dict(processor(images=[image], text=[text], return_tensors="pt"))
+
+
+def ask(
+    model: nn.Module,
+    processor: Any,
+    image: Any,
+    question: str,
+    method: str | None = None,
+    max_new_tokens: int = 32,
+    **options: Any,
+) -> Answer:
+    """Answer ``question`` about ``image`` (a PIL image) greedily, with ``method`` applied (``options``: ``keep=``
+    and the method's own, as :func:`vitrim.vlm.apply` takes them); the model is left as it was."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    from vitrim.vlm.families import find_family
+
+    family = find_family(model)
+    device = next(model.parameters()).device
+    inputs = {
+        k: v.to(device) if isinstance(v, Tensor) else v for k, v in build_inputs(processor, image, question).items()
+    }
+    image_token = family.image_token_id()
+    total = [int((inputs["input_ids"] == image_token).sum())]
+    stage = None if method is None else vitrim.vlm.method_info(method).stage
+    if method is not None:
+        vitrim.vlm.apply(model, method, **options)
+    try:
+        with torch.inference_mode():
+            generate: Any = model.generate
+            out = generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        groups, kept = None, None
+        if method is not None:
+            selection = vitrim.vlm.last_selection(model, groups=True)
+            groups = [list(image_groups) for image_groups in selection]
+            kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]  # type: ignore[union-attr]
+    finally:
+        if method is not None:
+            vitrim.vlm.remove(model)
+    text = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()
+    size = (image.height, image.width)
+    boxes = vlm_token_boxes(model, processor, inputs, [size])
+    return Answer(
+        text=text,
+        method=method,
+        stage=stage,
+        options=dict(options),
+        total=total,
+        entered=total if groups is None or stage == "in_llm" else [len(g) for g in groups],
+        selected=total if groups is None else [len(g) for g in groups],
+        groups=groups,
+        kept=kept,
+        boxes=boxes,
+        inputs=inputs,
+        family=family.traits.title,
+    )
+
+
+def save_answer(answer: Answer, image: Any, folder: Path, title: str = "") -> list[Path]:
+    """Write ``selection.json`` and (with a method) ``kept_tokens.png`` into ``folder``; returns the paths."""
+    from vitrim.viz.maps import save_figure
+    from vitrim.viz.vlm_kept import plot_vlm_kept
+
+    folder.mkdir(parents=True, exist_ok=True)
+    record = answer.records()
+    written = [folder / "selection.json"]
+    written[0].write_text(json.dumps(record, indent=1) + "\n")
+    if answer.groups is not None:
+        path = folder / "kept_tokens.png"
+        save_figure(plot_vlm_kept(image, answer.boxes[0], answer.groups[0], title=title), path)
+        written.append(path)
+    return written

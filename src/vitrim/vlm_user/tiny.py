@@ -1,0 +1,200 @@
+"""Tiny random VLM checkpoint folders with a processor, made offline: try ``vitrim vlm ask --model`` and
+:func:`vitrim.vlm_user.ask` without downloading a real checkpoint (and test them).
+
+A folder holds what a hub checkpoint holds: ``config.json``, ``model.safetensors`` (``save_pretrained``), a fast
+word-level tokenizer built here (words ``w<id>``; nothing is downloaded), the processor's configs and a chat
+template in transformers' message format (content: a list of ``{"type": "image"}`` / ``{"type": "text"}``). The
+weights are random: the answers are random words.
+
+LLaVA-1.5: a CLIP tower on 16-px crops of 4-px patches (a 4×4 grid, 16 tokens); the processor resizes the shortest
+edge to 16 and centre-crops 16×16 (LLaVA-1.5's recipe at 1/21 the size). Qwen2.5-VL: 2-px patches merged 2×2 (one
+token per 4×4 px of the smart-resized picture), between 64 and 64·64 pixels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitrim.extras import require
+
+LLAVA_SPECIALS = ["<unk>", "<pad>", "</s>", "<image>", "<s>"]  # ids 0 … 4
+LLAVA_CROP, LLAVA_PATCH = 16, 4
+LLAVA_IMAGE_TOKEN: dict[str, Any] = {"image_token_id": 3}  # transformers 5's name (its typing still says _index)
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}USER: {% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image> {% else %}{{ part['text'] }} {% endif %}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
+)
+QWEN_SPECIALS = ["<pad>", "<s>", "</s>"]
+QWEN_VISION_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]  # ids 90 … 93
+QWEN_PATCH, QWEN_MERGE = 2, 2
+QWEN_TEMPLATE = (
+    "{% for message in messages %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|> {% else %}{{ part['text'] }} "
+    "{% endif %}{% endfor %}{% endfor %}"
+)
+
+
+def word_tokenizer(specials: list[str], vocab_size: int, template: str, **named: str) -> Any:
+    """A fast word-level tokenizer: ``specials`` take ids 0…, then ``w<id>`` up to ``vocab_size``."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size) if f"w{i}" not in vocab})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[0]))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token=specials[0], **named)
+    tokenizer.add_special_tokens({"additional_special_tokens": [s for s in specials if s not in named.values()]})
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def _spread(model: torch.nn.Module, seed: int) -> None:
+    """Random init gives near-uniform attention; spread the weights so selections differ between methods."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+
+
+def save_llava(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-1.5 (``LlavaForConditionalGeneration``, a 2-layer Llama) and its processor at ``path``."""
+    import transformers
+
+    config = transformers.LlavaConfig(
+        vision_config=dict(
+            model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=3,
+            num_attention_heads=4, image_size=LLAVA_CROP, patch_size=LLAVA_PATCH, projection_dim=32,
+        ),
+        text_config=dict(
+            model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1,
+            bos_token_id=4, eos_token_id=2,
+        ),
+        **LLAVA_IMAGE_TOKEN,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    _spread(model, seed)
+    model.save_pretrained(path)
+    tokenizer = word_tokenizer(
+        LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+    )
+    image_processor = transformers.CLIPImageProcessor(
+        size={"shortest_edge": LLAVA_CROP}, crop_size={"height": LLAVA_CROP, "width": LLAVA_CROP}
+    )
+    processor = transformers.LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=LLAVA_PATCH,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
+def save_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL (tower: block 0 windowed, block 1 full; a 2-layer LLM) and its processor at ``path``."""
+    import transformers
+
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=96, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0},
+        ),
+        vision_config=dict(
+            depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32, patch_size=QWEN_PATCH,
+            spatial_merge_size=QWEN_MERGE, temporal_patch_size=1, in_channels=3,
+            window_size=2 * QWEN_MERGE * QWEN_PATCH, fullatt_block_indexes=[1],
+        ),
+        image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    _spread(model, seed)
+    model.save_pretrained(path)
+    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
+    tokenizer = word_tokenizer(specials, 96, QWEN_TEMPLATE, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    image_processor = transformers.Qwen2VLImageProcessor(
+        patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, min_pixels=64, max_pixels=64 * 64
+    )
+    processor = transformers.Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=transformers.Qwen2VLVideoProcessor(
+            patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1
+        ),
+        chat_template=QWEN_TEMPLATE,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
+def save_llava_next(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-NeXT (anyres: 16-px tiles of 16 tokens, pinpoints 16×32, 32×16, 32×32) and its processor."""
+    import transformers
+
+    pinpoints = [[16, 32], [32, 16], [32, 32]]
+    config = transformers.LlavaNextConfig(
+        vision_config=dict(
+            model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=3,
+            num_attention_heads=4, image_size=LLAVA_CROP, patch_size=LLAVA_PATCH,
+        ),
+        text_config=dict(
+            model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1,
+            bos_token_id=4, eos_token_id=2,
+        ),
+        **LLAVA_IMAGE_TOKEN,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_grid_pinpoints=pinpoints,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.LlavaNextForConditionalGeneration(config).eval()
+    _spread(model, seed)
+    model.save_pretrained(path)
+    tokenizer = word_tokenizer(
+        LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+    )
+    image_processor = transformers.LlavaNextImageProcessor(
+        size={"shortest_edge": LLAVA_CROP},
+        crop_size={"height": LLAVA_CROP, "width": LLAVA_CROP},
+        image_grid_pinpoints=pinpoints,
+    )
+    processor = transformers.LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=LLAVA_PATCH,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
+TINY = {"llava": save_llava, "llava_next": save_llava_next, "qwen2_5_vl": save_qwen2_5_vl}
+
+
+def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0) -> Path:
+    """A tiny random ``family`` (one of :data:`TINY`) checkpoint folder at ``path``; returns the path."""
+    require("transformers", feature="vitrim.vlm_user's tiny checkpoints")
+    if family not in TINY:
+        raise ValueError(f"family must be one of {', '.join(TINY)}, got {family!r}")
+    from vitrim.vlm_user.load import import_vision_backend
+
+    import_vision_backend()
+    return TINY[family](Path(path), seed)

@@ -1,0 +1,125 @@
+"""vLLM engines on the tiny checkpoints, and the transformers reference run beside them (helpers of tests/vllm)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from PIL import Image
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE_SCRIPT = Path(__file__).with_name("transformers_reference.py")
+# the reference runs in this (vLLM's) environment, on the transformers vLLM pins (5.19 for vLLM 0.32);
+# VITRIM_REFERENCE_PYTHON runs it in another (the main .venv: transformers 5.24; both gave the same results)
+REFERENCE_PYTHON = Path(os.environ.get("VITRIM_REFERENCE_PYTHON", sys.executable))
+
+ENGINE_ARGS: dict[str, Any] = dict(
+    dtype="float32",
+    enforce_eager=True,
+    max_model_len=512,
+    max_num_seqs=8,
+    seed=0,
+    kv_cache_memory_bytes=256 << 20,
+    limit_mm_per_prompt={"image": 2},
+    enable_prefix_caching=False,  # a request alone is computed again, not read from the batch's cache
+)
+
+
+def overrides(architecture: str, method: str | None, **options: Any) -> dict[str, Any] | None:
+    if method is None:
+        return None
+    return {"architectures": [architecture], "vitrim": {"method": method, **options}}
+
+
+def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callable[[Any], T]) -> T:
+    """``work(llm)`` on a ``vllm.LLM`` of ``folder`` (float32, eager), which is then shut down and freed.
+
+    No reference to the engine outlives this call: an engine freed while the next one runs would tear down the
+    process-wide parallel groups the new one uses."""
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    from vllm import LLM
+
+    llm = LLM(model=str(folder), hf_overrides=hf_overrides, **ENGINE_ARGS)
+    try:
+        return work(llm)
+    finally:
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+
+
+def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[Any]:
+    """One ``generate`` over ``requests`` ({"prompt", "images": [PNG paths]}); the RequestOutputs in order."""
+    from vllm import SamplingParams
+
+    prompts = []
+    for request in requests:
+        images = [Image.open(path).convert("RGB") for path in request["images"]]
+        prompt: dict[str, Any] = {"prompt": request["prompt"]}
+        if images:
+            prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+        prompts.append(prompt)
+    return llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
+
+
+def transformers_reference(specs: list[dict[str, Any]], work: Path) -> list[list[dict[str, Any]]]:
+    """tests/vllm/transformers_reference.py run in a fresh interpreter on ``specs``; its results per spec."""
+    spec_path, out_path = work / "specs.json", work / "reference.json"
+    spec_path.write_text(json.dumps(specs))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [str(REFERENCE_PYTHON), str(REFERENCE_SCRIPT), str(spec_path), str(out_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the transformers reference failed:\n{done.stderr[-4000:]}")
+    return json.loads(out_path.read_text())
+
+
+def trimmed_runs(
+    folder: Path, architecture: str, method: str, options: dict[str, Any], requests: list[dict[str, Any]], tokens: int
+) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
+    """One engine of ``architecture`` with ``method``: the requests together, each alone, and what it kept."""
+
+    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
+        from vitrim.vllm.selection_record import recorded_selections
+
+        together = greedy(llm, requests, tokens)
+        alone = [greedy(llm, [request], tokens)[0] for request in requests]
+        return together, alone, recorded_selections(llm)
+
+    return with_engine(folder, overrides(architecture, method, **options), run)
+
+
+def assert_like_reference(
+    requests: list[dict[str, Any]],
+    runs: tuple[list[Any], list[Any], dict[int, list[int]]],
+    reference: list[dict[str, Any]],
+) -> None:
+    """Each request: together == alone == the reference's tokens; the reference's kept indices per image (by its
+    pixels' seed); the prompt shorter than the unpruned one by exactly the dropped image tokens."""
+    together, alone, kept = runs
+    for request, batched, single, expected in zip(requests, together, alone, reference, strict=True):
+        tokens = list(batched.outputs[0].token_ids)
+        assert tokens == list(single.outputs[0].token_ids), request["prompt"]
+        assert tokens == expected["tokens"], request["prompt"]
+        dropped = 0
+        for seed, reference_kept, full in zip(
+            expected["seeds"], expected["kept"], expected["image_tokens"], strict=True
+        ):
+            assert kept[seed] == reference_kept, request["prompt"]
+            assert len(reference_kept) <= full
+            dropped += full - len(reference_kept)
+        assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped

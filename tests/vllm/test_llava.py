@@ -1,0 +1,104 @@
+"""VitrimLlavaForConditionalGeneration on vLLM's CPU backend against transformers + vitrim.vlm on the same folder.
+
+Per pre-LLM method, one engine: three requests of different prompts and images (one with two images) run together
+and each alone; every request's greedy tokens equal transformers + vitrim.vlm's, its kept image tokens equal
+``vitrim.vlm.last_selection``'s, and its prompt is shorter by exactly the dropped tokens (vLLM's own count).
+
+Positions: vLLM numbers the shortened prompt 0, 1, 2, … (docs/vllm.md); the reference runs vitrim.vlm with the same
+numbering (tests/vllm/transformers_reference.py, ``positions="contiguous"``), and the unpruned runs with the
+checkpoint's own. keep = 16 (all) is checked against vLLM's unmodified LlavaForConditionalGeneration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
+
+from checkpoints import LLAVA_GRID, save_llava
+from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
+from PIL import Image
+
+from vitrim.vllm.options import pre_llm_methods
+
+ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
+GRID = LLAVA_GRID * LLAVA_GRID  # image tokens per image, unpruned
+KEEP = 6
+MAX_TOKENS = 8
+METHODS = pre_llm_methods()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llava")
+
+
+@pytest.fixture(scope="module")
+def folder(work: Path) -> Path:
+    return save_llava(work / "tiny-llava")
+
+
+@pytest.fixture(scope="module")
+def requests(work: Path) -> list[dict[str, Any]]:
+    """Three prompts; images of three sizes (the processor resizes and crops each to 16 px), one prompt with two."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for index, (height, width) in enumerate([(16, 16), (24, 20), (40, 32)]):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return [
+        {"prompt": "w10 w11 <image> w12 w13", "images": [paths[0]]},
+        {"prompt": "w20 <image> w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
+        {"prompt": "w30 w31 <image> w32 <image> w33", "images": [paths[2], paths[0]]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
+    """transformers + vitrim.vlm per method (and unpruned, under None), one process for all."""
+    names: list[str | None] = [None, *METHODS]
+    specs = [
+        {
+            "folder": str(folder),
+            "family": "llava",
+            "method": name,
+            "options": {} if name is None else {"keep": KEEP},
+            "positions": "original" if name is None else "contiguous",
+            "max_tokens": MAX_TOKENS,
+            "requests": requests,
+        }
+        for name in names
+    ]
+    return dict(zip(names, transformers_reference(specs, work), strict=True))
+
+
+def test_the_plugin_offers_every_pre_llm_method() -> None:
+    assert {"random", "fastervlm", "vispruner", "visionzip", "divprune"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_method_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
+    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
+) -> None:
+    runs = trimmed_runs(folder, ARCHITECTURE, method, {"keep": KEEP}, requests, MAX_TOKENS)
+    assert_like_reference(requests, runs, reference[method])
+    assert all(len(kept) == KEEP for kept in runs[2].values())
+
+
+def test_keeping_every_token_is_vllms_unmodified_llava(
+    folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
+) -> None:
+    dense = with_engine(folder, None, lambda llm: greedy(llm, requests, MAX_TOKENS))
+    kept_all = with_engine(
+        folder, overrides(ARCHITECTURE, "visionzip", keep=GRID), lambda llm: greedy(llm, requests, MAX_TOKENS)
+    )
+    for plain, trimmed, expected in zip(dense, kept_all, reference[None], strict=True):
+        assert list(plain.outputs[0].token_ids) == expected["tokens"]  # vLLM's LLaVA is transformers' (the baseline)
+        assert list(trimmed.outputs[0].token_ids) == expected["tokens"]
+        assert trimmed.prompt_token_ids == plain.prompt_token_ids
+        assert len(plain.prompt_token_ids) == expected["prompt_tokens"]
