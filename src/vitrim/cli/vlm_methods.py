@@ -63,8 +63,17 @@ def method_listings(stage: str | None = None) -> list[MethodListing]:
         paragraph = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
         summary = " ".join(paragraph.replace("``", "").split())  # the docstring's literals, as a terminal shows them
         layer = getattr(cls, "default_layer", None)
-        rows.append(MethodListing(name, info.stage, dict(info.defaults), cls().default_keep(), layer, summary))
+        rows.append(MethodListing(name, info.stage, dict(info.defaults), _default_keep(cls), layer, summary))
     return sorted(rows, key=lambda row: (STAGES.index(row.stage), row.name))
+
+
+def _default_keep(cls: Any) -> float | int | None:
+    """``keep=`` of the method with its own defaults when not given; None where it has none, or where the method
+    cannot be built with its defaults (it refuses itself at apply, saying why; its summary says what it needs)."""
+    try:
+        return cls().default_keep()
+    except (ValueError, TypeError):
+        return None
 
 
 def format_listings(infos: list[MethodListing]) -> str:
