@@ -1,6 +1,10 @@
 # One virtual environment for everything; torch is pinned here (the CPU build this machine carries), with the
-# torchvision built for it (timm needs it; tests/conftest.py stubs its compiled ops where they do not load),
-# while the library itself only asks for torch>=2.4.
+# torchvision released beside it (vitrim.data's transforms, timm and transformers' image processors import it),
+# while the library itself only asks for torch>=2.4. The only torchvision 0.28.0 wheel the indexes serve is PyPI's
+# CUDA build, whose compiled operators do not load with a CPU torch, and then `import torchvision` (so `import
+# transformers; transformers.LlavaConfig()`, `import timm`) fails: install/torchvision_without_ops.py, installed into
+# the environment's site-packages with a .pth file that imports it at interpreter start, lets torchvision import
+# without them (none of torchvision's files edited; a no-op where they load). tests/install checks it in a fresh python.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
@@ -9,14 +13,17 @@ TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
 # installed alone, with --no-deps.
 LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
+TORCHVISION_FIX := install/torchvision_without_ops.py
 
 .PHONY: test test-all test-vlm-lowest test-vllm demo demo-translate demo-weights docs lint bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH_PIN)
 	$(PY) -m pip install --quiet -e '.[dev]' $(TORCH_PIN)
 	$(PY) -m pip install --quiet --no-deps lxt==$(LXT_VERSION)
+	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	  cp $(TORCHVISION_FIX) "$$site/" && echo 'import torchvision_without_ops' > "$$site/torchvision_without_ops.pth"
 	touch $(STAMP)
 
 # The suite in parallel, one worker per core (tests/conftest.py gives each one torch thread). `make test` runs one

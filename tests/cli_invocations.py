@@ -136,6 +136,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
             *speed,
         ],
         "vlm flops": ["vlm", "flops", "--models", "gemma-3-4b", "--keep", "64"],
+        "vlm methods": ["vlm", "methods", "--stage", "in_llm"],
         "bench ops": ["bench", "ops", "vit_tiny_patch16_224", "--set", TINY, "--reducer", "tome:r=2"],
         "bench reducers": [
             "bench",

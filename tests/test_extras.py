@@ -48,6 +48,7 @@ WITHOUT_EXTRAS = {
     "bench reducers": "viz",
     "bench vlm": "vlm",
     "vlm flops": None,
+    "vlm methods": None,
 }
 
 

@@ -78,6 +78,7 @@ STANDINS: dict[str, Callable[[Path], None]] = {
     "runs/translate": _demo_run("translate"),
     "deit_small_patch16_224-cd65a155.pth": _official_release("deit_small_patch16_224"),
     "dynamicvit_0.7.pth": _official_release("dynamicvit_small_patch16_224"),
+    "ckpt.safetensors": _timm_weights("deit_small_patch16_224", lambda sd, p: save_file(sd, str(p))),
     "dinov2_reg4.safetensors": _timm_weights("vit_small_patch14_reg4_dinov2", lambda sd, p: save_file(sd, str(p))),
     "eva02_tiny.pth": _timm_weights("eva02_tiny_patch14_224", lambda sd, p: torch.save(sd, p)),
     "hf_vit_dir": _hf_folder("vit"),

@@ -19,7 +19,8 @@ from vitrim.cli import models as cli_models
 from vitrim.cli.common import Bounded
 
 FUZZED = ["models", "explain", "train", "eval", "viz attention", "bench models", "bench attention", "bench reducers"]
-VLM_COMMANDS = ("vlm ask", "vlm ask fastv", "viz vlm", "vlm flops", "bench vlm")  # issue 45: vlm_invocations below
+# issue 45: vlm_invocations below
+VLM_COMMANDS = ("vlm ask", "vlm ask fastv", "vlm ask pdrop", "viz vlm", "vlm flops", "vlm methods", "bench vlm")
 
 
 BAD = ["-1", "0", "abc", "", "1e9", "nan", "{file}/x", "{missing}", "--help-me", "[1,", "x=1", "3.5"]
@@ -68,7 +69,10 @@ def vlm_invocations(tmp: Path) -> dict[str, list[str]]:
     return {
         "vlm ask": ["vlm", "ask", "which digit ?", "--image", image, "--method", "random", "--keep", "0.25"],
         "vlm ask fastv": ["vlm", "ask", "how many digits ?", "--image", image, "--method", "fastv", "--keep", "16"],
-        "viz vlm": ["viz", "vlm", "--canvas", "3", "--method", "random", "--keep", "16", "--out", str(tmp / "v.png")],
+        "vlm ask pdrop": ["vlm", "ask", "which digit ?", "--image", image, "--method", "pdrop", "--keep", "0.25"],
+        "viz vlm": ["viz", "vlm", "--canvas", "3", "--method", "random", "--keep", "16", "--out", str(tmp / "v.png"),
+                    "--save-canvas", str(tmp / "c.png")],
+        "vlm methods": ["vlm", "methods", "--stage", "in_llm", "--json", str(tmp / "m.json")],
         "vlm flops": ["vlm", "flops", "--models", "gemma-3-4b", "--keep", "64", "--text-tokens", "20"],
         "bench vlm": [
             "bench", "vlm", "--set", "vision_width=32,vision_mlp=48,vision_heads=4,image_size=56,llm_width=32,"

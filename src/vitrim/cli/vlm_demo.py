@@ -133,9 +133,8 @@ def _run_ask(args: argparse.Namespace) -> int:
     canvas = read_canvas(args.image)
     result = ask(model, canvas, args.question, method=args.method, keep=keep)
     print(result.text)
-    if result.groups is not None:
-        kept = sorted(int(i) for g in result.groups for i in g.reshape(-1).tolist())
-        print(f"{args.method}: {len(result.groups)} of 64 image tokens entered the LLM, standing for patches {kept}")
+    if args.method is not None:
+        print(result.describe_tokens(args.method))
     return 0
 
 
@@ -157,13 +156,19 @@ def _register_viz_kind(kinds: argparse._SubParsersAction) -> None:
     _add_model_arguments(p)
     p.add_argument("--out", required=True, help="PNG file of the kept tokens")
     p.add_argument("--attention", default=None, metavar="PNG", help="also draw FastV's attention map here")
+    p.add_argument(
+        "--save-canvas",
+        default=None,
+        metavar="PNG",
+        help="also write the canvas itself here (64x64 grey: a picture `vitrim vlm ask --image` reads)",
+    )
     add_threads_argument(p)
     p.set_defaults(func=_run_viz)
 
 
 def _run_viz(args: argparse.Namespace) -> int:
     from vitrim.viz.maps import save_figure
-    from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas
+    from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas, save_canvas
     from vitrim.vlm_demo.attention import last_token_attention
     from vitrim.vlm_demo.evaluate import held_out
     from vitrim.vlm_demo.pictures import plot_attention, plot_selections
@@ -174,19 +179,32 @@ def _run_viz(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     if args.attention:
         check_output_file(args.attention, "--attention")
+    if args.save_canvas:
+        check_output_file(args.save_canvas, "--save-canvas")
     keep = parse_keep(args.keep)
     if args.image is not None:
         canvas = read_canvas(args.image)
     else:
         canvas = held_out(args.canvas + 1).pixels[args.canvas]
+    if args.save_canvas:
+        save_canvas(canvas, Path(args.save_canvas))
+        print(f"wrote {args.save_canvas}")
     model = load_demo_model(args.run)
     methods = [args.method] if args.method else available_methods()
     if not methods:
         raise ValueError("vitrim.vlm has no methods in this installation: nothing to draw")
-    selections = {}
+    selections, refused = {}, {}
     for method in methods:
-        result = ask(model, canvas, args.question, method=method, keep=keep)
+        try:
+            result = ask(model, canvas, args.question, method=method, keep=keep)
+        except (ValueError, TypeError) as err:  # as the demo's sweep: a method that refuses this model is not drawn
+            if args.method:
+                raise
+            refused[method] = str(err)
+            continue
         selections[method] = result.groups
+    for method, why in refused.items():
+        print(f"not drawn: {method} refuses the digits VLM at --keep {args.keep}: {why}")
     plain = ask(model, canvas, args.question).text
     title = f'"{args.question}" -> "{plain}" (full model); keep {args.keep}'
     save_figure(plot_selections(canvas, selections, title=title), Path(args.out))

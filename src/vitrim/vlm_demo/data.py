@@ -79,9 +79,14 @@ class DigitsScenes:
         split: ``"train"`` or ``"test"`` (which digits of the bundled set may appear).
         size: canvases in the split (held-out: a fixed set; training: redrawn each epoch, see ``set_epoch``).
         seed: fixes the digits' split and every placement.
+        stream: another set of training canvases drawn from the same split (stage 1 of the recipe draws stream 1,
+            stage 2 stream 0), so that a stage's canvases differ while its digits stay those of the train split.
+            Only ``seed`` decides the split: a glyph of the held-out split never appears on a training canvas.
+
+    ``indices``: the bundled set's indices of the split's glyphs (``glyphs[i]`` is image ``indices[i]``).
     """
 
-    def __init__(self, split: str, size: int, *, seed: int = 0) -> None:
+    def __init__(self, split: str, size: int, *, seed: int = 0, stream: int = 0) -> None:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if not isinstance(size, int) or size < 1:
@@ -89,11 +94,14 @@ class DigitsScenes:
         images, labels = load_digits()
         train_idx, test_idx = split_indices(labels, TEST_FRACTION, seed)
         chosen = train_idx if split == "train" else test_idx
+        if not isinstance(stream, int) or stream < 0 or (stream and split != "train"):
+            raise ValueError(f"stream must be an int >= 0, and 0 for the held-out split; got {stream!r} ({split})")
+        self.indices = chosen
         scaled = images[chosen].astype(np.float32) / 16.0  # (n, 8, 8) in [0, 1]
         self.glyphs = scaled.repeat(DIGIT // 8, axis=1).repeat(DIGIT // 8, axis=2)  # (n, 16, 16) nearest-neighbour
         self.labels = labels[chosen]
         self.by_value = [np.flatnonzero(self.labels == v) for v in range(10)]
-        self.split, self.size, self.seed, self.epoch = split, size, seed, 0
+        self.split, self.size, self.seed, self.epoch, self.stream = split, size, seed, 0, stream
 
     def set_epoch(self, epoch: int) -> None:
         """Draw another set of training canvases (held-out canvases never change)."""
@@ -103,6 +111,8 @@ class DigitsScenes:
         return self.size
 
     def _rng(self, index: int) -> np.random.Generator:
+        if self.split == "train" and self.stream:
+            return np.random.default_rng([self.seed, 0x71A, self.stream, self.epoch, index])
         if self.split == "train":
             return np.random.default_rng([self.seed, 0x71A, self.epoch, index])
         return np.random.default_rng([self.seed, 0x7E5, index])
@@ -119,13 +129,17 @@ class DigitsScenes:
         grid = CANVAS // PATCH
         patch_digits = np.full((grid, grid), BACKGROUND, dtype=np.int64)
         for quadrant, value in zip(quadrants, values):
-            glyph = self.glyphs[rng.choice(self.by_value[value])]
+            glyph = self.glyphs[self.glyph_of(value, rng)]
             y = (quadrant // 2) * QUADRANT + int(rng.integers(PLACES)) * PATCH
             x = (quadrant % 2) * QUADRANT + int(rng.integers(PLACES)) * PATCH
             pixels[y : y + DIGIT, x : x + DIGIT] = glyph
             digits[int(quadrant)] = int(value)
             patch_digits[y // PATCH : (y + DIGIT) // PATCH, x // PATCH : (x + DIGIT) // PATCH] = value
         return Canvas(pixels, (digits[0], digits[1], digits[2], digits[3]), patch_digits.reshape(-1))
+
+    def glyph_of(self, value: int, rng: np.random.Generator) -> int:
+        """The position in ``glyphs`` of a glyph of digit ``value`` drawn by ``rng`` (the split's own glyphs only)."""
+        return int(rng.choice(self.by_value[value]))
 
     def questions(self, index: int, canvas: Canvas | None = None) -> list[Question]:
         """One question of each type about canvas ``index`` (which quadrant or digit is asked about is seeded)."""

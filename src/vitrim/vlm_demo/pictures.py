@@ -112,7 +112,8 @@ def plot_attention(pixels: np.ndarray, weights: Tensor, *, title: str) -> Figure
 def plot_accuracy_vs_kept(summary: dict[str, Any]) -> Figure:
     """A panel per question type: accuracy against image tokens kept, a line per method, the full model at 64 tokens
     as a grey line. The line says where the method cuts (solid: before the LLM; dash-dot: inside it; dotted: inside
-    the tower); the seeded baselines are dashed (black: before the LLM, grey: in the tower)."""
+    the tower); the seeded baselines are dashed (black: before the LLM, grey: in the tower): their mean over seeds,
+    the range of the seeds shaded."""
     from matplotlib import colormaps
 
     from vitrim.viz.maps import new_figure
@@ -125,7 +126,13 @@ def plot_accuracy_vs_kept(summary: dict[str, Any]) -> Figure:
         ax.axhline(100 * summary["full"][kind], color="grey", lw=1, label="full model (64)")
         for index, (method, rows) in enumerate(summary["methods"].items()):
             values = [100 * rows[f]["accuracy"][kind] for f in KEPT_FRACTIONS]
-            ax.plot(kept, values, marker="o", ms=3, label=method, **_line_style(method, colours(index % 20)))
+            style = _line_style(method, colours(index % 20))
+            ax.plot(kept, values, marker="o", ms=3, label=method, **style)
+            if all("accuracy_by_seed" in rows[f] for f in KEPT_FRACTIONS):  # a seeded baseline: its seeds' range
+                seeds = [[100 * one[kind] for one in rows[f]["accuracy_by_seed"]] for f in KEPT_FRACTIONS]
+                ax.fill_between(
+                    kept, [min(s) for s in seeds], [max(s) for s in seeds], color=style["color"], alpha=0.15
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(kept, [str(k) for k in kept])
         ax.set_xlabel("image tokens kept (of 64)")

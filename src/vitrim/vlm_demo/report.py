@@ -18,7 +18,14 @@ from vitrim.vlm_demo.attention import last_token_attention
 from vitrim.vlm_demo.data import CANVAS, PATCH, QUESTION_TYPES
 from vitrim.vlm_demo.evaluate import HeldOut
 from vitrim.vlm_demo.pictures import plot_accuracy_vs_kept, plot_attention, plot_selections
-from vitrim.vlm_demo.sweep import DEMO_OPTIONS, KEPT_FRACTIONS, SweepResult, apply_method
+from vitrim.vlm_demo.sweep import (
+    BASELINE_SEEDS,
+    DEMO_OPTIONS,
+    KEPT_FRACTIONS,
+    SEEDED_BASELINES,
+    SweepResult,
+    apply_method,
+)
 from vitrim.vlm_demo.words import IMAGE_TOKENS, WORDS, processor
 
 INK_PROMPTS = 48
@@ -122,6 +129,14 @@ def _options_note(methods: list[str]) -> str:
     return note
 
 
+def _accuracy_cell(row: dict[str, Any], kind: str) -> str:
+    """A table cell: the accuracy (%), and for a seeded baseline its seeds' range."""
+    if "accuracy_by_seed" not in row:
+        return _pct(row["accuracy"][kind])
+    seeds = [one[kind] for one in row["accuracy_by_seed"]]
+    return f"{_pct(row['accuracy'][kind])} ({_pct(min(seeds))}–{_pct(max(seeds))})"
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
@@ -180,7 +195,7 @@ def _markdown(
         for method, rows in methods.items():
             for fraction in KEPT_FRACTIONS:
                 row = rows[fraction]
-                cells = " | ".join(_pct(row["accuracy"][k]) for k in QUESTION_TYPES)
+                cells = " | ".join(_accuracy_cell(row, k) for k in QUESTION_TYPES)
                 share = ink.get(method, {}).get(fraction)
                 kept = round(float(fraction) * IMAGE_TOKENS)
                 lines.append(
@@ -192,7 +207,10 @@ def _markdown(
             "Prefill speed-up: the median time of one forward of "
             f"{plan['timing_batch']} prompts (tower included) of the unmodified model over that of the trimmed one, "
             f"timed in turns ({plan['repeats']} repeats) on this machine, 1-minute load average "
-            f"{_load(details['load_average_at_evaluation'])} (2 cores). " + _options_note(list(methods)),
+            f"{_load(details['load_average_at_evaluation'])} (2 cores). "
+            + _options_note(list(methods))
+            + f" {', '.join(SEEDED_BASELINES)}: the mean over seeds {', '.join(map(str, BASELINE_SEEDS))}, the lowest "
+            "and highest seed's accuracy in brackets.",
             "",
         ]
         ink = details.get("ink_kept", {})

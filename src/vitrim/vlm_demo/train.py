@@ -112,7 +112,7 @@ def pretrain_tower(
     params = [*tower.parameters(), *head.parameters()]
     quadrant_of = torch.tensor([(i // GRID // (GRID // 2)) * 2 + (i % GRID) // (GRID // 2) for i in range(GRID * GRID)])
     optimizer = torch.optim.AdamW(params, lr=plan.tower_lr, weight_decay=plan.weight_decay)
-    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed + 1)  # other canvases than stage 2's
+    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed, stream=1)  # stage 2's split, other canvases
     schedule = TrainPlan(steps=plan.tower_steps, lr=plan.tower_lr, warmup_steps=min(50, plan.tower_steps // 4 + 1))
     per_epoch = plan.canvases_per_epoch // plan.tower_batch_size
     tower.train()
