@@ -1,6 +1,8 @@
 """Every public module has an API page, and every page of the API reference is in the site's navigation.
 
-A module is public unless it is the command line (``vitrim.cli``, documented by its own ``--help`` and the guides), a
+A module is public unless it is the command line (``vitrim.cli``, documented by its own ``--help`` and the guides), the
+vLLM plugin (``vitrim.vllm``: vLLM loads it; the guide docs/vllm.md documents it, and its modules import vLLM, which
+lives in its own environment, not the docs'), a
 shim of an old import path (it only hands names on with a DeprecationWarning), or a package's ``__init__`` that
 defines nothing (its names are documented where they are defined).
 """
@@ -23,7 +25,7 @@ def public_modules() -> set[str]:
     modules = set()
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[1:2] == ("cli",) or any(part.startswith("_") and part != "__init__" for part in parts):
+        if parts[1:2] in (("cli",), ("vllm",)) or any(part.startswith("_") and part != "__init__" for part in parts):
             continue
         text = path.read_text()
         if "\n__getattr__ = moved_to(" in text:  # a shim of an old import path
