@@ -109,10 +109,11 @@ def __getattr__(name: str) -> Any:
     ``load_model`` beside :func:`vitrim.load_model`); :func:`vitrim.vlm_demo.run_folder.load_digits_vlm` replaces it."""
     if name != "load_model":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
     import warnings
 
-    from vitrim.vlm_demo.run_folder import load_digits_vlm
-
+    # by name, as vitrim.moved's shims do: a deprecated name is no dependency (run_folder reads this module)
+    load_digits_vlm = importlib.import_module("vitrim.vlm_demo.run_folder").load_digits_vlm
     warnings.warn(
         "vitrim.vlm_demo.model.load_model is deprecated and goes in the next release: use "
         "vitrim.vlm_demo.run_folder.load_digits_vlm",
