@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.families.seams import prefill_input_ids
 from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.pre_llm import Prefill
 from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
+from vitrim.vlm.stages.spans import spans_from_mask
 
 if TYPE_CHECKING:
-    from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, Shortened
+    from vitrim.vlm.stages.pre_llm import PreLLMStage, Shortened
     from vitrim.vlm.stages.spans import ImageSpans
 
 
@@ -64,10 +67,25 @@ class FamilyAdapter:
         """Image tokens per image entering the LLM unpruned, when the config fixes it (LLaVA-1.5: 576); else None."""
         return None
 
+    def same_size_spans(self, input_ids: Tensor) -> ImageSpans:
+        """The image positions of ``input_ids`` (B, L) where every image gives :meth:`tokens_per_image` tokens."""
+        per_image = self.tokens_per_image()
+        assert per_image is not None, "a family whose images differ in size finds its spans itself"
+        is_image: Tensor = input_ids == self.image_token_id()  # (B, L)
+        return spans_from_mask(is_image, [per_image] * (int(is_image.sum()) // per_image))
+
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        """Call ``on_prefill(spans)`` at every prefill before the LLM runs (the spans of the UNMODIFIED input);
-        returns the function that removes the watch (the in-LLM stage)."""
-        raise TypeError(self._not_here("inside the LLM"))
+        """Call ``on_prefill(spans)`` at every prefill before the LLM runs (the spans of the UNMODIFIED input, read
+        at ``model.model``); returns the function that removes the watch (the in-LLM stage)."""
+        if "in_llm" not in self.traits.stages:
+            raise TypeError(self._not_here("inside the LLM"))
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            input_ids = prefill_input_ids(args, kwargs)
+            if input_ids is not None:
+                on_prefill(self.same_size_spans(input_ids))
+
+        return self.inner.register_forward_pre_hook(hook, with_kwargs=True).remove
 
     def in_llm_padding_module(self) -> nn.Module | None:
         """Where an in-LLM drop reads the caller's 2-D padding mask when the LLM receives masks built per layer
@@ -87,7 +105,13 @@ class FamilyAdapter:
         raise TypeError(self._not_here("before the LLM"))
 
     def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
-        raise NotImplementedError
+        """``model.model(input_ids, pixel_values, attention_mask, ...)`` (LLaVA-1.5's and Gemma 3's layout)."""
+        input_ids = prefill_input_ids(args, kwargs)
+        if input_ids is None:
+            return None
+        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        return Prefill(input_ids, mask, runs_tower=pixels is not None)
 
     def image_tokens(
         self, prefill: Prefill, selections: list[ImageSelection]

@@ -41,11 +41,10 @@ from torch import Tensor, nn
 from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
 from vitrim.vlm.families.qwen2vl_vision import received_attention
-from vitrim.vlm.families.seams import inner_model, keep_all, prefill_input_ids, write_merged
+from vitrim.vlm.families.seams import inner_model, keep_all, write_merged
 from vitrim.vlm.method.base import VisionEvidence, content_seed
 from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, Prefill, PreLLMStage, Shortened, cache_of
 from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
-from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 
 class Gemma3Adapter(FamilyAdapter):
@@ -72,21 +71,6 @@ class Gemma3Adapter(FamilyAdapter):
     def tokens_per_image(self) -> int:
         return int(self.config.mm_tokens_per_image)
 
-    def spans(self, input_ids: Tensor) -> ImageSpans:
-        """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
-        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
-        per_image = self.tokens_per_image()
-        return spans_from_mask(is_image, [per_image] * (int(is_image.sum()) // per_image))
-
-    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            input_ids = prefill_input_ids(args, kwargs)
-            if input_ids is not None:
-                on_prefill(self.spans(input_ids))
-
-        handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
-        return handle.remove
-
     def scoring_attention(self) -> Any:
         """The attention of the tower's last layer (the projector reads that layer's output)."""
         return self.inner.vision_tower.encoder.layers[-1].self_attn
@@ -97,14 +81,6 @@ class Gemma3Adapter(FamilyAdapter):
         return self.inner
 
     # the pre-LLM stage's seams
-
-    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
-        input_ids = prefill_input_ids(args, kwargs)
-        if input_ids is None:
-            return None
-        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
-        return Prefill(input_ids, mask, runs_tower=pixels is not None)
 
     def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
         return ProjectorSelection(self, stage).hooks()

@@ -23,10 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
-from vitrim.vlm.families.seams import inner_model, prefill_input_ids, write_merged
+from vitrim.vlm.families.seams import inner_model, write_merged
 from vitrim.vlm.method.base import VisionEvidence, content_seed
-from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage
-from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.pre_llm import PreLLMStage
 
 
 class LlavaAdapter(FamilyAdapter):
@@ -55,22 +54,6 @@ class LlavaAdapter(FamilyAdapter):
     def tokens_per_image(self) -> int | None:
         return self.tile_tokens()
 
-    def spans(self, input_ids: Tensor) -> ImageSpans:
-        """The image positions of ``input_ids`` (B, L): every image gives :meth:`tokens_per_image` tokens."""
-        is_image: Tensor = input_ids == self.config.image_token_id  # (B, L)
-        per_image = self.tile_tokens()
-        num_images = int(is_image.sum()) // per_image
-        return spans_from_mask(is_image, [per_image] * num_images)
-
-    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            input_ids = prefill_input_ids(args, kwargs)
-            if input_ids is not None:
-                on_prefill(self.spans(input_ids))
-
-        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
-        return handle.remove
-
     def scoring_layer(self) -> Any:
         """The tower layer that produces the feature layer (``vision_feature_layer`` −2: the tower's layer −2, whose
         attention the authors of FasterVLM, VisPruner and VisionZip read); None for the embeddings (layer 0)."""
@@ -81,14 +64,6 @@ class LlavaAdapter(FamilyAdapter):
         return layers[layer] if layer < 0 else layers[layer - 1]
 
     # the pre-LLM stage's seams
-
-    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
-        input_ids = prefill_input_ids(args, kwargs)
-        if input_ids is None:
-            return None
-        pixels = kwargs.get("pixel_values", args[1] if len(args) > 1 else None)
-        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
-        return Prefill(input_ids, mask, runs_tower=pixels is not None)
 
     def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
         method = stage.method

@@ -83,10 +83,6 @@ class Qwen2VLAdapter(FamilyAdapter):
         """Merged tokens per image (I,) of ``image_grid_thw`` (I, 3)."""
         return (grid_thw.prod(-1) // (self.merge_size * self.merge_size)).tolist()
 
-    def spans(self, input_ids: Tensor, grid_thw: Tensor) -> ImageSpans:
-        """The image positions of ``input_ids`` (B, L), image i giving ``tokens_of(grid_thw)[i]`` tokens."""
-        return spans_from_mask(input_ids == self.config.image_token_id, self.tokens_of(grid_thw))
-
     def prefill_token_counts(self, kwargs: dict[str, Any]) -> list[int] | None:
         """Merged tokens per image of a forward's images, None when it has none (a decode step, text only).
 
