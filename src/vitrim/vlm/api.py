@@ -9,7 +9,7 @@ submodules and one attribute, :data:`STATE_ATTRIBUTE`); ``remove`` takes all of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from torch import Tensor, nn
 
@@ -79,6 +79,14 @@ def remove(model: nn.Module) -> None:
     applied = _applied(model)
     applied.installation.remove()
     delattr(model, STATE_ATTRIBUTE)
+
+
+@overload
+def last_selection(model: nn.Module, groups: Literal[False] = False) -> list[Tensor]: ...
+
+
+@overload
+def last_selection(model: nn.Module, groups: Literal[True]) -> list[list[Tensor]]: ...
 
 
 def last_selection(model: nn.Module, groups: bool = False) -> list[Tensor] | list[list[Tensor]]:

@@ -135,7 +135,7 @@ def ask(
         if method is not None:
             selection = vitrim.vlm.last_selection(model, groups=True)
             groups = [list(image_groups) for image_groups in selection]
-            kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]  # type: ignore[union-attr]
+            kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]
     finally:
         if method is not None:
             vitrim.vlm.remove(model)
