@@ -18,7 +18,7 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_pth_line_is_one_import_line_that_stubs_exactly_torchvisions_two_registration_modules() -> None:
     line = pth_line()
     assert line.startswith("import ") and line.count("\n") == 1  # site runs a .pth line only if it starts so
-    done = run(f"{line}import sys\nprint(sorted(k for k in sys.modules if k.startswith('torchvision')))")
+    done = run(f"{line}import sys\nprint(sorted(k for k in sys.modules if k.startswith('torchvision.')))")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sorted(STUBBED))
 

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from vitrim.cli.common import check_output_folder
+from vitrim.cli.common import Bounded, check_output_folder
 from vitrim.extras import require
 
 DEMO_KEEP = "0.25"  # the digits demo's --keep when none is given
@@ -32,7 +32,12 @@ def add_user_model_arguments(p: argparse.ArgumentParser) -> None:
         metavar="OPTION=VALUE",
         help="an option of --method (repeatable), e.g. --set layer=2 (with --model)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens generated (with --model; default 32)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=Bounded(int, 1, 4096, "tokens generated for the answer"),
+        default=None,
+        help="tokens generated (with --model; default 32)",
+    )
     p.add_argument(
         "--device",
         default=None,
