@@ -28,9 +28,11 @@ def test_a_good_override_gives_the_method_with_its_options_and_keep() -> None:
     assert trim_options(config({"method": "random", "keep": 0.5}), LLAVA).tokens(16) == 8
 
 
-def test_vllm_serving_offers_exactly_the_pre_llm_methods() -> None:
-    assert {"random", "fastervlm", "vispruner", "visionzip", "divprune"} <= set(pre_llm_methods())
+def test_vllm_serving_offers_exactly_the_verified_pre_llm_methods() -> None:
+    assert set(pre_llm_methods()) == {"random", "fastervlm", "vispruner", "visionzip", "divprune"}
     assert "fastv" not in pre_llm_methods() and "pdrop" not in pre_llm_methods()
+    with pytest.raises(ValueError, match=r"vitrim: method 'cdpruner' is not served through vLLM yet"):
+        trim_options(config({"method": "cdpruner", "keep": 8}), LLAVA)
 
 
 @pytest.mark.parametrize(
