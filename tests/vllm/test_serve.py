@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -91,8 +91,10 @@ def post(port: int, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any
 
 
 def healthy(port: int) -> bool:
+    """Whether the server answers /health; the request itself waits for it (a listening socket holds the
+    connection until the server's loop takes it)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as response:
             return response.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
@@ -110,21 +112,40 @@ def image_png(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return path.read_bytes()
 
 
+READY = "Uvicorn running on"  # uvicorn logs it once its socket listens (after "Application startup complete")
+
+
+def copy_until_ready(stream: Any, sink: Any, ready: threading.Event) -> None:
+    """Copy the server's output into ``sink`` line by line; set ``ready`` at its startup line or when it ends."""
+    for line in stream:
+        sink.write(line)
+        sink.flush()
+        if READY in line:
+            ready.set()
+    ready.set()  # the process closed its output: it exited
+
+
 @pytest.fixture(scope="module")
 def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A ``vllm serve`` process on a free port of 127.0.0.1; its port. Stopped (SIGINT, then killed) at the end."""
+    """A ``vllm serve`` process on a free port of 127.0.0.1; its port, once it says it accepts requests. Stopped
+    (SIGINT, then killed) at the end."""
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with log.open("w") as sink:
-        process = subprocess.Popen(
-            serve_command(folder, port, OVERRIDES), stdout=sink, stderr=subprocess.STDOUT, env=server_env()
-        )
+    sink = log.open("w")
+    process = subprocess.Popen(
+        serve_command(folder, port, OVERRIDES),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=server_env(),
+    )
+    ready = threading.Event()
+    reader = threading.Thread(target=copy_until_ready, args=(process.stdout, sink, ready), daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while not healthy(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not come up (exit {process.poll()}):\n{log.read_text()[-4000:]}")
-            time.sleep(1)  # readiness poll, bounded by the deadline
+        ready.wait(timeout=SERVER_START_S)  # the startup line, the process's exit, or the deadline
+        if process.poll() is not None or not healthy(port):
+            pytest.fail(f"vllm serve did not come up (exit {process.poll()}):\n{log.read_text()[-4000:]}")
         yield port
     finally:
         process.send_signal(signal.SIGINT)
@@ -133,6 +154,8 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[i
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=30)
+        reader.join(timeout=30)
+        sink.close()
 
 
 def chat(text: str, png: bytes) -> dict[str, Any]:
