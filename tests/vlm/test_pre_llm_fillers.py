@@ -1,44 +1,31 @@
 """The pre-LLM stage re-pads a batch whose samples kept different counts with filler columns; under eager attention in
 float64 a filler row that sees no key is NaN, and 0 × NaN carried it into the real rows (issue 45). Here, on every
 family the stage takes: two UNPADDED prompts of one length with 1 and 2 images (so the unmodified model has no row
-without a key, and after FasterVLM the 2-image prompt is re-padded with fillers); each sample of the batch must equal
+without a key, and after FasterVLM one of them is re-padded with fillers); each sample of the batch must equal
 itself alone to 1e-12, at the prefill and at every decode step, where the fillers must stay invisible."""
 
 from __future__ import annotations
 
 import pytest
-import qwen_tiny
-import tiny_gemma3
-import tiny_llava
 import torch
-from test_llava_next import tiny_llava_next
 
 import vitrim.vlm
+from tiny_vlms import gemma3 as tiny_gemma3
+from tiny_vlms import llava as tiny_llava
+from tiny_vlms import qwen as qwen_tiny
+from tiny_vlms.llava_next import tiny_llava_next
 
-transformers = pytest.importorskip("transformers")
 TOL = 1e-12
 KEEP = 4
 STEPS = 3
 
 
 def llava(attn: str, text: dict | None = None):
-    """LLaVA; ``text``: overrides of its LLM's config (another ``model_type``, a sliding window)."""
-    model = tiny_llava.tiny_llava(attn=attn, seed=5) if text is None else _llava_with_text(attn, text)
+    """LLaVA; ``text``: options of its LLM's config (another ``model_type``, a sliding window)."""
+    model = tiny_llava.tiny_llava(attn=attn, seed=5, text=text)
     one = tiny_llava.prompt(2 + tiny_llava.GRID_TOKENS + 2, 3, images=1, seed=1)
     two = tiny_llava.prompt(2, 3, images=2, seed=2)
     return model, _stacked([one, two], tiny_llava.pixels(3, seed=3), [1, 2])
-
-
-def _llava_with_text(attn: str, text: dict) -> torch.nn.Module:
-    config = tiny_llava.tiny_llava(attn=attn).config
-    config.text_config = transformers.AutoConfig.for_model(**{**config.text_config.to_dict(), **text})
-    config._attn_implementation = attn
-    torch.manual_seed(5)
-    model = transformers.LlavaForConditionalGeneration(config).double().eval()
-    with torch.no_grad():  # spread the random init as tiny_llava does
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
 
 
 def _stacked(prompts: list[torch.Tensor], pixels: torch.Tensor, images: list[int], extra=None):
@@ -81,12 +68,7 @@ def llava_next(attn: str):
 
 def qwen(builder: str, text: dict | None = None):
     def make(attn: str):
-        model = getattr(qwen_tiny, builder)()
-        if text is not None:  # the same model with other LLM options
-            config = model.config
-            config = type(config)(**{**config.to_dict(), "text_config": {**config.text_config.to_dict(), **text}})
-            torch.manual_seed(0)
-            model = type(model)(config).double().eval()
+        model = getattr(qwen_tiny, builder)(**({} if text is None else {"text": text}))
         model.set_attn_implementation(attn)
         one = ([[1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [7, 8, 9]], [(4, 6)])  # 11 + 1 + 6 + 1 + 3 tokens
         two = ([[1, 5, 6], [7, 8], [9, 10, 11, 12, 13]], [(4, 4), (4, 4)])  # 3 + 6 + 2 + 6 + 5 tokens

@@ -36,10 +36,11 @@ TOKENS = dict(
 )
 
 
-def qwen2_vl(seed: int = 0) -> torch.nn.Module:
-    """A tiny Qwen2VLForConditionalGeneration in float64 on SDPA (2 vision blocks of width 16, 2 heads)."""
+def qwen2_vl(seed: int = 0, text: dict | None = None) -> torch.nn.Module:
+    """A tiny Qwen2VLForConditionalGeneration in float64 on SDPA (2 vision blocks of width 16, 2 heads); ``text``:
+    options of the LLM's config over :data:`TEXT` (a sliding window, its ``layer_types``)."""
     config = transformers.Qwen2VLConfig(
-        text_config=TEXT,
+        text_config=TEXT | (text or {}),
         vision_config=dict(
             depth=2,
             embed_dim=16,

@@ -16,7 +16,8 @@ PAD = 1
 GRID_TOKENS = 16  # (16 px / 4 px)²
 
 
-def tiny_llava(attn: str = "sdpa", seed: int = 0, vision_layers: int = 3) -> torch.nn.Module:
+def tiny_llava(attn: str = "sdpa", seed: int = 0, vision_layers: int = 3, text: dict | None = None) -> torch.nn.Module:
+    """``text``: options of the LLM's config over these (another ``model_type``, a ``sliding_window``)."""
     config = transformers.LlavaConfig(
         vision_config=dict(
             model_type="clip_vision_model",
@@ -38,7 +39,8 @@ def tiny_llava(attn: str = "sdpa", seed: int = 0, vision_layers: int = 3) -> tor
             num_key_value_heads=2,
             max_position_embeddings=512,
             pad_token_id=PAD,
-        ),
+        )
+        | (text or {}),
         image_token_id=IMAGE_TOKEN,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
