@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tiny_vlms.spread import spread
+
 transformers = pytest.importorskip("transformers")
 
 IMAGE_TOKEN = 3
@@ -62,11 +64,7 @@ def tiny_gemma3(
     )
     config._attn_implementation = attn
     torch.manual_seed(seed)
-    model = transformers.Gemma3ForConditionalGeneration(config).double().eval()
-    with torch.no_grad():  # random init is near-uniform attention; spread it so selections and merges matter
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
+    return spread(transformers.Gemma3ForConditionalGeneration(config).double().eval())
 
 
 def prompt(num_text_before: int, num_text_after: int, images: int = 1, seed: int = 0) -> torch.Tensor:

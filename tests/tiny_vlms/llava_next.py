@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from tiny_vlms.llava import IMAGE_TOKEN, PAD, transformers
+from tiny_vlms.llava import CLIP_TOWER, IMAGE_TOKEN, LLAMA, transformers
+from tiny_vlms.spread import spread
 
 SIZES = torch.tensor([[20, 40], [30, 30]])  # 1×2 grid (3 tiles, 16 + 4·8 + 4 tokens), 2×2 grid (5 tiles, 16 + 8·8 + 8)
 TOKENS = [52, 88]
@@ -14,36 +15,15 @@ TOKENS = [52, 88]
 def tiny_llava_next() -> torch.nn.Module:
     """A tiny LlavaNextForConditionalGeneration in float64 (CLIP 16-px tiles of 4-px patches, a 2-layer Llama)."""
     config = transformers.LlavaNextConfig(
-        vision_config=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            image_size=16,
-            patch_size=4,
-        ),
-        text_config=dict(
-            model_type="llama",
-            vocab_size=99,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            pad_token_id=PAD,
-        ),
+        vision_config=CLIP_TOWER | dict(num_hidden_layers=3),
+        text_config=LLAMA,
         image_token_id=IMAGE_TOKEN,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
         image_grid_pinpoints=[[16, 32], [32, 16], [32, 32]],
     )
     torch.manual_seed(0)
-    model = transformers.LlavaNextForConditionalGeneration(config).double().eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
+    return spread(transformers.LlavaNextForConditionalGeneration(config).double().eval())
 
 
 def inputs() -> dict[str, torch.Tensor]:
