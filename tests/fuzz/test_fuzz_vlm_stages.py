@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).parents[1] / "vlm"))  # the tiny models and references of tests/vlm
+sys.path.insert(0, str(Path(__file__).parents[1] / "vlm"))  # the references of tests/vlm (llm_reference)
 
 import vitrim.vlm  # noqa: E402
 from vitrim.vlm.api import STATE_ATTRIBUTE  # noqa: E402
@@ -52,7 +52,7 @@ batches = st.lists(samples, min_size=1, max_size=3)
 def llava_inputs(shape: list[tuple[int, int, int]], side: str, seed: int, family: Any = None) -> dict:
     """A batch for the tiny LLaVA (``family`` None) or the module of another tiny family of the same prompt layout
     (``tiny_gemma3``: each image after its begin-of-image token, token types and the model's positions added)."""
-    import tiny_llava
+    from tiny_vlms import llava as tiny_llava
 
     family = family or tiny_llava
     GRID_TOKENS, IMAGE_TOKEN, batch, pixels = family.GRID_TOKENS, family.IMAGE_TOKEN, family.batch, family.pixels
@@ -183,7 +183,7 @@ def last_real(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def llava() -> torch.nn.Module:
-    from tiny_llava import tiny_llava
+    from tiny_vlms.llava import tiny_llava
 
     return tiny_llava(seed=11)
 
@@ -257,7 +257,8 @@ def run_in_llm(model, method, inputs: dict, images: int, tokens: int, image_toke
 
 def run_in_llm_on_llava(model, method, shape, side, seed) -> None:
     from llm_reference import masked_layers
-    from tiny_llava import GRID_TOKENS, IMAGE_TOKEN
+
+    from tiny_vlms.llava import GRID_TOKENS, IMAGE_TOKEN
 
     inputs = llava_inputs(shape, side, seed)
     mask = inputs["attention_mask"]
@@ -271,7 +272,7 @@ def run_in_llm_on_llava(model, method, shape, side, seed) -> None:
 
 
 def run_tower_on_llava(model, method, shape, side, seed) -> None:
-    from tiny_llava import GRID_TOKENS
+    from tiny_vlms.llava import GRID_TOKENS
 
     inputs = llava_inputs(shape, side, seed)
     images = sum(images for _, images, _ in shape)
@@ -307,14 +308,15 @@ def test_tower_on_llava(llava, examples) -> None:
 
 @pytest.fixture(scope="module")
 def gemma3() -> torch.nn.Module:
-    from tiny_gemma3 import tiny_gemma3
+    from tiny_vlms.gemma3 import tiny_gemma3
 
     return tiny_gemma3(seed=12)
 
 
 def run_in_llm_on_gemma3(model, method, shape, seed) -> None:
-    import tiny_gemma3
     from gemma3_llm_reference import image_runs, llm_embeddings, masked_gemma3
+
+    from tiny_vlms import gemma3 as tiny_gemma3
 
     inputs = llava_inputs(shape, "left", seed, family=tiny_gemma3)
     images = sum(images for _, images, _ in shape)
@@ -328,7 +330,7 @@ def run_in_llm_on_gemma3(model, method, shape, seed) -> None:
 
 
 def run_tower_on_gemma3(model, method, shape, seed) -> None:
-    import tiny_gemma3
+    from tiny_vlms import gemma3 as tiny_gemma3
 
     inputs = llava_inputs(shape, "left", seed, family=tiny_gemma3)
     images = sum(images for _, images, _ in shape)
@@ -364,8 +366,9 @@ qwen_prompts = st.lists(
 
 
 def run_in_llm_on_qwen3(model, method, prompts, side, seed) -> None:
-    from qwen_tiny import IMAGE, batch
     from test_in_llm_qwen3_deepstack import TEMPORAL, masked_deepstack_reference
+
+    from tiny_vlms.qwen import IMAGE, batch
 
     if not any(grids for _, grids in prompts):  # the batch builder needs an image (text-only: the LLaVA cases)
         prompts = [(prompts[0][0], [(4, 4)]), *prompts[1:]]
@@ -401,7 +404,7 @@ def run_in_llm_on_qwen3(model, method, prompts, side, seed) -> None:
 
 @pytest.fixture(scope="module")
 def qwen3() -> torch.nn.Module:
-    from qwen_tiny import qwen3_vl_8b_layout
+    from tiny_vlms.qwen import qwen3_vl_8b_layout
 
     return qwen3_vl_8b_layout(seed=3)
 

@@ -1,7 +1,8 @@
 """The project's environment, as a user's python runs it: transformers' VLM classes and timm import in a fresh
 interpreter of this environment (``sys.executable``), without tests/conftest.py's torchvision stub. Where the
-torchvision wheel's compiled operators do not load with this torch, install/torchvision_without_ops.py (put into
-the environment by the Makefile) is what makes that true; its finder is checked here on both branches."""
+torchvision wheel's compiled operators do not load with this torch, src/vitrim/torchvision_without_ops.py (put into
+the environment by the Makefile, and into vLLM's by vitrim.vllm.cpu_companions) is what makes that true; its finder is
+checked here on both branches, and its ``install`` into a site-packages folder."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FIX = Path(__file__).resolve().parents[2] / "install" / "torchvision_without_ops.py"
+FIX = Path(__file__).resolve().parents[2] / "src" / "vitrim" / "torchvision_without_ops.py"
 
 
 def _fresh_python(code: str) -> subprocess.CompletedProcess[str]:
@@ -58,3 +59,22 @@ def test_the_finder_answers_only_for_the_registration_modules_and_only_without_o
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["True [False, False, False]", "False [True, True, False]", "[]", "1"]
+
+
+def test_install_puts_the_file_and_its_pth_line_in_a_site_packages_folder(tmp_path: Path) -> None:
+    """What the Makefile and vitrim.vllm.cpu_companions run: in a fresh interpreter that reads no site-packages
+    (``-S``) but that folder, the .pth line imports the copy there and its finder is on sys.meta_path once."""
+    done = subprocess.run(
+        [sys.executable, str(FIX), str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["torchvision_without_ops.pth", "torchvision_without_ops.py"]
+    assert (tmp_path / "torchvision_without_ops.py").read_bytes() == FIX.read_bytes()
+    code = (
+        f"import site, sys; site.addsitedir({str(tmp_path)!r})\n"
+        "print(sys.modules['torchvision_without_ops'].__file__)\n"
+        "print(sum(type(f).__name__ == 'TorchvisionWithoutOps' for f in sys.meta_path))\n"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(tmp_path / "torchvision_without_ops.py"), "1"]

@@ -19,10 +19,11 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from checkpoints import LLAVA_GRID, save_llava
 from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
 from PIL import Image
 
+from tiny_vlms.folders import LLAVA_GRID
+from tiny_vlms.folders import save_vllm_llava as save_llava
 from vitrim.vllm.options import pre_llm_methods
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"

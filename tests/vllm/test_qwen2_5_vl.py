@@ -19,7 +19,6 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from checkpoints import save_qwen2_5_vl
 from engines import (
     assert_like_reference,
     greedy,
@@ -30,6 +29,7 @@ from engines import (
 )
 from PIL import Image
 
+from tiny_vlms.folders import save_vllm_qwen2_5_vl as save_qwen2_5_vl
 from vitrim.vllm.options import pre_llm_methods
 
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"

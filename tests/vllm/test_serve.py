@@ -27,9 +27,10 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from checkpoints import save_llava
 from engines import ENGINE_ARGS, overrides, with_engine
 from PIL import Image
+
+from tiny_vlms.folders import save_vllm_llava as save_llava
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
 OVERRIDES = overrides(ARCHITECTURE, "visionzip", keep=6)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_cache import cache_kw
-from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN
 from torch import Tensor
+
+from tiny_vlms.gemma3 import GRID_TOKENS, IMAGE_TOKEN
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""Independent references for the in-LLM drop tests: a tiny float64 LlamaForCausalLM with a span of "image"
+"""Independent references for the in-LLM drop tests (on tiny_vlms.llms' LLMs): prompts with spans of "image"
 positions, and the full model run layer by layer with chosen keys masked out from layer K on (no vitrim code).
 
 The masked reference is the definition of dropping with original positions: every layer sees every token, and
@@ -14,32 +14,11 @@ from hf_cache import cache_kw
 from torch import Tensor
 from torch.nn.functional import cosine_similarity
 
+from tiny_vlms.llms import VOCAB
+
 transformers = pytest.importorskip("transformers")
 
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask  # noqa: E402
-
-VOCAB = 64
-
-
-def tiny_llama(seed: int = 0, layers: int = 4, implementation: str = "sdpa"):
-    """A random Llama (float64) with attention scores far from uniform (init range 0.3), so rankings are clear."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, attn_implementation=implementation,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).double().eval()
-
-
-def tiny_qwen2(seed: int = 0, layers: int = 3, implementation: str = "sdpa"):
-    """A random Qwen2 (float64): Llama's layout with q/k/v biases."""
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, attn_implementation=implementation,
-    )  # fmt: skip
-    return transformers.Qwen2ForCausalLM(config).double().eval()
 
 
 def prompts(

@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from tiny_llava import GRID_TOKENS, pixels, prompt, tiny_llava
 
 import vitrim.vlm
+from tiny_vlms.llava import GRID_TOKENS, pixels, prompt, tiny_llava
 from vitrim.vlm.method import base
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_cache import cache_kw, cache_of
-from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_gemma3, token_types
 
 import vitrim.vlm
+from tiny_vlms.gemma3 import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_gemma3, token_types
 
 TOL = 1e-12  # SDPA in float64
 

@@ -6,9 +6,9 @@ implementation), summed over the 2×2 patches the projector pools."""
 from __future__ import annotations
 
 import torch
-from tiny_gemma3 import GRID_TOKENS, pixels, prompt, tiny_gemma3, token_types
 
 import vitrim.vlm
+from tiny_vlms.gemma3 import GRID_TOKENS, pixels, prompt, tiny_gemma3, token_types
 
 
 def received_by_pooled_token(attentions: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hf_cache import cache_kw, cache_of
 from qwen_reference import masked_decode, masked_reference
-from qwen_tiny import BUILDERS, IMAGE, batch, one
 
+from tiny_vlms.qwen import BUILDERS, IMAGE, batch, one
 from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence

@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from qwen_reference import masked_reference
-from qwen_tiny import BUILDERS, IMAGE, MERGE, VIDEO, batch, one
 from test_family_qwen2vl import THREE, assert_kept_columns_match, dropped_positions, tokens_of
 
 import vitrim.vlm
+from tiny_vlms.qwen import BUILDERS, IMAGE, MERGE, VIDEO, batch, one
 from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.keep import parse_keep
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence

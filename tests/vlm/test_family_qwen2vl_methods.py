@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from qwen_reference import masked_reference, received_by_hand
-from qwen_tiny import BUILDERS, MERGE, batch
 from test_family_qwen2vl import THREE, assert_kept_columns_match, dropped_positions, tokens_of
 from test_family_qwen2vl_vision import tower_run, tower_to_raster
 
 import vitrim.vlm
+from tiny_vlms.qwen import BUILDERS, MERGE, batch
 
 
 def hand_scores(model: torch.nn.Module, inputs: dict, grids: list[tuple[int, int]]) -> list[torch.Tensor]:

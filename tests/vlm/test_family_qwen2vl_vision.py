@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from qwen_reference import received_by_hand, window_of
-from qwen_tiny import BUILDERS, MERGE, batch
 
+from tiny_vlms.qwen import BUILDERS, MERGE, batch
 from vitrim.vlm.families import qwen2vl_vision as family_qwen2vl_vision
 from vitrim.vlm.families.qwen2vl_vision import capture_scoring_block, image_evidence
 

@@ -8,12 +8,12 @@ prompt what it gets alone (a prompt's selection repeated for its own beams, neve
 from __future__ import annotations
 
 import pytest
-import qwen_tiny
-import tiny_gemma3
-import tiny_llava
 import torch
 
 import vitrim.vlm
+from tiny_vlms import gemma3 as tiny_gemma3
+from tiny_vlms import llava as tiny_llava
+from tiny_vlms import qwen as qwen_tiny
 
 STEPS = 3
 

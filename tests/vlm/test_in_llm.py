@@ -6,17 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_cache import cache_kw, cache_of
-from llm_reference import (
-    kept_keys,
-    masked_forward,
-    masked_layers,
-    positions,
-    prompts,
-    tiny_llama,
-    tiny_qwen2,
-    transformers,
-)
+from llm_reference import kept_keys, masked_forward, masked_layers, positions, prompts, transformers
 
+from tiny_vlms.llms import tiny_llama, tiny_qwen2
 from vitrim.vlm.method.dart import DartDrop
 from vitrim.vlm.method.fastv import FastVDrop
 from vitrim.vlm.method.pdrop import PyramidDrop

@@ -13,9 +13,19 @@ import torch
 from gemma3_llm_reference import greedy_reference, image_runs, kept_columns, llm_embeddings, masked_gemma3
 from hf_cache import cache_kw, cache_of
 from llm_reference import dart_reference, top_k_reference
-from tiny_gemma3 import GRID_TOKENS, IMAGE_TOKEN, REAL_PATTERN, WINDOW, batch, pixels, prompt, tiny_gemma3, token_types
 
 import vitrim.vlm
+from tiny_vlms.gemma3 import (
+    GRID_TOKENS,
+    IMAGE_TOKEN,
+    REAL_PATTERN,
+    WINDOW,
+    batch,
+    pixels,
+    prompt,
+    tiny_gemma3,
+    token_types,
+)
 
 TOL = 1e-12  # SDPA in float64
 FULL = pytest.mark.full

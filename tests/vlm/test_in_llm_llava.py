@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 from llm_reference import masked_layers
-from tiny_llava import GRID_TOKENS, batch, pixels, prompt, tiny_llava
 
 import vitrim.vlm
+from tiny_vlms.llava import GRID_TOKENS, batch, pixels, prompt, tiny_llava
 
 APPLIED = {
     "fastv": {"layer": 1, "keep": 5},

@@ -14,10 +14,10 @@ from llm_reference import (
     masked_forward,
     positions,
     prompts,
-    tiny_llama,
     top_k_reference,
 )
 
+from tiny_vlms.llms import tiny_llama
 from vitrim.vlm.method.dart import DartDrop, dart_keep
 from vitrim.vlm.method.fastv import FastVDrop, fastv_keep
 from vitrim.vlm.method.pdrop import PyramidDrop, pdrop_keep

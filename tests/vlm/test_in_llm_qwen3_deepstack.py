@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from qwen_tiny import batch, qwen3_vl_8b_layout
 from test_family_qwen2vl import THREE, dropped_positions, tokens_of
 
 import vitrim.vlm
+from tiny_vlms.qwen import batch, qwen3_vl_8b_layout
 from vitrim.vlm.api import STATE_ATTRIBUTE
 
 TEMPORAL = 2  # the 8B's temporal patch size

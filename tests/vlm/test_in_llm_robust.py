@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llm_reference import VOCAB, kept_keys, masked_forward, positions, prompts, tiny_llama
+from llm_reference import kept_keys, masked_forward, positions, prompts
 
 import vitrim.vlm
+from tiny_vlms.llms import VOCAB, tiny_llama
 from vitrim.vlm.method.dart import DartDrop
 from vitrim.vlm.method.fastv import FastVDrop
 from vitrim.vlm.method.pdrop import PyramidDrop
@@ -97,7 +98,7 @@ def test_filler_slots_under_eager_attention_in_float64_keep_each_sample_equal_to
 
 
 def _llava():
-    from tiny_llava import batch, pixels, prompt, tiny_llava
+    from tiny_vlms.llava import batch, pixels, prompt, tiny_llava
 
     model = tiny_llava(seed=5)
     input_ids, attention_mask = batch([prompt(2, 3, seed=5), prompt(4, 1, seed=6)], "left")
@@ -105,7 +106,7 @@ def _llava():
 
 
 def _gemma3():
-    from tiny_gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
+    from tiny_vlms.gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
 
     model = tiny_gemma3(seed=5)
     input_ids, attention_mask = batch([prompt(2, 3, seed=5), prompt(4, 1, seed=6)], "left")
@@ -114,13 +115,13 @@ def _gemma3():
 
 
 def _qwen2_vl():
-    from qwen_tiny import batch, qwen2_vl
+    from tiny_vlms.qwen import batch, qwen2_vl
 
     return qwen2_vl(), batch([([[1, 5], [7, 8, 9]], [(4, 6)]), ([[1, 5, 6, 3], [7]], [(4, 4)])])
 
 
 def _llava_next():
-    from test_llava_next import inputs, tiny_llava_next
+    from tiny_vlms.llava_next import inputs, tiny_llava_next
 
     return tiny_llava_next(), inputs()
 

@@ -7,14 +7,13 @@ import pytest
 import torch
 from hf_cache import cache_kw, cache_of
 from llm_reference import masked_layers
-from tiny_llava import IMAGE_TOKEN, PAD, transformers
 
 import vitrim.vlm
+from tiny_vlms.llava import IMAGE_TOKEN, PAD
+from tiny_vlms.llava_next import SIZES, TOKENS, inputs, tiny_llava_next
 from vitrim.vlm.families import find_family
 
 TOL = 1e-12
-SIZES = torch.tensor([[20, 40], [30, 30]])  # 1×2 grid (3 tiles, 16 + 4·8 + 4 tokens), 2×2 grid (5 tiles, 16 + 8·8 + 8)
-TOKENS = [52, 88]
 
 
 @pytest.fixture(scope="module")
@@ -22,52 +21,11 @@ def model() -> torch.nn.Module:
     return tiny_llava_next()
 
 
-def tiny_llava_next() -> torch.nn.Module:
-    """A tiny LlavaNextForConditionalGeneration in float64 (CLIP 16-px tiles of 4-px patches, a 2-layer Llama)."""
-    config = transformers.LlavaNextConfig(
-        vision_config=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            image_size=16,
-            patch_size=4,
-        ),
-        text_config=dict(
-            model_type="llama",
-            vocab_size=99,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            pad_token_id=PAD,
-        ),
-        image_token_id=IMAGE_TOKEN,
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        image_grid_pinpoints=[[16, 32], [32, 16], [32, 32]],
-    )
-    torch.manual_seed(0)
-    model = transformers.LlavaNextForConditionalGeneration(config).double().eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
-
-
 @pytest.fixture(autouse=True)
 def _clean(model: torch.nn.Module):
     yield
     if hasattr(model, "_vitrim_vlm"):
         vitrim.vlm.remove(model)
-
-
-def inputs() -> dict[str, torch.Tensor]:
-    ids = torch.tensor([[5, 6] + [IMAGE_TOKEN] * TOKENS[0] + [7] + [IMAGE_TOKEN] * TOKENS[1] + [8, 9]])
-    pv = torch.randn(2, 5, 3, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    return {"input_ids": ids, "pixel_values": pv, "image_sizes": SIZES}
 
 
 def test_the_token_map_is_transformers_packing_by_hand(model: torch.nn.Module) -> None:

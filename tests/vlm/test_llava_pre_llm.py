@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_cache import cache_kw, cache_of
-from tiny_llava import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_llava
 
 import vitrim.vlm
+from tiny_vlms.llava import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_llava
 
 TOL = 1e-12  # SDPA in float64
 EAGER_TOL = 1e-5  # transformers' eager attention takes its softmax in float32

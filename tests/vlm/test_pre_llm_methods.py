@@ -12,9 +12,9 @@ from pre_llm_reference import (
     visionzip_reference,
     vispruner_reference,
 )
-from tiny_llava import GRID_TOKENS, pixels, prompt, tiny_llava
 
 import vitrim.vlm
+from tiny_vlms.llava import GRID_TOKENS, pixels, prompt, tiny_llava
 from vitrim.vlm.families.llava import cls_attention_and_keys
 from vitrim.vlm.method.base import VisionEvidence
 from vitrim.vlm.method.divprune import DivPrune

@@ -14,9 +14,9 @@ from pre_llm_reference import (
     hiprune_reference,
     scope_reference,
 )
-from tiny_llava import GRID_TOKENS, IMAGE_TOKEN, pixels, prompt, tiny_llava
 
 import vitrim.vlm
+from tiny_vlms.llava import GRID_TOKENS, IMAGE_TOKEN, pixels, prompt, tiny_llava
 from vitrim.vlm.method.base import VisionEvidence
 from vitrim.vlm.method.cdpruner import CDPruner, conditional_dpp_keep, instruction_relevance
 from vitrim.vlm.method.downsample import Downsample, downsample_select
@@ -265,7 +265,7 @@ QWEN_SQUARE = [([[1, 5], [7, 8]], [(8, 8)]), ([[1], [7, 8, 9]], [(4, 4)])]  # 4 
     ],
 )
 def test_qwen_keeps_k_and_an_image_selects_the_same_alone(family: str, method: str) -> None:
-    from qwen_tiny import BUILDERS, batch
+    from tiny_vlms.qwen import BUILDERS, batch
 
     model = BUILDERS[family]()
     vitrim.vlm.apply(model, method, keep=0.5, **NEW[method])
@@ -286,9 +286,9 @@ def test_qwen_keeps_k_and_an_image_selects_the_same_alone(family: str, method: s
 
 @pytest.mark.parametrize("method", ["downsample", "scope", pytest.param("cdpruner", marks=FULL)])
 def test_gemma3_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None:
-    from tiny_gemma3 import pixels as gemma_pixels
-    from tiny_gemma3 import prompt as gemma_prompt
-    from tiny_gemma3 import tiny_gemma3, token_types
+    from tiny_vlms.gemma3 import pixels as gemma_pixels
+    from tiny_vlms.gemma3 import prompt as gemma_prompt
+    from tiny_vlms.gemma3 import tiny_gemma3, token_types
 
     model = tiny_gemma3()
     pv = gemma_pixels(2, seed=5)
@@ -310,7 +310,7 @@ def test_gemma3_keeps_k_and_an_image_selects_the_same_alone(method: str) -> None
 
 def test_qwen_downsample_pools_a_non_square_grid_by_its_own_rows() -> None:
     """A 2 × 8 grid of merged tokens holds 16 tokens: without the grid, 4 × 4 would be assumed."""
-    from qwen_tiny import BUILDERS, batch
+    from tiny_vlms.qwen import BUILDERS, batch
 
     model = BUILDERS["qwen2_5_vl"]()
     vitrim.vlm.apply(model, "downsample", keep=4)

@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import pytest
 import torch
-from tiny_llava import GRID_TOKENS, tiny_llava, transformers
 
 import vitrim.vlm
+from tiny_vlms.llava import GRID_TOKENS, tiny_llava, transformers
 from vitrim.vlm.keep import parse_keep
 from vitrim.vlm.method.base import Method, register_method
 

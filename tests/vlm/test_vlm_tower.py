@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_llava import batch, pixels, prompt, tiny_llava, transformers
 
 import vitrim
 import vitrim.vlm
+from tiny_vlms.llava import batch, pixels, prompt, tiny_llava, transformers
 from vitrim.reduce import get_reducer
 from vitrim.vlm.method.base import method_class
 from vitrim.vlm.stages.tower import TowerMethod, TowerReduction, build_reducers, find_tower
@@ -242,7 +242,7 @@ def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
 
 
 def test_a_family_the_tower_stage_does_not_handle_is_refused_at_apply() -> None:
-    from qwen_tiny import qwen2_vl
+    from tiny_vlms.qwen import qwen2_vl
 
     model = qwen2_vl()
     with pytest.raises(TypeError, match=r"runs on LLaVA-1\.5 .*Qwen2VLForConditionalGeneration is not handled"):

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
 from tower_reference import fed_the_grid, on_grid, received_ranking, vitrim_tome
 
 import vitrim
 import vitrim.vlm
+from tiny_vlms.gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
 from vitrim.reduce import get_reducer
 from vitrim.vlm.method.base import method_class
 from vitrim.vlm.stages.tower import TowerMethod
@@ -203,7 +203,7 @@ def test_options_that_cannot_apply_fail_at_apply_and_leave_the_model(name, optio
 
 
 def test_keep_on_a_family_the_tower_does_not_handle_names_the_method_and_the_class() -> None:
-    from qwen_tiny import qwen2_vl
+    from tiny_vlms.qwen import qwen2_vl
 
     model = qwen2_vl()
     with pytest.raises(TypeError, match=r"tower method 'evit' runs on .*; Qwen2VLForConditionalGeneration is not"):

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_gemma3 import batch
-from tiny_paligemma import IMAGE_TOKENS, pixels, prompt, tiny_paligemma
 from tower_reference import fed_the_grid, on_grid, received_ranking, vitrim_tome
 
 import vitrim.vlm
+from tiny_vlms.gemma3 import batch
+from tiny_vlms.paligemma import IMAGE_TOKENS, pixels, prompt, tiny_paligemma
 
 TOL = 1e-12  # float64
 OPTIONS = {"tome": {"r": 2}, "evit": {"keep_rate": 0.5}}

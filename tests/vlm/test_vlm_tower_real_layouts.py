@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
 from tower_reference import fed_the_grid, on_grid, received_ranking, vitrim_tome
 
 import vitrim.vlm
+from tiny_vlms.gemma3 import batch, pixels, prompt, tiny_gemma3, token_types
 
 SIZE = 32  # px: 16×16 patches of 2 px, pooled 4×4 to 16 image tokens
 OPTIONS = {"tome": {"r": 24}, "evit": {"keep_rate": 0.5}}

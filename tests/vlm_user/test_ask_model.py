@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_folders import save_llava, save_llava_next, save_picture, save_qwen2_5_vl
 
 import vitrim.vlm
+from tiny_vlms.folders import save_llava, save_llava_next, save_picture, save_qwen2_5_vl
 from vitrim.cli import main
 
 transformers = pytest.importorskip("transformers")

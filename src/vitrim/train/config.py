@@ -104,6 +104,11 @@ class TrainConfig:
             raise ValueError(f"batch size {self.batch_size} is not divisible by accum steps {self.accum_steps}")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise ValueError(f"workers must be an int >= 0, got {self.workers!r}")
+        if self.distill and self.teacher is None:  # DynamicViT's loss runs only beside a teacher
+            raise ValueError(
+                f"--distill {_as_set(self.distill)} sets DynamicViT's distillation from a teacher, and no --teacher "
+                "was given: add --teacher with the dense checkpoint, or drop --distill"
+            )
         if self.teacher is not None:
             if not self.model.startswith("dynamicvit_") and self.overrides.get("reducer") != "dynamicvit":
                 raise ValueError(
@@ -120,3 +125,8 @@ class TrainConfig:
     def run_record(self) -> dict[str, Any]:
         """The settings as plain JSON-able values (stored with the checkpoints)."""
         return dataclasses.asdict(self)
+
+
+def _as_set(values: dict[str, Any]) -> str:
+    """``{"a": 1, "b": 2}`` -> ``a=1,b=2`` (options as the command line gave them)."""
+    return ",".join(f"{key}={value}" for key, value in values.items())

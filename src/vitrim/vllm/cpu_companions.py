@@ -8,9 +8,10 @@ whose wheels for torch 2.13 are built against CUDA torch: their compiled librari
   it is installed (``audio_utils``), which then fails. Where they do not load they are uninstalled, so every library
   sees them absent (audio and video decoding is then unavailable, as on any machine without them).
 - **torchvision**: transformers' image processors need its pure-Python transforms; only its two modules that
-  register the compiled ops fail. Where they do, a ``vitrim-cpu-companions.pth`` in the environment's
-  site-packages puts empty modules under those two names at interpreter start (tests/conftest.py does the same for
-  the main suite). torchvision's Python code then works; ``torchvision.ops`` does not.
+  register the compiled ops fail. Where it does not import, :mod:`vitrim.torchvision_without_ops` is installed in
+  the environment's site-packages, the same file the Makefile puts in the main ``.venv``: at interpreter start it
+  gives those two modules empty when the ops did not load. torchvision's Python code then works;
+  ``torchvision.ops`` does not.
 
     python -m vitrim.vllm.cpu_companions        # in the vLLM environment; prints what it did
 
@@ -24,15 +25,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-STUBBED = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
-PTH_NAME = "vitrim-cpu-companions.pth"
+from vitrim import torchvision_without_ops
+
 REMOVABLE = ("torchaudio", "torchcodec")
-
-
-def pth_line() -> str:
-    """One line of stdlib code (a .pth runs lines that start with ``import``)."""
-    stubs = "; ".join(f"sys.modules.setdefault({name!r}, types.ModuleType({name!r}))" for name in STUBBED)
-    return f"import sys, types; {stubs}\n"
+OLD_PTH = "vitrim-cpu-companions.pth"  # what this module wrote before it installed torchvision_without_ops
 
 
 def imports(module: str) -> bool:
@@ -55,10 +51,11 @@ def main() -> None:
         if installed(module) and not imports(module):
             subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", module], check=True)
             print(f"cpu_companions: {module} does not load here (a CUDA build); uninstalled")
-    pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
-    if installed("torchvision") and not pth.exists() and not imports("torchvision"):
-        pth.write_text(pth_line())
-        print(f"cpu_companions: torchvision's compiled ops do not load here; {pth} stubs their registration")
+    site = Path(sysconfig.get_paths()["purelib"])
+    (site / OLD_PTH).unlink(missing_ok=True)
+    if installed("torchvision") and not imports("torchvision"):
+        pth = torchvision_without_ops.install(site)
+        print(f"cpu_companions: torchvision's compiled ops do not load here; {pth} loads {pth.stem} at start")
     for module in ("torchvision", "transformers"):
         if installed(module) and not imports(module):
             raise SystemExit(f"cpu_companions: {module} still does not import in {sys.executable}")

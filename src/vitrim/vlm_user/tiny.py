@@ -9,12 +9,17 @@ weights are random: the answers are random words.
 LLaVA-1.5: a CLIP tower on 16-px crops of 4-px patches (a 4×4 grid, 16 tokens); the processor resizes the shortest
 edge to 16 and centre-crops 16×16 (LLaVA-1.5's recipe at 1/21 the size). Qwen2.5-VL: 2-px patches merged 2×2 (one
 token per 4×4 px of the smart-resized picture), between 64 and 64·64 pixels.
+
+The same builders make the folders vitrim's vLLM tests and benchmark serve (``tests/tiny_vlms/folders.py``): other
+sizes (``vision=``, ``text=``, ``options=``: merged into the configs' arguments), a chat template whose message
+content is a string (``chat_template=``) and the weights under the hub's module names (``weights="hub"``), which
+transformers reads too but vLLM needs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -61,71 +66,136 @@ def _spread(model: torch.nn.Module, seed: int) -> None:
             param.add_(torch.randn_like(param) * 0.2)
 
 
-def save_llava(path: Path, seed: int = 0) -> Path:
-    """A tiny LLaVA-1.5 (``LlavaForConditionalGeneration``, a 2-layer Llama) and its processor at ``path``."""
+Weights = Literal["transformers", "hub"]
+# module prefix in transformers 5 -> the hub checkpoints' (what vLLM reads; transformers reads both)
+LLAVA_HUB_NAMES = {
+    "model.vision_tower.": "vision_tower.vision_model.",
+    "model.language_model.": "language_model.model.",
+    "model.multi_modal_projector.": "multi_modal_projector.",
+    "lm_head.": "language_model.lm_head.",
+}
+QWEN_HUB_NAMES = {"model.visual.": "visual.", "model.language_model.": "model.", "lm_head.": "lm_head."}
+
+
+def _save_weights(model: Any, path: Path, weights: Weights, hub_names: dict[str, str]) -> None:
+    """The config and weights at ``path``: transformers' own ``save_pretrained``, or (``"hub"``) ``config.json`` and
+    ``model.safetensors`` under the hub's module names, as the published checkpoints lay them out."""
+    if weights == "transformers":
+        model.save_pretrained(path)
+        return
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(path)
+    tensors = {}
+    for name, value in model.state_dict().items():
+        prefix = next(p for p in hub_names if name.startswith(p))
+        tensors[hub_names[prefix] + name[len(prefix) :]] = value.detach().contiguous()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+LLAVA_VISION = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4)
+LLAVA_TEXT: dict[str, Any] = dict(
+    vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512,
+)  # fmt: skip
+
+
+def save_llava(
+    path: Path,
+    seed: int = 0,
+    image_size: int = LLAVA_CROP,
+    patch_size: int = LLAVA_PATCH,
+    vision: dict[str, Any] = LLAVA_VISION,
+    text: dict[str, Any] = LLAVA_TEXT,
+    options: dict[str, Any] | None = None,
+    chat_template: str = LLAVA_TEMPLATE,
+    weights: Weights = "transformers",
+) -> Path:
+    """A tiny LLaVA-1.5 (``LlavaForConditionalGeneration``: a CLIP tower of ``image_size`` px crops of
+    ``patch_size`` px patches read at its layer −2, a Llama) and its processor at ``path``. ``vision`` and ``text``:
+    the sizes of the tower and the LLM (default 3 layers of width 32, 2 layers of width 32); ``options``: more
+    arguments of ``LlavaConfig``; the rest as in the module docstring."""
     import transformers
 
     config = transformers.LlavaConfig(
         vision_config=dict(
-            model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=3,
-            num_attention_heads=4, image_size=LLAVA_CROP, patch_size=LLAVA_PATCH, projection_dim=32,
+            model_type="clip_vision_model", **vision, image_size=image_size, patch_size=patch_size, projection_dim=32
         ),
-        text_config=dict(
-            model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1,
-            bos_token_id=4, eos_token_id=2,
-        ),
+        text_config=dict(model_type="llama", **text, pad_token_id=1, bos_token_id=4, eos_token_id=2),
         **LLAVA_IMAGE_TOKEN,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
-    )  # fmt: skip
+        **(options or {}),
+    )
     torch.manual_seed(seed)
     model = transformers.LlavaForConditionalGeneration(config).eval()
     _spread(model, seed)
-    model.save_pretrained(path)
+    _save_weights(model, path, weights, LLAVA_HUB_NAMES)
     tokenizer = word_tokenizer(
-        LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+        LLAVA_SPECIALS,
+        text["vocab_size"],
+        chat_template,
+        pad_token="<pad>",
+        eos_token="</s>",
+        bos_token="<s>",
+        image_token="<image>",
     )
     image_processor = transformers.CLIPImageProcessor(
-        size={"shortest_edge": LLAVA_CROP}, crop_size={"height": LLAVA_CROP, "width": LLAVA_CROP}
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
     )
     processor = transformers.LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        patch_size=LLAVA_PATCH,
+        patch_size=patch_size,
         vision_feature_select_strategy="default",
         image_token="<image>",
         num_additional_image_tokens=1,
-        chat_template=LLAVA_TEMPLATE,
+        chat_template=chat_template,
     )
     processor.save_pretrained(path)
     return path
 
 
-def save_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
-    """A tiny Qwen2.5-VL (tower: block 0 windowed, block 1 full; a 2-layer LLM) and its processor at ``path``."""
+QWEN_TEXT: dict[str, Any] = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0},
+)  # fmt: skip
+QWEN_VISION = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32)
+
+
+def save_qwen2_5_vl(
+    path: Path,
+    seed: int = 0,
+    vision: dict[str, Any] = QWEN_VISION,
+    text: dict[str, Any] = QWEN_TEXT,
+    options: dict[str, Any] | None = None,
+    chat_template: str = QWEN_TEMPLATE,
+    weights: Weights = "transformers",
+) -> Path:
+    """A tiny Qwen2.5-VL (tower: block 0 windowed, block 1 full; a 2-layer LLM) and its processor at ``path``.
+    ``vision``, ``text``: the sizes of the tower and the LLM (its vocabulary is 96: the vision tokens are 90 … 93);
+    ``options``: more arguments of ``Qwen2_5_VLConfig``; the rest as in the module docstring."""
     import transformers
 
     config = transformers.Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=96, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0},
-        ),
+        text_config=dict(**text, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         vision_config=dict(
-            depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32, patch_size=QWEN_PATCH,
-            spatial_merge_size=QWEN_MERGE, temporal_patch_size=1, in_channels=3,
+            **vision, patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=1, in_channels=3,
             window_size=2 * QWEN_MERGE * QWEN_PATCH, fullatt_block_indexes=[1],
         ),
         image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
+        **(options or {}),
     )  # fmt: skip
     torch.manual_seed(seed)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
     _spread(model, seed)
-    model.save_pretrained(path)
+    _save_weights(model, path, weights, QWEN_HUB_NAMES)
     specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
-    tokenizer = word_tokenizer(specials, 96, QWEN_TEMPLATE, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     image_processor = transformers.Qwen2VLImageProcessor(
         patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, min_pixels=64, max_pixels=64 * 64
     )
@@ -135,7 +205,7 @@ def save_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
         video_processor=transformers.Qwen2VLVideoProcessor(
             patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1
         ),
-        chat_template=QWEN_TEMPLATE,
+        chat_template=chat_template,
     )
     processor.save_pretrained(path)
     return path

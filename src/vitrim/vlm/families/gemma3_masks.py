@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vitrim.vlm.stages.filler_masks import with_filler_rows
 from vitrim.vlm.stages.sequence import ShortSequence
 
 
@@ -59,9 +60,6 @@ def gather_masks(
     batch, short_length = short.columns.shape
     length = short.full_length
     device = short.columns.device
-    diagonal = torch.eye(short_length, dtype=torch.bool, device=device)[None, None]
-    real_key = short.real[:, None, None, :]  # (B, 1, 1, L')
-    real_query = short.real[:, None, :, None]  # (B, 1, L', 1)
     out = {}
     for layer_type, mask in masks.items():
         if mask is None:
@@ -76,7 +74,7 @@ def gather_masks(
             allowed = gathered == 0
         else:
             allowed = gathered.bool()
-        allowed = torch.where(real_query, allowed & real_key, diagonal)
+        allowed = with_filler_rows(allowed, short.real)
         out[layer_type] = _as_implementation(allowed, mask, dtype, implementation)
     return out
 

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.stages.filler_masks import with_filler_rows
+
 # the one refusal of a static or compiled cache, on every family (each layer's cache here has its own length)
 DYNAMIC_CACHE_ONLY = (
     "vitrim.vlm's in-LLM drop needs generate's default dynamic cache: each decoder layer's cache holds only the "
@@ -83,9 +85,7 @@ def prefill_mask(slots: Slots, full: Tensor | None, window: int | None, length: 
         allowed = gather_columns(rows, slots.columns, 3, 0)  # (B, 1, S, S)
         if allowed.dtype != torch.bool:
             allowed = allowed == 0  # an additive float mask: 0 = may attend
-    allowed = allowed & slots.valid[:, None, None, :] & slots.valid[:, None, :, None]
-    filler_self = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device) & ~slots.valid[:, None, :, None]
-    return allowed | filler_self
+    return with_filler_rows(allowed, slots.valid)
 
 
 def decode_mask(slots: Slots, query_columns: Tensor, kv_length: int, real: Tensor, window: int | None) -> Tensor:

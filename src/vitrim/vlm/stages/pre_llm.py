@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.stages.filler_masks import prefill_llm_mask
 from vitrim.vlm.stages.sequence import (
     DecodeState,
     ShortSequence,
@@ -255,8 +256,8 @@ class PreLLMStage:
         if self.labels is not None:
             labels = gather_columns(short, self.labels.to(short.columns.device))
             self.short_labels = torch.where(short.real, labels, torch.full_like(labels, IGNORE_INDEX))
-        if not isinstance(kwargs.get("attention_mask"), dict):
-            kwargs["attention_mask"] = short.attention_mask
+        if not isinstance(kwargs.get("attention_mask"), dict):  # a family's own masks (Gemma 3) are set already
+            kwargs["attention_mask"] = prefill_llm_mask(short, module.config, embeds.dtype)
         self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
         self.shortened_now = True
         return args, kwargs

@@ -10,8 +10,8 @@ How the pre-LLM stage (:mod:`vitrim.vlm.stages.pre_llm`) uses it, for every fami
    masked, else left), filler columns masked out.
 3. The stage gathers every per-column input with :func:`gather_columns` — the embeddings, the ORIGINAL position
    ids (LLaVA: (B, L); Qwen's M-RoPE: (3, B, L) with ``batch_dim=1``), anything else of length L — and passes
-   ``short.attention_mask`` (always an explicit 2-D mask: transformers reads gapped position ids without a mask
-   and without a cache as packed sequences).
+   ``short.attention_mask`` (always an explicit mask: transformers reads gapped position ids without a mask
+   and without a cache as packed sequences; 4-D when there are fillers, :mod:`vitrim.vlm.stages.filler_masks`).
 4. It keeps a :class:`DecodeState` and, at each later step on the same cache, calls :func:`decode_attention_mask`
    (the prefill's short mask + the new columns of the caller's full-length mask) and, when the caller passed no
    positions, :func:`decode_position_ids` (what the unmodified LLM would have used: full length + steps so far).

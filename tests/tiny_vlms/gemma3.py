@@ -11,11 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tiny_vlms.llava import batch as batch  # the same pad id: one padding for both families
+from tiny_vlms.spread import spread
+
 transformers = pytest.importorskip("transformers")
 
 IMAGE_TOKEN = 3
 BOI = 4
-PAD = 1
+PAD = 1  # as tiny_vlms.llava's (its batch() pads with it)
 GRID_TOKENS = 16  # the projector's pooled 4×4 grid
 WINDOW = 8
 
@@ -62,11 +65,7 @@ def tiny_gemma3(
     )
     config._attn_implementation = attn
     torch.manual_seed(seed)
-    model = transformers.Gemma3ForConditionalGeneration(config).double().eval()
-    with torch.no_grad():  # random init is near-uniform attention; spread it so selections and merges matter
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
+    return spread(transformers.Gemma3ForConditionalGeneration(config).double().eval())
 
 
 def prompt(num_text_before: int, num_text_after: int, images: int = 1, seed: int = 0) -> torch.Tensor:
@@ -83,18 +82,6 @@ def prompt(num_text_before: int, num_text_after: int, images: int = 1, seed: int
 def pixels(num_images: int, seed: int = 0, size: int = 16) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(num_images, 3, size, size, generator=generator, dtype=torch.float64)
-
-
-def batch(prompts: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad ``prompts`` to one length on ``side`` ("left" or "right"): (input_ids, attention_mask), each (B, L)."""
-    length = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), length), PAD)
-    mask = torch.zeros(len(prompts), length, dtype=torch.long)
-    for row, p in enumerate(prompts):
-        cols = slice(length - len(p), length) if side == "left" else slice(0, len(p))
-        ids[row, cols] = p
-        mask[row, cols] = 1
-    return ids, mask
 
 
 def token_types(ids: torch.Tensor) -> torch.Tensor:

@@ -36,10 +36,11 @@ TOKENS = dict(
 )
 
 
-def qwen2_vl(seed: int = 0) -> torch.nn.Module:
-    """A tiny Qwen2VLForConditionalGeneration in float64 on SDPA (2 vision blocks of width 16, 2 heads)."""
+def qwen2_vl(seed: int = 0, text: dict | None = None) -> torch.nn.Module:
+    """A tiny Qwen2VLForConditionalGeneration in float64 on SDPA (2 vision blocks of width 16, 2 heads); ``text``:
+    options of the LLM's config over :data:`TEXT` (a sliding window, its ``layer_types``)."""
     config = transformers.Qwen2VLConfig(
-        text_config=TEXT,
+        text_config=TEXT | (text or {}),
         vision_config=dict(
             depth=2,
             embed_dim=16,
@@ -80,24 +81,18 @@ def qwen2_5_vl(seed: int = 0) -> torch.nn.Module:
     return transformers.Qwen2_5_VLForConditionalGeneration(config).double().eval()
 
 
+QWEN3_TOWER = dict(  # the Qwen3-VL towers' common sizes (depth, temporal patch and DeepStack taps: per builder)
+    hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32, patch_size=PATCH, spatial_merge_size=MERGE,
+    in_channels=CHANNELS, num_position_embeddings=16,
+)  # fmt: skip
+
+
 def qwen3_vl(seed: int = 0) -> torch.nn.Module:
     """A tiny Qwen3VLForConditionalGeneration in float64 on SDPA: 3 vision blocks, DeepStack after blocks 0 and 1."""
     text = {**TEXT, "head_dim": 8, "rope_parameters": {**TEXT["rope_parameters"], "mrope_interleaved": True}}
     config = transformers.Qwen3VLConfig(
         text_config=text,
-        vision_config=dict(
-            depth=3,
-            hidden_size=16,
-            intermediate_size=24,
-            num_heads=2,
-            out_hidden_size=32,
-            patch_size=PATCH,
-            spatial_merge_size=MERGE,
-            temporal_patch_size=1,
-            in_channels=CHANNELS,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[0, 1],
-        ),
+        vision_config=QWEN3_TOWER | dict(depth=3, temporal_patch_size=1, deepstack_visual_indexes=[0, 1]),
         **TOKENS,
     )
     torch.manual_seed(seed)
@@ -121,19 +116,7 @@ def qwen3_vl_8b_layout(seed: int = 0) -> torch.nn.Module:
     }
     config = transformers.Qwen3VLConfig(
         text_config=text,
-        vision_config=dict(
-            depth=4,
-            hidden_size=16,
-            intermediate_size=24,
-            num_heads=2,
-            out_hidden_size=32,
-            patch_size=PATCH,
-            spatial_merge_size=MERGE,
-            temporal_patch_size=2,
-            in_channels=CHANNELS,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[0, 1, 2],
-        ),
+        vision_config=QWEN3_TOWER | dict(depth=4, temporal_patch_size=2, deepstack_visual_indexes=[0, 1, 2]),
         **TOKENS,
     )
     torch.manual_seed(seed)

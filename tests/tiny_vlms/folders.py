@@ -1,0 +1,93 @@
+"""Tiny random VLMs saved as checkpoint folders (``vitrim.vlm_user.tiny``'s builders, the shipped ones), and a
+random picture.
+
+- :func:`save_llava`, :func:`save_llava_next`, :func:`save_qwen2_5_vl`: the folders ``vitrim vlm ask --model``
+  reads in tests/vlm_user (transformers' own layout, a chat template over message parts).
+- :func:`save_vllm_llava`, :func:`save_vllm_qwen2_5_vl`: the folders vLLM and transformers load alike in tests/vllm
+  and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32; it has no kernel for 16),
+  the weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a chat template that reads
+  OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it), untied embeddings. Words
+  are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per word.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitrim.vlm_user.tiny import save_llava, save_llava_next, save_qwen2_5_vl
+
+__all__ = [
+    "save_llava",
+    "save_llava_next",
+    "save_picture",
+    "save_qwen2_5_vl",
+    "save_vllm_llava",
+    "save_vllm_qwen2_5_vl",
+]
+
+STRING_CONTENT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+UNTIED = {"tie_word_embeddings": False}
+
+LLAVA_GRID = 4  # 16 px images, 4 px patches: 16 image tokens
+VLLM_LLAVA_VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4)
+VLLM_LLAVA_TEXT = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1,
+)  # fmt: skip
+VLLM_QWEN_TEXT: dict[str, Any] = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=2,  # head size 32; M-RoPE's sections sum to 32 / 2
+    num_key_value_heads=1, max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10000.0},
+    **UNTIED,
+)  # fmt: skip
+VLLM_QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
+
+
+def save_vllm_llava(
+    path: Path,
+    seed: int = 0,
+    image_size: int = 16,
+    patch_size: int = 4,
+    vision: dict[str, int] = VLLM_LLAVA_VISION,
+    text: dict[str, int] = VLLM_LLAVA_TEXT,
+) -> Path:
+    """A LLaVA-1.5 for vLLM at ``path``: tiny by default (3 tower layers, 16 px images of 16 tokens, a 2-layer LLM),
+    larger sizes for benchmarks/vllm_bench.py."""
+    return save_llava(
+        path,
+        seed,
+        image_size,
+        patch_size,
+        vision,
+        {"max_position_embeddings": 2048, **text},
+        options=UNTIED,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        weights="hub",
+    )
+
+
+def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL for vLLM at ``path`` (tower: block 0 windowed, block 1 full; a 2-layer LLM)."""
+    return save_qwen2_5_vl(
+        path,
+        seed,
+        VLLM_QWEN_VISION,
+        VLLM_QWEN_TEXT,
+        options=UNTIED,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        weights="hub",
+    )
+
+
+def save_picture(path: Path, width: int, height: int, seed: int = 0) -> Path:
+    """A random RGB PNG of ``width`` × ``height``."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8)
+    Image.fromarray(pixels.numpy()).save(path)
+    return path
