@@ -11,7 +11,7 @@ import pytest
 import torch
 from llm_reference import masked_layers, top_k_reference
 from pre_llm_reference import divprune_reference
-from tiny_llava import GRID_TOKENS, IMAGE_TOKEN, batch, pixels, prompt, tiny_llava
+from tiny_llava import IMAGE_TOKEN, batch, pixels, prompt, tiny_llava
 
 import vitrim.vlm
 
@@ -117,7 +117,9 @@ def test_pre_llm_then_in_llm_is_the_in_llm_drop_on_the_shortened_sequence(model:
     llm = _llm_input(model, inputs)
     mask = inputs["attention_mask"]
     entered = _kept_columns(inputs["input_ids"], pre)
-    expected = _fastv_reference(model, inputs["input_ids"], llm["inputs_embeds"], llm.get("position_ids"), mask, entered & mask.bool(), 4)
+    expected = _fastv_reference(
+        model, inputs["input_ids"], llm["inputs_embeds"], llm.get("position_ids"), mask, entered & mask.bool(), 4
+    )
     positions_in_image = [p.tolist() for p in pre]
     assert [sorted(positions_in_image[b][i] for i in best) for b, best in enumerate(expected)] == [
         k.tolist() for k in final
@@ -134,7 +136,9 @@ def test_pre_llm_then_in_llm_is_the_in_llm_drop_on_the_shortened_sequence(model:
         assert (short[last_layer] - reference[sample, columns][last_layer]).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("options", [{}, pytest.param({"num_beams": 2}, marks=pytest.mark.full)], ids=["greedy", "beams"])
+@pytest.mark.parametrize(
+    "options", [{}, pytest.param({"num_beams": 2}, marks=pytest.mark.full)], ids=["greedy", "beams"]
+)
 def test_pre_llm_then_in_llm_generates_each_prompt_as_alone(model: torch.nn.Module, options: dict) -> None:
     inputs = _inputs(seed=3)
     vitrim.vlm.apply(model, "divprune", keep=6)

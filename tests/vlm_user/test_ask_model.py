@@ -177,6 +177,38 @@ def test_in_llm_and_staged_methods(
     assert "--keep 4 needs --method" in capsys.readouterr().err
 
 
+def test_two_methods_stack_from_the_cli_as_through_the_api(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--method random --keep 8 --method fastv --keep 0.5 --set layer=1``: 8 of 16 enter, 4 stay after layer 1;
+    the record lists the stack, its kept tokens are the API's stack's; --keep before the first of two --method and
+    two methods of one stage are one-line errors."""
+    from PIL import Image
+
+    from vitrim.vlm_user import ask
+
+    argv = ["vlm", "ask", "w10", "--model", str(folders["llava"]), "--image", str(folders["picture"])]
+    stack = ["--method", "random", "--keep", "8", "--method", "fastv", "--keep", "0.5", "--set", "layer=1"]
+    assert main([*argv, *stack, "--max-new-tokens", "2", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1] == "random+fastv: 8 of 16 image tokens entered the LLM; 4 of them stay after its layer"
+    record = json.loads((tmp_path / "selection.json").read_text())
+    assert [(m["method"], m["stage"], m["options"]) for m in record["stack"]] == [
+        ("random", "pre_llm", {"keep": 8}),
+        ("fastv", "in_llm", {"keep": 0.5, "layer": 1}),
+    ]
+    model = transformers.AutoModelForImageTextToText.from_pretrained(folders["llava"]).eval()
+    processor = transformers.AutoProcessor.from_pretrained(folders["llava"])
+    picture = Image.open(folders["picture"]).convert("RGB")
+    answer = ask(model, processor, picture, "w10", [("random", {"keep": 8}), ("fastv", {"keep": 0.5, "layer": 1})], 2)
+    assert printed[0] == answer.text and record["images"][0]["kept"] == answer.kept[0]
+    assert (answer.entered, answer.selected) == ([8], [4])
+    assert main([*argv, "--keep", "8", *stack]) == 2
+    assert "give each --keep / --set after its --method" in capsys.readouterr().err
+    assert main([*argv, "--method", "random", "--keep", "8", "--method", "divprune", "--keep", "4"]) == 2
+    assert "one method per stage" in capsys.readouterr().err
+
+
 def test_a_hostile_config_is_read_as_data(
     tmp_path: Path, folders: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

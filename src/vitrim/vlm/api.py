@@ -105,9 +105,7 @@ def remove(model: nn.Module) -> None:
 
 
 @overload
-def last_selection(
-    model: nn.Module, groups: Literal[False] = False, *, stage: str | None = None
-) -> list[Tensor]: ...
+def last_selection(model: nn.Module, groups: Literal[False] = False, *, stage: str | None = None) -> list[Tensor]: ...
 
 
 @overload

@@ -65,8 +65,8 @@ def refusal(family: FamilyAdapter, plans: dict[str, Plan]) -> str | None:
         if pre.method.needs_cls_attention:
             return (
                 f"{pair}: it scores by the attention at the tower's scoring layer, whose tokens the tower method has "
-                "already reduced; stack a pre-LLM method that reads the tokens only (random, divprune, downsample, "
-                "cdpruner)"
+                "already reduced; stack one that reads the tokens only (random, divprune; downsample and cdpruner "
+                "with the tower's to_grid=True)"
             )
         if not on_grid and pre.method.reads_grid:
             return f"{pair}: it reads the token grid, and the tower's tokens (to_grid=False) are no longer one"
@@ -102,7 +102,9 @@ def stage_options(family: FamilyAdapter, plans: dict[str, Plan]) -> dict[str, St
         count = tower.keep_counts_per_image(family, method) if stage == "tower" else reaching
         keep = _keep(method, plan.keep, count, earlier)
         if stage == "pre_llm" and keep is None:
-            raise ValueError(f"vlm method {method.name!r} needs keep= (image tokens per image, or a fraction in (0, 1])")
+            raise ValueError(
+                f"vlm method {method.name!r} needs keep= (image tokens per image, or a fraction in (0, 1])"
+            )
         options[stage] = StageOptions(keep=keep, layer=plan.layer)
         if stage == "tower" and tower_to_grid(family, method):
             continue  # every image token still enters the projector

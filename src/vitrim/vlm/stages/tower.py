@@ -347,8 +347,7 @@ class TowerSelection(Method):
         super().__init__()
         self.reduction, self.then, self.then_keep = reduction, then, then_keep
         if then is not None:  # the family's hooks capture what the stacked method reads
-            setattr(self, "needs_seeds", then.needs_seeds)
-            setattr(self, "scores_projected", then.scores_projected)
+            self.__dict__.update(needs_seeds=then.needs_seeds, scores_projected=then.scores_projected)
 
     def select(self, evidence: Any, keep: int) -> list[ImageSelection]:
         selection = self.reduction.selection()
