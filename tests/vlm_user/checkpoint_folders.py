@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from vitrim.vlm_user.tiny import save_llava, save_llava_next, save_qwen2_5_vl
+from vitrim.vlm_user.tiny import save_gemma3, save_llava, save_llava_next, save_paligemma, save_qwen2_5_vl
 
-__all__ = ["save_llava", "save_llava_next", "save_picture", "save_qwen2_5_vl"]
+__all__ = ["save_gemma3", "save_llava", "save_llava_next", "save_paligemma", "save_picture", "save_qwen2_5_vl"]
 
 
 def save_picture(path: Path, width: int, height: int, seed: int = 0) -> Path:

@@ -65,7 +65,7 @@ def add_user_model_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FOLDER_OR_HUB_ID",
         help="your own VLM: a checkpoint folder or a hub id from the local hub cache (LLaVA-1.5, LLaVA-NeXT, "
-        "Qwen2-VL / 2.5-VL / 3-VL); instead of the digits demo's --run",
+        "Qwen2-VL / 2.5-VL / 3-VL, Gemma 3, PaliGemma); instead of the digits demo's --run",
     )
     p.add_argument(
         "--set",
@@ -201,6 +201,12 @@ def run_user_ask(args: argparse.Namespace) -> int:
     total, entered, selected = answer.total[0], answer.entered[0], answer.selected[0]
     if answer.method is None:
         print(f"all {total} image tokens entered the LLM (no --method)")
+    elif answer.stage == "tower" and entered == total:
+        patches = len(answer.boxes[0].boxes) if answer.boxes[0].views == ("patches",) else total
+        print(
+            f"{answer.method}: {selected} tower tokens of {patches} patches reach its feature layer, put back on the "
+            f"patch grid; all {total} image tokens entered the LLM"
+        )
     elif answer.stage == "in_llm":
         into = f"all {entered}" if entered == total else f"{entered} of {total}"
         print(f"{answer.method}: {into} image tokens entered the LLM; {selected} of them stay after its layer")

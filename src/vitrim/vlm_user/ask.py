@@ -156,8 +156,8 @@ def ask(
             vitrim.vlm.remove(model)
     text = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()
     size = (image.height, image.width)
-    boxes = vlm_token_boxes(model, processor, inputs, [size])
     stages = [vitrim.vlm.method_info(name).stage for name, _ in stack]
+    boxes = vlm_token_boxes(model, processor, inputs, [size], stage=stages[-1] if stages else None)
     return Answer(
         text=text,
         method="+".join(name for name, _ in stack) or None,
