@@ -286,3 +286,46 @@ def test_qwen2_5_vl_pre_llm_then_in_llm_each_prompt_as_alone() -> None:
         assert torch.equal(generated[row, -3:], single[0, -3:])
         assert torch.equal(vitrim.vlm.last_selection(qwen)[0], final[row])
     vitrim.vlm.remove(qwen)
+
+
+@pytest.mark.full  # ~10 s: three forwards of the tiny Gemma 3
+def test_gemma3_tower_then_pre_llm_is_the_pre_llm_method_on_the_tower_reduced_by_hand() -> None:
+    """Gemma 3's tower puts its tokens back on the patch grid (every pooled image token still enters): the stack is
+    the pre-LLM method alone on the unmodified model whose projector is handed the tower's refilled grid, captured
+    from the tower alone and fed by a hook written here; DivPrune's choice is the reference's on that projection."""
+    from tiny_gemma3 import batch as gemma_batch
+    from tiny_gemma3 import pixels as gemma_pixels
+    from tiny_gemma3 import prompt as gemma_prompt
+    from tiny_gemma3 import tiny_gemma3, token_types
+
+    gemma = tiny_gemma3(seed=2)  # 8×8 patches pooled 2×2 to 16 image tokens
+    ids, mask = gemma_batch([gemma_prompt(2, 3, seed=1), gemma_prompt(4, 1, seed=2)], "left")
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": token_types(ids)}
+    inputs["pixel_values"] = gemma_pixels(2, seed=3)
+    grids: list[torch.Tensor] = []
+    vitrim.vlm.apply(gemma, "tome", r=8)
+    handle = gemma.model.multi_modal_projector.register_forward_pre_hook(lambda m, args: grids.append(args[0]))
+    gemma(
+        **inputs
+    )  # the tower alone: its 48 tokens back on the 64 patches (merged ones on each of theirs), what the projector pools
+    handle.remove()
+    vitrim.vlm.remove(gemma)
+
+    vitrim.vlm.apply(gemma, "divprune", keep=5)
+    vitrim.vlm.apply(gemma, "tome", r=8)
+    stacked = gemma(**inputs).logits
+    tower = vitrim.vlm.last_selection(gemma, stage="tower")
+    kept = vitrim.vlm.last_selection(gemma)
+    vitrim.vlm.remove(gemma)
+    assert [len(t) for t in tower] == [48, 48] and [len(k) for k in kept] == [5, 5]
+
+    by_hand = gemma.model.multi_modal_projector.register_forward_pre_hook(lambda m, args: (grids[0], *args[1:]))
+    with torch.no_grad():
+        projected = gemma.model.multi_modal_projector(torch.zeros_like(grids[0]))  # the hook feeds the grid
+    assert [k.tolist() for k in kept] == divprune_reference(projected, 5)
+    vitrim.vlm.apply(gemma, "divprune", keep=5)
+    reference = gemma(**inputs).logits
+    assert [k.tolist() for k in vitrim.vlm.last_selection(gemma)] == [k.tolist() for k in kept]
+    vitrim.vlm.remove(gemma)
+    by_hand.remove()
+    assert torch.equal(stacked, reference)

@@ -37,7 +37,7 @@ class Applied:
 
     @property
     def installation(self) -> Installation:
-        return self.stack.parts[self.stack.last_stage()]  # type: ignore[no-any-return]
+        return self.stack.parts[self.stack.last_stage()]
 
 
 def apply(model: ModelT, method: str, **options: Any) -> ModelT:

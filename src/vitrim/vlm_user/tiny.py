@@ -260,7 +260,7 @@ def save_paligemma(path: Path, seed: int = 0) -> Path:
     )
     tokenizer.chat_template = None  # PaliGemma's processor takes the prompt as it is (the image tokens first)
     image_processor = transformers.SiglipImageProcessor(size={"height": PALIGEMMA_SIZE, "width": PALIGEMMA_SIZE})
-    image_processor.image_seq_length = (PALIGEMMA_SIZE // PALIGEMMA_PATCH) ** 2
+    image_processor.image_seq_length = (PALIGEMMA_SIZE // PALIGEMMA_PATCH) ** 2  # type: ignore[attr-defined]
     processor = transformers.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
     processor.save_pretrained(path)
     return path

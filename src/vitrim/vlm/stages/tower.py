@@ -319,7 +319,7 @@ def install(
         return reduction
     try:
         if to_grid:
-            assert then_keep is not None
+            assert then is not None and then_keep is not None
             handoff = pre_llm.install(family, then, then_keep)
         else:
             handoff = pre_llm.install(
@@ -358,15 +358,17 @@ class TowerSelection(Method):
         assert self.then_keep is not None
         rows = torch.stack([image.kept for image in selection]).to(evidence.features.device)  # (I, n) the filled slots
         restricted = VisionEvidence(
-            features=_rows(evidence.features, rows), seeds=evidence.seeds, projected=_rows(evidence.projected, rows)
+            features=_rows(evidence.features, rows),
+            seeds=evidence.seeds,
+            projected=None if evidence.projected is None else _rows(evidence.projected, rows),
         )
         chosen = self.then.select(restricted, self.then_keep.tokens(rows.shape[1]))
         return [_compose(tower, picked) for tower, picked in zip(selection, chosen, strict=True)]
 
 
-def _rows(values: Tensor | None, rows: Tensor) -> Tensor | None:
+def _rows(values: Tensor, rows: Tensor) -> Tensor:
     """(I, P, D) at the (I, n) slots ``rows`` -> (I, n, D)."""
-    return None if values is None else values.gather(1, rows[..., None].expand(-1, -1, values.shape[-1]))
+    return values.gather(1, rows[..., None].expand(-1, -1, values.shape[-1]))
 
 
 def _compose(tower: ImageSelection, picked: ImageSelection) -> ImageSelection:
