@@ -55,6 +55,14 @@ def word_tokenizer(specials: list[str], vocab_size: int, template: str, **named:
     return tokenizer
 
 
+def _save_model(model_class: Any, config: Any, path: Path, seed: int) -> None:
+    """``model_class(config)`` drawn from ``seed``, spread (:func:`_spread`) and saved at ``path``."""
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    _spread(model, seed)
+    model.save_pretrained(path)
+
+
 def _spread(model: torch.nn.Module, seed: int) -> None:
     """Random init gives near-uniform attention; spread the weights so selections differ between methods."""
     torch.manual_seed(seed)
@@ -82,10 +90,7 @@ def save_llava(path: Path, seed: int = 0) -> Path:
         vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = transformers.LlavaForConditionalGeneration(config).eval()
-    _spread(model, seed)
-    model.save_pretrained(path)
+    _save_model(transformers.LlavaForConditionalGeneration, config, path, seed)
     tokenizer = word_tokenizer(
         LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
     )
@@ -122,10 +127,7 @@ def save_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
         ),
         image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
-    _spread(model, seed)
-    model.save_pretrained(path)
+    _save_model(transformers.Qwen2_5_VLForConditionalGeneration, config, path, seed)
     specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
     tokenizer = word_tokenizer(specials, 96, QWEN_TEMPLATE, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     image_processor = transformers.Qwen2VLImageProcessor(
@@ -163,10 +165,7 @@ def save_llava_next(path: Path, seed: int = 0) -> Path:
         vision_feature_select_strategy="default",
         image_grid_pinpoints=pinpoints,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = transformers.LlavaNextForConditionalGeneration(config).eval()
-    _spread(model, seed)
-    model.save_pretrained(path)
+    _save_model(transformers.LlavaNextForConditionalGeneration, config, path, seed)
     tokenizer = word_tokenizer(
         LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
     )
@@ -220,10 +219,7 @@ def save_gemma3(path: Path, seed: int = 0) -> Path:
         mm_tokens_per_image=GEMMA3_TOKENS, image_token_index=GEMMA_IMAGE["image"], boi_token_index=GEMMA_IMAGE["boi"],
         eoi_token_index=GEMMA_IMAGE["eoi"],
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
-    _spread(model, seed)
-    model.save_pretrained(path)
+    _save_model(transformers.Gemma3ForConditionalGeneration, config, path, seed)
     tokenizer = word_tokenizer(
         GEMMA_SPECIALS, 99, GEMMA3_TEMPLATE, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
         boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>",
@@ -251,10 +247,7 @@ def save_paligemma(path: Path, seed: int = 0) -> Path:
         text_config=dict(model_type="gemma", **GEMMA_TEXT),
         image_token_index=3, projection_dim=32, hidden_size=32, vocab_size=99,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = transformers.PaliGemmaForConditionalGeneration(config).eval()
-    _spread(model, seed)
-    model.save_pretrained(path)
+    _save_model(transformers.PaliGemmaForConditionalGeneration, config, path, seed)
     tokenizer = word_tokenizer(
         PALIGEMMA_SPECIALS, 99, "", pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", image_token="<image>"
     )
