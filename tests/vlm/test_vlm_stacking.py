@@ -329,3 +329,43 @@ def test_gemma3_tower_then_pre_llm_is_the_pre_llm_method_on_the_tower_reduced_by
     vitrim.vlm.remove(gemma)
     by_hand.remove()
     assert torch.equal(stacked, reference)
+
+
+def test_llava_next_pre_llm_then_in_llm_drops_among_what_entered() -> None:
+    """LLaVA-NeXT (anyres tiles, newline tokens): the pre-LLM stage as alone (``keep`` per tile), the in-LLM drop
+    keeping half of the packed tokens that entered, among them."""
+    from test_llava_next import inputs as next_inputs
+    from test_llava_next import tiny_llava_next
+
+    model = tiny_llava_next()
+    inputs = next_inputs()
+    vitrim.vlm.apply(model, "fastervlm", keep=4)
+    model(**inputs)
+    pre_alone = vitrim.vlm.last_selection(model)
+    vitrim.vlm.apply(model, "fastv", layer=1, keep=0.5)
+    model.generate(**inputs, max_new_tokens=2, do_sample=False)
+    pre = vitrim.vlm.last_selection(model, stage="pre_llm")
+    final = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    assert [k.tolist() for k in pre] == [k.tolist() for k in pre_alone]
+    assert [len(k) for k in final] == [len(p) // 2 for p in pre]
+    assert all(set(k.tolist()) <= set(p.tolist()) for k, p in zip(final, pre, strict=True))
+
+
+@pytest.mark.full  # ~10 s: the 8B layout's tower and DeepStack
+def test_qwen3_vl_deepstack_pre_llm_then_in_llm_each_prompt_as_alone() -> None:
+    """Qwen3-VL laid out as the 8B (DeepStack rows added after the LLM's first layers): its rows follow the tokens
+    the pre-LLM stage lets in, then those the in-LLM drop keeps; each prompt of the batch generates as alone."""
+    from qwen_tiny import batch as qwen_batch
+    from qwen_tiny import qwen3_vl_8b_layout
+
+    qwen = qwen3_vl_8b_layout(seed=1)
+    prompts = [([[1, 5, 6], [7, 8, 9]], [(4, 6)]), ([[1, 5], [7, 8, 9, 10]], [(6, 4)])]
+    vitrim.vlm.apply(qwen, "random", keep=4)
+    vitrim.vlm.apply(qwen, "fastv", layer=1, keep=2)
+    together = qwen.generate(**qwen_batch(prompts, seed=2, temporal=2), max_new_tokens=3, do_sample=False)
+    final = vitrim.vlm.last_selection(qwen)
+    alone = qwen.generate(**qwen_batch(prompts[:1], seed=2, temporal=2), max_new_tokens=3, do_sample=False)
+    assert torch.equal(together[0, -3:], alone[0, -3:])
+    assert torch.equal(vitrim.vlm.last_selection(qwen)[0], final[0]) and [len(k) for k in final] == [2, 2]
+    vitrim.vlm.remove(qwen)
