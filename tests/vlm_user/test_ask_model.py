@@ -149,6 +149,11 @@ def test_a_folder_without_a_config(
 def test_demo_flags_need_model(folders: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["vlm", "ask", "w10", "--image", str(folders["picture"]), "--out", "x"]) == 2
     assert "--out go with --model" in capsys.readouterr().err
+    two = ["--method", "random", "--method", "fastv"]
+    assert main(["vlm", "ask", "w10", "--image", str(folders["picture"]), *two]) == 2
+    assert "two --method (a stack) go with --model" in capsys.readouterr().err
+    assert main(["viz", "vlm", "--out", "x.png", *two]) == 2
+    assert "one --method at a time" in capsys.readouterr().err
 
 
 def test_save_tiny_vlm_names_its_families(tmp_path: Path) -> None:

@@ -328,7 +328,7 @@ def install(
     except BaseException:
         reduction.remove()
         raise
-    return TowerThenLLM(reduction, handoff, to_grid)
+    return TowerThenLLM(reduction, handoff)
 
 
 class TowerSelection(Method):
@@ -388,7 +388,6 @@ class TowerThenLLM:
 
     reduction: TowerReduction
     handoff: Any
-    to_grid: bool = False
 
     def remove(self) -> None:
         self.handoff.remove()
