@@ -289,10 +289,11 @@ def test_qwen2_5_vl_pre_llm_then_in_llm_each_prompt_as_alone() -> None:
 
 
 @pytest.mark.full  # ~10 s: three forwards of the tiny Gemma 3
-def test_gemma3_tower_then_pre_llm_is_the_pre_llm_method_on_the_tower_reduced_by_hand() -> None:
+def test_gemma3_tower_then_pre_llm_or_in_llm_is_that_method_on_the_tower_reduced_by_hand() -> None:
     """Gemma 3's tower puts its tokens back on the patch grid (every pooled image token still enters): the stack is
-    the pre-LLM method alone on the unmodified model whose projector is handed the tower's refilled grid, captured
-    from the tower alone and fed by a hook written here; DivPrune's choice is the reference's on that projection."""
+    the pre-LLM (or in-LLM) method alone on the unmodified model whose projector is handed the tower's refilled
+    grid, captured from the tower alone and fed by a hook written here; DivPrune's choice is the reference's on that
+    projection."""
     from tiny_gemma3 import batch as gemma_batch
     from tiny_gemma3 import pixels as gemma_pixels
     from tiny_gemma3 import prompt as gemma_prompt
@@ -327,8 +328,19 @@ def test_gemma3_tower_then_pre_llm_is_the_pre_llm_method_on_the_tower_reduced_by
     reference = gemma(**inputs).logits
     assert [k.tolist() for k in vitrim.vlm.last_selection(gemma)] == [k.tolist() for k in kept]
     vitrim.vlm.remove(gemma)
+    vitrim.vlm.apply(gemma, "fastv", layer=1, keep=6)  # the in-LLM method alone on the grid fed by hand
+    inside_reference = gemma(**inputs).logits
+    inside_kept = vitrim.vlm.last_selection(gemma)
+    vitrim.vlm.remove(gemma)
     by_hand.remove()
     assert torch.equal(stacked, reference)
+
+    vitrim.vlm.apply(gemma, "fastv", layer=1, keep=6)  # tower + in-LLM: every pooled token enters, FastV drops
+    vitrim.vlm.apply(gemma, "tome", r=8)
+    inside = gemma(**inputs).logits
+    assert [k.tolist() for k in vitrim.vlm.last_selection(gemma)] == [k.tolist() for k in inside_kept]
+    vitrim.vlm.remove(gemma)
+    assert torch.equal(inside, inside_reference)
 
 
 def test_llava_next_pre_llm_then_in_llm_drops_among_what_entered() -> None:
