@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 
-from vitrim.vlm_user.tiny import save_llava, save_llava_next, save_qwen2_5_vl
+from vitrim.vlm_user.tiny import save_gemma3, save_llava, save_llava_next, save_paligemma, save_qwen2_5_vl
 
 __all__ = [
+    "save_gemma3",
     "save_llava",
     "save_llava_next",
+    "save_paligemma",
     "save_picture",
     "save_qwen2_5_vl",
     "save_vllm_llava",

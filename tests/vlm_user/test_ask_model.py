@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import vitrim.vlm
-from tiny_vlms.folders import save_llava, save_llava_next, save_picture, save_qwen2_5_vl
+from tiny_vlms.folders import save_gemma3, save_llava, save_llava_next, save_paligemma, save_picture, save_qwen2_5_vl
 from vitrim.cli import main
 
 transformers = pytest.importorskip("transformers")
@@ -29,6 +29,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llava": save_llava(root / "llava"),
         "qwen": save_qwen2_5_vl(root / "qwen"),
         "llava_next": save_llava_next(root / "llava_next"),
+        "gemma3": save_gemma3(root / "gemma3"),
+        "paligemma": save_paligemma(root / "paligemma"),
         "picture": save_picture(root / "picture.png", width=40, height=30),
     }
 
@@ -147,12 +149,19 @@ def test_a_folder_without_a_config(
 def test_demo_flags_need_model(folders: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["vlm", "ask", "w10", "--image", str(folders["picture"]), "--out", "x"]) == 2
     assert "--out go with --model" in capsys.readouterr().err
+    two = ["--method", "random", "--method", "fastv"]
+    assert main(["vlm", "ask", "w10", "--image", str(folders["picture"]), *two]) == 2
+    assert "two --method (a stack) go with --model" in capsys.readouterr().err
+    assert main(["viz", "vlm", "--out", "x.png", *two]) == 2
+    assert "one --method at a time" in capsys.readouterr().err
 
 
 def test_save_tiny_vlm_names_its_families(tmp_path: Path) -> None:
     from vitrim.vlm_user import save_tiny_vlm
 
-    with pytest.raises(ValueError, match="family must be one of llava, llava_next, qwen2_5_vl, got 'gemma'"):
+    with pytest.raises(
+        ValueError, match="family must be one of llava, llava_next, qwen2_5_vl, gemma3, paligemma, got 'gemma'"
+    ):
         save_tiny_vlm(tmp_path / "x", "gemma")
 
 
@@ -175,6 +184,96 @@ def test_in_llm_and_staged_methods(
     )
     assert main([*argv, "--keep", "4"]) == 2
     assert "--keep 4 needs --method" in capsys.readouterr().err
+
+
+def test_two_methods_stack_from_the_cli_as_through_the_api(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--method random --keep 8 --method fastv --keep 0.5 --set layer=1``: 8 of 16 enter, 4 stay after layer 1;
+    the record lists the stack, its kept tokens are the API's stack's; --keep before the first of two --method and
+    two methods of one stage are one-line errors."""
+    from PIL import Image
+
+    from vitrim.vlm_user import ask
+
+    argv = ["vlm", "ask", "w10", "--model", str(folders["llava"]), "--image", str(folders["picture"])]
+    stack = ["--method", "random", "--keep", "8", "--method", "fastv", "--keep", "0.5", "--set", "layer=1"]
+    assert main([*argv, *stack, "--max-new-tokens", "2", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1] == "random+fastv: 8 of 16 image tokens entered the LLM; 4 of them stay after its layer"
+    record = json.loads((tmp_path / "selection.json").read_text())
+    assert [(m["method"], m["stage"], m["options"]) for m in record["stack"]] == [
+        ("random", "pre_llm", {"keep": 8}),
+        ("fastv", "in_llm", {"keep": 0.5, "layer": 1}),
+    ]
+    model = transformers.AutoModelForImageTextToText.from_pretrained(folders["llava"]).eval()
+    processor = transformers.AutoProcessor.from_pretrained(folders["llava"])
+    picture = Image.open(folders["picture"]).convert("RGB")
+    answer = ask(model, processor, picture, "w10", [("random", {"keep": 8}), ("fastv", {"keep": 0.5, "layer": 1})], 2)
+    assert printed[0] == answer.text and record["images"][0]["kept"] == answer.kept[0]
+    assert (answer.entered, answer.selected) == ([8], [4])
+    assert main([*argv, "--keep", "8", *stack]) == 2
+    assert "give each --keep / --set after its --method" in capsys.readouterr().err
+    assert main([*argv, "--method", "random", "--keep", "8", "--method", "divprune", "--keep", "4"]) == 2
+    assert "one method per stage" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("family", "method", "keep", "printed", "boxes"),
+    [
+        ("gemma3", "random", "4", "random: 4 of 16 image tokens entered the LLM", 16),
+        ("gemma3", "topk", "64", "topk: 64 tower tokens of 256 patches reach its feature layer", 256),
+        ("paligemma", "topk", "10", "topk: 10 tower tokens of 16 patches reach its feature layer", 16),
+    ],
+)
+def test_gemma3_and_paligemma_boxes_from_the_cli(
+    folders: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    family: str,
+    method: str,
+    keep: str,
+    printed: str,
+    boxes: int,
+) -> None:
+    """Gemma 3 (32-px squares of 2-px patches, 16×16 patches pooled 4×4 to 16 tokens) and PaliGemma (16 tokens) on
+    a 40×30 picture: the record's kept tokens are the API's, one box per pooled token (a tower method: per patch,
+    the index space of its selection), each box the 40/4 × 30/4 cell (Gemma 3's patches: 40/16 × 30/16)."""
+    from PIL import Image
+
+    from vitrim.vlm_user import ask, load_model
+
+    options = ["--keep", keep]
+    argv = ["vlm", "ask", "w10", "--model", str(folders[family]), "--image", str(folders["picture"])]
+    assert main([*argv, "--method", method, *options, "--max-new-tokens", "2", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith(printed)
+    record = json.loads((tmp_path / "selection.json").read_text())
+    model, processor = load_model(folders[family])
+    answer = ask(model, processor, Image.open(folders["picture"]).convert("RGB"), "w10", method, 2, keep=int(keep))
+    (image,) = record["images"]
+    assert image["kept"] == answer.kept[0] and len(image["boxes"]) == boxes
+    side = int(boxes**0.5)
+    cell = [40 / side, 30 / side]
+    assert image["boxes"][side + 1] == pytest.approx([cell[0], cell[1], 2 * cell[0], 2 * cell[1]], abs=1e-4)
+    assert (tmp_path / "kept_tokens.png").is_file()
+
+
+def test_gemma3_pan_and_scan_is_refused(folders: dict[str, Path]) -> None:
+    """A wide picture cut into crops (each an image of its own in the prompt) has no one set of boxes."""
+    from vitrim.viz import vlm_token_boxes
+    from vitrim.vlm_user import load_model
+
+    model, processor = load_model(folders["gemma3"])
+    from PIL import Image
+
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "w10"}]}], tokenize=False
+    )
+    crops = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8, "pan_and_scan_min_ratio_to_activate": 1.2}
+    inputs = dict(processor(images=[Image.new("RGB", (64, 16))], text=[text], return_tensors="pt", **crops))
+    assert len(inputs["pixel_values"]) > 1
+    with pytest.raises(ValueError, match="do_pan_and_scan=False"):
+        vlm_token_boxes(model, processor, inputs, [(16, 64)])
 
 
 def test_a_hostile_config_is_read_as_data(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitrim.viz.vlm_boxes import llava_boxes, llava_next_boxes, qwen_boxes
+from vitrim.viz.vlm_boxes import gemma3_boxes, llava_boxes, llava_next_boxes, paligemma_boxes, qwen_boxes
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("PIL")
@@ -80,6 +80,47 @@ def test_llava_next_tiles_by_hand() -> None:
     # tile 2, patch row 1 col 3: canvas x 28 … 32 -> 35 … 40
     assert boxes.boxes[4].tolist() == pytest.approx([35.0, 0.0, 40.0, 5.0])
     assert math.isnan(boxes.boxes[5, 0]) and boxes.view.tolist() == [0, 0, -1, 1, 1, -1]
+
+
+def siglip_config(image_size: int, patch: int, tokens: int | None = None) -> SimpleNamespace:
+    vision = SimpleNamespace(image_size=image_size, patch_size=patch)
+    return SimpleNamespace(vision_config=vision, mm_tokens_per_image=tokens)
+
+
+def test_paligemma_resize_by_hand() -> None:
+    """PaliGemma-3B-224's processor (224×224, 14-px patches: 16×16 tokens) on a 400×300 picture: no crop, the
+    picture squeezed to a square, one processed pixel = 400/224 × 300/224 original ones."""
+    processor = SimpleNamespace(size={"height": 224, "width": 224}, do_resize=True)
+    boxes = paligemma_boxes(processor, siglip_config(224, 14), (300, 400))
+    assert boxes.boxes.shape == (256, 4) and boxes.grids == ((16, 16),) and boxes.views == ("image",)
+    sx, sy = 400 / 224, 300 / 224
+    assert boxes.boxes[0].tolist() == pytest.approx([0.0, 0.0, 14 * sx, 14 * sy])
+    assert boxes.boxes[16 * 3 + 5].tolist() == pytest.approx([70 * sx, 42 * sy, 84 * sx, 56 * sy])
+    assert boxes.boxes[255].tolist() == pytest.approx([210 * sx, 210 * sy, 400.0, 300.0])
+    assert (boxes.view == 0).all()
+
+
+def test_gemma3_pooled_tokens_and_patches_by_hand() -> None:
+    """Gemma-3-4B's processor (896×896, 14-px patches: 64×64 patches pooled 4×4 to 16×16 tokens) on a 500×250
+    picture: a token is a 56-px cell of the processed square, 500/896 × 250/896 original px per processed px; the
+    tower's patches (``patches=True``) are 14-px cells."""
+    processor = SimpleNamespace(size={"height": 896, "width": 896}, do_resize=True)
+    config = siglip_config(896, 14, tokens=256)
+    boxes = gemma3_boxes(processor, config, (250, 500))
+    assert boxes.boxes.shape == (256, 4) and boxes.grids == ((16, 16),)
+    sx, sy = 500 / 896, 250 / 896
+    assert boxes.boxes[16 * 2 + 7].tolist() == pytest.approx([7 * 56 * sx, 2 * 56 * sy, 8 * 56 * sx, 3 * 56 * sy])
+    assert boxes.boxes[255].tolist() == pytest.approx([15 * 56 * sx, 15 * 56 * sy, 500.0, 250.0])
+    patches = gemma3_boxes(processor, config, (250, 500), patches=True)
+    assert patches.boxes.shape == (4096, 4) and patches.grids == ((64, 64),) and patches.views == ("patches",)
+    assert patches.boxes[64 * 9 + 30].tolist() == pytest.approx([30 * 14 * sx, 9 * 14 * sy, 31 * 14 * sx, 10 * 14 * sy])
+    # pooled token (r, c) is the union of the patches of rows 4r … 4r+3, columns 4c … 4c+3
+    cell = patches.boxes.reshape(16, 4, 16, 4, 4)[2, :, 7, :]  # (4, 4, 4) the 16 patches of token (2, 7)
+    assert cell[..., 0].min() == pytest.approx(boxes.boxes[39, 0]) and cell[..., 3].max() == pytest.approx(
+        boxes.boxes[39, 3]
+    )
+    with pytest.raises(ValueError, match="does not pool evenly"):
+        gemma3_boxes(processor, siglip_config(896, 14, tokens=25), (250, 500))
 
 
 SCALE = 3  # pixel value per pixel of distance: pictures up to 85 px
@@ -184,3 +225,24 @@ def test_llava_next_boxes_match_the_model_and_processor(size: tuple[int, int]) -
         placed += 1
         assert torch.allclose(seen[tile][token], centre - 0.5, atol=0.75), (position, number)
     assert placed >= 6
+
+
+@pytest.mark.parametrize("size", [(30, 40), (40, 26)])
+def test_paligemma_and_gemma3_boxes_match_their_processors(size: tuple[int, int]) -> None:
+    """SiglipImageProcessor (bicubic) and Gemma3ImageProcessor (bilinear) squeeze the picture to the square frame:
+    each box's centre is where its patch's (PaliGemma) or pooled cell's (Gemma 3) pixels came from."""
+    siglip = transformers.SiglipImageProcessor(size={"height": 16, "width": 16}, do_rescale=False, do_normalize=False)
+    frame = siglip(images=[coordinate_picture(*size)], return_tensors="pt")["pixel_values"][0]
+    gemma = transformers.Gemma3ImageProcessor(size={"height": 32, "width": 32}, do_rescale=False, do_normalize=False)
+    gemma_frame = gemma(images=[coordinate_picture(*size)], return_tensors="pt")["pixel_values"][0]
+    for boxes, pixels, cell, side in (
+        (paligemma_boxes(siglip, siglip_config(16, 4), size), frame, 4, 4),
+        (gemma3_boxes(gemma, siglip_config(32, 2, tokens=16), size), gemma_frame, 8, 4),  # 16×16 patches pooled 4×4
+        (gemma3_boxes(gemma, siglip_config(32, 2, tokens=16), size, patches=True), gemma_frame, 2, 16),
+    ):
+        x, y = (boxes.boxes[:, 0] + boxes.boxes[:, 2]) / 2, (boxes.boxes[:, 1] + boxes.boxes[:, 3]) / 2
+        centres = torch.stack([x, y], 1)
+        seen = box_centres_seen(pixels, cell, side, side)
+        inside = ((centres > 3) & (centres < torch.tensor([size[1], size[0]]) - 3)).all(1)
+        assert inside.sum() >= 4
+        assert torch.allclose(seen[inside], centres[inside] - 0.5, atol=0.75)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vitrim.cli.common import SEED, Bounded, add_threads_argument, check_output_file, check_output_folder
 from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
-from vitrim.cli.vlm_user import add_user_model_arguments, demo_mode, run_user_ask
+from vitrim.cli.vlm_user import InOrder, add_user_model_arguments, demo_mode, methods_given, run_user_ask
 from vitrim.extras import require
 
 # the demo scores 200 held-out canvases (vitrim.vlm_demo.demo.FULL): --canvas picks one of them
@@ -101,8 +101,16 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", default=None, help="a `vitrim demo vlm` run folder (default: the shipped model)")
-    p.add_argument("--method", default=None, help="a method of vitrim.vlm that trims the image tokens")
-    p.add_argument("--keep", default="0.25", help="image tokens kept: a count (16) or a fraction (0.25; default)")
+    p.add_argument(
+        "--method",
+        action=InOrder,
+        default=None,
+        help="a method of vitrim.vlm that trims the image tokens (with --model: twice for a stack of two stages, each "
+        "followed by its own --keep / --set)",
+    )
+    p.add_argument(
+        "--keep", action=InOrder, default="0.25", help="image tokens kept: a count (16) or a fraction (0.25; default)"
+    )
 
 
 def _register_ask(commands: argparse._SubParsersAction) -> None:
@@ -189,6 +197,8 @@ def _run_viz(args: argparse.Namespace) -> int:
     if args.save_canvas:
         save_canvas(canvas, Path(args.save_canvas))
         print(f"wrote {args.save_canvas}")
+    if len(methods_given(args)) > 1:
+        raise ValueError("vitrim viz vlm draws one --method at a time (a stack goes with vitrim vlm ask --model)")
     model = load_demo_model(args.run)
     methods = [args.method] if args.method else available_methods()
     if not methods:

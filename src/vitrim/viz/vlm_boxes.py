@@ -12,7 +12,14 @@ back through what the processor did, an affine map per axis:
   picture resized into the best pinpoint resolution, centred with padding, cut into square tiles in raster order);
   the newline tokens have no box;
 * Qwen2-VL / 2.5-VL / 3-VL: the picture resized to ``image_grid_thw · patch`` (smart_resize), one token per
-  ``merge × merge`` patches in raster order.
+  ``merge × merge`` patches in raster order;
+* PaliGemma (``SiglipImageProcessor``): the picture resized to the processor's ``height × width`` (no crop, the
+  aspect ratio not kept), one token per patch;
+* Gemma 3 (``Gemma3ImageProcessor``): the same resize; the projector average-pools the p×p patch grid to the
+  t×t tokens (``mm_tokens_per_image`` = t², 16×16 in the real checkpoints, each token a k×k cell of patches,
+  k = p / t), so a token's box is its cell. A tower method's selection counts the tower's patches, not the pooled
+  tokens (``vitrim.vlm.stages.tower``): with ``patches=True`` the boxes are the p×p patches'. Pan-and-scan crops
+  (``do_pan_and_scan``) are refused: each crop is an image of its own and the boxes would have to follow them.
 
 A box is ``(x0, y0, x1, y1)`` in original pixels (x right, y down, edges between pixels), clipped to the picture;
 a token with no place in it (a newline, [CLS], a patch wholly in padding) has NaNs.
@@ -214,20 +221,64 @@ def qwen_boxes(config: Any, grid_thw: Tensor, size: tuple[int, int]) -> TokenBox
     return TokenBoxes(boxes, torch.zeros(len(boxes), dtype=torch.long), ("image",), ((rows, cols),), size)
 
 
+# -- PaliGemma, Gemma 3 ----------------------------------------------------------------------------------------------
+
+
+def resized_grid_boxes(
+    image_processor: Any, patch: int, cells: int | None, size: tuple[int, int], view: str
+) -> TokenBoxes:
+    """A picture of ``size`` (H, W) resized to the processor's ``height × width`` (no crop, no padding) and cut
+    into ``patch``-pixel patches; ``cells``: tokens per side when the patches are pooled into a ``cells × cells``
+    grid (Gemma 3's projector), None for one token per patch."""
+    height, width = size
+    do_resize = getattr(image_processor, "do_resize", True)
+    r_h, r_w = resized_size(height, width, image_processor.size) if do_resize else (height, width)
+    if r_h % patch or r_w % patch:
+        raise ValueError(f"the processed image {r_h}x{r_w} is not a whole number of {patch}-pixel patches")
+    rows, cols = r_h // patch, r_w // patch
+    cell = float(patch)
+    if cells is not None:
+        if rows != cols or rows % cells:
+            raise ValueError(f"a {rows}x{cols} patch grid does not pool evenly to {cells}x{cells} tokens")
+        cell, rows, cols = float(r_h // cells), cells, cells
+    boxes = grid_boxes(rows, cols, cell, Affine(width / r_w, 0.0), Affine(height / r_h, 0.0), size)
+    return TokenBoxes(boxes, torch.zeros(len(boxes), dtype=torch.long), (view,), ((rows, cols),), size)
+
+
+def paligemma_boxes(image_processor: Any, config: Any, size: tuple[int, int]) -> TokenBoxes:
+    """PaliGemma's tokens (one per SigLIP patch) on a picture of ``size`` (H, W)."""
+    return resized_grid_boxes(image_processor, int(config.vision_config.patch_size), None, size, "image")
+
+
+def gemma3_boxes(image_processor: Any, config: Any, size: tuple[int, int], patches: bool = False) -> TokenBoxes:
+    """Gemma 3's pooled tokens (``patches=True``: the tower's patches) on a picture of ``size`` (H, W)."""
+    patch = int(config.vision_config.patch_size)
+    if patches:
+        return resized_grid_boxes(image_processor, patch, None, size, "patches")
+    tokens = int(config.mm_tokens_per_image)
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise ValueError(f"mm_tokens_per_image={tokens} is not a square grid of pooled tokens")
+    return resized_grid_boxes(image_processor, patch, side, size, "image")
+
+
 # -- any family ------------------------------------------------------------------------------------------------------
 
 
 def vlm_token_boxes(
-    model: nn.Module, processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]]
+    model: nn.Module, processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
 ) -> list[TokenBoxes]:
     """Per picture of ``inputs`` (what ``processor`` made of pictures of ``sizes``, each (H, W)), its tokens' boxes.
 
     model: the transformers VLM (its family and config); processor: its processor (the image processor's resize,
-    crop and pinpoints); inputs: the processor's output (``image_grid_thw`` for Qwen, ``image_sizes`` for LLaVA-NeXT).
+    crop and pinpoints); inputs: the processor's output (``image_grid_thw`` for Qwen, ``image_sizes`` for LLaVA-NeXT);
+    stage: the stage whose selection the boxes are for (Gemma 3's tower selects patches: their boxes then).
     """
     from vitrim.vlm.families import find_family
+    from vitrim.vlm.families.gemma3 import Gemma3Adapter
     from vitrim.vlm.families.llava import LlavaAdapter
     from vitrim.vlm.families.llava_next import LlavaNextAdapter
+    from vitrim.vlm.families.paligemma import PaliGemmaAdapter
     from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 
     family = find_family(model)
@@ -241,6 +292,18 @@ def vlm_token_boxes(
     if isinstance(family, Qwen2VLAdapter):
         grids = torch.as_tensor(inputs["image_grid_thw"])
         return [qwen_boxes(config, g, s) for g, s in zip(grids, sizes, strict=True)]
+    if isinstance(family, Gemma3Adapter | PaliGemmaAdapter):
+        images = len(inputs["pixel_values"])
+        if images != len(sizes):
+            raise ValueError(
+                f"the processor made {images} images of {len(sizes)} picture(s): Gemma 3's pan-and-scan cut them into "
+                "crops, each an image of its own, which vitrim does not map back to the picture; load the processor "
+                "with do_pan_and_scan=False"
+            )
+        if isinstance(family, PaliGemmaAdapter):
+            return [paligemma_boxes(image_processor, config, s) for s in sizes]
+        return [gemma3_boxes(image_processor, config, s, patches=stage == "tower") for s in sizes]
     raise TypeError(
-        f"vitrim.viz maps image tokens to pixels for LLaVA-1.5, LLaVA-NeXT and Qwen-VL; not for {type(model).__name__}"
+        "vitrim.viz maps image tokens to pixels for LLaVA-1.5, LLaVA-NeXT, Qwen-VL, Gemma 3 and PaliGemma; not for "
+        f"{type(model).__name__}"
     )

@@ -1,4 +1,4 @@
-"""``apply`` / ``remove`` / ``last_selection``: validate everything, find the family, install one stage, undo it.
+"""``apply`` / ``remove`` / ``last_selection``: validate everything, find the family, install the stages, undo them.
 
 Everything that can be known without running the model is checked before anything is installed (the method and
 its options, ``keep`` against the image's token count where the config fixes it, ``layer`` by the in-LLM stage),
@@ -14,22 +14,30 @@ from typing import Any, Literal, TypeVar, overload
 from torch import Tensor, nn
 
 from vitrim.extras import require
-from vitrim.vlm.families import FamilyAdapter, families_taking, find_family
-from vitrim.vlm.keep import KeepSpec, parse_keep
-from vitrim.vlm.method.base import Installation, Method, StageOptions, method_class
-from vitrim.vlm.stages import in_llm, pre_llm, tower
+from vitrim.vlm.families import families_taking, find_family
+from vitrim.vlm.method.base import Installation, Method, method_class
+from vitrim.vlm.stacking import STAGE_ORDER, STAGE_WORDS, Plan, Stack, refusal, stage_options
 
 STATE_ATTRIBUTE = "_vitrim_vlm"
-STAGE_WORDS = {"pre_llm": "pre-LLM", "in_llm": "in-LLM", "tower": "tower"}
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
 @dataclass
 class Applied:
-    """What :func:`apply` left on a model: the method and its installation."""
+    """What :func:`apply` left on a model: per stage the method as asked for (``plans``, stage order) and the
+    installed stack. ``method`` / ``installation``: the method applied alone and what its stage installed (the last
+    stage's, for a stack)."""
 
-    method: Method
-    installation: Installation
+    plans: dict[str, Plan]
+    stack: Stack
+
+    @property
+    def method(self) -> Method:
+        return self.plans[self.stack.last_stage()].method
+
+    @property
+    def installation(self) -> Installation:
+        return self.stack.parts[self.stack.last_stage()]
 
 
 def apply(model: ModelT, method: str, **options: Any) -> ModelT:
@@ -39,6 +47,12 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     ``layer=`` (in-LLM methods), and the method's own options under its authors' names (``vitrim.vlm.methods()``
     lists the methods; each method's docstring its options and defaults). After ``apply`` the caller's
     ``model(**inputs)`` and ``model.generate(**inputs, ...)`` run unchanged; ``remove(model)`` restores the model.
+
+    Methods of different stages stack: a second ``apply`` of another stage's method adds it, and the stack runs in
+    the model's order, tower → pre-LLM → in-LLM, whatever the order of the calls; each stage's ``keep=`` counts the
+    tokens the stage before it handed on (:mod:`vitrim.vlm.stacking`: what composes, what is refused and why). A
+    second method of the same stage is refused. Every check runs before anything changes: an error leaves the
+    model (and what was applied to it) as it was.
     """
     require("transformers", feature="vitrim.vlm")
     cls = method_class(method)
@@ -53,52 +67,68 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
             f"stage(s) {', '.join(map(repr, stages))} only ({STAGE_WORDS[cls.stage]} method {method!r} runs on "
             f"{titles}; {type(model).__name__} is not handled there)"
         )
-    if hasattr(model, STATE_ATTRIBUTE):
-        applied = getattr(model, STATE_ATTRIBUTE)
+    applied = getattr(model, STATE_ATTRIBUTE, None)
+    plans = dict(applied.plans) if isinstance(applied, Applied) else {}
+    if cls.stage in plans:
         raise ValueError(
-            f"model already has vlm method {applied.method.name!r} applied; call vitrim.vlm.remove(model) first"
+            f"model already has {STAGE_WORDS[cls.stage]} method {plans[cls.stage].method.name!r} applied; one "
+            "method per stage (tower → pre-LLM → in-LLM stack): call vitrim.vlm.remove(model) first"
         )
-    keep = _keep(instance, generic.get("keep"), family)
     layer = generic.get("layer")
     if layer is not None and cls.stage != "in_llm":
         raise ValueError(f"layer={layer!r} is for in-LLM methods; {method!r} cuts at stage {cls.stage!r}")
-    if cls.stage == "pre_llm":
-        if keep is None:
-            raise ValueError(f"vlm method {method!r} needs keep= (image tokens per image, or a fraction in (0, 1])")
-        installation: Installation = pre_llm.install(family, instance, keep)
-    elif cls.stage == "in_llm":
-        installation = in_llm.install(family, instance, StageOptions(keep=keep, layer=layer))
+    plans[cls.stage] = Plan(instance, generic.get("keep"), layer)
+    plans = {stage: plans[stage] for stage in STAGE_ORDER if stage in plans}
+    why = refusal(family, plans)
+    if why is not None:
+        raise ValueError(f"these methods do not stack: {why}")
+    checked = stage_options(family, plans)
+    if isinstance(applied, Applied):  # the stack is installed anew in the model's order
+        applied.stack.remove()
+        try:
+            stack = Stack(family, plans, checked)
+        except BaseException:
+            applied.stack = Stack(family, applied.plans, stage_options(family, applied.plans))
+            raise
     else:
-        installation = tower.install(family, instance, StageOptions(keep=keep, layer=layer))
-    setattr(model, STATE_ATTRIBUTE, Applied(instance, installation))
+        stack = Stack(family, plans, checked)
+    setattr(model, STATE_ATTRIBUTE, Applied(plans, stack))
     return model
 
 
 def remove(model: nn.Module) -> None:
-    """Undo :func:`apply`: every hook and attribute it set is removed; ``ValueError`` when none was applied."""
+    """Undo :func:`apply` (every method of a stack): every hook and attribute it set is removed; ``ValueError`` when
+    none was applied."""
     applied = _applied(model)
-    applied.installation.remove()
+    applied.stack.remove()
     delattr(model, STATE_ATTRIBUTE)
 
 
 @overload
-def last_selection(model: nn.Module, groups: Literal[False] = False) -> list[Tensor]: ...
+def last_selection(model: nn.Module, groups: Literal[False] = False, *, stage: str | None = None) -> list[Tensor]: ...
 
 
 @overload
-def last_selection(model: nn.Module, groups: Literal[True]) -> list[list[Tensor]]: ...
+def last_selection(model: nn.Module, groups: Literal[True], *, stage: str | None = None) -> list[list[Tensor]]: ...
 
 
-def last_selection(model: nn.Module, groups: bool = False) -> list[Tensor] | list[list[Tensor]]:
+def last_selection(
+    model: nn.Module, groups: bool = False, *, stage: str | None = None
+) -> list[Tensor] | list[list[Tensor]]:
     """For the last prefill, per image (reading order of the batch): the sorted LongTensor of kept image-token
     indices, raster order of the image tokens the unmodified model would have produced.
 
     ``groups=True``: per image, a list with one LongTensor per token entering the LLM, the image-token indices it
     stands for (one for a kept token, several for a merged one). After a forward without images: ``[]`` (that
     prefill had no image to select from); ``ValueError`` before any forward.
+
+    ``stage``: with methods of several stages stacked, what is left after that stage ("tower", "pre_llm",
+    "in_llm"); default the last applied stage's, i.e. the tokens that go furthest. Per stage: tower, the tower's
+    patches that reach its feature layer; pre-LLM, the image tokens entering the LLM; in-LLM, those through the
+    LLM's last layer, each grouped with what it stood for on entering the LLM (:meth:`Stack.selection`).
     """
     applied = _applied(model)
-    selection = applied.installation.selection()
+    selection = applied.stack.selection(stage)
     if selection is None:
         raise ValueError(f"vlm method {applied.method.name!r} has seen no prefill yet: run the model first")
     if groups:
@@ -111,24 +141,3 @@ def _applied(model: nn.Module) -> Applied:
     if not isinstance(applied, Applied):
         raise ValueError(f"no vlm method is applied to this {type(model).__name__}; call vitrim.vlm.apply first")
     return applied
-
-
-def _keep(method: Method, keep: object, family: FamilyAdapter) -> KeepSpec | None:
-    if keep is None:
-        default = method.default_keep()
-        if default is None:
-            return None
-        keep = default
-    num_tokens = _tokens_per_image(method, family)
-    spec = parse_keep(keep, num_tokens)
-    if num_tokens is not None:
-        method.check_keep(spec.tokens(num_tokens))
-    return spec
-
-
-def _tokens_per_image(method: Method, family: FamilyAdapter) -> int | None:
-    """What ``keep=`` counts: the family's image tokens, except in the tower (its patches per image, on Gemma 3 more
-    than the image tokens its projector pools them to)."""
-    if method.stage == "tower":
-        return tower.keep_counts_per_image(family, method)
-    return family.tokens_per_image()

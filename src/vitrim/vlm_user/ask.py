@@ -30,7 +30,7 @@ class Answer:
     (the LLM tokens standing for the image; in-LLM: from its layer on); groups: per image, one LongTensor per such
     token (``last_selection(model, groups=True)``), None without a method; kept: per image, the kept indices
     (``last_selection(model)``); boxes: per image, where each token is in the picture; inputs: what the processor
-    made (input_ids, pixel_values, …).
+    made (input_ids, pixel_values, …); stack: per method applied (stage order), its name, stage and options.
     """
 
     text: str
@@ -45,6 +45,7 @@ class Answer:
     boxes: list[TokenBoxes]
     inputs: dict[str, Any] = field(repr=False)
     family: str = ""
+    stack: list[dict[str, Any]] = field(default_factory=list)
 
     def records(self) -> dict[str, Any]:
         """The selection as JSON-ready data: per image its kept indices, groups, token grid and boxes."""
@@ -73,6 +74,7 @@ class Answer:
             "method": self.method,
             "stage": self.stage,
             "options": _jsonable(self.options),
+            "stack": self.stack,
             "answer": self.text,
             "images": images,
         }
@@ -107,16 +109,23 @@ def ask(
     processor: Any,
     image: Any,
     question: str,
-    method: str | None = None,
+    method: str | list[tuple[str, dict[str, Any]]] | None = None,
     max_new_tokens: int = 32,
     **options: Any,
 ) -> Answer:
     """Answer ``question`` about ``image`` (a PIL image) greedily, with ``method`` applied (``options``: ``keep=``
-    and the method's own, as :func:`vitrim.vlm.apply` takes them); the model is left as it was."""
+    and the method's own, as :func:`vitrim.vlm.apply` takes them); the model is left as it was.
+
+    ``method`` may be a stack: a list of ``(name, options)``, one method per stage (``vitrim.vlm.stacking``), e.g.
+    ``[("visionzip", {"keep": 8}), ("fastv", {"keep": 0.5, "layer": 1})]``; ``options`` must then be empty. The
+    answer's ``method`` names them joined by "+", its ``stage`` and ``options`` are the last stage's, and what it
+    selected is what goes furthest (``last_selection``'s default)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    from vitrim.vlm.api import STATE_ATTRIBUTE
     from vitrim.vlm.families import find_family
 
+    stack = _as_stack(method, options)
     family = find_family(model)
     device = next(model.parameters()).device
     inputs = {
@@ -124,38 +133,67 @@ def ask(
     }
     image_token = family.image_token_id()
     total = [int((inputs["input_ids"] == image_token).sum())]
-    stage = None if method is None else vitrim.vlm.method_info(method).stage
-    if method is not None:
-        vitrim.vlm.apply(model, method, **options)
+    for number, (name, named) in enumerate(stack):
+        try:
+            vitrim.vlm.apply(model, name, **named)
+        except BaseException:
+            if number:
+                vitrim.vlm.remove(model)
+            raise
     try:
         with torch.inference_mode():
             generate: Any = model.generate
             out = generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        groups, kept = None, None
-        if method is not None:
+        groups, kept, entered = None, None, total
+        if stack:
             selection = vitrim.vlm.last_selection(model, groups=True)
             groups = [list(image_groups) for image_groups in selection]
             kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+            handoff = getattr(model, STATE_ATTRIBUTE).stack.handoff  # the pre-LLM stage shortening the LLM input
+            entered = total if handoff is None else [len(image.kept) for image in handoff.selection()]
     finally:
-        if method is not None:
+        if stack:
             vitrim.vlm.remove(model)
     text = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()
     size = (image.height, image.width)
-    boxes = vlm_token_boxes(model, processor, inputs, [size])
+    stages = [vitrim.vlm.method_info(name).stage for name, _ in stack]
+    boxes = vlm_token_boxes(model, processor, inputs, [size], stage=stages[-1] if stages else None)
     return Answer(
         text=text,
-        method=method,
-        stage=stage,
-        options=dict(options),
+        method="+".join(name for name, _ in stack) or None,
+        stage=stages[-1] if stages else None,
+        options=dict(stack[-1][1]) if stack else {},
         total=total,
-        entered=total if groups is None or stage == "in_llm" else [len(g) for g in groups],
+        entered=entered,
         selected=total if groups is None else [len(g) for g in groups],
         groups=groups,
         kept=kept,
         boxes=boxes,
         inputs=inputs,
         family=family.traits.title,
+        stack=[
+            {"method": name, "stage": stage, "options": _jsonable(named)}
+            for (name, named), stage in zip(stack, stages, strict=True)
+        ],
     )
+
+
+def _as_stack(
+    method: str | list[tuple[str, dict[str, Any]]] | None, options: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """``method`` (a name, a list of (name, options), or None) as a list of (name, options)."""
+    if method is None:
+        if options:
+            raise ValueError(f"options {sorted(options)} need a method")
+        return []
+    if isinstance(method, str):
+        return [(method, dict(options))]
+    if options:
+        raise ValueError("with a stack of methods, give each its options in the list: [(name, {options}), ...]")
+    stack = [(name, dict(named)) for name, named in method]
+    if not stack:
+        raise ValueError("method=[] names no method; give None for the unmodified model")
+    return stack
 
 
 def save_answer(answer: Answer, image: Any, folder: Path, title: str = "") -> list[Path]:

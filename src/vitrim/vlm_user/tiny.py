@@ -8,7 +8,9 @@ weights are random: the answers are random words.
 
 LLaVA-1.5: a CLIP tower on 16-px crops of 4-px patches (a 4×4 grid, 16 tokens); the processor resizes the shortest
 edge to 16 and centre-crops 16×16 (LLaVA-1.5's recipe at 1/21 the size). Qwen2.5-VL: 2-px patches merged 2×2 (one
-token per 4×4 px of the smart-resized picture), between 64 and 64·64 pixels.
+token per 4×4 px of the smart-resized picture), between 64 and 64·64 pixels. Gemma 3: 32-px images of 2-px
+patches, a 16×16 patch grid pooled 4×4 to 16 tokens (the real checkpoints' pooling, at 1/28 the size), pan-and-scan
+off as in the hub's configs. PaliGemma: 16-px images of 4-px patches, one token per patch (16).
 
 The same builders make the folders vitrim's vLLM tests and benchmark serve (``tests/tiny_vlms/folders.py``): other
 sizes (``vision=``, ``text=``, ``options=``: merged into the configs' arguments), a chat template whose message
@@ -64,6 +66,14 @@ def _spread(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.2)
+
+
+def _save_model(model_class: Any, config: Any, path: Path, seed: int) -> None:
+    """``model_class(config)`` drawn from ``seed``, spread (:func:`_spread`) and saved at ``path``."""
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    _spread(model, seed)
+    model.save_pretrained(path)
 
 
 Weights = Literal["transformers", "hub"]
@@ -231,10 +241,7 @@ def save_llava_next(path: Path, seed: int = 0) -> Path:
         vision_feature_select_strategy="default",
         image_grid_pinpoints=pinpoints,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    model = transformers.LlavaNextForConditionalGeneration(config).eval()
-    _spread(model, seed)
-    model.save_pretrained(path)
+    _save_model(transformers.LlavaNextForConditionalGeneration, config, path, seed)
     tokenizer = word_tokenizer(
         LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
     )
@@ -256,7 +263,85 @@ def save_llava_next(path: Path, seed: int = 0) -> Path:
     return path
 
 
-TINY = {"llava": save_llava, "llava_next": save_llava_next, "qwen2_5_vl": save_qwen2_5_vl}
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GEMMA_IMAGE = {"boi": 4, "eoi": 5, "image": 6}  # the ids of the specials above
+GEMMA3_SIZE, GEMMA3_PATCH, GEMMA3_TOKENS = 32, 2, 16
+GEMMA3_TEMPLATE = (
+    "{% for message in messages %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<start_of_image> {% else %}{{ part['text'] }} {% endif %}{% endfor %}"
+    "{% endfor %}"
+)
+PALIGEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<image>", "<unk>"]  # ids 0 … 4
+PALIGEMMA_SIZE, PALIGEMMA_PATCH = 16, 4
+GEMMA_TEXT: dict[str, Any] = dict(
+    vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+)  # fmt: skip
+
+
+def save_gemma3(path: Path, seed: int = 0) -> Path:
+    """A tiny Gemma 3 (``Gemma3ForConditionalGeneration``: SigLIP pooled 4×4, a 2-layer LLM) and its processor."""
+    import transformers
+
+    config = transformers.Gemma3Config(
+        vision_config=dict(
+            model_type="siglip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=4, image_size=GEMMA3_SIZE, patch_size=GEMMA3_PATCH, vision_use_head=False,
+        ),
+        text_config=dict(
+            model_type="gemma3_text", **GEMMA_TEXT, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        mm_tokens_per_image=GEMMA3_TOKENS, image_token_index=GEMMA_IMAGE["image"], boi_token_index=GEMMA_IMAGE["boi"],
+        eoi_token_index=GEMMA_IMAGE["eoi"],
+    )  # fmt: skip
+    _save_model(transformers.Gemma3ForConditionalGeneration, config, path, seed)
+    tokenizer = word_tokenizer(
+        GEMMA_SPECIALS, 99, GEMMA3_TEMPLATE, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+        boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>",
+    )  # fmt: skip
+    image_processor = transformers.Gemma3ImageProcessor(
+        size={"height": GEMMA3_SIZE, "width": GEMMA3_SIZE}, do_pan_and_scan=False
+    )
+    processor = transformers.Gemma3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=GEMMA3_TEMPLATE,
+        image_seq_length=GEMMA3_TOKENS,
+    )  # fmt: skip
+    processor.save_pretrained(path)
+    return path
+
+
+def save_paligemma(path: Path, seed: int = 0) -> Path:
+    """A tiny PaliGemma (``PaliGemmaForConditionalGeneration``: SigLIP, a 2-layer Gemma) and its processor."""
+    import transformers
+
+    config = transformers.PaliGemmaConfig(
+        vision_config=dict(
+            model_type="siglip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=3,
+            num_attention_heads=4, image_size=PALIGEMMA_SIZE, patch_size=PALIGEMMA_PATCH, vision_use_head=False,
+        ),
+        text_config=dict(model_type="gemma", **GEMMA_TEXT),
+        image_token_index=3, projection_dim=32, hidden_size=32, vocab_size=99,
+    )  # fmt: skip
+    _save_model(transformers.PaliGemmaForConditionalGeneration, config, path, seed)
+    tokenizer = word_tokenizer(
+        PALIGEMMA_SPECIALS, 99, "", pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", image_token="<image>"
+    )
+    tokenizer.chat_template = None  # PaliGemma's processor takes the prompt as it is (the image tokens first)
+    image_processor = transformers.SiglipImageProcessor(size={"height": PALIGEMMA_SIZE, "width": PALIGEMMA_SIZE})
+    image_processor.image_seq_length = (PALIGEMMA_SIZE // PALIGEMMA_PATCH) ** 2  # type: ignore[attr-defined]
+    processor = transformers.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    processor.save_pretrained(path)
+    return path
+
+
+TINY = {
+    "llava": save_llava,
+    "llava_next": save_llava_next,
+    "qwen2_5_vl": save_qwen2_5_vl,
+    "gemma3": save_gemma3,
+    "paligemma": save_paligemma,
+}
 
 
 def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0) -> Path:

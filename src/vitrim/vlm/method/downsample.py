@@ -76,6 +76,8 @@ def downsample_select(features: Tensor, grid: tuple[int, int], keep: int) -> Ima
 class Downsample(Method):
     """Pool the token grid to ``keep`` cell means (no options of its own; ``keep=`` sets the count)."""
 
+    reads_grid = True
+
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         grid = evidence.token_grid()
         return [downsample_select(features, grid, keep) for features in evidence.features]

@@ -484,8 +484,18 @@ class InLLMInstallation:
         return [ImageSelection.unmerged(tokens) for tokens in kept]
 
 
-def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InLLMInstallation:
-    """Install the in-LLM ``method`` on ``family``'s language model; every check runs before the first hook."""
+def install(
+    family: FamilyAdapter,
+    method: Method,
+    options: StageOptions,
+    watch: Callable[[Callable[[ImageSpans], None]], Callable[[], None]] | None = None,
+) -> InLLMInstallation:
+    """Install the in-LLM ``method`` on ``family``'s language model; every check runs before the first hook.
+
+    ``watch``: where the drop learns each prefill's image positions (default: the family's own watch of the
+    unmodified input, :meth:`FamilyAdapter.watch_spans`); after a stage that shortened the LLM input, that stage's
+    :meth:`~vitrim.vlm.stages.pre_llm.PreLLMStage.follow` (the positions of the tokens that reached the LLM).
+    Install it after that stage: its hooks must see the shortened input."""
     make_policy = getattr(method, "drop_policy", None)
     if make_policy is None:
         raise ValueError(f"vlm method {method.name!r} has no in-LLM drop policy")
@@ -493,5 +503,6 @@ def install(family: FamilyAdapter, method: Method, options: StageOptions) -> InL
     drop = InLLMDrop(family.language_model, make_policy(options), padding_from=padding)
     # the watch of the prefills, and what follows the kept tokens where the LLM adds rows at image positions between
     # layers (Qwen3-VL's DeepStack)
-    undo = [family.watch_spans(drop.on_prefill), family.follow_in_llm_slots(drop.slots_now)]
+    watch = family.watch_spans if watch is None else watch
+    undo = [watch(drop.on_prefill), family.follow_in_llm_slots(drop.slots_now)]
     return InLLMInstallation(drop, undo)

@@ -137,6 +137,8 @@ class PreLLMStage:
         self.labels: Tensor | None = None  # the caller's labels= of the forward in flight (B, L)
         self.short_labels: Tensor | None = None  # those of the positions a shortened prefill kept (B, L')
         self.loss_options: dict[str, Any] = {}
+        self.followers: list[Callable[[ImageSpans], None]] = []  # later stages watching the LLM's input (follow)
+        self.order: list[int] = []  # the last prefill's images in the LLM input: the encoded image each one shows
         handles = [
             family.inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
             family.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
@@ -238,13 +240,14 @@ class PreLLMStage:
             )
         selections, counts = self.family.image_tokens(prefill, self.encoded)
         is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
-        order = repeated_images(counts, is_image.sum(1).tolist())
+        order = self.order = repeated_images(counts, is_image.sum(1).tolist())
         spans = spans_from_mask(is_image, [counts[i] for i in order])
         if self.method.reads_instruction() and not all(self.keep_of(n) == n for n in counts):
             selections = self.select_with_instruction(kwargs["inputs_embeds"], prefill, spans, order, counts)
         selections = keep_last_positions(selections, spans, order, prefill.attention_mask)
         self.reported = selections
         if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
+            self._tell_followers(spans)
             return None  # every token stays: the model runs unmodified
         kept = columns_to_keep(spans, [selections[i] for i in order], max(counts))  # (B, L) bool
         short = plan_short_sequence(kept, prefill.attention_mask)
@@ -260,7 +263,20 @@ class PreLLMStage:
             kwargs["attention_mask"] = prefill_llm_mask(short, module.config, embeds.dtype)
         self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
         self.shortened_now = True
+        self._tell_followers(short_spans(spans, short))
         return args, kwargs
+
+    def follow(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        """Call ``on_prefill(spans)`` at every prefill with images, with the image positions of the LLM input as this
+        stage hands it on (after shortening: the kept tokens only, ``token_of`` still the unmodified model's raster
+        indices). A stage inside the LLM stacked after this one watches its prefills here rather than at
+        ``model.model`` (``vitrim.vlm.stacking``); returns the undo."""
+        self.followers.append(on_prefill)
+        return lambda: self.followers.remove(on_prefill) if on_prefill in self.followers else None
+
+    def _tell_followers(self, spans: ImageSpans) -> None:
+        for on_prefill in self.followers:
+            on_prefill(spans)
 
     def select_with_instruction(
         self, embeds: Tensor, prefill: Prefill, spans: ImageSpans, order: list[int], counts: list[int]
@@ -353,6 +369,14 @@ def keep_last_positions(
             kept=selection.kept.new_tensor(ordered), groups=tuple(groups[k] for k in ordered)
         )  # merged features were written by the family already; the added token keeps its own
     return selections
+
+
+def short_spans(spans: ImageSpans, short: ShortSequence) -> ImageSpans:
+    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image."""
+    is_image = spans.is_image.gather(1, short.columns) & short.real
+    image_of = torch.where(is_image, spans.image_of.gather(1, short.columns), -1)
+    token_of = torch.where(is_image, spans.token_of.gather(1, short.columns), -1)
+    return ImageSpans(is_image, image_of, token_of)
 
 
 def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:

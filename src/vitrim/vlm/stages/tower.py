@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from vitrim.attention import AttentionResult
@@ -61,7 +62,7 @@ from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.families.seams import refuse_meta_inputs
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import ImageSelection, Method, StageOptions
+from vitrim.vlm.method.base import ImageSelection, Method, StageOptions, VisionEvidence
 from vitrim.vlm.method.tower_reducers import TowerMethod, build_reducers
 from vitrim.vlm.stages import pre_llm
 
@@ -270,8 +271,14 @@ def keep_counts_per_image(family: Any, method: Method) -> int:
     return tower_plan(family, method.name).patches
 
 
-def install(family: Any, method: Method, options: StageOptions) -> TowerReduction | TowerThenLLM:
-    """Put ``method``'s reducer on the family's tower and the hand-on to the LLM on its projector (module doc)."""
+def install(
+    family: Any, method: Method, options: StageOptions, then: Method | None = None, then_keep: KeepSpec | None = None
+) -> TowerReduction | TowerThenLLM:
+    """Put ``method``'s reducer on the family's tower and the hand-on to the LLM on its projector (module doc).
+
+    ``then``: a pre-LLM method stacked after the tower (``vitrim.vlm.stacking``), keeping ``then_keep``: with the
+    tokens back on the grid it selects among the image tokens the reduced tower makes (every slot filled); else
+    among the tower's tokens (``then_keep`` counts those), through the one pre-LLM stage that drops the rest."""
     if not isinstance(method, TowerMethod):
         raise TypeError(f"vlm method {method.name!r} is not a tower method")
     model = family.model
@@ -308,10 +315,16 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
     # the reducers rank and merge by values: a meta-device image is refused naming it, before the tower runs
     refuse_meta = lambda module, args, kwargs: refuse_meta_inputs(args, kwargs, positional=("pixel_values",))  # noqa: E731
     reduction._handles.append(model.model.vision_tower.register_forward_pre_hook(refuse_meta, with_kwargs=True))
-    if to_grid:
+    if to_grid and then is None:
         return reduction
     try:
-        handoff = pre_llm.install(family, TowerSelection(reduction), options.keep or KeepSpec(fraction=1.0))
+        if to_grid:
+            assert then is not None and then_keep is not None
+            handoff = pre_llm.install(family, then, then_keep)
+        else:
+            handoff = pre_llm.install(
+                family, TowerSelection(reduction, then, then_keep), options.keep or KeepSpec(fraction=1.0)
+            )
     except BaseException:
         reduction.remove()
         raise
@@ -319,27 +332,59 @@ def install(family: Any, method: Method, options: StageOptions) -> TowerReductio
 
 
 class TowerSelection(Method):
-    """Hands the tower's selection to the pre-LLM stage, which drops the slots no tower token fills."""
+    """Hands the tower's selection to the pre-LLM stage, which drops the slots no tower token fills.
+
+    ``then``: a pre-LLM method stacked after the tower: it selects ``then_keep`` of the tower's n tokens per image,
+    from the evidence restricted to the slots they fill (features, projected), and its selection is composed with
+    the tower's (kept: the slots it keeps; groups: the patches of the tower tokens it stands for)."""
 
     name = "tower"
     stage = "pre_llm"
     needs_cls_attention = False
     scores_projected = False
 
-    def __init__(self, reduction: TowerReduction) -> None:
+    def __init__(self, reduction: TowerReduction, then: Method | None = None, then_keep: KeepSpec | None = None):
         super().__init__()
-        self.reduction = reduction
+        self.reduction, self.then, self.then_keep = reduction, then, then_keep
+        if then is not None:  # the family's hooks capture what the stacked method reads
+            self.__dict__.update(needs_seeds=then.needs_seeds, scores_projected=then.scores_projected)
 
     def select(self, evidence: Any, keep: int) -> list[ImageSelection]:
         selection = self.reduction.selection()
         if selection is None:
             raise RuntimeError("the projector ran before the tower's feature layer in this forward pass")
-        return selection
+        if self.then is None:
+            return selection
+        assert self.then_keep is not None
+        rows = torch.stack([image.kept for image in selection]).to(evidence.features.device)  # (I, n) the filled slots
+        restricted = VisionEvidence(
+            features=_rows(evidence.features, rows),
+            seeds=evidence.seeds,
+            projected=None if evidence.projected is None else _rows(evidence.projected, rows),
+        )
+        chosen = self.then.select(restricted, self.then_keep.tokens(rows.shape[1]))
+        return [_compose(tower, picked) for tower, picked in zip(selection, chosen, strict=True)]
+
+
+def _rows(values: Tensor, rows: Tensor) -> Tensor:
+    """(I, P, D) at the (I, n) slots ``rows`` -> (I, n, D)."""
+    return values.gather(1, rows[..., None].expand(-1, -1, values.shape[-1]))
+
+
+def _compose(tower: ImageSelection, picked: ImageSelection) -> ImageSelection:
+    """A selection among the tower's tokens (``picked``: indices into ``tower.kept``) as one over the image's slots:
+    each picked token's slot, standing for the patches of every tower token in its group."""
+    index = picked.kept.to(tower.kept.device)
+    groups = tuple(
+        torch.cat([tower.groups[int(j)] for j in group]).sort().values for group in picked.groups
+    )  # a merged token of the pre-LLM method stands for every patch of the tower tokens it merged
+    return ImageSelection(kept=tower.kept[index], groups=groups, merged=picked.merged)
 
 
 @dataclass
 class TowerThenLLM:
-    """The tower's reduction and the pre-LLM plumbing that shortens the LLM input, as one installation."""
+    """The tower's reduction and the pre-LLM stage after it (the hand-on that shortens the LLM input, or a stacked
+    pre-LLM method on the refilled grid), as one installation."""
 
     reduction: TowerReduction
     handoff: Any
