@@ -85,3 +85,28 @@ def on_grid(tower: torch.nn.Module, tokens: torch.Tensor, patch_to_token: torch.
             if token >= 0:
                 grid[b, patch] = normed[b, token]
     return grid
+
+
+def clip_layers(tower: torch.nn.Module, images: torch.Tensor, cut=None) -> list[dict[str, torch.Tensor]]:
+    """transformers' CLIP tower re-run layer by layer on its own modules, every attention map formed in full: per
+    layer its ``weights`` (B, H, N, N) softmax map, ``values`` (B, H, N, hd) and ``output`` (B, N, C) after the MLP.
+    ``cut(index, output, weights, values)``, when given, returns the tokens the next layer runs on (a method that cuts
+    between layers, written in the test as its authors wrote it)."""
+    x = tower.pre_layrnorm(tower.embeddings(images))
+    trace = []
+    for index, layer in enumerate(tower.encoder.layers):
+        attention = layer.self_attn
+        B, N, C = x.shape
+        heads = attention.num_heads
+        h = layer.layer_norm1(x)
+        q, k, v = (
+            proj(h).view(B, N, heads, C // heads).transpose(1, 2)
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+        )
+        weights = (q @ k.transpose(-1, -2) * attention.scale).softmax(-1)
+        x = x + attention.out_proj((weights @ v).transpose(1, 2).reshape(B, N, C))
+        x = x + layer.mlp(layer.layer_norm2(x))
+        trace.append({"weights": weights, "values": v, "output": x})
+        if cut is not None:
+            x = cut(index, x, weights, v)
+    return trace
