@@ -20,7 +20,7 @@ import pytest
 import torch
 from pre_llm_reference import hiprune_reference
 from tiny_llava import GRID_TOKENS, batch, pixels, prompt, tiny_llava
-from tower_reference import clip_layers
+from tower_reference import tower_layers
 
 import vitrim.vlm
 
@@ -70,7 +70,7 @@ def tied(llava: torch.nn.Module, request: pytest.FixtureRequest):
 
 def authors_hiprune(tower: torch.nn.Module, images: torch.Tensor, keep: int, alpha: float, object_layer: int):
     """Kept patches per image and their feature rows (B, keep, C) of the full tower, as the authors' encode_images."""
-    trace = clip_layers(tower, images)
+    trace = tower_layers(tower, images)
     kept = hiprune_reference(trace[object_layer - 1]["weights"], trace[FEATURE]["weights"], keep, alpha, SIDE)
     features = trace[FEATURE]["output"][:, 1:]
     return kept, torch.stack([features[b, k] for b, k in enumerate(kept)])
@@ -116,7 +116,7 @@ def authors_flowcut(tower: torch.nn.Module, images: torch.Tensor, keep: int):
         counts.append(hidden.shape[1] - 1)
         return hidden
 
-    trace = clip_layers(tower, images, cut)
+    trace = tower_layers(tower, images, cut)
     return run["positions"].tolist(), trace[FEATURE]["output"][:, 1:], counts
 
 

@@ -87,12 +87,14 @@ def on_grid(tower: torch.nn.Module, tokens: torch.Tensor, patch_to_token: torch.
     return grid
 
 
-def clip_layers(tower: torch.nn.Module, images: torch.Tensor, cut=None) -> list[dict[str, torch.Tensor]]:
-    """transformers' CLIP tower re-run layer by layer on its own modules, every attention map formed in full: per
-    layer its ``weights`` (B, H, N, N) softmax map, ``values`` (B, H, N, hd) and ``output`` (B, N, C) after the MLP.
-    ``cut(index, output, weights, values)``, when given, returns the tokens the next layer runs on (a method that cuts
-    between layers, written in the test as its authors wrote it)."""
-    x = tower.pre_layrnorm(tower.embeddings(images))
+def tower_layers(tower: torch.nn.Module, images: torch.Tensor, cut=None) -> list[dict[str, torch.Tensor]]:
+    """transformers' CLIP or SigLIP tower re-run layer by layer on its own modules, every attention map formed in
+    full: per layer its ``weights`` (B, H, N, N) softmax map, ``values`` (B, H, N, hd) and ``output`` (B, N, C) after
+    the MLP (SigLIP's post-LayerNorm not applied). ``cut(index, output, weights, values)``, when given, returns the
+    tokens the next layer runs on (a method that cuts between layers, written in the test as its authors wrote it)."""
+    x = tower.embeddings(images)
+    if hasattr(tower, "pre_layrnorm"):  # CLIP
+        x = tower.pre_layrnorm(x)
     trace = []
     for index, layer in enumerate(tower.encoder.layers):
         attention = layer.self_attn
