@@ -243,10 +243,17 @@ def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
     assert torch.equal(state.positions, expected.positions)
 
 
-def test_a_family_the_tower_stage_does_not_handle_is_refused_at_apply() -> None:
-    from qwen_tiny import qwen2_vl
+@pytest.mark.parametrize(
+    ("builder", "name", "options"),
+    [("qwen2_vl", "tome", {"r": 2}), ("qwen3_vl", "hiprune", {"keep": 8}), ("qwen3_vl", "flowcut", {"keep": 8})],
+)
+def test_qwen_s_tower_is_refused_at_apply_with_the_reason(builder: str, name: str, options: dict) -> None:
+    """Qwen packs its images into one sequence and merges 2×2 patch groups (Qwen3-VL also at its DeepStack taps):
+    one line says so, and where the methods that do run on it are."""
+    import qwen_tiny
 
-    model = qwen2_vl()
-    with pytest.raises(TypeError, match=r"runs on LLaVA-1\.5 .*Qwen2VLForConditionalGeneration is not handled"):
-        vitrim.vlm.apply(model, "tome", r=2)
+    model = getattr(qwen_tiny, builder)()
+    with pytest.raises(TypeError, match=r"runs on LLaVA-1\.5 .*ConditionalGeneration is not handled there: its tower "
+                                        r"packs every image .*DeepStack mergers .*use a pre-LLM or in-LLM method"):
+        vitrim.vlm.apply(model, name, **options)
     assert not hasattr(model, "_vitrim_vlm")
