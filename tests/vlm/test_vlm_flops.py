@@ -204,7 +204,6 @@ def test_the_new_pre_llm_methods_count_their_own_products_by_hand() -> None:
     """LLaVA-1.5-7B at keep 64, 94 text tokens: n = 576 image tokens, tower width 1024 on 577 tokens, LLM width 4096."""
     n, d, tokens, e, k, text = 576, 1024, 577, 4096, 64, 94
     cls_row = d * d + tokens * d * d + tokens * d
-    received = 2 * tokens * d * d + tokens * tokens * d
     own = lambda method: prefill_cost(LLAVA_15_7B, method, k, text_tokens=text).method_own  # noqa: E731
     assert own("downsample") == 0
     assert own("scope") == cls_row + n * n * d
@@ -221,7 +220,7 @@ def test_the_tower_methods_count_their_tower_and_own_products_by_hand() -> None:
     [CLS]'s attention and value rows (577 × 1024 each) in blocks 0 … 21."""
     d, m, n, kept, k = 1024, 4096, 577, 65, 64
     block = lambda t: 4 * t * d * d + 2 * t * t * d + 2 * t * d * m  # noqa: E731
-    attention, mlp = (lambda t: 4 * t * d * d + 2 * t * t * d), (lambda t: 2 * t * d * m)  # noqa: E731
+    attention, mlp = (lambda t: 4 * t * d * d + 2 * t * t * d), (lambda t: 2 * t * d * m)
     embed = 576 * 3 * 14 * 14 * d
     hiprune = prefill_cost(LLAVA_15_7B, "hiprune", k)
     assert hiprune.tower == embed + 22 * block(n) + attention(n) + mlp(kept) + block(kept)

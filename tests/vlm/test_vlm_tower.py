@@ -17,6 +17,8 @@ from vitrim.vlm.method.base import method_class
 from vitrim.vlm.stages.tower import TowerMethod, TowerReduction, build_reducers, find_tower
 
 VISION_LAYERS = 5  # vision_feature_layer −2: blocks 0 … 3 reduce, as the reducers' 4-block example models do
+
+
 def _reducer(name: str) -> str:
     return method_class(name).reducer  # type: ignore[attr-defined,no-any-return]
 
@@ -253,7 +255,10 @@ def test_qwen_s_tower_is_refused_at_apply_with_the_reason(builder: str, name: st
     import qwen_tiny
 
     model = getattr(qwen_tiny, builder)()
-    with pytest.raises(TypeError, match=r"runs on LLaVA-1\.5 .*ConditionalGeneration is not handled there: its tower "
-                                        r"packs every image .*DeepStack mergers .*use a pre-LLM or in-LLM method"):
+    with pytest.raises(
+        TypeError,
+        match=r"runs on LLaVA-1\.5 .*ConditionalGeneration is not handled there: its tower "
+        r"packs every image .*DeepStack mergers .*use a pre-LLM or in-LLM method",
+    ):
         vitrim.vlm.apply(model, name, **options)
     assert not hasattr(model, "_vitrim_vlm")

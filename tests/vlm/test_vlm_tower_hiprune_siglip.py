@@ -8,9 +8,9 @@ in a padded batch of three each sample equals itself alone."""
 from __future__ import annotations
 
 import pytest
-import torch
 import tiny_gemma3
 import tiny_paligemma
+import torch
 from pre_llm_reference import hiprune_reference
 from tower_reference import fed_the_grid, tower_layers
 
@@ -56,7 +56,9 @@ def authors_grid(model, images: torch.Tensor, keep: int, alpha: float, object_la
     return kept, grid
 
 
-@pytest.mark.parametrize(("keep", "alpha", "object_layer"), [(10, 0.5, 1), pytest.param(10, 1.0, 2, marks=pytest.mark.full), (12, 0.5, 3)])
+@pytest.mark.parametrize(
+    ("keep", "alpha", "object_layer"), [(10, 0.5, 1), pytest.param(10, 1.0, 2, marks=pytest.mark.full), (12, 0.5, 3)]
+)
 def test_paligemma_keeps_the_authors_patches_and_feeds_them_on_the_grid(paligemma, keep, alpha, object_layer) -> None:
     _, inputs = paligemma_inputs("left")
     with torch.no_grad():

@@ -197,11 +197,12 @@ def bench_methods(s: VLMBenchSettings) -> list[str]:
 
 def method_options(name: str, s: VLMBenchSettings) -> dict[str, Any]:
     """Options a method needs on the scaled tower: hiprune's ``object_layer`` (9 of CLIP-L's 24) is at most the
-    feature block's layer when the scaled tower has fewer (its cost does not depend on which block it reads)."""
+    layer before the feature block's when the scaled tower has fewer, so that it reads two blocks' attention as on
+    the real tower (its cost does not depend on which two)."""
     if name != "hiprune":
         return {}
     depth = s.vision_layers - 1 if s.vision_layers >= 2 else s.vision_layers
-    return {"object_layer": min(method_class("hiprune").defaults["object_layer"], depth)}
+    return {"object_layer": min(method_class("hiprune").defaults["object_layer"], max(1, depth - 1))}
 
 
 def _runs_with_defaults(name: str) -> bool:

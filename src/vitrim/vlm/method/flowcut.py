@@ -180,9 +180,7 @@ def keep_ragged(state: TokenState, kept: list[Tensor]) -> TokenState:
     dest = torch.full((len(kept), state.num_patch_tokens), -1, dtype=torch.long, device=index.device)
     for image, k in enumerate(kept):
         dest[image, k] = torch.arange(len(k), device=index.device)
-    return state.replace(
-        tokens=tokens, positions=positions, sizes=sizes, patch_to_token=record_reduction(state, dest)
-    )
+    return state.replace(tokens=tokens, positions=positions, sizes=sizes, patch_to_token=record_reduction(state, dest))
 
 
 @register_method("flowcut", stage="tower")

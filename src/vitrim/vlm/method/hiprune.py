@@ -157,8 +157,10 @@ class HiPrune(TowerMethod):
                 f"1 … {plan.depth}"
             )
         run, deep, found = HiPruneRun(), plan.depth - 1, layer - 1
-        options = {"keep": keep, "alpha": float(self.options["alpha"]), "side": plan.side}
-        reducers: dict[int, Reducer] = {found: HiPruneLayer(run, probe=True, cut=found == deep, **options)}
+        alpha = float(self.options["alpha"])
+        reducers: dict[int, Reducer] = {
+            found: HiPruneLayer(run, probe=True, cut=found == deep, keep=keep, alpha=alpha, side=plan.side)
+        }
         if found != deep:
-            reducers[deep] = HiPruneLayer(run, probe=False, cut=True, **options)
+            reducers[deep] = HiPruneLayer(run, probe=False, cut=True, keep=keep, alpha=alpha, side=plan.side)
         return reducers
