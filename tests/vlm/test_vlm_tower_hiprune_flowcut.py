@@ -20,7 +20,7 @@ import pytest
 import torch
 from pre_llm_reference import hiprune_reference
 from tiny_llava import GRID_TOKENS, batch, pixels, prompt, tiny_llava
-from tower_reference import tower_layers
+from tower_reference import authors_flowcut_cut, tower_layers
 
 import vitrim.vlm
 
@@ -59,9 +59,11 @@ def tied(llava: torch.nn.Module, request: pytest.FixtureRequest):
     saved = {name: p.detach().clone() for name, p in layers.named_parameters()}
     with torch.no_grad():
         for block in blocks:
-            for proj in ("q_proj", "v_proj") if values else ("q_proj",):
-                getattr(layers[block].self_attn, proj).weight.zero_()
-                getattr(layers[block].self_attn, proj).bias.zero_() if proj == "q_proj" else None
+            attention = layers[block].self_attn
+            attention.q_proj.weight.zero_()  # every query 0: every logit 0, a uniform map
+            attention.q_proj.bias.zero_()
+            if values:
+                attention.v_proj.weight.zero_()  # every value the bias: equal values, equal norms
     yield llava
     with torch.no_grad():
         for name, p in layers.named_parameters():
@@ -86,32 +88,14 @@ def authors_flowcut(tower: torch.nn.Module, images: torch.Tensor, keep: int):
     counts = []
 
     def cut(idx: int, hidden: torch.Tensor, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        rpl = select_layer - idx - 1
         if hidden.shape[1] > target:
             cls_attention = weights[:, :, 0, 1:].mean(dim=1)
             semantic = (values[:, :, :1] @ values.transpose(-1, -2)).softmax(-1)[:, :, 0].mean(1)[:, 1:]
-            v_metric = values.mean(1)[:, 1:]
-            scores = (
-                cls_attention / cls_attention.sum(-1, keepdim=True) + semantic / semantic.sum(-1, keepdim=True)
-            ) * torch.norm(v_metric, p=1, dim=-1)
-            run["scores"] = scores if run["scores"] is None else 0.5 * run["scores"] + 0.5 * scores
-            if not rpl % 2:
-                if rpl:
-                    n = cls_attention.shape[-1]
-                    prob = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
-                    ratio = -torch.sum(prob * torch.log(prob), dim=-1) / torch.log(torch.tensor(n, dtype=torch.float64))
-                    r = (n - (target - 1)) / rpl**0.5 * (1 - ratio**2)
-                    if r.shape[0] > 1:
-                        r = r.max(0).values
-                    prune_num = int(r.round())
-                else:
-                    prune_num = hidden.shape[1]
-                target_num = max(hidden.shape[1] - prune_num, target)
-                order = torch.sort(run["scores"], dim=1, descending=True, stable=True).indices
-                keep_indices = order[:, : target_num - 1].sort(dim=1).values
-                run["scores"] = run["scores"].gather(1, keep_indices)
-                run["positions"] = run["positions"].gather(1, keep_indices)
-                rows = hidden[:, 1:].gather(1, keep_indices[..., None].expand(-1, -1, hidden.shape[-1]))
+            rpl = select_layer - idx - 1  # the authors' remain_prune_layer
+            kept = authors_flowcut_cut(run, rpl, target, cls_attention, semantic, values.mean(1)[:, 1:])
+            if kept is not None:
+                run["positions"] = run["positions"].gather(1, kept)
+                rows = hidden[:, 1:].gather(1, kept[..., None].expand(-1, -1, hidden.shape[-1]))
                 hidden = torch.cat([hidden[:, :1], rows], dim=1)
         counts.append(hidden.shape[1] - 1)
         return hidden

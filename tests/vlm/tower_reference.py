@@ -112,3 +112,37 @@ def tower_layers(tower: torch.nn.Module, images: torch.Tensor, cut=None) -> list
         if cut is not None:
             x = cut(index, x, weights, v)
     return trace
+
+
+def authors_flowcut_cut(
+    run: dict, rpl: int, target: int, cls_attention: torch.Tensor, semantic_attn: torch.Tensor, v_metric: torch.Tensor
+) -> torch.Tensor | None:
+    """The FlowCut block of the authors' ``CLIPEncoderLayer_forward`` after one layer, batched as they wrote it
+    (``compute_score``, ``adaptive_prune_ratio`` with the batch's largest prune), for a layer whose output has more
+    than ``target`` tokens ([CLS] counted): cls_attention (B, n) [CLS]'s row over the patches, averaged over heads;
+    semantic_attn (B, n) and v_metric (B, n, hd) of the patches. ``run["scores"]`` carries the cumulative score.
+    Returns the patches kept (B, k) sorted, or None when the layer does not cut. topk is stable here and log N is
+    float64 (the authors': float32)."""
+    relation = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
+    semantic = semantic_attn / semantic_attn.sum(dim=-1, keepdim=True)
+    scores = (relation + semantic) * torch.norm(v_metric, p=1, dim=-1)
+    run["scores"] = scores.clone() if run.get("scores") is None else 0.5 * run["scores"] + 0.5 * scores
+    if rpl % 2:
+        return None
+    tokens = cls_attention.shape[-1] + 1
+    if rpl:
+        n = cls_attention.shape[-1]
+        prob = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
+        entropy = -torch.sum(prob * torch.log(prob), dim=-1)
+        ratio = entropy / torch.log(torch.tensor(n, dtype=torch.float64))
+        r = (n - (target - 1)) / rpl**0.5 * (1 - ratio**2)
+        if r.shape[0] > 1:
+            r = r.max(0).values
+        prune_num = int(r.round())
+    else:
+        prune_num = tokens
+    target_num = max(tokens - prune_num, target)
+    order = torch.sort(run["scores"], dim=1, descending=True, stable=True).indices
+    keep_indices = order[:, : target_num - 1].sort(dim=1).values
+    run["scores"] = run["scores"].gather(1, keep_indices)
+    return keep_indices
