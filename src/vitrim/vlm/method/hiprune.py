@@ -103,10 +103,12 @@ class HiPruneLayer(Reducer):
         self.run, self.probe, self.cut, self.keep_count, self.alpha, self.side = run, probe, cut, keep, alpha, side
 
     def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
+        if self.keep_count >= state.num_patch_tokens:
+            return state  # keep = all: nothing to score (no block before the deep one drops a token)
         received = global_attention(attention, state.num_prefix)  # (B, n)
         if self.probe:
             self.run.objects = received
-        if not self.cut or self.keep_count >= state.num_patch_tokens:
+        if not self.cut:
             return state
         objects = self.run.objects
         if objects is None or objects.shape != received.shape:
