@@ -241,6 +241,51 @@ def test_keep_all_is_the_unmodified_model_bit_for_bit(model, name, options) -> N
 
 
 @pytest.mark.parametrize(("name", "options"), BOTH)
+def test_generate_decodes_as_the_unmodified_model_fed_the_authors_rows(model, name, options) -> None:
+    """Greedy decoding of a left-padded batch of three: the tokens, and every step's logits, equal the unmodified
+    model's (run whole at each step, numbered as generate() numbers a padded batch) whose projector is fed the
+    authors' rows in the kept slots, the other image slots masked."""
+    _, inputs = padded()
+    images = inputs["pixel_values"]
+    with torch.no_grad():
+        if name == "hiprune":
+            kept, rows = authors_hiprune(model.model.vision_tower, images, 10, 0.5, 2)
+        else:  # each image alone: vitrim's count is the image's own
+            alone = [authors_flowcut(model.model.vision_tower, images[i : i + 1], 6)[:2] for i in range(3)]
+            kept, rows = [k[0] for k, _ in alone], torch.cat([r for _, r in alone])
+    slots = rows.new_zeros(3, GRID_TOKENS, rows.shape[-1])
+    mask = inputs["attention_mask"].clone()
+    for row, patches in enumerate(kept):
+        slots[row, patches] = rows[row]
+        columns = (inputs["input_ids"][row] == 3).nonzero().flatten()
+        mask[row, columns[[p for p in range(GRID_TOKENS) if p not in patches]]] = 0
+    ids, full = inputs["input_ids"], inputs["attention_mask"]
+    expected_logits = []
+    handle = model.model.multi_modal_projector.register_forward_pre_hook(lambda m, a: (slots,))
+    try:
+        with torch.no_grad():
+            for _ in range(3):  # greedy, each step the whole sequence again: no cache to trust
+                positions = (full.cumsum(-1) - 1).clamp(min=0)  # generate()'s own numbering of a padded batch
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, pixel_values=images)
+                expected_logits.append(logits.logits[:, -1])
+                step = expected_logits[-1].argmax(-1, keepdim=True)
+                ones = torch.ones_like(step)
+                ids, full, mask = torch.cat([ids, step], 1), torch.cat([full, ones], 1), torch.cat([mask, ones], 1)
+    finally:
+        handle.remove()
+    vitrim.vlm.apply(model, name, **options)
+    try:
+        generated = model.generate(**inputs, max_new_tokens=3, do_sample=False, output_logits=True,
+                                   return_dict_in_generate=True)  # fmt: skip
+    finally:
+        vitrim.vlm.remove(model)
+    assert torch.equal(generated.sequences, ids)
+    for step_logits, expected in zip(generated.logits, expected_logits, strict=True):
+        assert step_logits.dtype == torch.float32  # generate() hands LLaVA's logits back in float32
+        torch.testing.assert_close(step_logits, expected.float(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "options"), BOTH)
 def test_generate_decodes_the_same_with_and_without_its_cache(model, name, options) -> None:
     _, inputs = padded()
     vitrim.vlm.apply(model, name, **options)

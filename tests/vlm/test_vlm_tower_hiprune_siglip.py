@@ -114,3 +114,24 @@ def test_flowcut_is_refused_on_a_tower_without_cls(family, request) -> None:
         vitrim.vlm.apply(model, "flowcut", keep=8)
     assert not hasattr(model, "_vitrim_vlm")
     assert not any("forward" in layer.__dict__ for layer in model.model.vision_tower.encoder.layers)
+
+
+def test_paligemma_generate_decodes_as_the_unmodified_model_fed_the_authors_grid(paligemma) -> None:
+    _, inputs = paligemma_inputs("left")
+    del inputs["position_ids"]  # generate() numbers them itself
+    with torch.no_grad():
+        _, grid = authors_grid(paligemma, inputs["pixel_values"], 10, 0.5, 2)
+    run = dict(inputs, max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    handle = paligemma.model.multi_modal_projector.register_forward_pre_hook(lambda m, args: (grid,))
+    try:
+        reference = paligemma.generate(**run)
+    finally:
+        handle.remove()
+    vitrim.vlm.apply(paligemma, "hiprune", keep=10, alpha=0.5, object_layer=2)
+    try:
+        generated = paligemma.generate(**run)
+    finally:
+        vitrim.vlm.remove(paligemma)
+    assert torch.equal(generated.sequences, reference.sequences)
+    for step, expected in zip(generated.logits, reference.logits, strict=True):
+        torch.testing.assert_close(step, expected, rtol=0, atol=TOL)
