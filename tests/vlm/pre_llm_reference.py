@@ -194,14 +194,15 @@ def scope_reference(features: torch.Tensor, saliency: torch.Tensor, keep: int, a
 
 
 def hiprune_reference(
-    object_attentions: torch.Tensor, deep_attentions: torch.Tensor, keep: int, alpha: float, width: int
+    object_attentions: torch.Tensor, deep_attentions: torch.Tensor, keep: int, alpha: float, width: int, prefix: int = 1
 ) -> list[list[int]]:
-    """The authors' encode_images of HiPrune (LLaVA): attentions (B, H, 1 + N, 1 + N) of the object layer and of the
-    deep layer as transformers returns them; the global attention is their mean over heads and queries, [CLS]'s
-    column dropped. topk is stable here (ties to the lower index)."""
-    batch, num_tokens = object_attentions.shape[0], object_attentions.shape[-1] - 1
-    deep_attention = deep_attentions.mean(dim=1).mean(dim=1)[:, 1:].clone()
-    shallow_attention = object_attentions.mean(dim=1).mean(dim=1)[:, 1:]
+    """The authors' encode_images of HiPrune (LLaVA): attentions (B, H, prefix + N, prefix + N) of the object layer
+    and of the deep layer as transformers returns them; the global attention is their mean over heads and queries,
+    [CLS]'s column dropped (``prefix`` 0: a SigLIP tower, every column kept). topk is stable here (ties to the lower
+    index)."""
+    batch, num_tokens = object_attentions.shape[0], object_attentions.shape[-1] - prefix
+    deep_attention = deep_attentions.mean(dim=1).mean(dim=1)[:, prefix:].clone()
+    shallow_attention = object_attentions.mean(dim=1).mean(dim=1)[:, prefix:]
     shallow_token_num = round(keep * alpha / 5)
     kept = []
     for i in range(batch):

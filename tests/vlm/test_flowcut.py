@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tower_reference import authors_flowcut_cut
 
 from vitrim.vlm.method.flowcut import flowcut_count, flowcut_step, remaining_layers
 
@@ -42,7 +43,7 @@ def authors_flowcut(layers: list[dict], target_tokens: int) -> list[list[int]]:
     select_layer = len(layers) - 2
     all_keep_indices = torch.arange(tokens).unsqueeze(0).expand(batch, -1)  # [CLS] and patches, original numbers
     current = all_keep_indices.clone()  # the tokens the layer runs on ([CLS] first)
-    cumulative_scores = None
+    run: dict = {"scores": None}
     for idx, layer in enumerate(layers):
         rpl = select_layer - idx - 1
         rows = torch.arange(batch)[:, None, None, None]
@@ -52,27 +53,9 @@ def authors_flowcut(layers: list[dict], target_tokens: int) -> list[list[int]]:
         v_metric = layer["values"][rows, heads, current[:, None, :, None], torch.arange(DIM)].mean(1)  # (B, T, hd)
         if current.shape[1] > target_tokens:
             cls_attention = attn_weights[:, :, 0, 1:].mean(dim=1)
-            relation = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
-            semantic = semantic_attn[:, 1:] / semantic_attn[:, 1:].sum(dim=-1, keepdim=True)
-            scores = (relation + semantic) * torch.norm(v_metric[:, 1:], p=1, dim=-1)
-            cumulative_scores = scores.clone() if cumulative_scores is None else 0.5 * cumulative_scores + 0.5 * scores
-            if not rpl % 2:
-                if rpl:
-                    n = cls_attention.shape[-1]
-                    prob = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
-                    entropy = -torch.sum(prob * torch.log(prob), dim=-1)
-                    ratio = entropy / torch.log(torch.tensor(n, dtype=torch.float64))
-                    r = (n - (target_tokens - 1)) / rpl**0.5 * (1 - ratio**2)
-                    if r.shape[0] > 1:
-                        r = r.max(0).values
-                    prune_num = int(r.round())
-                else:
-                    prune_num = current.shape[1]
-                target_num = max(current.shape[1] - prune_num, target_tokens)
-                order = torch.sort(cumulative_scores, dim=1, descending=True, stable=True).indices
-                keep_indices = order[:, : target_num - 1].sort(dim=1).values
-                cumulative_scores = torch.gather(cumulative_scores, 1, keep_indices)
-                current = torch.cat([current[:, :1], torch.gather(current[:, 1:], 1, keep_indices)], dim=1)
+            keep = authors_flowcut_cut(run, rpl, target_tokens, cls_attention, semantic_attn[:, 1:], v_metric[:, 1:])
+            if keep is not None:
+                current = torch.cat([current[:, :1], torch.gather(current[:, 1:], 1, keep)], dim=1)
     return (current[:, 1:] - 1).tolist()
 
 

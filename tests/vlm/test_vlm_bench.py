@@ -49,11 +49,28 @@ def test_the_mac_counts_are_what_torch_counts_in_the_timed_model() -> None:
     assert pooled == 2 * prefill_cost(vlm, "downsample", 4, text_tokens=94).total
 
 
+def test_the_tower_methods_mac_counts_are_what_torch_counts_in_the_timed_model() -> None:
+    """HiPrune: the whole tower to the feature block's attention, ``keep`` tokens from its MLP on, and two global
+    attention maps (object block 0, feature block 2); FlowCut on 4 blocks: its one cut after block 1 (block 0's
+    remaining count is odd), [CLS]'s two rows in blocks 0 and 1. Each is exactly what flops counts."""
+    settings = VLMBenchSettings(**TINY, vision_layers=4, keeps=(5,))  # type: ignore[arg-type]
+    model = build_model(settings)
+    inputs = bench_inputs(settings)
+    vlm = flops_config(settings)
+    for name, options in (("hiprune", {"object_layer": 1}), ("flowcut", {})):
+        vitrim.vlm.apply(model, name, keep=5, **options)
+        try:
+            counted = count_flops(lambda: model(**inputs, logits_to_keep=1))
+        finally:
+            vitrim.vlm.remove(model)
+        assert counted == 2 * prefill_cost(vlm, name, 5, text_tokens=94).total, name
+
+
 def test_by_default_every_pre_llm_method_that_runs_with_its_defaults_is_timed() -> None:
     names = bench_methods(VLMBenchSettings(**TINY, keeps=(4,)))  # type: ignore[arg-type]
     assert {"downsample", "scope", "fastervlm", "random", "cdpruner"} <= set(names)
-    assert "cdpruner" in names and "hiprune" not in names  # hiprune needs a middle layer the stage lacks
-    assert set(names) <= set(vitrim.vlm.methods("pre_llm"))
+    assert "cdpruner" in names and "hiprune" in names  # hiprune: a tower method; flowcut needs 2 blocks before
+    assert set(names) - {"hiprune"} <= set(vitrim.vlm.methods("pre_llm"))  # the feature block (TINY has one)
 
 
 @pytest.mark.full  # the CLI test runs the same path with one method

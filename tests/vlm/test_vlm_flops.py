@@ -204,12 +204,28 @@ def test_the_new_pre_llm_methods_count_their_own_products_by_hand() -> None:
     """LLaVA-1.5-7B at keep 64, 94 text tokens: n = 576 image tokens, tower width 1024 on 577 tokens, LLM width 4096."""
     n, d, tokens, e, k, text = 576, 1024, 577, 4096, 64, 94
     cls_row = d * d + tokens * d * d + tokens * d
-    received = 2 * tokens * d * d + tokens * tokens * d
     own = lambda method: prefill_cost(LLAVA_15_7B, method, k, text_tokens=text).method_own  # noqa: E731
     assert own("downsample") == 0
     assert own("scope") == cls_row + n * n * d
     assert own("cdpruner") == n * n * e + n * k * (k - 1) // 2 + n * text * e  # theta=None: relevance counted
-    assert own("hiprune") == 2 * received
     assert own("visionzip") == cls_row + (n - k) * 10 * d  # the registry's 54 : 10 split at 64
-    for method in ("downsample", "scope", "cdpruner", "hiprune"):
+    for method in ("downsample", "scope", "cdpruner", "hiprune", "flowcut"):
         assert prefill_cost(LLAVA_15_7B, method, k, text_tokens=text).tokens_per_layer == (k + text,) * 32
+
+
+def test_the_tower_methods_count_their_tower_and_own_products_by_hand() -> None:
+    """LLaVA-1.5-7B at keep 64: CLIP-L's 24 blocks on 577 tokens, the feature block 22 (0-based). HiPrune: blocks
+    0 … 22 attend over all 577, block 22's MLP and block 23 run on 65; its own: the global attention (577 × 577 ×
+    1024) of blocks 8 and 22. FlowCut (upper bound): all 577 up to block 21's attention, 65 from its MLP on; its own:
+    [CLS]'s attention and value rows (577 × 1024 each) in blocks 0 … 21."""
+    d, m, n, kept, k = 1024, 4096, 577, 65, 64
+    block = lambda t: 4 * t * d * d + 2 * t * t * d + 2 * t * d * m  # noqa: E731
+    attention, mlp = (lambda t: 4 * t * d * d + 2 * t * t * d), (lambda t: 2 * t * d * m)
+    embed = 576 * 3 * 14 * 14 * d
+    hiprune = prefill_cost(LLAVA_15_7B, "hiprune", k)
+    assert hiprune.tower == embed + 22 * block(n) + attention(n) + mlp(kept) + block(kept)
+    assert hiprune.method_own == 2 * n * n * d
+    flowcut = prefill_cost(LLAVA_15_7B, "flowcut", k)
+    assert flowcut.tower == embed + 21 * block(n) + attention(n) + mlp(kept) + 2 * block(kept)
+    assert flowcut.method_own == 22 * 2 * n * d
+    assert hiprune.llm == flowcut.llm == prefill_cost(LLAVA_15_7B, "random", k).llm

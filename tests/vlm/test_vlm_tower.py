@@ -17,7 +17,15 @@ from vitrim.vlm.method.base import method_class
 from vitrim.vlm.stages.tower import TowerMethod, TowerReduction, build_reducers, find_tower
 
 VISION_LAYERS = 5  # vision_feature_layer −2: blocks 0 … 3 reduce, as the reducers' 4-block example models do
-TOWER_METHODS = sorted(name for name in vitrim.vlm.methods() if issubclass(method_class(name), TowerMethod))
+
+
+def _reducer(name: str) -> str:
+    return method_class(name).reducer  # type: ignore[attr-defined,no-any-return]
+
+
+TOWER_METHODS = sorted(  # one per vitrim reducer (hiprune and flowcut, tower methods of their own, have own tests)
+    name for name in vitrim.vlm.methods() if issubclass(method_class(name), TowerMethod) and _reducer(name)
+)
 DEFAULT_SUITE = ("tome",)  # the rest under `full` (EViT and top-k also run end to end in the keep= test)
 SWEEP = [name if name in DEFAULT_SUITE else pytest.param(name, marks=pytest.mark.full) for name in TOWER_METHODS]
 
@@ -35,10 +43,6 @@ def llava() -> torch.nn.Module:
 def inputs() -> dict[str, torch.Tensor]:
     ids, mask = batch([prompt(3, 4), prompt(5, 2, seed=1)], "left")
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels(2)}
-
-
-def _reducer(name: str) -> str:
-    return method_class(name).reducer  # type: ignore[attr-defined,no-any-return]
 
 
 def test_every_reducer_but_the_learned_and_look_ahead_ones_is_a_tower_method() -> None:
@@ -241,10 +245,20 @@ def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
     assert torch.equal(state.positions, expected.positions)
 
 
-def test_a_family_the_tower_stage_does_not_handle_is_refused_at_apply() -> None:
-    from tiny_vlms.qwen import qwen2_vl
+@pytest.mark.parametrize(
+    ("builder", "name", "options"),
+    [("qwen2_vl", "tome", {"r": 2}), ("qwen3_vl", "hiprune", {"keep": 8}), ("qwen3_vl", "flowcut", {"keep": 8})],
+)
+def test_qwen_s_tower_is_refused_at_apply_with_the_reason(builder: str, name: str, options: dict) -> None:
+    """Qwen packs its images into one sequence and merges 2×2 patch groups (Qwen3-VL also at its DeepStack taps):
+    one line says so, and where the methods that do run on it are."""
+    from tiny_vlms import qwen as qwen_tiny
 
-    model = qwen2_vl()
-    with pytest.raises(TypeError, match=r"runs on LLaVA-1\.5 .*Qwen2VLForConditionalGeneration is not handled"):
-        vitrim.vlm.apply(model, "tome", r=2)
+    model = getattr(qwen_tiny, builder)()
+    with pytest.raises(
+        TypeError,
+        match=r"runs on LLaVA-1\.5 .*ConditionalGeneration is not handled there: its tower "
+        r"packs every image .*DeepStack mergers .*use a pre-LLM or in-LLM method",
+    ):
+        vitrim.vlm.apply(model, name, **options)
     assert not hasattr(model, "_vitrim_vlm")

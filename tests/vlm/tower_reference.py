@@ -85,3 +85,64 @@ def on_grid(tower: torch.nn.Module, tokens: torch.Tensor, patch_to_token: torch.
             if token >= 0:
                 grid[b, patch] = normed[b, token]
     return grid
+
+
+def tower_layers(tower: torch.nn.Module, images: torch.Tensor, cut=None) -> list[dict[str, torch.Tensor]]:
+    """transformers' CLIP or SigLIP tower re-run layer by layer on its own modules, every attention map formed in
+    full: per layer its ``weights`` (B, H, N, N) softmax map, ``values`` (B, H, N, hd) and ``output`` (B, N, C) after
+    the MLP (SigLIP's post-LayerNorm not applied). ``cut(index, output, weights, values)``, when given, returns the
+    tokens the next layer runs on (a method that cuts between layers, written in the test as its authors wrote it)."""
+    x = tower.embeddings(images)
+    if hasattr(tower, "pre_layrnorm"):  # CLIP
+        x = tower.pre_layrnorm(x)
+    trace = []
+    for index, layer in enumerate(tower.encoder.layers):
+        attention = layer.self_attn
+        B, N, C = x.shape
+        heads = attention.num_heads
+        h = layer.layer_norm1(x)
+        q, k, v = (
+            proj(h).view(B, N, heads, C // heads).transpose(1, 2)
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+        )
+        weights = (q @ k.transpose(-1, -2) * attention.scale).softmax(-1)
+        x = x + attention.out_proj((weights @ v).transpose(1, 2).reshape(B, N, C))
+        x = x + layer.mlp(layer.layer_norm2(x))
+        trace.append({"weights": weights, "values": v, "output": x})
+        if cut is not None:
+            x = cut(index, x, weights, v)
+    return trace
+
+
+def authors_flowcut_cut(
+    run: dict, rpl: int, target: int, cls_attention: torch.Tensor, semantic_attn: torch.Tensor, v_metric: torch.Tensor
+) -> torch.Tensor | None:
+    """The FlowCut block of the authors' ``CLIPEncoderLayer_forward`` after one layer, batched as they wrote it
+    (``compute_score``, ``adaptive_prune_ratio`` with the batch's largest prune), for a layer whose output has more
+    than ``target`` tokens ([CLS] counted): cls_attention (B, n) [CLS]'s row over the patches, averaged over heads;
+    semantic_attn (B, n) and v_metric (B, n, hd) of the patches. ``run["scores"]`` carries the cumulative score.
+    Returns the patches kept (B, k) sorted, or None when the layer does not cut. topk is stable here and log N is
+    float64 (the authors': float32)."""
+    relation = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
+    semantic = semantic_attn / semantic_attn.sum(dim=-1, keepdim=True)
+    scores = (relation + semantic) * torch.norm(v_metric, p=1, dim=-1)
+    run["scores"] = scores.clone() if run.get("scores") is None else 0.5 * run["scores"] + 0.5 * scores
+    if rpl % 2:
+        return None
+    tokens = cls_attention.shape[-1] + 1
+    if rpl:
+        n = cls_attention.shape[-1]
+        prob = cls_attention / cls_attention.sum(dim=-1, keepdim=True)
+        entropy = -torch.sum(prob * torch.log(prob), dim=-1)
+        ratio = entropy / torch.log(torch.tensor(n, dtype=torch.float64))
+        r = (n - (target - 1)) / rpl**0.5 * (1 - ratio**2)
+        if r.shape[0] > 1:
+            r = r.max(0).values
+        prune_num = int(r.round())
+    else:
+        prune_num = tokens
+    target_num = max(tokens - prune_num, target)
+    order = torch.sort(run["scores"], dim=1, descending=True, stable=True).indices
+    keep_indices = order[:, : target_num - 1].sort(dim=1).values
+    run["scores"] = run["scores"].gather(1, keep_indices)
+    return keep_indices

@@ -12,7 +12,8 @@ prefill each per round (``model(**inputs, logits_to_keep=1)``, what ``generate``
 the same load; a case's time is the median over rounds, its speed-up the median of the per-round ratios to the
 unmodified model. Inside each prefill, forward hooks time the vision tower (from its input to its output), and
 the method's own work is timed by wrapping, on the applied method instance and its installation only, the calls
-that compute its evidence and its selection (``evidence``, ``select``). MACs come from :mod:`vitrim.vlm.flops`
+that compute its evidence and its selection (``evidence``, ``select``; a tower method: its reducers' calls between
+the blocks' halves, ``before_attention`` and ``after_attention``). MACs come from :mod:`vitrim.vlm.flops`
 with the same scaled-down shapes, so time and MAC ratios compare like for like.
 """
 
@@ -74,7 +75,7 @@ class VLMBenchSettings:
     llm_heads: int = 32
     text_tokens: int = 94
     keeps: tuple[int, ...] = (64, 128, 192)
-    methods: tuple[str, ...] = ()  # empty: every registered pre-LLM method
+    methods: tuple[str, ...] = ()  # empty: every registered pre-LLM method, and hiprune / flowcut (bench_methods)
     repeats: int = 3
     warmup: int = 1
     seed: int = 0
@@ -181,14 +182,27 @@ def bench_inputs(s: VLMBenchSettings) -> dict[str, torch.Tensor]:
 
 
 def bench_methods(s: VLMBenchSettings) -> list[str]:
-    """The methods to time: ``s.methods``, or every registered pre-LLM method that runs with its defaults (hiprune
-    needs a middle tower layer's attention, which the pre-LLM stage does not hand a method yet: it refuses)."""
-    names = list(s.methods) or [n for n in methods("pre_llm") if _runs_with_defaults(n)]
+    """The methods to time: ``s.methods``, or every registered pre-LLM method that runs with its defaults, and the
+    tower methods of their own that the scaled tower takes (hiprune; flowcut where a block runs before the feature
+    block's: it cuts after those)."""
+    feature_depth = s.vision_layers - 1 if s.vision_layers >= 2 else s.vision_layers  # blocks up to the feature's
+    tower = ["hiprune", *(["flowcut"] if feature_depth >= 2 else [])]
+    names = list(s.methods) or [n for n in methods("pre_llm") if _runs_with_defaults(n)] + tower
     known = methods()
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown vlm method {unknown[0]!r}; expected some of: {', '.join(known)}")
     return names
+
+
+def method_options(name: str, s: VLMBenchSettings) -> dict[str, Any]:
+    """Options a method needs on the scaled tower: hiprune's ``object_layer`` (9 of CLIP-L's 24) is at most the
+    layer before the feature block's when the scaled tower has fewer, so that it reads two blocks' attention as on
+    the real tower (its cost does not depend on which two)."""
+    if name != "hiprune":
+        return {}
+    depth = s.vision_layers - 1 if s.vision_layers >= 2 else s.vision_layers
+    return {"object_layer": min(method_class("hiprune").defaults["object_layer"], max(1, depth - 1))}
 
 
 def _runs_with_defaults(name: str) -> bool:
@@ -233,6 +247,11 @@ class _Stopwatch:
             for name in ("select", "evidence"):
                 if callable(getattr(owner, name, None)):
                     setattr(owner, name, self.timed(getattr(owner, name)))
+        # a tower method's work is its reducers' (scores, selection, the cut), between the blocks' halves
+        reduction = getattr(applied.installation, "reduction", applied.installation)
+        for reducer in getattr(reduction, "reducers", {}).values():
+            for name in ("before_attention", "after_attention"):
+                setattr(reducer, name, self.timed(getattr(reducer, name)))
 
     def reset(self) -> None:
         self.tower = self.own = 0.0
@@ -253,7 +272,7 @@ def run_bench(
 
     def prefill(case: CaseTimes, record: bool) -> None:
         if case.keep is not None:
-            apply(model, case.method, keep=case.keep)
+            apply(model, case.method, keep=case.keep, **method_options(case.method, s))
             watch.watch_method(model)
         watch.reset()
         try:

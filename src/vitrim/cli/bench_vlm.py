@@ -34,7 +34,9 @@ def register_vlm(kinds: argparse._SubParsersAction) -> None:
         "llm_layers=1 by default); cases are timed in turns (median over rounds), the tower and the method's own "
         "calls apart, and compared with the MAC ratio of vitrim.vlm.flops for the same shapes.",
     )
-    p.add_argument("--methods", default="", help="comma-separated vlm methods (default: every pre-LLM method)")
+    p.add_argument(
+        "--methods", default="", help="comma-separated vlm methods (default: every pre-LLM method, hiprune and flowcut)"
+    )
     p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
     p.add_argument("--text-tokens", type=TEXT_TOKENS, default=94, help="text tokens of the prompt")
     p.add_argument("--repeats", type=TIMED, default=3, help="timed rounds (every case once per round)")

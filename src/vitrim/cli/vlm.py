@@ -82,7 +82,9 @@ def run_flops(args: argparse.Namespace) -> int:
     print(
         "tower: patch embedding + blocks; projector: on the tokens it runs on; LLM: layers + LM head on the last "
         "position; method's own: its scores and similarities. fastv/dart keep from layer 2, pdrop keep/keep÷2/keep÷4 "
-        "from layers 8/16/24, tome: ToMe in the tower, keep= spread over its blocks as vitrim.vlm runs it."
+        "from layers 8/16/24, tome: ToMe in the tower, keep= spread over its blocks as vitrim.vlm runs it; hiprune: "
+        "the tower runs whole, keep tokens from the feature block's MLP on; flowcut: counted as if only its last cut "
+        "(before the feature block) pruned, an upper bound."
     )
     if out is not None:
         out.write_text(json.dumps({"text_tokens": args.text_tokens, "models": results}, indent=2) + "\n")

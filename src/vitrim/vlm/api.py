@@ -65,7 +65,8 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
         raise TypeError(
             f"vlm method {method!r} cuts at stage {cls.stage!r}; on {type(model).__name__} vitrim.vlm handles the "
             f"stage(s) {', '.join(map(repr, stages))} only ({STAGE_WORDS[cls.stage]} method {method!r} runs on "
-            f"{titles}; {type(model).__name__} is not handled there)"
+            f"{titles}; {type(model).__name__} is not handled there"
+            + (f": {family.traits.tower_refused})" if cls.stage == "tower" and family.traits.tower_refused else ")")
         )
     applied = getattr(model, STATE_ATTRIBUTE, None)
     plans = dict(applied.plans) if isinstance(applied, Applied) else {}

@@ -31,7 +31,9 @@ from vitrim.vlm.method.tower_reducers import patches_after_stages
 
 PRE_LLM = tuple(methods(stage="pre_llm"))
 IN_LLM = tuple(methods(stage="in_llm"))
-TOWER = ("tome",)  # a vitrim reducer in the tower, counted with the schedule keep= gives it (any schedule: tower_macs)
+# tome: a vitrim reducer in the tower, counted with the schedule keep= gives it (any schedule: tower_macs); hiprune and
+# flowcut: the tower methods of their own (vitrim.vlm.method.hiprune, .flowcut)
+TOWER = ("tome", "hiprune", "flowcut")
 METHODS = ("none", *PRE_LLM, *IN_LLM, *TOWER)
 
 
@@ -230,6 +232,29 @@ def tome_tower_schedule(tower: VisionTower, keep: int) -> list[int]:
     return [entering[min(block, len(after))] + cls for block in range(tower.layers)]
 
 
+def cut_tower_macs(tower: VisionTower, block: int, keep: int) -> int:
+    """Tower MACs when every token runs up to block ``block``'s attention, and ``keep`` patches (and [CLS]) run its
+    MLP and every block after it (a cut between a block's attention and its MLP, as vitrim's tower stage cuts)."""
+    every, kept = tower.tokens, keep + int(tower.cls_token)
+    counts = [every if b <= block else kept for b in range(tower.layers)]
+    mlp = (3 if tower.gated_mlp else 2) * tower.width * tower.mlp_width
+    return tower_macs(tower, counts) - (every - kept) * mlp
+
+
+def _tower_method_own(tower: VisionTower, method: str) -> int:
+    """The products a tower method adds to the blocks' own (the stage reads their q, k, v; nothing is recomputed).
+
+    hiprune: the global attention (every query's row over every key, q·kᵀ) of two blocks, the object layer and the
+    feature layer (one when they are the same block); flowcut: in each block before the feature block, [CLS]'s
+    attention row (q_cls·kᵀ) and its value row (v_cls·vᵀ), counted on every token (its earlier cuts make fewer)."""
+    n, d = tower.tokens, tower.width
+    feature = tower.reducing_layers - 1
+    if method == "hiprune":
+        object_block = method_class("hiprune").defaults["object_layer"] - 1
+        return (1 if object_block == feature else 2) * n * n * d
+    return feature * 2 * n * d
+
+
 def _stage_counts(image: int, text: int, layers: int, cuts: Sequence[tuple[int, int]]) -> list[int]:
     """Positions per LLM layer: ``image + text`` until each (layer, kept image tokens) cut, then ``kept + text``."""
     counts, current = [], image
@@ -325,6 +350,18 @@ def prefill_cost(
         # ToMe's bipartite similarity in each block: (n/2) × (n/2) cosines of the keys summed over heads (head width)
         head = tower.width // tower.heads
         own = sum((n // 2) * (n - n // 2) * head for n in tome_tower_schedule(tower, k)[: tower.reducing_layers])
+    elif method in ("hiprune", "flowcut"):
+        if vlm.pool != 1:
+            raise ValueError(
+                f"method {method!r} (in the tower) is counted for towers whose patches are the LLM's image tokens; "
+                f"{vlm.name} pools {vlm.pool} patches into each (its projector needs the whole grid)"
+            )
+        feature = tower.reducing_layers - 1  # the block whose output is handed on (0-based)
+        # hiprune drops after the feature block's attention; flowcut's last cut is after the block before it, its
+        # earlier cuts follow each image's [CLS] entropy: counted as if they cut nothing (an upper bound)
+        tower_cost = cut_tower_macs(tower, feature if method == "hiprune" else feature - 1, k)
+        entering, projected, cuts = k, n_img, [(0, k)]
+        own = _tower_method_own(tower, method)
     counts = _stage_counts(n_img, text_tokens, llm.layers, cuts)
     return PrefillCost(
         model=vlm.name,
@@ -382,8 +419,6 @@ def _pre_llm_own(vlm: VLM, method: str, keep: int, text_tokens: int) -> int:
         if method_class("cdpruner").defaults["theta"] != 0:
             own += n * text_tokens * vlm.llm.width
         return own
-    if method == "hiprune":  # the global (all-query) attention of two tower layers: the object layer and the last
-        return 2 * received
     if method == "divprune":  # pairwise cosine similarity of the projected image tokens
         return n * n * vlm.llm.width
     raise ValueError(f"vitrim.vlm.flops has no count for the pre-LLM method {method!r} yet")

@@ -25,11 +25,13 @@ from vitrim.vlm_demo.evaluate import HeldOut, score
 from vitrim.vlm_demo.words import IMAGE_TOKENS, processor
 
 KEPT_FRACTIONS = ("0.5", "0.25", "0.125")  # the summary's keys; float() of each is the `keep=` passed
-# The decoder has 4 layers (the papers' LLaMA-7B: 32): staged and layer-K methods get the same depths, scaled.
+# The decoder has 4 layers (the papers' LLaMA-7B: 32): staged and layer-K methods get the same depths, scaled; the
+# tower has 4 too (CLIP-L: 24), and HiPrune's object layer is scaled alike.
 DEMO_OPTIONS: dict[str, dict[str, Any]] = {
     "fastv": {"layer": 2},  # the authors' K = 2 (of 32 layers); here the last 2 of 4 layers run on the kept tokens
     "dart": {"layer": 2},
     "pdrop": {"layers": (1, 2, 3)},  # PyramidDrop's stages at 8/16/24 of 32 layers: a quarter, half, 3/4 deep
+    "hiprune": {"object_layer": 2},  # the authors' layer 9 of CLIP-L's 24: a middle layer of the tower's 4
 }
 
 

@@ -34,12 +34,14 @@ class FamilyTraits:
     title: how errors name it, e.g. "LLaVA-1.5 (LlavaForConditionalGeneration)"
     stages: the stages vitrim.vlm runs on it ("pre_llm", "in_llm", "tower"); ``apply`` refuses the others
     tower_grid_only: where the tower stage must put its tokens back on the patch grid, why (None: it need not)
+    tower_refused: why the tower stage is not offered, for ``apply``'s refusal (None: no reason beyond ``stages``)
     """
 
     classes: tuple[str, ...]
     title: str
     stages: tuple[str, ...]
     tower_grid_only: str | None = None
+    tower_refused: str | None = None
 
 
 class FamilyAdapter:

@@ -66,6 +66,12 @@ class Qwen2VLAdapter(FamilyAdapter):
         ),
         title="Qwen2-VL, Qwen2.5-VL and Qwen3-VL (Qwen2VL…, Qwen2_5_VL…, Qwen3VLForConditionalGeneration)",
         stages=("pre_llm", "in_llm"),
+        tower_refused=(
+            "its tower packs every image into one sequence and its merger (and Qwen3-VL's DeepStack mergers at "
+            "intermediate blocks) reads each 2×2 patch group whole, so a tower method would have to cut whole groups "
+            "in every block up to each tap; vitrim's tower methods cut patches (use a pre-LLM or in-LLM method: "
+            "DeepStack rows follow the kept tokens there)"
+        ),
     )
 
     def __init__(self, model: nn.Module) -> None:

@@ -1,5 +1,7 @@
 """``hiprune`` (Liu et al., 2025, "HiPrune: Training-Free Visual Token Pruning via Hierarchical Attention in Vision
-Encoders"): anchors where a middle tower layer attends, their neighbours as buffers, the rest by the last layer.
+Encoders"): anchors where a middle tower layer attends, their neighbours as buffers, the rest by the deep layer.
+
+    vitrim.vlm.apply(model, "hiprune", keep=64)      # LLaVA-1.5: anchors at CLIP layer 9, registers at layer −2
 
 As the authors' code selects (Danielement321/HiPrune, MIT; ``encode_images`` of their LLaVA ``llava_arch.py``,
 the same steps in their Qwen2.5-VL forward), per image of N tokens on an R × C grid with k = ``keep``:
@@ -9,32 +11,41 @@ the same steps in their Qwen2.5-VL forward), per image of N tokens on an R × C 
 - anchors: the a = round(k · alpha / 5) tokens with the most global attention at the object layer
   (``object_layer``, 1-based: the authors read ``attentions[object_layer − 1]``, layer 9 of CLIP-L's 24);
 - buffers: each anchor's raster neighbours i − 1, i + 1, i − C, i + C, clamped to 0 … N − 1 (the authors' raster
-  arithmetic: i − 1 of a row's first token is the previous row's last; C = 24 for LLaVA-1.5, the merged grid's
-  width for Qwen); anchors and buffers together, without repeats, are the set A;
+  arithmetic: i − 1 of a row's first token is the previous row's last; C is 24 in their LLaVA code, here the
+  tower's own grid width); anchors and buffers together, without repeats, are the set A;
 - registers: the k − |A| other tokens with the most global attention at the deep layer (the one producing the
-  features: LLaVA's −2, Qwen's last block).
+  features: LLaVA's −2; SigLIP's last).
 
 Kept: A and the registers, in raster order. vitrim breaks ties towards the lower index (the authors' ``topk`` leaves
 them to the backend), refuses a keep whose anchors and buffers could exceed it (5 · a > k; the authors' code would
 fail), and at batch > 1 keeps ``keep`` per image (the authors divide their count by the batch, meant for one image's
 LLaVA-NeXT tiles).
 
-The evidence this needs is not in vitrim's :class:`VisionEvidence` yet: a method receives the [CLS] row (LLaVA) or
-the received attention (Qwen, Gemma 3) of the scoring layer only. :func:`hiprune_keep` is the selection on plain
-tensors; ``apply`` refuses the method until the pre-LLM stage hands it both layers' global attention (the
-plumbing is in the :class:`HiPrune` docstring).
+Where it runs: a tower method (:mod:`vitrim.vlm.stages.tower`). The stage captures the q and k of two tower blocks
+from their own projections (the blocks' attention stays on its backend); :class:`HiPruneLayer` computes the global
+attention of the object block, and at the feature block (after its attention residual: its MLP acts per token, so
+the kept tokens are the authors' rows of ``hidden_states[−2]``) selects and drops; the LLM then receives the kept
+tokens only (LLaVA) or the patch grid with the dropped patches zero (``to_grid``: Gemma 3, PaliGemma). A SigLIP
+tower has no [CLS], and HiPrune needs none: the global attention is every query's, as on the authors' Qwen2.5-VL.
+The authors tune ``object_layer`` per tower (9 of CLIP-L's 24, 16 of Qwen2.5-VL's 32); for SigLIP they give none,
+and vitrim keeps 9 (pass ``object_layer`` for another).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from vitrim.vlm.method.base import Method, register_method
+from vitrim.attention import AttentionResult
+from vitrim.reduce import Reducer, TokenState
+from vitrim.vlm.method.base import register_method
 from vitrim.vlm.method.ranking import top_k_stable
+from vitrim.vlm.method.tower_ranking import received_attention
+from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
 
 HIPRUNE_ALPHA = 0.1  # the authors' scripts (bench_llava.sh, bench_qwen.sh)
 HIPRUNE_OBJECT_LAYER = 9  # LLaVA-1.5's CLIP-L (the authors' Qwen2.5-VL script: 16)
@@ -69,21 +80,58 @@ def hiprune_keep(object_attention: Tensor, deep_attention: Tensor, width: int, k
     return kept.nonzero().flatten()
 
 
-@register_method("hiprune", stage="pre_llm")
-class HiPrune(Method):
-    """Anchors at a middle tower layer, their buffers, registers at the last. Options (the authors' names):
-    ``alpha`` (float in [0, 1], default 0.1: 5·alpha of ``keep`` are anchors and buffers), ``object_layer``
-    (int ≥ 1, default 9: the 1-based tower layer whose attention picks the anchors).
+def global_attention(attention: AttentionResult, num_prefix: int) -> Tensor:
+    """(B, n): the attention each patch token receives, averaged over heads and over every query ([CLS] too), from
+    the block's own q and k (the map is formed a few queries at a time; ``attention.mask`` is added)."""
+    return received_attention(attention.q, attention.k, attention.scale, attention.mask).mean(dim=(1, 2))[
+        :, num_prefix:
+    ]
 
-    Plumbing the pre-LLM stage must add first (until then ``apply`` refuses the method, naming it): per image,
-    the global attention (mean over heads and all queries of the softmax map, the image tokens' columns, (I, N))
-    at tower layer ``object_layer`` and at the scoring layer (LLaVA: the layer producing ``vision_feature_layer``;
-    Qwen: the last block, per merged token summed over its m² patches as the received attention is now), e.g. as
-    ``VisionEvidence.layer_attention: dict[int, Tensor]``, and the grid width (``VisionEvidence.grid``) on Qwen;
-    then ``check`` stops refusing and ``select`` is ``hiprune_keep(object, deep, columns, keep, alpha)`` per image.
-    """
 
-    defaults: ClassVar[Mapping[str, Any]] = {"alpha": HIPRUNE_ALPHA, "object_layer": HIPRUNE_OBJECT_LAYER}
+@dataclass
+class HiPruneRun:
+    """The object block's global attention (B, n), from the object block to the deep one of one forward."""
+
+    objects: Tensor | None = None
+
+
+class HiPruneLayer(Reducer):
+    """HiPrune at one tower block: ``probe`` keeps its global attention as the object layer's; ``cut`` (the deep
+    block) selects ``keep`` patch tokens per image from both layers' and drops the others."""
+
+    def __init__(self, run: HiPruneRun, *, probe: bool, cut: bool, keep: int, alpha: float, side: int) -> None:
+        self.run, self.probe, self.cut, self.keep_count, self.alpha, self.side = run, probe, cut, keep, alpha, side
+
+    def after_attention(self, state: TokenState, attention: AttentionResult) -> TokenState:
+        if self.keep_count >= state.num_patch_tokens:
+            return state  # keep = all: nothing to score (no block before the deep one drops a token)
+        received = global_attention(attention, state.num_prefix)  # (B, n)
+        if self.probe:
+            self.run.objects = received
+        if not self.cut:
+            return state
+        objects = self.run.objects
+        if objects is None or objects.shape != received.shape:
+            raise RuntimeError("hiprune's deep layer ran without its object layer in this forward pass")
+        kept = torch.stack(
+            [hiprune_keep(objects[b], received[b], self.side, self.keep_count, self.alpha) for b in range(len(objects))]
+        )  # fmt: skip
+        return self.keep(state, kept)
+
+    def extra_repr(self) -> str:
+        return f"probe={self.probe}, cut={self.cut}, keep={self.keep_count}, alpha={self.alpha}"
+
+
+@register_method("hiprune", stage="tower")
+class HiPrune(TowerMethod):
+    """Anchors at a middle tower layer, their buffers, registers at the feature layer (module doc). Options (the
+    authors' names): ``alpha`` (float in [0, 1], default 0.1: 5·alpha of ``keep`` are anchors and buffers),
+    ``object_layer`` (int ≥ 1, default 9: the 1-based tower layer whose attention picks the anchors), ``keep=``
+    (their ``HIPRUNE_RETENTION``: patches per image; required), and ``to_grid`` (the tower stage's)."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "alpha": HIPRUNE_ALPHA, "object_layer": HIPRUNE_OBJECT_LAYER, "to_grid": None,
+    }  # fmt: skip
 
     def check(self) -> None:
         alpha, layer = self.options["alpha"], self.options["object_layer"]
@@ -91,7 +139,30 @@ class HiPrune(Method):
             raise ValueError(f"alpha={alpha!r} must be a number in [0, 1]")
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
             raise ValueError(f"object_layer={layer!r} must be an int >= 1 (1-based, as the authors count)")
-        raise ValueError(
-            "hiprune needs the attention of tower layer object_layer and of the scoring layer, which vitrim's "
-            "pre-LLM stage does not hand to a method yet (hiprune_keep is the selection on those tensors)"
-        )
+
+    def check_keep(self, keep: int) -> None:
+        alpha = self.options["alpha"]
+        if NEIGHBOURS * anchor_count(keep, alpha) > keep:
+            raise ValueError(
+                f"hiprune cannot keep {keep} tokens with alpha={alpha}: its {anchor_count(keep, alpha)} anchors and "
+                f"their buffers may take {NEIGHBOURS * anchor_count(keep, alpha)} (expected 5 · round(keep · alpha "
+                "/ 5) <= keep)"
+            )
+
+    def tower_reducers(self, plan: TowerLayout, keep: int | None) -> dict[int, Reducer]:
+        if keep is None:
+            raise ValueError("vlm method 'hiprune' needs keep= (patches per image, or a fraction in (0, 1])")
+        layer = self.options["object_layer"]
+        if layer > plan.depth:
+            raise ValueError(
+                f"object_layer={layer} is past this tower's feature layer (layer {plan.depth}, 1-based); expected "
+                f"1 … {plan.depth}"
+            )
+        run, deep, found = HiPruneRun(), plan.depth - 1, layer - 1
+        alpha = float(self.options["alpha"])
+        reducers: dict[int, Reducer] = {
+            found: HiPruneLayer(run, probe=True, cut=found == deep, keep=keep, alpha=alpha, side=plan.side)
+        }
+        if found != deep:
+            reducers[deep] = HiPruneLayer(run, probe=False, cut=True, keep=keep, alpha=alpha, side=plan.side)
+        return reducers

@@ -10,6 +10,8 @@ ones rank by received attention (:mod:`vitrim.vlm.method.tower_ranking`). :mod:`
 from __future__ import annotations
 
 import inspect
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from vitrim.reduce import Reducer, get_reducer, list_reducers, reducer_options
@@ -106,6 +108,31 @@ class TowerMethod(Method):
         """The options the user gave (the reducer's own defaults apply to the others)."""
         return {k: v for k, v in self.options.items() if v is not _UNSET and k != "to_grid"}
 
+    def tower_reducers(self, plan: TowerLayout, keep: int | None) -> dict[int, Reducer]:
+        """The reducers this method puts on a tower of layout ``plan``, by block index (blocks 0 … depth − 1 up to
+        the feature layer); ``keep``: patches left at the feature layer (None: not given). A vitrim reducer's by
+        default; a tower method of its own (HiPrune, FlowCut) overrides this."""
+        return build_reducers(
+            self.reducer, plan.depth, has_cls=bool(plan.num_prefix), patches=plan.patches,
+            num_prefix=plan.num_prefix, width=plan.width, options=self.reducer_options(), keep=keep,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TowerLayout:
+    """What a tower method needs to know of the tower: ``depth`` blocks up to and including the feature layer's,
+    ``num_prefix`` (1 with [CLS], else 0), ``patches`` P per image (a ``side`` × ``side`` grid), token ``width``."""
+
+    depth: int
+    num_prefix: int
+    patches: int
+    width: int
+
+    @property
+    def side(self) -> int:
+        """Columns of the (square) patch grid: the raster stride of a vertical neighbour."""
+        return math.isqrt(self.patches)
+
 
 def _register_tower_methods() -> None:
     for reducer in list_reducers():
@@ -123,4 +150,4 @@ def _register_tower_methods() -> None:
 _register_tower_methods()
 
 
-__all__ = ["RENAMED", "UNSUPPORTED", "TowerMethod", "build_reducers", "patches_after_stages"]
+__all__ = ["RENAMED", "UNSUPPORTED", "TowerLayout", "TowerMethod", "build_reducers", "patches_after_stages"]

@@ -63,7 +63,7 @@ from vitrim.reduce.unmerge import tokens_on_grid
 from vitrim.vlm.families.seams import refuse_meta_inputs
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Method, StageOptions, VisionEvidence
-from vitrim.vlm.method.tower_reducers import TowerMethod, build_reducers
+from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod, build_reducers
 from vitrim.vlm.stages import pre_llm
 
 
@@ -297,11 +297,8 @@ def install(
         )
     keep = _keep_count(options.keep, plan.patches)
     first: Any = plan.layers[0]
-    width = int(first.self_attn.embed_dim)
-    reducers = build_reducers(
-        method.reducer, plan.feature_index + 1, has_cls=bool(plan.num_prefix), patches=plan.patches,
-        num_prefix=plan.num_prefix, width=width, options=method.reducer_options(), keep=keep,
-    )  # fmt: skip
+    layout = TowerLayout(plan.feature_index + 1, plan.num_prefix, plan.patches, int(first.self_attn.embed_dim))
+    reducers = method.tower_reducers(layout, keep)
     if plan.num_prefix and getattr(config, "vision_feature_select_strategy", "default") != "default":
         raise ValueError("vision_feature_select_strategy='full' keeps [CLS] among the image tokens; not supported")
     reduction = TowerReduction(plan, reducers)
