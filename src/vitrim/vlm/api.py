@@ -94,15 +94,17 @@ def last_selection(model: nn.Module, groups: bool = False) -> list[Tensor] | lis
     indices, raster order of the image tokens the unmodified model would have produced.
 
     ``groups=True``: per image, a list with one LongTensor per token entering the LLM, the image-token indices it
-    stands for (one for a kept token, several for a merged one). After a forward without images: ``[]`` (that
-    prefill had no image to select from); ``ValueError`` before any forward.
+    stands for (one for a kept token, several for a merged one), in raster order of the kept indices; an EMPTY
+    LongTensor, always first, is the tower's [CLS] token, which stands for no patch (VisionZip hands it to the LLM
+    as its authors do, ``ImageSelection.cls``). After a forward without images: ``[]`` (that prefill had no image to
+    select from); ``ValueError`` before any forward.
     """
     applied = _applied(model)
     selection = applied.installation.selection()
     if selection is None:
         raise ValueError(f"vlm method {applied.method.name!r} has seen no prefill yet: run the model first")
     if groups:
-        return [list(image.groups) for image in selection]
+        return [[image.kept.new_zeros(0)] * image.cls + list(image.groups) for image in selection]
     return [image.kept for image in selection]
 
 

@@ -28,7 +28,8 @@ class Answer:
     total: per image, its image tokens in the unmodified LLM input; entered: per image, the image tokens that entered
     the LLM (merged ones count once; an in-LLM method lets all in); selected: per image, the tokens the method kept
     (the LLM tokens standing for the image; in-LLM: from its layer on); groups: per image, one LongTensor per such
-    token (``last_selection(model, groups=True)``), None without a method; kept: per image, the kept indices
+    token (``last_selection(model, groups=True)``; an empty one, first, is the tower's [CLS]), None without a method;
+    kept: per image, the kept indices
     (``last_selection(model)``); boxes: per image, where each token is in the picture; inputs: what the processor
     made (input_ids, pixel_values, …).
     """
@@ -59,6 +60,8 @@ class Answer:
                     "selected": self.selected[number],
                     "kept": None if self.kept is None else self.kept[number],
                     "groups": None if groups is None else [g.reshape(-1).tolist() for g in groups],
+                    # an empty group (always first) is the tower's [CLS], which stands for no patch
+                    "cls": None if groups is None else bool(groups and groups[0].numel() == 0),
                     "views": [
                         {"name": name, "grid": list(grid)} for name, grid in zip(boxes.views, boxes.grids, strict=True)
                     ],

@@ -327,7 +327,7 @@ class TowerSelection(Method):
     scores_projected = False
 
     def __init__(self, reduction: TowerReduction) -> None:
-        super().__init__()
+        super().__init__(positions="original")  # the tower stage's convention: each kept slot at its own position
         self.reduction = reduction
 
     def select(self, evidence: Any, keep: int) -> list[ImageSelection]:
