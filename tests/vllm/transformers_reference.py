@@ -12,9 +12,9 @@ SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl", "method
 length, "seeds": per image the content seed of its pixels, "image_tokens": per image its unpruned token count,
 "kept": per image kept raster indices (null without a method)}.
 
-``positions="contiguous"`` numbers the shortened LLM input 0, 1, 2, … (vLLM's LLaVA path) instead of vitrim.vlm's
-original positions: a forward pre-hook on the language model, after vitrim.vlm's, sets ``position_ids`` to the
-cache length + 0 … q−1 at every step.
+``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
+language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
+``"original"`` runs vitrim.vlm as it is (on LLaVA its default already numbers the shortened input 0, 1, 2, …).
 """
 
 from __future__ import annotations

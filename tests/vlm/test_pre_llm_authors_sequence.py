@@ -207,3 +207,32 @@ def test_generate_continues_from_the_authors_shorter_sequence(eager, sdpa, how: 
             vitrim.vlm.remove(sdpa)
     assert out[:, ids.shape[1] :].tolist() == expected.tolist()
     assert PAD in ids[0].tolist()  # the first prompt is padded: each sample is numbered from its own first token
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_where_the_authors_left_no_code_the_default_is_the_original_layout(family: str):
+    """Qwen's M-RoPE and Gemma 3's own masks: positions="authors" is positions="original" there (docs/vlm.md), and
+    VisionZip, with no [CLS] in the tower, keeps one more dominant patch."""
+    if family == "qwen2_5_vl":
+        import qwen_tiny
+
+        model, inputs = qwen_tiny.qwen2_5_vl(), qwen_tiny.one()
+        options = {"keep": 3, "contextual": 1}
+    else:
+        import tiny_gemma3
+
+        ids = tiny_gemma3.prompt(2, 3, images=1)[None]
+        model = tiny_gemma3.tiny_gemma3()
+        inputs = {"input_ids": ids, "pixel_values": tiny_gemma3.pixels(1), "token_type_ids": tiny_gemma3.token_types(ids)}
+        options = {"keep": 5, "contextual": 2}
+    runs = []
+    for positions in ("authors", "original"):
+        vitrim.vlm.apply(model, "visionzip", positions=positions, **options)
+        try:
+            with torch.no_grad():
+                runs.append(model(**inputs).logits)
+            groups = vitrim.vlm.last_selection(model, groups=True)[0]
+        finally:
+            vitrim.vlm.remove(model)
+        assert len(groups) == options["keep"] and all(g.numel() for g in groups)  # no [CLS]: patches only
+    assert torch.equal(runs[0], runs[1])
