@@ -60,7 +60,9 @@ def authors_image_rows(model: torch.nn.Module, pv: torch.Tensor, method: str, **
     with torch.no_grad():
         if method == "visionzip":
             keep, contextual = options["keep"], options["contextual"]
-            slots, tokens = visionzip_reference(t["attentions"], t["hidden"], t["keys"], keep - contextual - 1, contextual)
+            slots, tokens = visionzip_reference(
+                t["attentions"], t["hidden"], t["keys"], keep - contextual - 1, contextual
+            )
             rows = project(torch.cat([t["hidden"][:, :1], tokens], 1))  # [CLS], dominant, contextual
             return [sorted(s) for s in slots], list(rows)
         if method == "fastervlm":
@@ -170,9 +172,9 @@ def test_original_positions_keep_each_token_in_its_slot_without_cls(eager):
 
 
 def test_bad_positions_and_cls_options_are_refused():
-    with pytest.raises(ValueError, match="positions='sorted'.*'authors', 'original'"):
+    with pytest.raises(ValueError, match=r"positions='sorted'.*'authors', 'original'"):
         method_class("fastervlm")(positions="sorted")
-    with pytest.raises(ValueError, match="cls=True.*positions='original'"):
+    with pytest.raises(ValueError, match=r"cls=True.*positions='original'"):
         method_class("visionzip")(cls=True, positions="original")
     with pytest.raises(ValueError, match="unknown option 'positions'"):
         method_class("fastv")(positions="original")  # in the LLM: no such option
@@ -223,7 +225,11 @@ def test_where_the_authors_left_no_code_the_default_is_the_original_layout(famil
 
         ids = tiny_gemma3.prompt(2, 3, images=1)[None]
         model = tiny_gemma3.tiny_gemma3()
-        inputs = {"input_ids": ids, "pixel_values": tiny_gemma3.pixels(1), "token_type_ids": tiny_gemma3.token_types(ids)}
+        inputs = {
+            "input_ids": ids,
+            "pixel_values": tiny_gemma3.pixels(1),
+            "token_type_ids": tiny_gemma3.token_types(ids),
+        }
         options = {"keep": 5, "contextual": 2}
     runs = []
     for positions in ("authors", "original"):

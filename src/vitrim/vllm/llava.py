@@ -97,7 +97,9 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
         self.vitrim_scoring: ScoringCapture | None = None
-        if (options.method.needs_cls_attention or options.method.uses_cls_token) and self.vitrim_keep < self.vitrim_grid:
+        if (
+            options.method.needs_cls_attention or options.method.uses_cls_token
+        ) and self.vitrim_keep < self.vitrim_grid:
             if get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(
                     f"vitrim: method {options.method.name!r} reads the tower's [CLS] attention over all heads; "

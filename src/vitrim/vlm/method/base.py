@@ -206,7 +206,7 @@ class Method:
         if "positions" in defaults and self.options["positions"] not in POSITIONS:
             raise ValueError(
                 f"positions={self.options['positions']!r} for vlm method {self.name!r}: expected one of "
-                f"{', '.join(map(repr, POSITIONS))} (the authors' sequence, or each kept token at its original position)"
+                f"{', '.join(map(repr, POSITIONS))} (the authors' sequence, or each kept token at its own position)"
             )
         self.check()
 

@@ -110,7 +110,9 @@ class VisionZip(Method):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an int >= {least}")
         if self.options["cls"] not in (None, True, False):
-            raise ValueError(f"cls={self.options['cls']!r} must be None (the tower's [CLS] where it has one), True or False")
+            raise ValueError(
+                f"cls={self.options['cls']!r} must be None (the tower's [CLS] where it has one), True or False"
+            )
         if self.options["cls"] is True and not self.authors_layout():
             raise ValueError(
                 "cls=True hands the LLM the tower's [CLS], which has no slot of its own under positions='original'; "

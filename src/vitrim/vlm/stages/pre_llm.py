@@ -366,7 +366,9 @@ def keep_last_positions(
         llm_order = None
         if selection.order is not None:  # the same tokens in the same order, the added one last
             rank = {k: i for i, k in enumerate(ordered)}
-            llm_order = selection.kept.new_tensor([rank[k] for k in selection.kept[selection.order].tolist()] + [rank[token]])
+            llm_order = selection.kept.new_tensor(
+                [rank[k] for k in selection.kept[selection.order].tolist()] + [rank[token]]
+            )
         selections[image] = ImageSelection(
             kept=selection.kept.new_tensor(ordered),
             groups=tuple(groups[k] for k in ordered),
