@@ -149,10 +149,6 @@ class ImageSelection:
             return ordered
         return torch.cat([self.kept.new_tensor([self.cls_carrier()]), ordered])
 
-    def entering(self) -> int:
-        """Tokens this image hands the LLM: ``len(kept)``, +1 for [CLS]."""
-        return len(self.kept) + int(self.cls)
-
     @classmethod
     def unmerged(cls, kept: Tensor) -> ImageSelection:
         """The selection of the sorted ``kept`` (k,) tokens, each standing for itself (nothing merged)."""

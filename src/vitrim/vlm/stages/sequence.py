@@ -21,7 +21,7 @@ Conventions (owned here), per the method's option ``positions``:
 - ``"original"``: kept tokens keep their ORIGINAL position ids, so dropping tokens is exactly masking those keys in
   the full model; a merged token sits in the slot of its representative (the kept index its group is named by, e.g.
   VisionZip's contextual target token) and takes that slot's position id.
-- ``"authors"`` (on a family with 1-D positions, see ``FamilyTraits.authors_positions``): the sequence the authors'
+- ``"authors"`` (on a family with 1-D positions, see ``FamilyAdapter.authors_positions``): the sequence the authors'
   LLaVA code builds. Every column's position is its original one minus the image columns dropped before it in its
   sample (:func:`dropped_before`): the sequence numbered as if the dropped tokens had never been there (0 … n−1
   under ``generate()``'s positions, which count the real columns), and decode steps continue from it
