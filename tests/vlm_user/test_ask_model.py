@@ -81,6 +81,9 @@ def test_cli_equals_the_api(
     assert record["method"] == method and record["options"] == {"keep": 0.5} and record["answer"] == answer
     (image,) = record["images"]
     assert image["kept"] == kept[0] and image["groups"] == groups[0]
+    # VisionZip hands LLaVA's LLM the tower's [CLS]: an empty group, first, and "cls": true
+    assert image["cls"] == (family == "llava") and (image["groups"][0] == []) == image["cls"]
+    assert len(image["kept"]) == entered - image["cls"]
     assert image["tokens"] == tokens and len(image["boxes"]) == tokens
     assert image["size"] == {"height": 30, "width": 40}
     from PIL import Image
