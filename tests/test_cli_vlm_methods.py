@@ -34,7 +34,7 @@ def test_every_method_is_listed_under_its_stage_with_its_defaults(capsys: pytest
             shown = option if default is None else f"{option}={default!r}"
             assert shown in line, f"{name}: {shown} not in {line!r}"
     assert "pdrop         layers=(8, 16, 24), ratios=(0.5, 0.25, 0.125)" in out  # PyramidDrop's paper defaults
-    assert "visionzip     dominant=54, contextual=10, keep=64 when not given" in out  # VisionZip's 54 + 10
+    assert "visionzip     dominant=54, contextual=10, cls, positions='authors', keep=64 when not given" in out
     assert "fastv         layer=2 when not given, keep=0.5 when not given" in out  # FastV's K = 2, R = 50 %
     assert [line.split(":")[0] for line in out.splitlines() if line and not line[0].isspace()] == list(STAGES)
 

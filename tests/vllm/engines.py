@@ -116,10 +116,10 @@ def assert_like_reference(
         assert tokens == list(single.outputs[0].token_ids), request["prompt"]
         assert tokens == expected["tokens"], request["prompt"]
         dropped = 0
-        for seed, reference_kept, full in zip(
-            expected["seeds"], expected["kept"], expected["image_tokens"], strict=True
+        for seed, reference_kept, entered, full in zip(
+            expected["seeds"], expected["kept"], expected["entered"], expected["image_tokens"], strict=True
         ):
             assert kept[seed] == reference_kept, request["prompt"]
-            assert len(reference_kept) <= full
-            dropped += full - len(reference_kept)
+            assert len(reference_kept) <= entered <= full  # entered: + VisionZip's [CLS]
+            dropped += full - entered
         assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped

@@ -4,9 +4,9 @@ Per pre-LLM method, one engine: three requests of different prompts and images (
 and each alone; every request's greedy tokens equal transformers + vitrim.vlm's, its kept image tokens equal
 ``vitrim.vlm.last_selection``'s, and its prompt is shorter by exactly the dropped tokens (vLLM's own count).
 
-Positions: vLLM numbers the shortened prompt 0, 1, 2, … (docs/vllm.md); the reference runs vitrim.vlm with the same
-numbering (tests/vllm/transformers_reference.py, ``positions="contiguous"``), and the unpruned runs with the
-checkpoint's own. keep = 16 (all) is checked against vLLM's unmodified LlavaForConditionalGeneration.
+Positions: vLLM numbers the shortened prompt 0, 1, 2, … (docs/vllm.md), as vitrim.vlm does by default
+(``positions="authors"``: the authors' sequence, VisionZip's [CLS] first); the reference runs vitrim.vlm as it is.
+keep = 16 (all) is checked against vLLM's unmodified LlavaForConditionalGeneration.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[
             "family": "llava",
             "method": name,
             "options": {} if name is None else {"keep": KEEP},
-            "positions": "original" if name is None else "contiguous",
+            "positions": "original",  # vitrim.vlm as it is (its default: the authors' contiguous sequence)
             "max_tokens": MAX_TOKENS,
             "requests": requests,
         }
@@ -88,7 +88,8 @@ def test_a_method_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_do
 ) -> None:
     runs = trimmed_runs(folder, ARCHITECTURE, method, {"keep": KEEP}, requests, MAX_TOKENS)
     assert_like_reference(requests, runs, reference[method])
-    assert all(len(kept) == KEEP for kept in runs[2].values())
+    patches = KEEP - (method == "visionzip")  # VisionZip's [CLS] is one of the KEEP tokens, as its authors count
+    assert all(len(kept) == patches for kept in runs[2].values())
 
 
 def test_keeping_every_token_is_vllms_unmodified_llava(
@@ -103,3 +104,22 @@ def test_keeping_every_token_is_vllms_unmodified_llava(
         assert list(trimmed.outputs[0].token_ids) == expected["tokens"]
         assert trimmed.prompt_token_ids == plain.prompt_token_ids
         assert len(plain.prompt_token_ids) == expected["prompt_tokens"]
+
+
+def test_original_positions_are_refused_when_the_engine_starts() -> None:
+    from types import SimpleNamespace
+
+    from vitrim.vllm.llava import llava_trim_options
+
+    vision = SimpleNamespace(model_type="clip_vision_model", image_size=16, patch_size=4, num_hidden_layers=3)
+    config = SimpleNamespace(
+        model_type="llava",
+        vitrim={"method": "fastervlm", "keep": 4, "positions": "original"},
+        vision_config=vision,
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+    )
+    with pytest.raises(ValueError, match=r"vitrim: positions='original' keeps each kept token"):
+        llava_trim_options(config)
+    config.vitrim = {"method": "fastervlm", "keep": 4}
+    assert llava_trim_options(config).method.authors_layout()

@@ -10,11 +10,12 @@ SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl", "method
 (keep and the method's options), "positions": "original" | "contiguous", "max_tokens", "requests": [{"prompt",
 "images": [png paths]}]}. OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
 length, "seeds": per image the content seed of its pixels, "image_tokens": per image its unpruned token count,
-"kept": per image kept raster indices (null without a method)}.
+"kept": per image kept raster indices (null without a method), "entered": per image the tokens it handed the LLM
+(its kept patches, + 1 for VisionZip's [CLS]; null without a method)}.
 
-``positions="contiguous"`` numbers the shortened LLM input 0, 1, 2, … (vLLM's LLaVA path) instead of vitrim.vlm's
-original positions: a forward pre-hook on the language model, after vitrim.vlm's, sets ``position_ids`` to the
-cache length + 0 … q−1 at every step.
+``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
+language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
+``"original"`` runs vitrim.vlm as it is (on LLaVA its default already numbers the shortened input 0, 1, 2, …).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=spec["max_tokens"], do_sample=False)
         selection = vitrim.vlm.last_selection(model) if spec["method"] is not None else None
+        groups = vitrim.vlm.last_selection(model, groups=True) if spec["method"] is not None else None
         results.append(
             {
                 "tokens": out[0, inputs["input_ids"].shape[1] :].tolist(),
@@ -94,6 +96,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 "seeds": [content_seed(p) for p in per_image],
                 "image_tokens": image_tokens,
                 "kept": None if selection is None else [kept.tolist() for kept in selection],
+                "entered": None if groups is None else [len(image) for image in groups],
             }
         )
     return results

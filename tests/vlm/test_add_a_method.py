@@ -41,7 +41,7 @@ def test_a_new_method_is_one_registered_class(registered: None) -> None:
     assert vitrim.vlm.method_info("keep_first").stage == "pre_llm"
     model = tiny_llava()
     ids, pv = prompt(2, 3)[None], pixels(1)
-    vitrim.vlm.apply(model, "keep_first", keep=5)
+    vitrim.vlm.apply(model, "keep_first", keep=5, positions="original")
     with torch.no_grad():
         out = model(input_ids=ids, pixel_values=pv).logits
     assert vitrim.vlm.last_selection(model)[0].tolist() == [0, 1, 2, 3, 4]

@@ -97,7 +97,7 @@ def test_keeping_every_token_is_the_unmodified_model_bit_for_bit(model: torch.nn
 def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.Module, method: str) -> None:
     ids, pv = prompt(3, 4, images=2)[None], pixels(2)
     mask = torch.ones_like(ids)
-    vitrim.vlm.apply(model, method, keep=5)
+    vitrim.vlm.apply(model, method, keep=5, positions="original")
     out = model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids))
     kept = vitrim.vlm.last_selection(model)
     assert all(len(k) == 5 and torch.equal(k, k.sort().values) for k in kept)
@@ -141,7 +141,7 @@ def test_visionzip_merges_into_kept_slots(model: torch.nn.Module) -> None:
     slot: the full model fed those embeddings with the other image keys masked."""
     ids, pv = prompt(2, 3, images=1)[None], pixels(1)
     types = token_types(ids)
-    vitrim.vlm.apply(model, "visionzip", dominant=3, contextual=2)
+    vitrim.vlm.apply(model, "visionzip", dominant=3, contextual=2, positions="original")
     out = model(input_ids=ids, pixel_values=pv, token_type_ids=types).logits
     kept = vitrim.vlm.last_selection(model)
     groups = vitrim.vlm.last_selection(model, groups=True)[0]
@@ -180,7 +180,7 @@ def test_kept_tokens_keep_the_projectors_own_output(model: torch.nn.Module) -> N
     to 1e-12 in float64 (issue 45: a re-projection was 4e-7 off)."""
     ids, pv = prompt(2, 3, images=1)[None], pixels(1)
     types = token_types(ids)
-    vitrim.vlm.apply(model, "visionzip", dominant=5, contextual=0)
+    vitrim.vlm.apply(model, "visionzip", dominant=5, contextual=0, positions="original")
     out = model(input_ids=ids, pixel_values=pv, token_type_ids=types).logits
     kept = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)
@@ -229,7 +229,7 @@ def test_generate_after_apply_is_the_masked_model_decoding_greedily(model: torch
     masked full model picks, step by step on its full cache."""
     prompts = [prompt(3, 4, images=2, seed=0), prompt(6, 2, images=1, seed=1)]
     (ids, mask), images = batch(prompts, "left"), pixels(3, seed=2)
-    vitrim.vlm.apply(model, "vispruner", keep=5)
+    vitrim.vlm.apply(model, "vispruner", keep=5, positions="original")
     generated = model.generate(
         input_ids=ids,
         pixel_values=images,
@@ -255,7 +255,7 @@ def test_keep_larger_than_the_pooled_grid_is_refused_at_apply(model: torch.nn.Mo
 def test_without_token_types_dropping_equals_the_causal_model_with_those_keys_masked(model: torch.nn.Module) -> None:
     """A caller who passes no token_type_ids gets Gemma 3's causal masks (no image block); the same holds there."""
     ids, pv = prompt(3, 4, images=2)[None], pixels(2)
-    vitrim.vlm.apply(model, "random", keep=5, seed=3)
+    vitrim.vlm.apply(model, "random", keep=5, seed=3, positions="original")
     out = model(input_ids=ids, pixel_values=pv)
     kept = vitrim.vlm.last_selection(model)
     token = out.logits[:, -1].argmax(-1, keepdim=True)
@@ -279,7 +279,7 @@ def test_eager_attention_gets_additive_masks_and_the_same_result() -> None:
     """On eager attention the masks are additive floats; Gemma 3's eager softmax runs in float32, hence 1e-5."""
     model = tiny_gemma3(attn="eager")
     ids, pv = prompt(3, 4, images=2)[None], pixels(2)
-    vitrim.vlm.apply(model, "random", keep=5, seed=4)
+    vitrim.vlm.apply(model, "random", keep=5, seed=4, positions="original")
     out = model(input_ids=ids, pixel_values=pv, token_type_ids=token_types(ids))
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     step = model(

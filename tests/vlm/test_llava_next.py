@@ -87,7 +87,7 @@ def dropped_mask(ids: torch.Tensor, kept: list[torch.Tensor]) -> torch.Tensor:
     ],
 )
 def test_dropping_equals_the_full_model_with_those_keys_masked(model: torch.nn.Module, method: str, options) -> None:
-    vitrim.vlm.apply(model, method, keep=5, **options)
+    vitrim.vlm.apply(model, method, keep=5, **options, positions="original")
     pruned = model(**inputs()).logits
     kept = vitrim.vlm.last_selection(model)
     # per tile 5 tokens (3 and 5 tiles), and every newline token (4 and 8)
@@ -107,7 +107,7 @@ def test_merged_groups_cover_every_token_the_llm_would_see(model: torch.nn.Modul
 
 
 def test_generate_equals_greedy_decoding_of_the_masked_model(model: torch.nn.Module) -> None:
-    vitrim.vlm.apply(model, "fastervlm", keep=3)
+    vitrim.vlm.apply(model, "fastervlm", keep=3, positions="original")
     generated = model.generate(**inputs(), max_new_tokens=3, do_sample=False)
     kept = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)

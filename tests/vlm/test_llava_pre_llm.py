@@ -53,7 +53,7 @@ def test_keeping_every_token_is_the_unmodified_model_bit_for_bit(
     ids, pv = prompt(3, 4, images=2)[None], pixels(2)
     reference = model(input_ids=ids, pixel_values=pv).logits
     generated = model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False)
-    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)
+    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS, positions="original")
     assert torch.equal(model(input_ids=ids, pixel_values=pv).logits, reference)
     assert torch.equal(model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=3, do_sample=False), generated)
     assert [k.tolist() for k in vitrim.vlm.last_selection(model)] == [list(range(GRID_TOKENS))] * 2
@@ -65,7 +65,7 @@ def test_dropping_equals_the_full_model_with_those_keys_masked(
 ) -> None:
     model = models[attn]
     ids, pv = prompt(3, 4, images=2)[None], pixels(2)
-    vitrim.vlm.apply(model, "random", keep=5, seed=7)
+    vitrim.vlm.apply(model, "random", keep=5, seed=7, positions="original")
     pruned = model(input_ids=ids, pixel_values=pv).logits  # (1, L', V)
     kept = vitrim.vlm.last_selection(model)
     assert [len(k) for k in kept] == [5, 5] and all(torch.equal(k, k.sort().values) for k in kept)
@@ -79,7 +79,7 @@ def test_dropping_equals_the_full_model_with_those_keys_masked(
 def test_decode_steps_after_a_pruned_prefill_equal_the_masked_full_cache(model: torch.nn.Module) -> None:
     ids, pv = prompt(2, 3)[None], pixels(1)
     steps = torch.tensor([[11], [42]])
-    vitrim.vlm.apply(model, "random", keep=4, seed=3)
+    vitrim.vlm.apply(model, "random", keep=4, seed=3, positions="original")
     out = model(input_ids=ids, pixel_values=pv, use_cache=True)
     kept = vitrim.vlm.last_selection(model)
     pruned_steps = []
@@ -115,7 +115,7 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, pv: torch.Tensor, mask: to
 
 def test_generate_after_apply_equals_greedy_decoding_of_the_masked_model(model: torch.nn.Module) -> None:
     ids, pv = prompt(4, 2, images=2, seed=5)[None], pixels(2, seed=5)
-    vitrim.vlm.apply(model, "random", keep=0.25)
+    vitrim.vlm.apply(model, "random", keep=0.25, positions="original")
     generated = model.generate(input_ids=ids, pixel_values=pv, max_new_tokens=5, do_sample=False)
     kept = vitrim.vlm.last_selection(model)
     assert [len(k) for k in kept] == [4, 4]
@@ -250,7 +250,7 @@ def test_beam_search_equals_beam_search_on_the_masked_model(model: torch.nn.Modu
     ids, mask = batch(prompts[:2], "left")
     pv = torch.cat(images[:2])
     options = dict(max_new_tokens=3, do_sample=False, num_beams=2, num_return_sequences=2)
-    vitrim.vlm.apply(model, "fastervlm", keep=5)
+    vitrim.vlm.apply(model, "fastervlm", keep=5, positions="original")
     pruned = model.generate(input_ids=ids, attention_mask=mask, pixel_values=pv, **options)
     kept = vitrim.vlm.last_selection(model)
     assert len(kept) == 3  # the prompts' images, not the beams'
@@ -264,7 +264,7 @@ def test_beam_search_equals_beam_search_on_the_masked_model(model: torch.nn.Modu
 
 def test_calling_the_inner_llava_model_directly_prunes_too(model: torch.nn.Module) -> None:
     ids, pv = prompt(2, 2)[None], pixels(1)
-    vitrim.vlm.apply(model, "fastervlm", keep=4)
+    vitrim.vlm.apply(model, "fastervlm", keep=4, positions="original")
     hidden = model.model(input_ids=ids, pixel_values=pv).last_hidden_state
     kept = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)
@@ -294,10 +294,10 @@ def test_labels_give_the_loss_over_the_positions_that_entered_the_llm(model: tor
     ids, pv = prompt(3, 4)[None], pixels(1)
     labels = torch.where(ids == IMAGE_TOKEN, torch.full_like(ids, -100), ids)  # as a processor's collator makes them
     plain = model(input_ids=ids, pixel_values=pv, labels=labels).loss
-    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS)
+    vitrim.vlm.apply(model, "random", keep=GRID_TOKENS, positions="original")
     assert model(input_ids=ids, pixel_values=pv, labels=labels).loss.item() == plain.item()
     vitrim.vlm.remove(model)
-    vitrim.vlm.apply(model, "random", keep=4)
+    vitrim.vlm.apply(model, "random", keep=4, positions="original")
     loss = model(input_ids=ids, pixel_values=pv, labels=labels).loss
     kept = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)

@@ -108,7 +108,7 @@ def test_visionzip_equals_the_authors_selection_and_merge(eager, authors_tensors
     )
     ids = torch.cat([prompt(1, 1, images=1, seed=i) for i in range(len(pv))])[None]
     captured = {}
-    vitrim.vlm.apply(eager, "visionzip", keep=keep, contextual=contextual)
+    vitrim.vlm.apply(eager, "visionzip", keep=keep, contextual=contextual, cls=False)
     hook = eager.model.multi_modal_projector.register_forward_hook(lambda m, a, out: captured.__setitem__("out", out))
     try:
         eager(input_ids=ids, pixel_values=pv)
@@ -185,5 +185,5 @@ def test_on_an_sdpa_tower_the_selections_are_the_same(authors_tensors: dict[str,
     pv, attentions, hidden = authors_tensors["pixels"], authors_tensors["attentions"], authors_tensors["hidden"]
     assert selected(sdpa, pv, "fastervlm", keep=5) == fastervlm_reference(attentions, 5)
     assert selected(sdpa, pv, "vispruner", keep=6) == vispruner_reference(attentions, hidden, 6, 0.5)
-    slots, _ = visionzip_reference(attentions, hidden, authors_tensors["keys"], 4, 2)
+    slots, _ = visionzip_reference(attentions, hidden, authors_tensors["keys"], 3, 2)  # [CLS] + 3 + 2
     assert selected(sdpa, pv, "visionzip", keep=6, contextual=2) == [sorted(s) for s in slots]

@@ -96,14 +96,15 @@ def _fastv_reference(model, ids, embeds, positions, mask, visible, keep: int) ->
 
 
 def test_pre_llm_then_in_llm_is_the_in_llm_drop_on_the_shortened_sequence(model: torch.nn.Module) -> None:
+    """Against the masked model: the pre-LLM method keeps each token at its own position (positions='original')."""
     inputs = _inputs()
-    vitrim.vlm.apply(model, "random", keep=8, seed=5)
+    vitrim.vlm.apply(model, "random", keep=8, seed=5, positions="original")
     alone = model(**inputs).logits
     pre_alone = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)
 
     vitrim.vlm.apply(model, "fastv", layer=1, keep=4)  # applied first: the stack runs pre-LLM first anyway
-    vitrim.vlm.apply(model, "random", keep=8, seed=5)
+    vitrim.vlm.apply(model, "random", keep=8, seed=5, positions="original")
     out = model(**inputs).logits
     pre = vitrim.vlm.last_selection(model, stage="pre_llm")
     final = vitrim.vlm.last_selection(model)

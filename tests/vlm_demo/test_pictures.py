@@ -26,6 +26,8 @@ def test_render_groups_keeps_washes_and_tints() -> None:
     assert np.allclose(rgb[40:48, 40:48], 1.0)  # pruned blank stays white
     with pytest.raises(ValueError, match=r"indices must lie in \[0, 64\)"):
         render_groups(pixels, [torch.tensor([64])])
+    with_cls = render_groups(pixels, [torch.zeros(0, dtype=torch.long), *groups])  # VisionZip's [CLS]: no patch
+    assert np.array_equal(with_cls, rgb)
 
 
 def test_ink_patches_marks_the_patches_with_any_ink() -> None:

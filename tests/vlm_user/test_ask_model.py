@@ -77,12 +77,16 @@ def test_cli_equals_the_api(
     assert code == 0
     answer, kept, groups = api_run(folders[family], folders["picture"], "w10 w11 w12", method, 0.5)
     assert printed[0] == answer
-    assert printed[1] == f"{method}: {len(groups[0])} of {tokens} image tokens entered the LLM"
+    cls = " (one of them the tower's [CLS])" if len(groups[0][0]) == 0 else ""  # VisionZip on LLaVA, as its authors
+    assert printed[1] == f"{method}: {len(groups[0])} of {tokens} image tokens entered the LLM{cls}"
     assert len(groups[0]) == entered
     record = json.loads((out / "selection.json").read_text())
     assert record["method"] == method and record["options"] == {"keep": 0.5} and record["answer"] == answer
     (image,) = record["images"]
     assert image["kept"] == kept[0] and image["groups"] == groups[0]
+    # VisionZip hands LLaVA's LLM the tower's [CLS]: an empty group, first, and "cls": true
+    assert image["cls"] == (family == "llava") and (image["groups"][0] == []) == image["cls"]
+    assert len(image["kept"]) == entered - image["cls"]
     assert image["tokens"] == tokens and len(image["boxes"]) == tokens
     assert image["size"] == {"height": 30, "width": 40}
     from PIL import Image

@@ -211,7 +211,11 @@ def run_user_ask(args: argparse.Namespace) -> int:
         into = f"all {entered}" if entered == total else f"{entered} of {total}"
         print(f"{answer.method}: {into} image tokens entered the LLM; {selected} of them stay after its layer")
     else:
-        print(f"{answer.method}: {entered} of {total} image tokens entered the LLM")
+        cls = bool(answer.groups and answer.groups[0] and len(answer.groups[0][0]) == 0)
+        print(
+            f"{answer.method}: {entered} of {total} image tokens entered the LLM"
+            + (" (one of them the tower's [CLS])" * cls)
+        )
     if out is not None:
         reply = answer.text if len(answer.text) <= 40 else answer.text[:39] + "…"
         keeps = ", ".join(str(o.get("keep", "default")) for _, o in method) if isinstance(method, list) else args.keep

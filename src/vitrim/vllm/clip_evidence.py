@@ -48,19 +48,31 @@ def scoring_layer_index(feature_layer: int, num_layers: int) -> int:
 
 
 class ScoringCapture:
-    """A forward pre-hook on the scoring layer's attention that keeps its input (I, 1 + N, D) for one tower run."""
+    """Hooks on the scoring layer (the tower layer producing the feature layer) for one tower run: its attention's
+    input (I, 1 + N, D), and with ``with_cls_row`` the layer's output [CLS] row (I, D), the feature layer's [CLS]
+    that VisionZip hands the LLM (vitrim.vlm.families.llava reads the same row)."""
 
-    def __init__(self, attention: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, with_cls_row: bool = False) -> None:
+        attention: Any = layer.self_attn
         self.view = FusedQKView(attention)
         self.hidden: Tensor | None = None
-        self.handle = attention.register_forward_pre_hook(self.keep_input, with_kwargs=True)
+        self.cls_row: Tensor | None = None
+        self.handles = [attention.register_forward_pre_hook(self.keep_input, with_kwargs=True)]
+        if with_cls_row:
+            self.handles.append(layer.register_forward_hook(self.keep_cls_row))
 
     def keep_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
 
-    def take(self) -> tuple[Tensor, Tensor]:
-        """The [CLS] attention row (I, H, N) and the keys (I, H, N, hd) of the last run; forgets the input."""
+    def keep_cls_row(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output  # (I, 1 + N, D), [CLS] first
+        self.cls_row = hidden[:, 0]
+
+    def take(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The [CLS] attention row (I, H, N), the keys (I, H, N, hd) and the [CLS] row (I, D) or None of the last
+        run; forgets them."""
         hidden, self.hidden = self.hidden, None
+        cls_row, self.cls_row = self.cls_row, None
         if hidden is None:
             raise RuntimeError("vitrim: the tower ran without its scoring layer")
-        return cls_attention_and_keys(self.view, hidden)
+        return (*cls_attention_and_keys(self.view, hidden), cls_row)

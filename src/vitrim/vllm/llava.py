@@ -5,13 +5,14 @@ A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, 
 - **How many placeholders an image gets** (the processing info's ``get_num_image_tokens``): ``keep`` instead of
   the grid's N, decided from the options alone (vLLM lays out the prompt before the tower runs);
 - **Which features fill them** (``embed_multimodal``): the tower runs as vLLM's does, the method of vitrim.vlm
-  selects from its evidence (vitrim.vllm.clip_evidence), merged features are written into their slots before the
-  projector (VisionZip), and each image hands the LLM its ``keep`` projected tokens in raster order.
+  selects from its evidence (vitrim.vllm.clip_evidence), merged features and VisionZip's [CLS] are written into
+  their slots before the projector, and each image hands the LLM its ``keep`` projected tokens in the authors'
+  order (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others).
 
 Positions: vLLM numbers the shortened prompt 0, 1, 2, … (the kept image tokens and the text after them take
-consecutive positions), as the authors' LLaVA code does when it drops tokens. vitrim.vlm in transformers keeps each
-kept token's ORIGINAL position instead; the two agree on the selection and on every feature, and differ in the
-rotary positions of the tokens after the first dropped one (tests/vllm compares each against its own convention).
+consecutive positions), as the authors' LLaVA code does when it drops tokens and as vitrim.vlm does by default
+(``positions="authors"``); ``positions="original"`` (each kept token at its unpruned position) cannot be served here
+and is refused when the engine starts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from vitrim.vllm.clip_evidence import ScoringCapture, scoring_layer_index
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, trim_options
 from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vlm.families.seams import write_merged
 from vitrim.vlm.method.base import VisionEvidence, content_seed
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
@@ -50,6 +52,11 @@ def llava_trim_options(hf_config: Any) -> TrimOptions:
             f"vitrim: {ARCHITECTURE} runs LLaVA-1.5 (a CLIP tower, an int vision_feature_layer, strategy 'default'); "
             f"this checkpoint has a {vision.model_type!r} tower, vision_feature_layer={layer!r}, "
             f"vision_feature_select_strategy={strategy!r}"
+        )
+    if not options.method.authors_layout():
+        raise ValueError(
+            "vitrim: positions='original' keeps each kept token at its unpruned position; vLLM numbers a shortened "
+            "LLaVA prompt 0, 1, 2, … (the authors' convention, vitrim.vlm's default positions='authors')"
         )
     grid = (vision.image_size // vision.patch_size) ** 2
     options.tokens(grid)  # keep above the grid fails here, when the engine starts
@@ -90,7 +97,9 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
         self.vitrim_scoring: ScoringCapture | None = None
-        if options.method.needs_cls_attention and self.vitrim_keep < self.vitrim_grid:
+        if (
+            options.method.needs_cls_attention or options.method.uses_cls_token
+        ) and self.vitrim_keep < self.vitrim_grid:
             if get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(
                     f"vitrim: method {options.method.name!r} reads the tower's [CLS] attention over all heads; "
@@ -98,7 +107,7 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
                 )
             index = scoring_layer_index(config.vision_feature_layer, vision.num_hidden_layers)
             layer = self.vision_tower.vision_model.encoder.layers[index]
-            self.vitrim_scoring = ScoringCapture(layer.self_attn)
+            self.vitrim_scoring = ScoringCapture(layer, with_cls_row=options.method.uses_cls_token)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
@@ -115,21 +124,23 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
             for seed in seeds.tolist():
                 self.vitrim_record.add(seed, torch.arange(keep))
             return tuple(self.multi_modal_projector(features).unbind(0))
-        cls_attention = keys = None
+        cls_attention = keys = cls_feature = None
         if self.vitrim_scoring is not None:
-            cls_attention, keys = self.vitrim_scoring.take()
+            cls_attention, keys, cls_feature = self.vitrim_scoring.take()
         projected = self.multi_modal_projector(features) if method.scores_projected else None
         evidence = VisionEvidence(
-            features=features, cls_attention=cls_attention, keys=keys, seeds=seeds, projected=projected
+            features=features,
+            cls_attention=cls_attention if method.needs_cls_attention else None,
+            keys=keys if method.needs_cls_attention else None,
+            seeds=seeds,
+            projected=projected,
+            cls_feature=cls_feature,
         )
         selections = method.select(evidence, keep)
         if projected is None:
-            merged = [(image, s) for image, s in enumerate(selections) if s.merged is not None]
-            if merged:
-                features = features.clone()
-                for image, selection in merged:
-                    features[image, selection.kept] = selection.merged.to(features.dtype)  # type: ignore[union-attr]
-            projected = self.multi_modal_projector(features)  # (I, N, E)
+            written = write_merged(features, selections, lambda states: states, cls_feature)
+            projected = self.multi_modal_projector(features if written is None else written)  # (I, N, E)
         for seed, selection in zip(seeds.tolist(), selections, strict=True):
             self.vitrim_record.add(seed, selection.kept)
-        return tuple(projected[image, selection.kept] for image, selection in enumerate(selections))
+        # vLLM numbers the prompt contiguously: the authors' sequence, each image's tokens in their order
+        return tuple(projected[image, selection.llm_slots()] for image, selection in enumerate(selections))

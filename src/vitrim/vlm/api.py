@@ -120,8 +120,10 @@ def last_selection(
     indices, raster order of the image tokens the unmodified model would have produced.
 
     ``groups=True``: per image, a list with one LongTensor per token entering the LLM, the image-token indices it
-    stands for (one for a kept token, several for a merged one). After a forward without images: ``[]`` (that
-    prefill had no image to select from); ``ValueError`` before any forward.
+    stands for (one for a kept token, several for a merged one), in raster order of the kept indices; an EMPTY
+    LongTensor, always first, is the tower's [CLS] token, which stands for no patch (VisionZip hands it to the LLM
+    as its authors do, ``ImageSelection.cls``). After a forward without images: ``[]`` (that prefill had no image to
+    select from); ``ValueError`` before any forward.
 
     ``stage``: with methods of several stages stacked, what is left after that stage ("tower", "pre_llm",
     "in_llm"); default the last applied stage's, i.e. the tokens that go furthest. Per stage: tower, the tower's
@@ -133,7 +135,7 @@ def last_selection(
     if selection is None:
         raise ValueError(f"vlm method {applied.method.name!r} has seen no prefill yet: run the model first")
     if groups:
-        return [list(image.groups) for image in selection]
+        return [[image.kept.new_zeros(0)] * image.cls + list(image.groups) for image in selection]
     return [image.kept for image in selection]
 
 

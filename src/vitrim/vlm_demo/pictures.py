@@ -28,7 +28,8 @@ WASH = 0.8
 def render_groups(pixels: np.ndarray, groups: Sequence[Tensor | np.ndarray]) -> np.ndarray:
     """(CANVAS, CANVAS, 3) RGB in [0, 1]: ink dark on white; patches in no group washed out, merged groups tinted.
 
-    pixels: (CANVAS, CANVAS) ink in [0, 1]; groups: one LongTensor of patch indices (raster order) per LLM token.
+    pixels: (CANVAS, CANVAS) ink in [0, 1]; groups: one LongTensor of patch indices (raster order) per LLM token
+    (an empty one is the tower's [CLS], which covers no patch: VisionZip hands it to the LLM).
     """
     from matplotlib import colormaps
 
@@ -40,7 +41,9 @@ def render_groups(pixels: np.ndarray, groups: Sequence[Tensor | np.ndarray]) -> 
     merged = 0
     for group in groups:
         indices = np.asarray(group, dtype=np.int64).reshape(-1)
-        if indices.size == 0 or indices.min() < 0 or indices.max() >= IMAGE_TOKENS:
+        if indices.size == 0:
+            continue  # the [CLS] token: on no patch
+        if indices.min() < 0 or indices.max() >= IMAGE_TOKENS:
             raise ValueError(f"a group's indices must lie in [0, {IMAGE_TOKENS}), got {indices.tolist()}")
         kept[indices] = True
         if indices.size > 1:

@@ -28,7 +28,8 @@ class Answer:
     total: per image, its image tokens in the unmodified LLM input; entered: per image, the image tokens that entered
     the LLM (merged ones count once; an in-LLM method lets all in); selected: per image, the tokens the method kept
     (the LLM tokens standing for the image; in-LLM: from its layer on); groups: per image, one LongTensor per such
-    token (``last_selection(model, groups=True)``), None without a method; kept: per image, the kept indices
+    token (``last_selection(model, groups=True)``; an empty one, first, is the tower's [CLS]), None without a method;
+    kept: per image, the kept indices
     (``last_selection(model)``); boxes: per image, where each token is in the picture; inputs: what the processor
     made (input_ids, pixel_values, …); stack: per method applied (stage order), its name, stage and options.
     """
@@ -60,6 +61,8 @@ class Answer:
                     "selected": self.selected[number],
                     "kept": None if self.kept is None else self.kept[number],
                     "groups": None if groups is None else [g.reshape(-1).tolist() for g in groups],
+                    # an empty group (always first) is the tower's [CLS], which stands for no patch
+                    "cls": None if groups is None else bool(groups and groups[0].numel() == 0),
                     "views": [
                         {"name": name, "grid": list(grid)} for name, grid in zip(boxes.views, boxes.grids, strict=True)
                     ],
@@ -150,7 +153,8 @@ def ask(
             groups = [list(image_groups) for image_groups in selection]
             kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]
             handoff = getattr(model, STATE_ATTRIBUTE).stack.handoff  # the pre-LLM stage shortening the LLM input
-            entered = total if handoff is None else [len(image.kept) for image in handoff.selection()]
+            # a [CLS] the method hands the LLM (VisionZip) enters beside the kept image tokens
+            entered = total if handoff is None else [len(image.kept) + image.cls for image in handoff.selection()]
     finally:
         if stack:
             vitrim.vlm.remove(model)

@@ -54,6 +54,10 @@ class FamilyAdapter:
     """
 
     traits: ClassVar[FamilyTraits]
+    # positions="authors" hands the LLM the authors' shorter sequence numbered contiguously (their LLaVA code's
+    # convention, for every family with 1-D positions); a family whose positions are not a count (Qwen's M-RoPE)
+    # keeps the original ones there and says why
+    authors_positions: bool = True
     model: nn.Module
     inner: Any
     language_model: nn.Module

@@ -56,6 +56,12 @@ class Gemma3Adapter(FamilyAdapter):
         stages=("pre_llm", "in_llm", "tower"),
         tower_grid_only="its projector average-pools the whole patch grid",
     )
+    # no author of these methods released Gemma 3 code; its LLM's sliding-window and bidirectional-image masks are
+    # the model's own, built for the full prompt and gathered at the kept columns, so they count ORIGINAL distance.
+    # Renumbering the positions without rebuilding those masks for the shorter sequence would mix the two
+    # conventions (and a cached decode would disagree with use_cache=False): positions="authors" keeps the
+    # original positions and raster order here, as positions="original" does
+    authors_positions = False
 
     def __init__(self, model: nn.Module) -> None:
         parts = ("vision_tower", "multi_modal_projector", "language_model")

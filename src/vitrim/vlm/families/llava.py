@@ -8,6 +8,9 @@ The model (transformers ≥ 5): ``model.model.vision_tower`` (CLIP) → ``hidden
 Seams used (hooks on this instance's submodules only):
 - a forward pre-hook on the scoring layer's attention (tower layer ``vision_feature_layer``): its input hidden
   states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
+- a forward hook on that layer (for a method with ``uses_cls_token``): its output's [CLS] row, the [CLS] of the
+  feature layer the "default" strategy drops, which the method may hand the LLM (written into a free slot before
+  the projector, so it is projected as the authors' VisionZip projects it);
 - a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
   are written into their slots); a forward hook on it for methods that select on its output;
 - everything else (the prefill, the shortened LLM input, decoding, beams) is the pre-LLM stage's
@@ -36,6 +39,7 @@ class LlavaAdapter(FamilyAdapter):
         title="LLaVA-1.5 (LlavaForConditionalGeneration)",
         stages=("pre_llm", "in_llm", "tower"),
     )
+    cls_to_llm = True  # a method may hand the LLM the tower's [CLS] (VisionZip), through this model's projector
 
     def __init__(self, model: nn.Module) -> None:
         parts = ("vision_tower", "multi_modal_projector", "language_model")
@@ -104,6 +108,7 @@ class ProjectorSelection:
         self.adapter, self.stage, self.method = adapter, stage, stage.method
         self.seeds: Tensor | None = None
         self.scoring_input: Tensor | None = None
+        self.cls_feature: Tensor | None = None  # (I, D) the feature layer's [CLS] rows of this tower run
         self.features: Tensor | None = None
 
     def hooks(self) -> list[Callable[[], None]]:
@@ -117,7 +122,13 @@ class ProjectorSelection:
         scoring = self.adapter.scoring_layer()
         if self.method.needs_cls_attention and scoring is not None:
             handles.append(scoring.self_attn.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
+        if self.method.uses_cls_token and self.adapter.cls_to_llm and scoring is not None:
+            handles.append(scoring.register_forward_hook(self.on_feature_layer))
         return [handle.remove for handle in handles]
+
+    def on_feature_layer(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output  # (I, 1 + N, D) the feature layer, [CLS] first
+        self.cls_feature = hidden[:, 0]
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
@@ -134,8 +145,14 @@ class ProjectorSelection:
             attention = self.adapter.scoring_layer().self_attn
             cls_attention, keys = cls_attention_and_keys(attention, self.scoring_input)
         self.scoring_input = None
+        cls_feature, self.cls_feature = self.cls_feature, None
         return VisionEvidence(
-            features=features, cls_attention=cls_attention, keys=keys, seeds=self.seeds, projected=projected
+            features=features,
+            cls_attention=cls_attention,
+            keys=keys,
+            seeds=self.seeds,
+            projected=projected,
+            cls_feature=cls_feature,
         )
 
     def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -143,9 +160,10 @@ class ProjectorSelection:
         self.features = features
         if self.method.scores_projected:
             return None  # selected on the projector's output (after_projector)
-        selections = self.stage.select(self.evidence(features), features.shape[1])
+        evidence = self.evidence(features)
+        selections = self.stage.select(evidence, features.shape[1])
         self.stage.selected(selections)
-        written = write_merged(features, selections, lambda states: states)
+        written = write_merged(features, selections, lambda states: states, evidence.cls_feature)
         return None if written is None else (written, *args[1:])
 
     def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:

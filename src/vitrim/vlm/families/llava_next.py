@@ -46,6 +46,7 @@ class LlavaNextAdapter(LlavaAdapter):
         title="LLaVA-NeXT (LlavaNextForConditionalGeneration)",
         stages=("pre_llm", "in_llm"),
     )
+    cls_to_llm = False  # every tile has a [CLS]; the packed image has no place for them (VisionZip: one more patch)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

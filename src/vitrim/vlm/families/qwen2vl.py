@@ -73,6 +73,11 @@ class Qwen2VLAdapter(FamilyAdapter):
             "DeepStack rows follow the kept tokens there)"
         ),
     )
+    # M-RoPE gives an image token its (t, h, w) cell, not a count: a subset of the grid has no renumbering of its
+    # own, and no author of these methods released Qwen code that builds one (CDPruner's was asked for, never
+    # published). positions="authors" here is the common practice of pruning papers on Qwen2.5-VL: the positions
+    # the model computes for the full prompt, gathered at the kept tokens (= positions="original"), raster order
+    authors_positions = False
 
     def __init__(self, model: nn.Module) -> None:
         inner = inner_model(model, ("visual", "language_model", "get_rope_index"), "Qwen2-VL")

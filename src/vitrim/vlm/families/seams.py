@@ -72,12 +72,21 @@ def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
 
 
 def write_merged(
-    values: Tensor, selections: list[ImageSelection], transform: Callable[[Tensor], Tensor]
+    values: Tensor,
+    selections: list[ImageSelection],
+    transform: Callable[[Tensor], Tensor],
+    cls_features: Tensor | None = None,
 ) -> Tensor | None:
     """``values`` (I, N, …) with each image's merged slots (:meth:`ImageSelection.merged_slots`) set to
-    ``transform(merged features)``: a copy, or None when no slot of any image was merged (nothing to write)."""
+    ``transform(merged features)``, and the [CLS] carrier slot of an image whose selection hands on its [CLS] set to
+    ``cls_features[image]`` ((I, …) as ``values`` holds a token): a copy, or None when nothing was written."""
     written = None
     for image, selection in enumerate(selections):
+        if selection.cls:
+            if cls_features is None:
+                raise ValueError("the selection hands the LLM the tower's [CLS], which this family did not capture")
+            written = values.clone() if written is None else written
+            written[image, selection.cls_carrier()] = cls_features[image].to(values.dtype)
         if selection.merged is None:
             continue
         slots = selection.merged_slots()

@@ -35,6 +35,11 @@ if TYPE_CHECKING:  # the stage hands it to a method; the method only reads it
 
 STAGES = ("pre_llm", "in_llm", "tower")
 GENERIC_OPTIONS = ("keep", "layer")  # read by the plumbing, not by a method's constructor
+# every pre-LLM method's option ``positions``: "authors" (the default) hands the LLM the sequence the method's authors
+# build (a shorter sequence numbered contiguously, the tokens in their order; see docs/vlm.md's table per method),
+# "original" keeps every kept token in its own slot at its ORIGINAL position (a drop equals masking those keys)
+POSITIONS = ("authors", "original")
+PRE_LLM_DEFAULTS: Mapping[str, Any] = {"positions": "authors"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,10 @@ class VisionEvidence:
                                    text tokens after the image), for methods whose ``reads_instruction()`` is True:
                                    the pre-LLM stage then selects when the prompt reaches the LLM, one image at a
                                    time (I = 1), on ``projected`` = that image's tokens as the LLM receives them
+    cls_feature: (I, D) | None     the tower's [CLS] row of the feature layer, as ``features`` would hold it before
+                                   the projector (LLaVA-1.5: ``hidden_states[vision_feature_layer][:, 0]``), for
+                                   methods whose ``uses_cls_token`` is True; None where the tower has no [CLS]
+                                   (SigLIP, Qwen's tower) or the family cannot hand one to the LLM (LLaVA-NeXT)
     """
 
     features: Tensor
@@ -69,6 +78,7 @@ class VisionEvidence:
     projected: Tensor | None = None
     grid: tuple[int, int] | None = None
     instruction: Tensor | None = None
+    cls_feature: Tensor | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
@@ -92,21 +102,52 @@ class VisionEvidence:
 class ImageSelection:
     """The tokens of one image that enter the LLM.
 
-    kept: (k,) long, sorted   the raster indices whose slots the LLM sees (each keeps its original position id)
+    kept: (k,) long, sorted   the raster indices of the image tokens (patches) whose slots the LLM sees
     groups: k tensors         per kept slot, the sorted raster indices it stands for (one index for a kept token,
                               several for a merged one); ``kept[i]`` is in ``groups[i]``
     merged: (k, D) | None     features to write into the kept slots before the projector (None: the slots' own)
+    cls: bool                 the tower's [CLS] token enters the LLM too, projected by the family's own projector,
+                              as one more token standing for NO patch (VisionZip as its authors run it on LLaVA):
+                              the image then hands the LLM ``k + 1`` tokens, [CLS] first. It travels in the slot
+                              of the first raster index not kept (:meth:`cls_carrier`), a detail of the plumbing:
+                              ``kept`` and ``groups`` never name that index for it
+    order: (k,) long | None   the positions in ``kept`` in the order the tokens enter the LLM under the authors'
+                              layout (``positions="authors"``, after [CLS] when ``cls``); None: raster order. Under
+                              ``positions="original"`` every token sits in its own slot and this is ignored
     """
 
     kept: Tensor
     groups: tuple[Tensor, ...]
     merged: Tensor | None = None
+    cls: bool = False
+    order: Tensor | None = None
 
     def merged_slots(self) -> Tensor:
         """(m,) positions in ``kept`` of the slots standing for several tokens: the only slots whose features a
         family writes (a slot standing for itself keeps the model's own features, bit for bit)."""
         sizes = torch.tensor([len(group) for group in self.groups], dtype=torch.long)
         return (sizes > 1).nonzero()[:, 0].to(self.kept.device)
+
+    def cls_carrier(self) -> int:
+        """The raster slot the [CLS] row travels in: the first index not in ``kept`` (its own token is dropped, so
+        the slot is free; a method setting ``cls`` leaves at least one token out)."""
+        taken = set(self.kept.tolist())
+        return next(index for index in range(len(taken) + 1) if index not in taken)
+
+    def slots(self) -> Tensor:
+        """(k + cls,) sorted: the raster slots the LLM sees (``kept``, and the [CLS] carrier when ``cls``)."""
+        if not self.cls:
+            return self.kept
+        carrier = self.kept.new_tensor([self.cls_carrier()])
+        return torch.cat([self.kept, carrier]).sort().values
+
+    def llm_slots(self) -> Tensor:
+        """(k + cls,) the raster slots in the order their tokens enter the LLM under the authors' layout: the [CLS]
+        carrier first when ``cls``, then ``kept`` in ``order`` (raster order when ``order`` is None)."""
+        ordered = self.kept if self.order is None else self.kept[self.order.to(self.kept.device)]
+        if not self.cls:
+            return ordered
+        return torch.cat([self.kept.new_tensor([self.cls_carrier()]), ordered])
 
     @classmethod
     def unmerged(cls, kept: Tensor) -> ImageSelection:
@@ -149,20 +190,32 @@ class Method:
     scores_projected: ClassVar[bool] = False  # pre-LLM: select on VisionEvidence.projected (after the projector)
     needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
     reads_grid: ClassVar[bool] = False  # pre-LLM: reads the tokens' 2-D layout (VisionEvidence.token_grid)
+    uses_cls_token: ClassVar[bool] = False  # pre-LLM: hand it VisionEvidence.cls_feature where the tower has a [CLS]
 
     def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(self.defaults))
+        defaults = {**self.defaults, **(PRE_LLM_DEFAULTS if self.stage == "pre_llm" else {})}
+        unknown = sorted(set(options) - set(defaults))
         if unknown:
-            known = ", ".join([*GENERIC_OPTIONS, *sorted(self.defaults)])
+            known = ", ".join([*GENERIC_OPTIONS, *sorted(defaults)])
             raise ValueError(f"unknown option {unknown[0]!r} for vlm method {self.name!r}; expected one of: {known}")
-        self.options: dict[str, Any] = {**self.defaults, **options}
+        self.options: dict[str, Any] = {**defaults, **options}
         self.given = frozenset(options)  # the options the caller named (the rest are defaults)
+        if "positions" in defaults and self.options["positions"] not in POSITIONS:
+            raise ValueError(
+                f"positions={self.options['positions']!r} for vlm method {self.name!r}: expected one of "
+                f"{', '.join(map(repr, POSITIONS))} (the authors' sequence, or each kept token at its own position)"
+            )
         self.check()
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
-        """The method's own options with their defaults (what :func:`method_info` lists)."""
-        return dict(cls.defaults)
+        """The method's own options with their defaults (what :func:`method_info` lists); every pre-LLM method has
+        ``positions`` too (:data:`POSITIONS`)."""
+        return {**cls.defaults, **(PRE_LLM_DEFAULTS if cls.stage == "pre_llm" else {})}
+
+    def authors_layout(self) -> bool:
+        """Whether this pre-LLM method hands the LLM its authors' sequence (``positions="authors"``)."""
+        return self.options.get("positions") == "authors"
 
     def reads_instruction(self) -> bool:
         """Whether this method's selection reads the prompt (:attr:`VisionEvidence.instruction`)."""

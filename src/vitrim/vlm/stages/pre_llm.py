@@ -39,10 +39,13 @@ from vitrim.vlm.stages.filler_masks import prefill_llm_mask
 from vitrim.vlm.stages.sequence import (
     DecodeState,
     ShortSequence,
+    authors_order_offsets,
     columns_to_keep,
     decode_attention_mask,
+    dropped_before,
     gather_columns,
     plan_short_sequence,
+    reorder_images,
 )
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
@@ -81,6 +84,7 @@ class Shortened:
 class PreLLMSeams(Protocol):
     """What a family offers the pre-LLM stage (implemented by its adapter, see :mod:`vitrim.vlm.families`)."""
 
+    authors_positions: bool  # positions="authors" renumbers (1-D positions); False: it keeps the original (M-RoPE)
     model: nn.Module
     inner: Any  # transformers' ``model.model``: the forward that holds the prompt, the tower, the LLM
     language_model: nn.Module
@@ -198,6 +202,8 @@ class PreLLMStage:
             raise ValueError(PREPARED_MASKS)
         new = query_length(args, kwargs)
         mask = decode_attention_mask(self.decode, kwargs.get("attention_mask"), seen, new)
+        if self.decode.shift is not None and kwargs.get("position_ids") is not None:  # the caller's full-length ones
+            kwargs["position_ids"] = kwargs["position_ids"] - self.decode.shift.to(mask.device)[:, None]
         self.family.decode_extras(kwargs, self.decode, mask, seen, new)
         return args, kwargs
 
@@ -246,22 +252,31 @@ class PreLLMStage:
             selections = self.select_with_instruction(kwargs["inputs_embeds"], prefill, spans, order, counts)
         selections = keep_last_positions(selections, spans, order, prefill.attention_mask)
         self.reported = selections
-        if all(len(s.kept) == n for s, n in zip(selections, counts, strict=True)):
+        if all(len(s.kept) == n and not s.cls for s, n in zip(selections, counts, strict=True)):
             self._tell_followers(spans)
             return None  # every token stays: the model runs unmodified
         kept = columns_to_keep(spans, [selections[i] for i in order], max(counts))  # (B, L) bool
         short = plan_short_sequence(kept, prefill.attention_mask)
         embeds = kwargs["inputs_embeds"]  # (B, L, D)
         positions = self.family.prefill_positions(kwargs, embeds)
+        short_positions = gather_columns(short, positions, batch_dim=positions.dim() - 2)
+        shift = None
+        if self.method.authors_layout() and self.family.authors_positions:
+            # the authors' shorter sequence: real columns renumbered as if the dropped ones had never been there,
+            # each image's tokens in its authors' order on that image's consecutive positions
+            real = short.attention_mask.bool()
+            short_positions = torch.where(real, short_positions - gather_columns(short, dropped_before(kept)), 0)
+            shift = (~kept).sum(1)  # (B,) taken off every decode position after the prefill
+            short = reorder_images(short, authors_order_offsets(spans, [selections[i] for i in order], max(counts)))
         kwargs["inputs_embeds"] = gather_columns(short, embeds)
-        kwargs["position_ids"] = gather_columns(short, positions, batch_dim=positions.dim() - 2)
+        kwargs["position_ids"] = short_positions
         self.family.shorten_extras(kwargs, prefill, Shortened(short, kept, spans, order))
         if self.labels is not None:
             labels = gather_columns(short, self.labels.to(short.columns.device))
             self.short_labels = torch.where(short.real, labels, torch.full_like(labels, IGNORE_INDEX))
         if not isinstance(kwargs.get("attention_mask"), dict):  # a family's own masks (Gemma 3) are set already
             kwargs["attention_mask"] = prefill_llm_mask(short, module.config, embeds.dtype)
-        self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length)
+        self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length, shift=shift)
         self.shortened_now = True
         self._tell_followers(short_spans(spans, short))
         return args, kwargs
@@ -345,7 +360,7 @@ def keep_last_positions(
 ) -> list[ImageSelection]:
     """The selections with each sample's last real position kept: ``generate()`` reads the next token there, so a
     prompt that ends on an image token keeps that token (its image keeps one token more than ``keep=``), as its
-    own slot."""
+    own slot, last in the authors' order."""
     batch, length = spans.is_image.shape
     if attention_mask is None:
         last = torch.full((batch,), length - 1, dtype=torch.long)
@@ -365,8 +380,17 @@ def keep_last_positions(
         groups = {int(k): g for k, g in zip(selection.kept.tolist(), selection.groups, strict=True)}
         groups[token] = selection.kept.new_tensor([token])
         ordered = sorted(kept)
+        llm_order = None
+        if selection.order is not None:  # the same tokens in the same order, the added one last
+            rank = {k: i for i, k in enumerate(ordered)}
+            llm_order = selection.kept.new_tensor(
+                [rank[k] for k in selection.kept[selection.order].tolist()] + [rank[token]]
+            )
         selections[image] = ImageSelection(
-            kept=selection.kept.new_tensor(ordered), groups=tuple(groups[k] for k in ordered)
+            kept=selection.kept.new_tensor(ordered),
+            groups=tuple(groups[k] for k in ordered),
+            cls=selection.cls,
+            order=llm_order,
         )  # merged features were written by the family already; the added token keeps its own
     return selections
 

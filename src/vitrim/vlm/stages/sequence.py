@@ -17,10 +17,17 @@ How the pre-LLM stage (:mod:`vitrim.vlm.stages.pre_llm`) uses it, for every fami
    positions, :func:`decode_position_ids` (what the unmodified LLM would have used: full length + steps so far).
    ``generate()`` passes full-length masks and positions computed from them; both are right after these fix-ups.
 
-Conventions (owned here):
-- Kept tokens keep their ORIGINAL position ids, so dropping tokens is exactly masking those keys in the full model.
-- A merged token sits in the slot of its representative (the kept index its group is named by, e.g. VisionZip's
-  contextual target token) and takes that slot's position id.
+Conventions (owned here), per the method's option ``positions``:
+- ``"original"``: kept tokens keep their ORIGINAL position ids, so dropping tokens is exactly masking those keys in
+  the full model; a merged token sits in the slot of its representative (the kept index its group is named by, e.g.
+  VisionZip's contextual target token) and takes that slot's position id.
+- ``"authors"`` (on a family with 1-D positions, see ``FamilyAdapter.authors_positions``): the sequence the authors'
+  LLaVA code builds. Every column's position is its original one minus the image columns dropped before it in its
+  sample (:func:`dropped_before`): the sequence numbered as if the dropped tokens had never been there (0 … n−1
+  under ``generate()``'s positions, which count the real columns), and decode steps continue from it
+  (``DecodeState.shift``). Within an image, the tokens enter in the order the method's authors hand them on
+  (:meth:`ImageSelection.llm_slots`: VisionZip's [CLS], dominant, then contextual tokens) and take that image's
+  consecutive positions in that order (:func:`reorder_images`).
 - Filler columns (re-padding) have attention mask 0, zero embeddings and position id 0; they never change a real
   column's output (a masked key gets exactly zero weight).
 - When every image keeps all its tokens, the stage leaves the LLM's input untouched (bit for bit the unmodified
@@ -45,9 +52,47 @@ def columns_to_keep(spans: ImageSpans, selections: list[ImageSelection], num_tok
     """
     kept_table = torch.zeros(len(selections), num_tokens, dtype=torch.bool, device=spans.is_image.device)  # (I, N)
     for image, selection in enumerate(selections):
-        kept_table[image, selection.kept.to(kept_table.device)] = True
+        kept_table[image, selection.slots().to(kept_table.device)] = True  # the [CLS] carrier too
     kept_image = kept_table[spans.image_of.clamp(min=0), spans.token_of.clamp(min=0)]  # (B, L)
     return ~spans.is_image | (spans.is_image & kept_image)
+
+
+def dropped_before(keep_columns: Tensor) -> Tensor:
+    """(B, L) long: per column, the columns of its sample dropped before it (``keep_columns`` (B, L) bool)."""
+    dropped = (~keep_columns).long()
+    return torch.cumsum(dropped, 1) - dropped
+
+
+def authors_order_offsets(spans: ImageSpans, selections: list[ImageSelection], num_tokens: int) -> Tensor:
+    """(B, L) long: per kept image column, how far its token moves within its image's kept columns to enter the LLM
+    in the authors' order (:meth:`ImageSelection.llm_slots`); 0 at every other column.
+
+    ``selections``: one per image of ``spans`` (reading order); ``num_tokens``: the most tokens an image has.
+    """
+    device = spans.is_image.device
+    offset_table = torch.zeros(len(selections), num_tokens, dtype=torch.long, device=device)  # (I, N)
+    for image, selection in enumerate(selections):
+        slots = selection.slots().to(device)  # raster order: where each sits among the image's kept columns
+        ordered = selection.llm_slots().to(device)  # the authors' order
+        rank = torch.empty(num_tokens, dtype=torch.long, device=device)
+        rank[ordered] = torch.arange(len(ordered), device=device)
+        offset_table[image, slots] = rank[slots] - torch.arange(len(slots), device=device)
+    offsets = offset_table[spans.image_of.clamp(min=0), spans.token_of.clamp(min=0)]  # (B, L)
+    return torch.where(spans.is_image, offsets, torch.zeros_like(offsets))
+
+
+def reorder_images(short: ShortSequence, offsets: Tensor) -> ShortSequence:
+    """``short`` with each image's kept columns permuted into the authors' order (``offsets`` (B, L) from
+    :func:`authors_order_offsets`); text, padding and fillers stay where they are."""
+    base = torch.arange(short.columns.shape[1], device=short.columns.device)[None]  # (1, L')
+    moved = torch.where(short.real, offsets.gather(1, short.columns), torch.zeros_like(short.columns))
+    order = torch.argsort(base + moved, dim=1, stable=True)  # (B, L') the column that lands at each new column
+    return ShortSequence(
+        columns=short.columns.gather(1, order),
+        real=short.real.gather(1, order),
+        attention_mask=short.attention_mask.gather(1, order),
+        full_length=short.full_length,
+    )
 
 
 @dataclass(frozen=True)
@@ -116,10 +161,13 @@ def gather_columns(short: ShortSequence, values: Tensor, batch_dim: int = 0) -> 
 
 @dataclass(frozen=True)
 class DecodeState:
-    """What the decode steps after a shortened prefill need: the prefill's short mask (B, L') and the full length."""
+    """What the decode steps after a shortened prefill need: the prefill's short mask (B, L'), the full length, and
+    under the authors' positions each sample's dropped columns ``shift`` (B,) long, taken off every later position
+    (None: original positions)."""
 
     prefill_mask: Tensor
     full_length: int
+    shift: Tensor | None = None
 
     @property
     def short_length(self) -> int:
@@ -148,6 +196,8 @@ def decode_attention_mask(state: DecodeState, attention_mask: Tensor | None, pas
 
 
 def decode_position_ids(state: DecodeState, past_length: int, new: int, device: torch.device) -> Tensor:
-    """(1, new): the positions the unmodified LLM would give these columns (its cache would hold full + steps)."""
+    """(1, new) (original positions) or (B, new) (authors' positions): the positions the unmodified LLM would give
+    these columns (its cache would hold full + steps), less each sample's dropped columns under the authors'."""
     offset = state.full_length - state.short_length
-    return (torch.arange(new, device=device) + past_length + offset)[None]
+    positions = (torch.arange(new, device=device) + past_length + offset)[None]
+    return positions if state.shift is None else positions - state.shift.to(device)[:, None]

@@ -341,7 +341,15 @@ class TowerSelection(Method):
     scores_projected = False
 
     def __init__(self, reduction: TowerReduction, then: Method | None = None, then_keep: KeepSpec | None = None):
-        super().__init__()
+        # the tower stage's convention: each kept slot at its own position (the tower's tokens are not the image's
+        # raster, so no author numbered them); a stacked method asked for its authors' sequence by name is refused
+        if then is not None and "positions" in then.given and then.options["positions"] != "original":
+            raise ValueError(
+                f"positions={then.options['positions']!r} for vlm method {then.name!r} stacked after a tower method "
+                "whose tokens stay off the patch grid: the stack keeps each token at its own position "
+                "(positions='original'); drop the option, or use to_grid=True in the tower"
+            )
+        super().__init__(positions="original")
         self.reduction, self.then, self.then_keep = reduction, then, then_keep
         if then is not None:  # the family's hooks capture what the stacked method reads
             self.__dict__.update(needs_seeds=then.needs_seeds, scores_projected=then.scores_projected)
