@@ -231,6 +231,7 @@ def test_remove_restores_the_model_bit_for_bit(model: torch.nn.Module) -> None:
         (("topk", {"keep": 10}), ("cdpruner", {"keep": 4}), "to_grid=True"),
         (("topk", {"keep": 10}), ("random", {"keep": 11}), "after tower method 'topk', 10 per image"),
         (("random", {"keep": 8}), ("fastv", {"keep": 9}), "after pre-LLM method 'random', 8 per image"),
+        (("topk", {"keep": 10}), ("random", {"keep": 4, "positions": "authors"}), "keeps each token at its own"),
     ],
 )
 def test_stacks_that_do_not_compose_are_refused_and_leave_the_model_as_it_was(
