@@ -383,3 +383,26 @@ def test_qwen3_vl_deepstack_pre_llm_then_in_llm_each_prompt_as_alone() -> None:
     assert torch.equal(together[0, -3:], alone[0, -3:])
     assert torch.equal(vitrim.vlm.last_selection(qwen)[0], final[0]) and [len(k) for k in final] == [2, 2]
     vitrim.vlm.remove(qwen)
+
+
+@pytest.mark.parametrize("through_keep", [3, 5])
+def test_visionzip_s_cls_goes_through_a_stacked_in_llm_method_as_text_does(
+    model: torch.nn.Module, through_keep: int
+) -> None:
+    """VisionZip hands the LLM its [CLS] (authors' layout) in a dropped patch's slot: FastV after it ranks and drops
+    among the image tokens only (keep 5 of 5: none), the [CLS] stays, and last_selection names no patch for it."""
+    inputs = _inputs(seed=3)
+    vitrim.vlm.apply(model, "visionzip", keep=6, contextual=2)
+    vitrim.vlm.apply(model, "fastv", layer=1, keep=through_keep)
+    out = model(**inputs).logits
+    entered = vitrim.vlm.last_selection(model, stage="pre_llm", groups=True)
+    through = vitrim.vlm.last_selection(model, groups=True)
+    kept_entered = vitrim.vlm.last_selection(model, stage="pre_llm")
+    kept_through = vitrim.vlm.last_selection(model)
+    assert torch.isfinite(out).all()
+    for image in range(3):
+        assert entered[image][0].numel() == 0 and through[image][0].numel() == 0  # the [CLS], first, no patch
+        assert len(entered[image]) == 6 and len(through[image]) == 1 + through_keep  # [CLS] + 5 entered
+        assert set(kept_through[image].tolist()) <= set(kept_entered[image].tolist())
+        by_token = {int(g.min()): g.tolist() for g in entered[image][1:]}
+        assert [g.tolist() for g in through[image][1:]] == [by_token[int(g.min())] for g in through[image][1:]]

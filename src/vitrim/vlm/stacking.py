@@ -209,6 +209,7 @@ class Stack:
 
 def _through(entered: ImageSelection, kept: Tensor) -> ImageSelection:
     """The in-LLM stage's ``kept`` (sorted raster indices, among ``entered.kept``), each with the group it stood for
-    when it entered the LLM."""
+    when it entered the LLM; a [CLS] that entered (VisionZip) goes through as text does, its empty group first."""
     group_of = {int(k): g for k, g in zip(entered.kept.tolist(), entered.groups, strict=True)}
-    return ImageSelection(kept=kept, groups=tuple(group_of[int(k)] for k in kept.tolist()))
+    groups = tuple(group_of[int(k)] for k in kept.tolist())
+    return ImageSelection(kept=kept, groups=groups, cls=entered.cls)

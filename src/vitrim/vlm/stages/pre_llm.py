@@ -278,7 +278,7 @@ class PreLLMStage:
             kwargs["attention_mask"] = prefill_llm_mask(short, module.config, embeds.dtype)
         self.decode = DecodeState(prefill_mask=short.attention_mask, full_length=short.full_length, shift=shift)
         self.shortened_now = True
-        self._tell_followers(short_spans(spans, short))
+        self._tell_followers(short_spans(spans, short, [selections[i] for i in order]))
         return args, kwargs
 
     def follow(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
@@ -395,12 +395,19 @@ def keep_last_positions(
     return selections
 
 
-def short_spans(spans: ImageSpans, short: ShortSequence) -> ImageSpans:
-    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image."""
+def short_spans(spans: ImageSpans, short: ShortSequence, selections: list[ImageSelection]) -> ImageSpans:
+    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image.
+
+    A [CLS] the method hands the LLM (``selections``, reading order, ``cls``) rides in a dropped token's slot (its
+    ``cls_carrier``); it stands for no image token, so a stage after this one sees it as it sees text: never dropped,
+    never ranked."""
     is_image = spans.is_image.gather(1, short.columns) & short.real
     image_of = torch.where(is_image, spans.image_of.gather(1, short.columns), -1)
     token_of = torch.where(is_image, spans.token_of.gather(1, short.columns), -1)
-    return ImageSpans(is_image, image_of, token_of)
+    for image, selection in enumerate(selections):
+        if selection.cls:
+            is_image &= ~((image_of == image) & (token_of == selection.cls_carrier()))
+    return ImageSpans(is_image, torch.where(is_image, image_of, -1), torch.where(is_image, token_of, -1))
 
 
 def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
