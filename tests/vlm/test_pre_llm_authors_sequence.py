@@ -210,8 +210,8 @@ def unplaced(eager) -> torch.nn.Module:
 
 @pytest.mark.full
 def test_divprune_at_twin_patches_keeps_the_lower_index_as_the_authors_sequence(unplaced):
-    """Patch 9 a copy of patch 1 (row 2 of row 0, column 1): their projected features are bitwise equal, so each
-    distance ties between them and the greedy, reaching them, takes patch 1 (the lower index) end to end."""
+    """Patch 9 (row 2, column 1) a copy of patch 1 (row 0, column 1): their projected features are bitwise equal, so
+    each distance ties between them and the greedy, reaching them, takes patch 1 (the lower index) end to end."""
     pv = pixels(3, seed=11)
     pv[..., 8:12, 4:8] = pv[..., 0:4, 4:8]
     with torch.no_grad():
