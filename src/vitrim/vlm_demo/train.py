@@ -61,6 +61,8 @@ class TrainPlan:
     tower_batch_size: int = 64
     tower_lr: float = 3e-3
     freeze_tower: bool = True  # stage 2 trains the projector and the decoder only, as LLaVA-1.5 keeps CLIP frozen
+    tower_augment: bool = False  # stage 1 sees distorted training glyphs (data.distort; module doc)
+    augment: bool = False  # stage 2 too
 
 
 def conversation_batch(scenes: DigitsScenes, indices: list[int], order_seed: int) -> dict[str, Tensor]:
@@ -112,7 +114,8 @@ def pretrain_tower(
     params = [*tower.parameters(), *head.parameters()]
     quadrant_of = torch.tensor([(i // GRID // (GRID // 2)) * 2 + (i % GRID) // (GRID // 2) for i in range(GRID * GRID)])
     optimizer = torch.optim.AdamW(params, lr=plan.tower_lr, weight_decay=plan.weight_decay)
-    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed, stream=1)  # stage 2's split, other canvases
+    # stage 2's split, other canvases
+    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed, stream=1, augment=plan.tower_augment)
     schedule = TrainPlan(steps=plan.tower_steps, lr=plan.tower_lr, warmup_steps=min(50, plan.tower_steps // 4 + 1))
     per_epoch = plan.canvases_per_epoch // plan.tower_batch_size
     tower.train()
@@ -152,7 +155,7 @@ def train_model(
     log_every: int = 100,
 ) -> dict[str, float]:
     """Train ``model`` in place for ``plan.steps`` steps; returns the last logged loss and the seconds it took."""
-    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed)
+    scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed, augment=plan.augment)
     tower: Any = model.model.vision_tower  # type: ignore[union-attr]
     if plan.freeze_tower:
         tower.requires_grad_(False)
