@@ -68,7 +68,9 @@ class VLMDemoPlan:
 
 
 FULL = VLMDemoPlan(
-    train=TrainPlan(steps=3000, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=1500, tower_augment=True)
+    train=TrainPlan(
+        steps=1500, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=1500, tower_augment=True, one_kind=True
+    )
 )
 QUICK = VLMDemoPlan(
     vision=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2),

@@ -63,17 +63,27 @@ class TrainPlan:
     freeze_tower: bool = True  # stage 2 trains the projector and the decoder only, as LLaVA-1.5 keeps CLIP frozen
     tower_augment: bool = False  # stage 1 sees distorted training glyphs (data.distort; module doc)
     augment: bool = False  # stage 2 too
+    one_kind: bool = False  # a conversation asks "which" or "where" questions, not both (conversation_batch)
 
 
-def conversation_batch(scenes: DigitsScenes, indices: list[int], order_seed: int) -> dict[str, Tensor]:
+def conversation_batch(
+    scenes: DigitsScenes, indices: list[int], order_seed: int, *, one_kind: bool = False
+) -> dict[str, Tensor]:
     """The training batch of canvases ``indices``: inputs of ``LlavaForConditionalGeneration`` plus ``labels``
-    (-100 except on answer words and their ``<eos>``) and the ``position_ids`` that ``generate()`` would use."""
+    (-100 except on answer words and their ``<eos>``) and the ``position_ids`` that ``generate()`` would use.
+
+    ``one_kind``: each conversation asks either the "which" questions or the "where" questions of its canvas (half
+    the canvases each), and "how many digits ?": asked both, a later answer can be read off an earlier one in the
+    text ("which digit is top left ? seven" answers "where is the seven ?") instead of off the image."""
     rng = np.random.default_rng([order_seed, 0xC0])
     sequences, labels, pixels = [], [], []
     for index in indices:
         canvas = scenes.canvas(index)
         # every question the canvas answers, and "which digit ?" where questions() asks it so (one digit, half the time)
         questions = [q for q in scenes.questions(index, canvas) if len(q.words) == 3] + scenes.drill(index, canvas)
+        if one_kind:
+            dropped = ("where", "which")[int(rng.integers(2))]
+            questions = [q for q in questions if q.kind != dropped]
         order = rng.permutation(len(questions))
         first = questions[order[0]]
         ids = prompt_ids(first.words)
@@ -178,7 +188,7 @@ def train_model(
             permutation = np.random.default_rng([seed, 0xE7, epoch]).permutation(plan.canvases_per_epoch)
         indices = [int(i) for i in permutation[within * plan.batch_size : (within + 1) * plan.batch_size]]
         # each step orders its conversations from a stream of its own: the step plays the epoch's part of epoch_seed
-        batch = conversation_batch(scenes, indices, order_seed=epoch_seed(seed, step))
+        batch = conversation_batch(scenes, indices, order_seed=epoch_seed(seed, step), one_kind=plan.one_kind)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, plan)
         loss = model(**batch).loss
