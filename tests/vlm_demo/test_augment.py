@@ -40,7 +40,7 @@ def test_distortions_are_seeded_and_stay_ink_in_the_glyphs_box() -> None:
     again = [distort(glyph, np.random.default_rng([3, k])) for k in range(20)]
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
     assert all(a.shape == (DIGIT, DIGIT) and a.dtype == np.float32 for a in first)
-    assert all(0.0 <= a.min() and a.max() <= 1.0 for a in first)
+    assert all(a.min() >= 0.0 and a.max() <= 1.0 for a in first)
     assert sum(not np.array_equal(a, glyph) for a in first) == 20  # every draw moves something
     assert len({a.tobytes() for a in first}) == 20
 

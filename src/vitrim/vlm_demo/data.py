@@ -82,8 +82,9 @@ class DigitsScenes:
         stream: another set of training canvases drawn from the same split (stage 1 of the recipe draws stream 1,
             stage 2 stream 0), so that a stage's canvases differ while its digits stay those of the train split.
             Only ``seed`` decides the split: a glyph of the held-out split never appears on a training canvas.
-        augment: distort every glyph put on a training canvas (:func:`distort`: a small random affine map), so that a model learns the digits rather than the split's ~1440 glyphs. Held-out
-            canvases are never distorted.
+        augment: distort every glyph put on a training canvas (:func:`distort`: a small random affine map), so
+            that a model learns the digits rather than the split's 1438 glyphs. Held-out canvases are never
+            distorted.
 
     ``indices``: the bundled set's indices of the split's glyphs (``glyphs[i]`` is image ``indices[i]``).
     """
