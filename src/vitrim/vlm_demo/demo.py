@@ -67,11 +67,21 @@ class VLMDemoPlan:
     train_threads: int = 1  # these matrices are too small to share between threads on a loaded 2-core machine
 
 
-FULL = VLMDemoPlan(train=TrainPlan(steps=3000, batch_size=32, lr=2e-3, warmup_steps=50, tower_steps=500))
+FULL = VLMDemoPlan(
+    train=TrainPlan(steps=1500, batch_size=32, lr=1e-3, warmup_steps=50, tower_steps=1500, tower_augment=True)
+)
 QUICK = VLMDemoPlan(
     vision=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2),
     text=dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1),
-    train=TrainPlan(steps=3, batch_size=8, warmup_steps=1, canvases_per_epoch=64, tower_steps=2, tower_batch_size=8),
+    train=TrainPlan(
+        steps=3,
+        batch_size=8,
+        warmup_steps=1,
+        canvases_per_epoch=64,
+        tower_steps=2,
+        tower_batch_size=8,
+        tower_augment=True,
+    ),
     test_canvases=6,
     timing_batch=6,
     repeats=1,
