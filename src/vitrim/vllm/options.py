@@ -33,7 +33,8 @@ EXAMPLE = '{"architectures": ["VitrimLlavaForConditionalGeneration"], "vitrim": 
 
 # the pre-LLM methods whose selection inside vLLM is verified against vitrim.vlm on transformers (tests/vllm); the
 # newer ones are not offered yet: downsample needs Qwen's token grid and scope was not run through these tests,
-# cdpruner reads the prompt (vLLM encodes the images before the text reaches the model), hiprune a middle layer
+# cdpruner reads the prompt (vLLM encodes the images before the text reaches the model); the tower methods
+# (hiprune, flowcut, the reducers) cut inside the vision tower, which the plugin does not hook
 SERVED = ("random", "fastervlm", "vispruner", "visionzip", "divprune")
 
 

@@ -57,7 +57,7 @@ class VisionEvidence:
     projected: (I, N, E) | None    the image tokens as the LLM receives them (the projector's output), for methods
                                    with ``scores_projected`` (they select after the projector and cannot merge)
     grid: (rows, columns) | None   the raster grid of the N tokens (rows · columns = N) for the methods that read
-                                   the image's 2-D layout (``downsample``, ``hiprune``); None: the family did not
+                                   the image's 2-D layout (``downsample``); None: the family did not
                                    say, and a square √N × √N grid is meant (LLaVA, each LLaVA-NeXT tile, Gemma 3's
                                    pooled grid are square; a family whose images keep their aspect ratio - Qwen -
                                    must give it)
