@@ -43,6 +43,8 @@ def parse_assignments(text: str, option: str, form: str = "key=value[,key=value.
     Errors name ``option`` and show ``form``, the way the option is written in its ``--help`` (its metavar).
     Values are read by :func:`parse_value`; commas inside brackets and quotes do not split.
     """
+    if not text.strip():  # an empty --set would silently drop the overrides a command line meant to give
+        raise ValueError(f"{option} expects {form}, got an empty value {text!r}")
     values: dict[str, Any] = {}
     for part in split_top_level(text):
         key, sep, raw = part.partition("=")

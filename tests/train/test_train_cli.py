@@ -31,6 +31,7 @@ def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[s
         (["train", "--model", DVIT, "--set", "keep_ratio=1.5"], "keep_ratio must be in (0, 1]"),
         (["train", "--model", DVIT, "--set", "keep_ratio=0"], "keep_ratio must be in (0, 1]"),
         (["train", "--model", "cnn_small", "--set", "depth"], "--set expects key=value"),
+        (["train", "--model", "cnn_small", "--set", ""], "got an empty value ''"),
         (["train", "--model", "cnn_small", "--teacher", "{tmp}/t.safetensors"], "needs a dynamicvit_* model"),
         (
             ["train", "--model", DVIT, "--distill", "ratio_weight=3"],
