@@ -19,6 +19,9 @@ tokens of the layer it reads; after a tower whose tokens stay off the grid, a me
 (downsample) or the instruction at the LLM's input (CDPruner), since the tower's tokens are no longer a grid and the
 LLM's input still holds the slots the tower emptied; an in-LLM method after a shortened LLM input on a family whose
 LLM takes masks built per layer type (Gemma 3), since the in-LLM stage then reads no 2-D padding mask at decode.
+After a tower whose tokens stay off the grid the pre-LLM method keeps each token at its own position (the tower
+stage's convention); ``positions="authors"`` asked by name is refused there. A [CLS] that VisionZip hands the LLM
+stands for no image token: a stacked in-LLM method treats it as text (never ranked, never dropped).
 A ``keep=`` that cannot be met after the earlier stage is refused at ``apply`` where the count is known.
 
 ``last_selection(model, stage=...)`` reads one stage of the stack (:meth:`Stack.selection`).
