@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
 from vitrim.vllm.options import ARCHITECTURES
-from vitrim.vllm.plugin import MODULES, register
+from vitrim.vllm.plugin import register
 from vllm import ModelRegistry
 
 
@@ -28,6 +28,7 @@ def test_register_adds_both_architectures_and_a_second_call_changes_nothing() ->
 
 
 def test_the_registered_classes_subclass_vllms_own() -> None:
-    for name, (parent, _) in ARCHITECTURES.items():
-        cls = getattr(importlib.import_module(MODULES[name]), name)
+    for name, served in ARCHITECTURES.items():
+        cls = getattr(importlib.import_module(served.module), name)
+        parent = served.vllm_class
         assert cls.__mro__[1].__name__ == parent and cls.__mro__[1].__module__.startswith("vllm.model_executor")

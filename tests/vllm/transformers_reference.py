@@ -59,7 +59,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from PIL import Image
 
     import vitrim.vlm
-    from vitrim.vlm.method.base import content_seed
+    from vitrim.vlm.evidence.seeds import content_seed
 
     torch.manual_seed(0)
     classes = {

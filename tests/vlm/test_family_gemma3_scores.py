@@ -39,7 +39,7 @@ def test_fastervlm_keeps_the_pooled_tokens_that_receive_the_most_attention() -> 
 def test_patch_to_token_grouping_is_the_projectors_pool_at_gemma_3_4b_size() -> None:
     """Gemma-3-4B (896-px images, 14-px patches, mm_tokens_per_image 256) pools 64×64 patches to 16×16 tokens,
     kernel 4: the patch→token map the scores are summed by is the one torch's average pool uses."""
-    from vitrim.vlm.families.gemma3 import pool_to_tokens
+    from vitrim.vlm.evidence.pooled import pool_to_tokens
 
     values = torch.randn(2, 64 * 64, 3, dtype=torch.float64)
     grid = values.transpose(1, 2).reshape(2, 3, 64, 64)

@@ -7,8 +7,9 @@ import torch
 from qwen_reference import received_by_hand, window_of
 
 from tiny_vlms.qwen import BUILDERS, MERGE, batch
-from vitrim.vlm.families import qwen2vl_vision as family_qwen2vl_vision
-from vitrim.vlm.families.qwen2vl_vision import capture_scoring_block, image_evidence
+from vitrim.vlm.evidence import attention as evidence_attention
+from vitrim.vlm.evidence.merged_tokens import image_evidence
+from vitrim.vlm.families.qwen2vl import tower_attention
 
 GRIDS = [(4, 6), (6, 4), (2, 2)]  # 6, 6 and 1 merged tokens; 2.5's 2x2-token windows split the first two unevenly
 
@@ -67,7 +68,7 @@ def tower_to_raster(states: torch.Tensor, grids: list[tuple[int, int]], window: 
 def test_received_attention_keys_and_features_match_a_hand_computation(
     family: str, block_index: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(family_qwen2vl_vision, "QUERY_CHUNK", 5)  # several chunks per image, a ragged last one
+    monkeypatch.setattr(evidence_attention, "QUERY_CHUNK", 5)  # several chunks per image, a ragged last one
     model = BUILDERS[family]()
     inputs = batch([([[1], [2], [3], [4]], GRIDS)])
     visual = model.model.visual
@@ -82,7 +83,7 @@ def test_received_attention_keys_and_features_match_a_hand_computation(
     seen, last_states, pooler = tower_run(model, inputs, block_index)
     with torch.no_grad():
         attn = visual.blocks[block_index].attn
-        capture = capture_scoring_block(attn, seen["hidden"], seen["cu_seqlens"], seen["rotary"])
+        capture = tower_attention(attn, seen["hidden"], seen["cu_seqlens"], seen["rotary"])
         evidence = image_evidence(capture, last_states, inputs["image_grid_thw"], MERGE, window_index)
 
     window = 2 if windowed and block_index not in visual.fullatt_block_indexes else None

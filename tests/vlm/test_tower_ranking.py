@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vitrim.vlm.method.tower_ranking as tower_ranking
+import vitrim.vlm.evidence.attention as evidence_attention
 from vitrim.attention import AttentionResult
 from vitrim.reduce import TokenState, get_reducer
 from vitrim.reduce.state import patch_positions
@@ -24,7 +24,7 @@ def _operands(seed: int = 0, B: int = 2, H: int = 3, N: int = 11, hd: int = 4):
 @pytest.mark.parametrize("chunk", [256, 4])  # one block of queries, or three and a remainder
 @pytest.mark.parametrize("bias_shape", ["none", "batch", "eager"])  # (B, 1, 1, N), or (1, N) at batch 1
 def test_received_attention_is_the_full_map_averaged_over_queries(chunk, bias_shape, monkeypatch) -> None:
-    monkeypatch.setattr(tower_ranking, "QUERY_CHUNK", chunk)
+    monkeypatch.setattr(evidence_attention, "QUERY_CHUNK", chunk)
     q, k, _, sizes = _operands()
     if bias_shape == "eager":
         q, k, sizes = q[:1], k[:1], sizes[:1]

@@ -156,7 +156,7 @@ def test_cls_attention_methods_are_refused_when_the_features_hold_cls() -> None:
 
 
 def test_content_seed_reads_any_dtype_and_tells_images_apart() -> None:
-    from vitrim.vlm.method.base import content_seed
+    from vitrim.vlm.evidence.seeds import content_seed
 
     image = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0))
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):

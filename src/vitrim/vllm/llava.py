@@ -4,10 +4,11 @@ A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, 
 
 - **How many placeholders an image gets** (the processing info's ``get_num_image_tokens``): ``keep`` instead of
   the grid's N, decided from the options alone (vLLM lays out the prompt before the tower runs);
-- **Which features fill them** (``embed_multimodal``): the tower runs as vLLM's does, the method of vitrim.vlm
-  selects from its evidence (vitrim.vllm.clip_evidence), merged features and VisionZip's [CLS] are written into
-  their slots before the projector, and each image hands the LLM its ``keep`` projected tokens in the authors'
-  order (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others).
+- **Which features fill them** (``embed_multimodal``): the tower runs as vLLM's does, and vitrim.vlm's one encoder
+  seam (:mod:`vitrim.vlm.stages.capture`) taps its scoring layer (:func:`read_cls_attention`: vLLM's fused ``qkv``),
+  selects, and writes merged features and VisionZip's [CLS] into their slots before the projector, as on
+  transformers; each image hands the LLM its ``keep`` projected tokens in the authors' order
+  (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others).
 
 Positions: vLLM numbers the shortened prompt 0, 1, 2, … (the kept image tokens and the text after them take
 consecutive positions), as the authors' LLaVA code does when it drops tokens and as vitrim.vlm does by default
@@ -31,14 +32,41 @@ from vllm.model_executor.models.llava import (
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
-from vitrim.vllm.clip_evidence import ScoringCapture, scoring_layer_index
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, trim_options
 from vitrim.vllm.selection_record import SelectionRecord
-from vitrim.vlm.families.seams import write_merged
-from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.evidence.attention import cls_attention_and_keys
+from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
+
+
+def scoring_layer_index(feature_layer: int, num_layers: int) -> int:
+    """The index of the tower layer whose output is hidden state ``feature_layer`` (−2: layer ``num_layers`` − 2).
+
+    The same index in vLLM's tower, which builds only the layers up to the feature layer. ``ValueError`` for the
+    embeddings (layer 0), which no attention produces."""
+    index = feature_layer + num_layers if feature_layer < 0 else feature_layer - 1
+    if not 0 <= index < num_layers:
+        raise ValueError(
+            f"vitrim: the [CLS]-attention methods read the layer that produces vision_feature_layer; "
+            f"vision_feature_layer={feature_layer} of a {num_layers}-layer tower has none"
+        )
+    return index
+
+
+def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """A vLLM ``CLIPAttention``'s [CLS] row (I, H, N) and keys (I, H, N, hd) on its input (I, 1 + N, D): the q and
+    k thirds of its fused ``qkv_proj``, for the heads of this tensor-parallel rank."""
+    hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    images, length, _ = hidden.shape
+    heads, head_dim = int(attention.num_heads_per_partition), int(attention.head_dim)
+    query = attention.qkv_proj(hidden[:, :1])[0].chunk(3, dim=-1)[0]  # (I, 1, H·hd)
+    keys = attention.qkv_proj(hidden)[0].chunk(3, dim=-1)[1]  # (I, 1 + N, H·hd)
+    query = query.view(images, 1, heads, head_dim).transpose(1, 2)
+    keys = keys.view(images, length, heads, head_dim).transpose(1, 2)
+    return cls_attention_and_keys(query, keys, float(attention.scale))
 
 
 def llava_trim_options(hf_config: Any) -> TrimOptions:
@@ -96,18 +124,18 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
-        self.vitrim_scoring: ScoringCapture | None = None
-        if (
-            options.method.needs_cls_attention or options.method.uses_cls_token
-        ) and self.vitrim_keep < self.vitrim_grid:
+        method = options.method
+        self.vitrim_hand_on = HandOn(method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count)))
+        self.vitrim_taps: Taps | None = None
+        if (method.needs_cls_attention or method.uses_cls_token) and self.vitrim_keep < self.vitrim_grid:
             if get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(
-                    f"vitrim: method {options.method.name!r} reads the tower's [CLS] attention over all heads; "
+                    f"vitrim: method {method.name!r} reads the tower's [CLS] attention over all heads; "
                     "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
                 )
             index = scoring_layer_index(config.vision_feature_layer, vision.num_hidden_layers)
             layer = self.vision_tower.vision_model.encoder.layers[index]
-            self.vitrim_scoring = ScoringCapture(layer, with_cls_row=options.method.uses_cls_token)
+            self.vitrim_taps = Taps(method, scoring=(layer.self_attn, read_cls_attention), cls_layer=layer)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
@@ -118,27 +146,27 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         pixels: Tensor = image_input["pixel_values"]  # (I, 3, H, W)
         features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, N, D)
         assert isinstance(features, Tensor)
-        seeds = torch.tensor([content_seed(image) for image in pixels], dtype=torch.long)  # (I,)
+        seeds = image_seeds(pixels)  # (I,)
         method, keep = self.vitrim_options.method, self.vitrim_keep
         if keep == features.shape[1]:  # every token stays: the model runs as vLLM's
             for seed in seeds.tolist():
                 self.vitrim_record.add(seed, torch.arange(keep))
             return tuple(self.multi_modal_projector(features).unbind(0))
-        cls_attention = keys = cls_feature = None
-        if self.vitrim_scoring is not None:
-            cls_attention, keys, cls_feature = self.vitrim_scoring.take()
+        taps = self.vitrim_taps
+        attention = None if taps is None else taps.take_attention()
+        cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
-        evidence = VisionEvidence(
-            features=features,
-            cls_attention=cls_attention if method.needs_cls_attention else None,
-            keys=keys if method.needs_cls_attention else None,
+        selections, written = self.vitrim_hand_on.run(
+            features,
+            values=features if projected is None else None,
+            project=lambda states: states,
+            attention=cls_attention,
+            keys=keys,
             seeds=seeds,
             projected=projected,
-            cls_feature=cls_feature,
+            cls_feature=None if taps is None else taps.take_cls_row(),
         )
-        selections = method.select(evidence, keep)
         if projected is None:
-            written = write_merged(features, selections, lambda states: states, cls_feature)
             projected = self.multi_modal_projector(features if written is None else written)  # (I, N, E)
         for seed, selection in zip(seeds.tolist(), selections, strict=True):
             self.vitrim_record.add(seed, selection.kept)

@@ -20,28 +20,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import vitrim.vlm  # noqa: F401  (registers every method)
+from vitrim.vlm.families import served_architectures
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
+from vitrim.vlm.stages.contract import ServedArchitecture
 
-# architecture registered by the plugin -> (vLLM's class it subclasses, the checkpoint's model_type it runs)
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "VitrimLlavaForConditionalGeneration": ("LlavaForConditionalGeneration", "llava"),
-    "VitrimQwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl"),
-}
+# the one table of served architectures, read from the families' files (their traits' ``served``)
+ARCHITECTURES: dict[str, ServedArchitecture] = served_architectures()
 EXAMPLE = '{"architectures": ["VitrimLlavaForConditionalGeneration"], "vitrim": {"method": "visionzip", "keep": 64}}'
 
 
-# the pre-LLM methods whose selection inside vLLM is verified against vitrim.vlm on transformers (tests/vllm); the
-# newer ones are not offered yet: downsample needs Qwen's token grid and scope was not run through these tests,
-# cdpruner reads the prompt (vLLM encodes the images before the text reaches the model); the tower methods
-# (hiprune, flowcut, the reducers) cut inside the vision tower, which the plugin does not hook
-SERVED = ("random", "fastervlm", "vispruner", "visionzip", "divprune")
+def refused(method: Method) -> str | None:
+    """Why vLLM serving cannot run ``method`` (a method with its options; None: it can). A served model runs
+    vitrim.vlm's one encoder seam (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every
+    pre-LLM method that selects from the images alone is served. Refused: the other stages (the tower's and the
+    LLM's are not hooked in vLLM; its paged attention hands a model no attention rows), and a method that reads the
+    prompt (CDPruner unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    if method.stage != "pre_llm":
+        return f"it cuts at stage {method.stage!r} (the plugin serves pre-LLM methods)"
+    if method.reads_instruction():
+        return "it reads the prompt, which vLLM has not handed the model when it encodes the images"
+    return None
 
 
 def pre_llm_methods() -> list[str]:
-    """The methods vLLM serving offers: the pre-LLM ones of :data:`SERVED` (they select before the LLM, from the
-    images alone)."""
-    return [name for name in methods(stage="pre_llm") if name in SERVED]
+    """The methods vLLM serving offers: every pre-LLM method that selects from the images alone (:func:`refused`)."""
+    return [name for name in methods(stage="pre_llm") if refused(method_class(name)()) is None]
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,12 @@ class TrimOptions:
 def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     """The ``vitrim`` entry of ``hf_config`` for ``architecture``, validated; ``ValueError`` (one line) otherwise."""
     model_type = getattr(hf_config, "model_type", None)
-    expected = ARCHITECTURES[architecture][1]
+    expected = ARCHITECTURES[architecture].model_type
     if model_type != expected:
+        served = ", ".join(f"{a} ({s.model_type})" for a, s in ARCHITECTURES.items())
         raise ValueError(
             f"vitrim: architecture {architecture} runs {expected!r} checkpoints; this one has model_type "
-            f"{model_type!r} (vitrim serves: {', '.join(f'{a} ({t})' for a, (_, t) in ARCHITECTURES.items())})"
+            f"{model_type!r} (vitrim serves: {served})"
         )
     raw = getattr(hf_config, "vitrim", None)
     if not isinstance(raw, Mapping):
@@ -77,18 +82,12 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     name = options.pop("method", None)
     keep = options.pop("keep", None)
     try:
-        cls = method_class(name)
-        if cls.stage != "pre_llm":
+        method = method_class(name)(**options)
+        why = refused(method)
+        if why is not None:
             raise ValueError(
-                f"method {name!r} cuts at stage {cls.stage!r}; vLLM serving offers the pre-LLM methods: "
-                f"{', '.join(pre_llm_methods())}"
+                f"method {name!r} is not served through vLLM: {why}; vLLM serving offers: {', '.join(pre_llm_methods())}"
             )
-        if name not in SERVED:
-            raise ValueError(
-                f"method {name!r} is not served through vLLM yet (its selection there is not verified); vLLM serving "
-                f"offers: {', '.join(pre_llm_methods())}"
-            )
-        method = cls(**options)
         if keep is None:
             keep = method.default_keep()
         if keep is None:

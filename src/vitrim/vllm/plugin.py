@@ -12,14 +12,10 @@ from __future__ import annotations
 
 from vitrim.vllm.options import ARCHITECTURES
 
-MODULES = {
-    "VitrimLlavaForConditionalGeneration": "vitrim.vllm.llava",
-    "VitrimQwen2_5_VLForConditionalGeneration": "vitrim.vllm.qwen2_5_vl",
-}
-
 
 def register() -> None:
-    """Register every architecture of :data:`vitrim.vllm.options.ARCHITECTURES` (again: a no-op)."""
+    """Register every architecture of :data:`vitrim.vllm.options.ARCHITECTURES`, the families' ``served``
+    (again: a no-op)."""
     from vllm.platforms import current_platform
 
     from vllm import ModelRegistry
@@ -29,6 +25,6 @@ def register() -> None:
 
         patch_cpu_runner()
     known = set(ModelRegistry.get_supported_archs())
-    for architecture in ARCHITECTURES:
-        if architecture not in known:
-            ModelRegistry.register_model(architecture, f"{MODULES[architecture]}:{architecture}")
+    for name, served in ARCHITECTURES.items():
+        if name not in known:
+            ModelRegistry.register_model(name, f"{served.module}:{name}")

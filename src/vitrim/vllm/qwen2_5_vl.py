@@ -4,9 +4,11 @@ A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``:
 
 - **Placeholders** (the processor's ``_get_prompt_updates``): an image of N tokens gets ``keep`` (an int: at most
   N, else the request fails naming both; a fraction: of N), decided from its grid before the tower runs;
-- **Features** (``embed_multimodal``): the tower runs as vLLM's does, the method selects per image from
-  vitrim.vlm's evidence (vitrim.vllm.qwen_evidence), merged tokens go through the merger (vitrim.vlm's Qwen rule),
-  and each image hands the LLM its kept tokens in raster order;
+- **Features** (``embed_multimodal``): the tower runs as vLLM's does, and vitrim.vlm's one encoder seam
+  (:mod:`vitrim.vlm.stages.capture`) selects per image from the evidence of :mod:`vitrim.vlm.evidence.merged_tokens`
+  (the scoring block read by :func:`read_tower_attention` with vLLM's fused ``qkv`` and rotary op; the token grid
+  included), merged tokens go through the merger as on transformers, and each image hands the LLM its kept tokens
+  in raster order;
 - **Positions**: each kept token keeps its ORIGINAL M-RoPE position (t, h, w of the full grid) and the text after an
   image continues where it would after the full image, as vitrim.vlm does in transformers. vLLM does this through
   the machinery of its video pruning (EVS): the embeddings carry their positions, the runner re-numbers the prompt
@@ -36,12 +38,14 @@ from vitrim.vllm.compat import (
     declare_image_pruning,
     image_positions,
     sequential_mrope_positions,
+    tap_input,
 )
 from vitrim.vllm.options import TrimOptions, trim_options
-from vitrim.vllm.qwen_evidence import TowerCapture
 from vitrim.vllm.selection_record import SelectionRecord
-from vitrim.vlm.families.qwen2vl_vision import image_evidence
-from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.evidence.attention import received_by_segment
+from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
+from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
 
@@ -82,6 +86,28 @@ class TrimmedQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
         return updates
 
 
+def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TowerAttention:
+    """A vLLM ``Qwen2_5_VisionAttention``'s evidence: the attention each patch receives within its segment (H, P)
+    and its keys before rotary (P, H, hd), from its fused ``qkv`` and vLLM's own rotary op, as vLLM's block computes
+    them. args/kwargs: the block's call, its normed input (P, 1, C) in tower (window) order, ``cu_seqlens`` and
+    ``rotary_pos_emb_cos`` / ``rotary_pos_emb_sin``."""
+    hidden: Tensor = args[0] if args else kwargs["x"]
+    heads = int(attention.num_attention_heads_per_partition)
+    head_dim = int(attention.hidden_size_per_attention_head)
+    qkv, _ = attention.qkv(hidden)  # (P, 1, 3·H·hd)
+    patches = qkv.shape[0]
+    qkv = qkv.reshape(patches, 3, heads, head_dim)  # vLLM's "s b (three head head_dim)"
+    query, key = qkv[:, 0], qkv[:, 1]  # (P, H, hd)
+    rotated = attention.apply_rotary_emb(
+        torch.stack([query, key]).contiguous(),  # (2, P, H, hd): vLLM's "(two b) s head head_dim", b = 1
+        kwargs["rotary_pos_emb_cos"],
+        kwargs["rotary_pos_emb_sin"],
+    ).view(2, patches, heads, head_dim)
+    work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower's map is scored in float32
+    received = received_by_segment(rotated[0].to(work), rotated[1].to(work), kwargs["cu_seqlens"], head_dim**-0.5)
+    return TowerAttention(received=received, keys=key.to(work))
+
+
 def shortened(replacement: Any, options: TrimOptions) -> Any:
     """The replacement of an image with ``options.tokens(N)`` of its N placeholders."""
 
@@ -115,7 +141,15 @@ class VitrimQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneratio
             raise ValueError("vitrim: trimmed Qwen2.5-VL runs its tower whole; drop --mm-encoder-tp-mode data")
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
-        self.vitrim_capture = TowerCapture(self.visual, options.method.needs_cls_attention)
+        method = options.method
+        self.vitrim_hand_on = HandOn(method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count)))
+        last: Any = self.visual.blocks[-1]  # type: ignore[index]
+        self.vitrim_taps = Taps(method, scoring=(last.attn, read_tower_attention))
+        self.vitrim_merger_input: Tensor | None = None
+        tap_input(self.visual.merger, self.keep_merger_input)  # the merger takes no hooks (vitrim.vllm.compat)
+
+    def keep_merger_input(self, states: Tensor) -> None:
+        self.vitrim_merger_input = states.reshape(states.shape[0], -1)  # (P, 1, C) -> (P, C)
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[Tensor, int]:
         return sequential_mrope_positions(len(input_tokens))  # re-numbered from the images on (compat)
@@ -132,36 +166,37 @@ class VitrimQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneratio
         grid: Tensor = image_input["image_grid_thw"]  # (I, 3)
         pixels: Tensor = image_input["pixel_values"]  # (P, C·t·p·p) every image's patches
         embeds = self.visual(pixels, grid_thw=grid.tolist())  # (ΣN, E) raster order
-        capture, states = self.vitrim_capture.take()
+        states, self.vitrim_merger_input = self.vitrim_merger_input, None
+        if states is None:
+            raise RuntimeError("vitrim: the Qwen tower ran without its merger")
         merge = self.visual.spatial_merge_size
-        tokens = (grid.prod(-1) // (merge * merge)).tolist()
-        metadata = self.visual.prepare_encoder_metadata(grid.tolist())
-        evidence = image_evidence(capture, states, grid, merge, metadata["window_index"].to(states.device))
-        seeds = [content_seed(p) for p in pixels.split(grid.prod(-1).tolist())]
-        method = self.vitrim_options.method
+        tokens = tokens_per_image(grid, merge)
+        window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(states.device)
+        evidence = image_evidence(self.vitrim_taps.take_attention(), states, grid, merge, window_index)
+        seeds = image_seeds(pixels.split(grid.prod(-1).tolist()))  # (I,)
+        unit = merge * merge
+
+        def project(merged: Tensor) -> Tensor:  # (k, m²C) merged patch states -> (k, E) through the merger
+            return self.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states.dtype)[:, None])
+
         out: list[Tensor] = []
         start = 0
         for image, (item, count) in enumerate(zip(evidence, tokens, strict=True)):
-            keep = self.vitrim_options.tokens(count)
             own = embeds[start : start + count]  # (N, E)
             positions = image_positions(grid[image].tolist(), merge).to(own.device)  # (N, 4)
             start += count
-            if keep == count:  # every token stays
-                self.vitrim_record.add(seeds[image], torch.arange(count))
-                out.append(torch.cat([own, positions.to(own.dtype)], dim=1))
-                continue
-            found = VisionEvidence(
-                features=item.features[None],
-                cls_attention=None if item.received is None else item.received[None],
+            chosen, written = self.vitrim_hand_on.run(
+                item.features[None],
+                values=own[None],
+                project=project,
+                attention=None if item.received is None else item.received[None],
                 keys=None if item.keys is None else item.keys[None],
-                seeds=torch.tensor([seeds[image]], dtype=torch.long),
+                seeds=seeds[image : image + 1],
                 projected=own[None],
+                grid=item.grid,
             )
-            chosen = method.select(found, keep)[0]
-            kept_embeds = own[chosen.kept]
-            if chosen.merged is not None:
-                merged = chosen.merged.reshape(keep * merge * merge, -1).to(states.dtype)
-                kept_embeds = self.visual.merger(merged[:, None]).to(own.dtype)  # (k, E): the projector on them
-            self.vitrim_record.add(seeds[image], chosen.kept)
-            out.append(torch.cat([kept_embeds, positions[chosen.kept].to(own.dtype)], dim=1))
+            selection = chosen[0]
+            kept = (own if written is None else written[0])[selection.kept]  # (k, E)
+            self.vitrim_record.add(int(seeds[image]), selection.kept)
+            out.append(torch.cat([kept, positions[selection.kept].to(own.dtype)], dim=1))
         return tuple(out)

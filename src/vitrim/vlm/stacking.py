@@ -25,6 +25,10 @@ stands for no image token: a stacked in-LLM method treats it as text (never rank
 A ``keep=`` that cannot be met after the earlier stage is refused at ``apply`` where the count is known.
 
 ``last_selection(model, stage=...)`` reads one stage of the stack (:meth:`Stack.selection`).
+
+Composition lives here and only here: a stage installs itself, never another. Where a tower's tokens leave the grid,
+this module installs the pre-LLM stage after the tower with :class:`AfterTower` as its selector (the tower's tokens,
+then the stacked pre-LLM method among them), and hands an in-LLM method the pre-LLM stage's spans to follow.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from vitrim.vlm.families import FamilyAdapter
 from vitrim.vlm.keep import KeepSpec, parse_keep
-from vitrim.vlm.method.base import ImageSelection, Installation, Method, StageOptions
+from vitrim.vlm.method.base import ImageSelection, Installation, Method, StageOptions, VisionEvidence
 from vitrim.vlm.stages import in_llm, pre_llm, tower
+from vitrim.vlm.stages.contract import FamilyAdapter
 
 STAGE_ORDER = ("tower", "pre_llm", "in_llm")
 STAGE_WORDS = {"pre_llm": "pre-LLM", "in_llm": "in-LLM", "tower": "tower"}
@@ -55,8 +60,7 @@ class Plan:
 def tower_to_grid(family: FamilyAdapter, method: Method) -> bool:
     """Whether the tower method puts its tokens back on the patch grid (its ``to_grid``, else the family's
     default: back on the grid where the family needs it)."""
-    to_grid = method.options.get("to_grid")
-    return family.traits.tower_grid_only is not None if to_grid is None else bool(to_grid)
+    return tower.to_grid_of(family, method)
 
 
 def refusal(family: FamilyAdapter, plans: dict[str, Plan]) -> str | None:
@@ -133,13 +137,14 @@ def _keep(method: Method, keep: object, count: int | None, earlier: str) -> Keep
 class Stack:
     """The installed stages of one model, in stage order (an :class:`~vitrim.vlm.method.base.Installation`).
 
-    ``parts``: stage -> what that stage installed (a tower whose tokens leave the grid installs the pre-LLM stage
-    that drops the empty slots too, and a stacked pre-LLM method selects through it).
+    ``parts``: stage -> what that stage installed; ``handoff``: the pre-LLM stage the LLM input passes, when there
+    is one (installed for a stacked pre-LLM method, or after a tower whose tokens leave the grid, to drop the slots
+    it emptied).
     """
 
     def __init__(self, family: FamilyAdapter, plans: dict[str, Plan], options: dict[str, StageOptions]) -> None:
         self.parts: dict[str, Any] = {}
-        self.handoff: pre_llm.PreLLMStage | None = None  # the pre-LLM stage the LLM input passes, when there is one
+        self.handoff: pre_llm.PreLLMStage | None = None
         self._owned: list[Installation] = []
         try:
             self._install(family, plans, options)
@@ -147,27 +152,27 @@ class Stack:
             self.remove()
             raise
 
+    def _own(self, installed: Any) -> Any:
+        self._owned.append(installed)
+        return installed
+
     def _install(self, family: FamilyAdapter, plans: dict[str, Plan], options: dict[str, StageOptions]) -> None:
         pre = plans.get("pre_llm")
+        keep = None if pre is None else options["pre_llm"].keep or KeepSpec(fraction=1.0)
         if "tower" in plans:
-            then = None if pre is None else pre.method
-            then_keep = None if pre is None else options["pre_llm"].keep
-            installed = tower.install(family, plans["tower"].method, options["tower"], then=then, then_keep=then_keep)
-            self._owned.append(installed)
-            self.parts["tower"] = installed
-            if isinstance(installed, tower.TowerThenLLM):
-                self.handoff = installed.handoff
-                if pre is not None:
-                    self.parts["pre_llm"] = installed.handoff
+            reduction = self.parts["tower"] = self._own(tower.install(family, plans["tower"].method, options["tower"]))
+            if not reduction.to_grid:  # the slots no tower token fills are dropped before the LLM
+                after = AfterTower(reduction, None if pre is None else pre.method, keep)
+                self.handoff = self._own(pre_llm.install(family, after, None))
+            elif pre is not None:  # a stacked pre-LLM method on the refilled grid
+                self.handoff = self._own(pre_llm.install(family, pre.method, keep))
         elif pre is not None:
-            self.handoff = pre_llm.install(family, pre.method, options["pre_llm"].keep or KeepSpec(fraction=1.0))
-            self._owned.append(self.handoff)
+            self.handoff = self._own(pre_llm.install(family, pre.method, keep))
+        if pre is not None:
             self.parts["pre_llm"] = self.handoff
         if "in_llm" in plans:
             watch = None if self.handoff is None else self.handoff.follow
-            inside = in_llm.install(family, plans["in_llm"].method, options["in_llm"], watch=watch)
-            self._owned.append(inside)
-            self.parts["in_llm"] = inside
+            self.parts["in_llm"] = self._own(in_llm.install(family, plans["in_llm"].method, options["in_llm"], watch=watch))
 
     def last_stage(self) -> str:
         return [stage for stage in STAGE_ORDER if stage in self.parts][-1]
@@ -190,8 +195,6 @@ class Stack:
         if stage not in self.parts:
             applied = ", ".join(repr(s) for s in STAGE_ORDER if s in self.parts)
             raise ValueError(f"stage={stage!r}: no method of that stage is applied (applied: {applied})")
-        if stage == "pre_llm":
-            return self.parts[stage].selection()  # the pre-LLM stage's own: its installation is a tower's part
         selection = self.parts[stage].selection()
         if stage != "in_llm" or selection is None or self.handoff is None:
             return selection
@@ -208,6 +211,72 @@ class Stack:
         for installed in reversed(self._owned):
             installed.remove()
         self._owned, self.parts, self.handoff = [], {}, None
+
+
+class AfterTower:
+    """The pre-LLM stage's selector after a tower whose tokens stay off the grid (a
+    :class:`~vitrim.vlm.method.base.Selector`): the slots the tower's tokens fill, and, with a pre-LLM method
+    stacked (``then``, keeping ``then_keep``), that method's pick among those tokens.
+
+    ``then`` selects from the evidence restricted to the filled slots (features, projected), and its selection is
+    composed with the tower's (kept: the slots it keeps; groups: the patches of the tower tokens it stands for). The
+    taps capture what ``then`` reads; no attention of the tower's (the tower method changed its tokens: such a
+    method is refused, :func:`refusal`).
+    """
+
+    name = "tower"
+    needs_cls_attention = False
+    uses_cls_token = False
+
+    def __init__(self, reduction: tower.TowerReduction, then: Method | None, then_keep: KeepSpec | None) -> None:
+        # the tower stage's convention: each kept slot at its own position (the tower's tokens are not the image's
+        # raster, so no author numbered them); a stacked method asked for its authors' sequence by name is refused
+        if then is not None and "positions" in then.given and then.options["positions"] != "original":
+            raise ValueError(
+                f"positions={then.options['positions']!r} for vlm method {then.name!r} stacked after a tower method "
+                "whose tokens stay off the patch grid: the stack keeps each token at its own position "
+                "(positions='original'); drop the option, or use to_grid=True in the tower"
+            )
+        self.reduction, self.then, self.then_keep = reduction, then, then_keep
+        self.needs_seeds = then is not None and then.needs_seeds
+        self.scores_projected = then is not None and then.scores_projected
+
+    def reads_instruction(self) -> bool:
+        return False
+
+    def authors_layout(self) -> bool:
+        return False  # positions="original": each token in its own slot
+
+    def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
+        selection = self.reduction.selection()
+        if selection is None:
+            raise RuntimeError("the projector ran before the tower's feature layer in this forward pass")
+        if self.then is None:
+            return selection
+        assert self.then_keep is not None
+        rows = torch.stack([image.kept for image in selection]).to(evidence.features.device)  # (I, n) the filled slots
+        restricted = VisionEvidence(
+            features=_rows(evidence.features, rows),
+            seeds=evidence.seeds,
+            projected=None if evidence.projected is None else _rows(evidence.projected, rows),
+        )
+        chosen = self.then.select(restricted, self.then_keep.tokens(rows.shape[1]))
+        return [_compose(reduced, picked) for reduced, picked in zip(selection, chosen, strict=True)]
+
+
+def _rows(values: Tensor, rows: Tensor) -> Tensor:
+    """(I, P, D) at the (I, n) slots ``rows`` -> (I, n, D)."""
+    return values.gather(1, rows[..., None].expand(-1, -1, values.shape[-1]))
+
+
+def _compose(reduced: ImageSelection, picked: ImageSelection) -> ImageSelection:
+    """A selection among the tower's tokens (``picked``: indices into ``reduced.kept``) as one over the image's
+    slots: each picked token's slot, standing for the patches of every tower token in its group."""
+    index = picked.kept.to(reduced.kept.device)
+    groups = tuple(
+        torch.cat([reduced.groups[int(j)] for j in group]).sort().values for group in picked.groups
+    )  # a merged token of the pre-LLM method stands for every patch of the tower tokens it merged
+    return ImageSelection(kept=reduced.kept[index], groups=groups, merged=picked.merged)
 
 
 def _through(entered: ImageSelection, kept: Tensor) -> ImageSelection:

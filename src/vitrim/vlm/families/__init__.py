@@ -1,5 +1,5 @@
 """Model families vitrim.vlm handles: one file each, an adapter declaring its traits and offering its seams
-(:mod:`vitrim.vlm.families.contract`).
+(:mod:`vitrim.vlm.stages.contract`).
 
 A family adapter wraps ONE model instance the user holds (``adapter.model``); it knows that family's seams (where
 the image tokens are made, where they enter the LLM) and never changes a class or a transformers source file.
@@ -13,12 +13,12 @@ import inspect
 
 from torch import nn
 
-from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
 from vitrim.vlm.families.gemma3 import Gemma3Adapter
 from vitrim.vlm.families.llava import LlavaAdapter
 from vitrim.vlm.families.llava_next import LlavaNextAdapter
 from vitrim.vlm.families.paligemma import PaliGemmaAdapter
 from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
+from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
 
 ADAPTERS: tuple[type[FamilyAdapter], ...] = (
     LlavaAdapter,
@@ -45,6 +45,11 @@ def find_family(model: object) -> FamilyAdapter:
     raise TypeError(f"vitrim.vlm does not handle {type(model).__name__}{text_only}; it handles: {handled}")
 
 
+def served_architectures() -> dict[str, ServedArchitecture]:
+    """Every vLLM architecture vitrim serves, by name: the one table, read from the families' traits."""
+    return {served.name: served for adapter in ADAPTERS for served in adapter.traits.served}
+
+
 def families_taking(stage: str) -> list[FamilyTraits]:
     """The traits of every family that takes ``stage`` (for error texts)."""
     return [adapter.traits for adapter in ADAPTERS if stage in adapter.traits.stages]
@@ -56,4 +61,12 @@ def _is_text_only(model: nn.Module) -> bool:
     return "input_ids" in parameters and "pixel_values" not in parameters
 
 
-__all__ = ["ADAPTERS", "FAMILIES", "FamilyAdapter", "FamilyTraits", "families_taking", "find_family"]
+__all__ = [
+    "ADAPTERS",
+    "FAMILIES",
+    "FamilyAdapter",
+    "FamilyTraits",
+    "families_taking",
+    "find_family",
+    "served_architectures",
+]

@@ -24,26 +24,27 @@ Evidence (:class:`~vitrim.vlm.method.base.VisionEvidence`) in that space:
 What reaches the LLM after a method selects: the kept tokens only, at their ORIGINAL positions, with the masks the
 unmodified model built gathered to the kept rows and columns (so the image block and the sliding window are the
 unmodified model's and dropping is exactly masking keys); decode steps get masks built over each layer's cache.
-Seams: forward pre-hooks on the tower (each image's seed) and on the scoring layer's attention (its input), a forward
-hook on the projector (select, write merged tokens); the masks per layer type gathered for the shortened prefill and
-built over each layer's cache at decode (the rest is the pre-LLM stage's, :mod:`vitrim.vlm.stages.pre_llm`).
+Where it taps (the capture → select → write sequence is :mod:`vitrim.vlm.stages.capture`'s): the tower's pixels
+(each image's seed) and the scoring layer's attention (:func:`read_received_attention`), the projector's output
+(select, write merged tokens); the masks per layer type gathered for the shortened prefill and built over each
+layer's cache at decode (the rest is the pre-LLM stage's, :mod:`vitrim.vlm.stages.pre_llm`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
+from vitrim.vlm.evidence.attention import received_by_segment
+from vitrim.vlm.evidence.pooled import pool_to_tokens
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
-from vitrim.vlm.families.qwen2vl_vision import received_attention
-from vitrim.vlm.families.seams import inner_model, keep_all, write_merged
-from vitrim.vlm.method.base import VisionEvidence, content_seed
-from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, Prefill, PreLLMStage, Shortened, cache_of
+from vitrim.vlm.stages.capture import Taps
+from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, Shortened
+from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, PreLLMStage, cache_of
 from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
 
 
@@ -64,14 +65,8 @@ class Gemma3Adapter(FamilyAdapter):
     authors_positions = False
 
     def __init__(self, model: nn.Module) -> None:
-        parts = ("vision_tower", "multi_modal_projector", "language_model")
-        inner = inner_model(model, parts, "Gemma3ForConditionalGeneration")
-        self.model = model
-        self.inner: Any = inner
-        self.language_model: nn.Module = inner.language_model
-        config: Any = model.config
-        self.config: Any = config
-        self.text_config: Any = config.get_text_config()
+        super().__init__(model)
+        self.text_config: Any = self.config.get_text_config()
         self.positions: Tensor | None = None  # (B, S) original positions of a shortened prefill's cache layout
 
     def tokens_per_image(self) -> int:
@@ -124,88 +119,61 @@ class Gemma3Adapter(FamilyAdapter):
         )
 
 
-def pool_to_tokens(values: Tensor, kernel: int, reduce: str) -> Tensor:
-    """(I, P, ...) per patch of a p×p grid -> (I, t², ...) per pooled token (t = p / kernel), raster order.
-
-    ``reduce``: "mean" (the projector's average pool) or "sum" (attention mass of the k×k patches).
-    """
-    images, patches = values.shape[:2]
-    side = math.isqrt(patches)
-    tokens_side = side // kernel
-    rest = values.shape[2:]
-    grid = values.reshape(images, tokens_side, kernel, tokens_side, kernel, *rest)
-    grouped = grid.transpose(2, 3).reshape(images, tokens_side * tokens_side, kernel * kernel, *rest)
-    return grouped.mean(2) if reduce == "mean" else grouped.sum(2)
+def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A SigLIP attention's evidence per pooled token of ``kernel``×``kernel`` patches: the attention each receives
+    (I, H, N) and its mean keys (I, H, N, hd), from the layer's own q/k projections on its input (I, P, D)."""
+    hidden: Tensor = kwargs.get("hidden_states", args[0] if args else None)
+    images, patches, _ = hidden.shape
+    heads, head_dim = attention.num_heads, attention.head_dim
+    work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower is scored in float32
+    query = attention.q_proj(hidden).reshape(images * patches, heads, head_dim).to(work)  # (I·P, H, hd)
+    key = attention.k_proj(hidden).reshape(images * patches, heads, head_dim).to(work)
+    bounds = torch.arange(images + 1) * patches  # each image attends within itself
+    received = received_by_segment(query, key, bounds, float(attention.scale)) / patches  # (H, I·P)
+    received = received.reshape(heads, images, patches).permute(1, 2, 0)  # (I, P, H)
+    keys = key.reshape(images, patches, heads, head_dim)
+    pooled_received = pool_to_tokens(received, kernel, "sum").transpose(1, 2)  # (I, H, N)
+    pooled_keys = pool_to_tokens(keys, kernel, "mean").transpose(1, 2)  # (I, H, N, hd)
+    return pooled_received, pooled_keys
 
 
 class ProjectorSelection:
-    """The pre-LLM method picks at Gemma 3's projector (its forward hook), for every image of one tower run."""
+    """Where Gemma 3 hands on its tokens: the projector's output (its forward hook), for every image of one run."""
 
     def __init__(self, adapter: Gemma3Adapter, stage: PreLLMStage) -> None:
-        self.adapter, self.stage, self.method = adapter, stage, stage.method
-        self.seeds: Tensor | None = None
-        self.scoring_input: Tensor | None = None
+        self.adapter, self.stage = adapter, stage
+        kernel = int(adapter.inner.multi_modal_projector.kernel_size)
+        self.taps = Taps(
+            stage.method,
+            tower=adapter.inner.vision_tower,
+            scoring=(adapter.scoring_attention(), partial(read_received_attention, kernel)),
+        )
 
     def hooks(self) -> list[Callable[[], None]]:
-        inner = self.adapter.inner
-        handles = [
-            inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True),
-            inner.multi_modal_projector.register_forward_hook(self.after_projector),
-        ]
-        if self.method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
-            attention = self.adapter.scoring_attention()
-            handles.append(attention.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
-        return [handle.remove for handle in handles]
-
-    def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
-        self.seeds = torch.tensor([content_seed(image) for image in pixel_values], dtype=torch.long)
-
-    def on_scoring_attention(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.scoring_input = kwargs.get("hidden_states", args[0] if args else None)
-
-    def received_and_keys(self, kernel: int) -> tuple[Tensor, Tensor]:
-        """Per pooled token: the attention received at the scoring layer (I, H, N) and its mean keys (I, H, N, hd)."""
-        if self.scoring_input is None:
-            raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
-        hidden, self.scoring_input = self.scoring_input, None
-        attention = self.adapter.scoring_attention()
-        images, patches, _ = hidden.shape
-        heads, head_dim = attention.num_heads, attention.head_dim
-        work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower is scored in float32
-        query = attention.q_proj(hidden).reshape(images * patches, heads, head_dim).to(work)  # (I·P, H, hd)
-        key = attention.k_proj(hidden).reshape(images * patches, heads, head_dim).to(work)
-        bounds = torch.arange(images + 1) * patches  # each image attends within itself
-        received = received_attention(query, key, bounds, float(attention.scale)) / patches  # (H, I·P)
-        received = received.reshape(heads, images, patches).permute(1, 2, 0)  # (I, P, H)
-        keys = key.reshape(images, patches, heads, head_dim)
-        pooled_received = pool_to_tokens(received, kernel, "sum").transpose(1, 2)  # (I, H, N)
-        pooled_keys = pool_to_tokens(keys, kernel, "mean").transpose(1, 2)  # (I, H, N, hd)
-        return pooled_received, pooled_keys
+        handle = self.adapter.inner.multi_modal_projector.register_forward_hook(self.after_projector)
+        return [handle.remove, self.taps.remove]
 
     def after_projector(self, module: Any, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
         tower_states = args[0]  # (I, P, C) the tower's last states
-        num_tokens = output.shape[1]
-        if self.stage.keep_of(num_tokens) == num_tokens:
-            self.stage.selected([keep_all(num_tokens, output.device) for _ in range(output.shape[0])])
-            self.scoring_input = None
-            return None  # every token stays: the projector's output is untouched
-        kernel = int(module.kernel_size)
+        attention = self.taps.take_attention()
+        received, keys = (None, None) if attention is None else attention
         with torch.no_grad():
             pooled = _projector_pool(module, tower_states)  # (I, N, C), what the projector's norm reads
-            received = keys = None
-            if self.method.needs_cls_attention:
-                received, keys = self.received_and_keys(kernel)
-        evidence = VisionEvidence(
-            features=pooled, cls_attention=received, keys=keys, seeds=self.seeds, projected=output
-        )
-        selections = self.stage.select(evidence, num_tokens)
-        self.stage.selected(selections)
 
         def project(states: Tensor) -> Tensor:  # (k, C) merged pooled states -> the LLM's width
             return module.mm_soft_emb_norm(states.to(tower_states.dtype)) @ module.mm_input_projection_weight
 
-        return write_merged(output, selections, project)
+        selections, written = self.stage.hand_on.run(
+            pooled,
+            values=output,
+            project=project,
+            attention=received,
+            keys=keys,
+            seeds=self.taps.seeds,
+            projected=output,
+        )
+        self.stage.selected(selections)
+        return written
 
 
 def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:

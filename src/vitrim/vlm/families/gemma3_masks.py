@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrim.vlm.stages.filler_masks import with_filler_rows
+from vitrim.vlm.stages.filler_masks import as_additive, with_filler_rows
 from vitrim.vlm.stages.sequence import ShortSequence
 
 
@@ -35,9 +35,7 @@ def _as_implementation(allowed: Tensor, like: Tensor | None, dtype: torch.dtype,
     additive = like.is_floating_point() if like is not None else implementation == "eager"
     if not additive:
         return allowed
-    mask_dtype = like.dtype if like is not None else dtype
-    zero = torch.zeros((), dtype=mask_dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.finfo(mask_dtype).min)
+    return as_additive(allowed, like.dtype if like is not None else dtype)
 
 
 def _causal_window(length: int, batch: int, window: int | None, device: torch.device) -> Tensor:

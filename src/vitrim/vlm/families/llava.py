@@ -5,14 +5,15 @@ The model (transformers ≥ 5): ``model.model.vision_tower`` (CLIP) → ``hidden
 ``input_ids == image_token_id`` positions of the embeddings → ``model.model.language_model``. Each image gives
 (image_size / patch_size)² tokens (576 for LLaVA-1.5 at 336 px), +1 under the "full" strategy.
 
-Seams used (hooks on this instance's submodules only):
-- a forward pre-hook on the scoring layer's attention (tower layer ``vision_feature_layer``): its input hidden
-  states, from which the [CLS] attention row and the keys are computed with the layer's own q/k projections;
-- a forward hook on that layer (for a method with ``uses_cls_token``): its output's [CLS] row, the [CLS] of the
-  feature layer the "default" strategy drops, which the method may hand the LLM (written into a free slot before
-  the projector, so it is projected as the authors' VisionZip projects it);
-- a forward pre-hook on the projector: the features of the images, where the method selects (and merged tokens
-  are written into their slots); a forward hook on it for methods that select on its output;
+Where it taps (the capture → select → write sequence is :mod:`vitrim.vlm.stages.capture`'s; hooks on this
+instance's submodules only):
+- the scoring layer's attention (tower layer ``vision_feature_layer``): [CLS]'s attention row and the keys from the
+  layer's own q/k projections on its input (:func:`read_cls_attention`);
+- that layer's output (for a method with ``uses_cls_token``): its [CLS] row, the [CLS] of the feature layer the
+  "default" strategy drops, which the method may hand the LLM (written into a free slot before the projector, so it
+  is projected as the authors' VisionZip projects it);
+- the projector's input: the features of the images, where the method selects and merged tokens are written; its
+  output for methods that select on it;
 - everything else (the prefill, the shortened LLM input, decoding, beams) is the pre-LLM stage's
   (:mod:`vitrim.vlm.stages.pre_llm`).
 """
@@ -22,12 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
-from vitrim.vlm.families.seams import inner_model, write_merged
-from vitrim.vlm.method.base import VisionEvidence, content_seed
+from vitrim.vlm.evidence.attention import cls_attention_and_keys
+from vitrim.vlm.stages.capture import Taps
+from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
 from vitrim.vlm.stages.pre_llm import PreLLMStage
 
 
@@ -38,16 +38,13 @@ class LlavaAdapter(FamilyAdapter):
         classes=("LlavaForConditionalGeneration",),
         title="LLaVA-1.5 (LlavaForConditionalGeneration)",
         stages=("pre_llm", "in_llm", "tower"),
+        served=(
+            ServedArchitecture(
+                "VitrimLlavaForConditionalGeneration", "vitrim.vllm.llava", "LlavaForConditionalGeneration", "llava"
+            ),
+        ),
     )
     cls_to_llm = True  # a method may hand the LLM the tower's [CLS] (VisionZip), through this model's projector
-
-    def __init__(self, model: nn.Module) -> None:
-        parts = ("vision_tower", "multi_modal_projector", "language_model")
-        inner = inner_model(model, parts, "LlavaForConditionalGeneration")
-        self.model = model
-        self.inner: Any = inner
-        self.language_model: nn.Module = inner.language_model
-        self.config: Any = model.config
 
     def tile_tokens(self) -> int:
         """Tokens of one tower image entering the projector: the grid, +1 ([CLS]) under the "full" strategy."""
@@ -81,93 +78,59 @@ class LlavaAdapter(FamilyAdapter):
         return ProjectorSelection(self, stage).hooks()
 
 
-def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
-    """The [CLS] attention row and the keys of a CLIP attention layer, from its own q/k projections.
-
-    hidden_states: (I, 1 + N, D) the layer's input after its first LayerNorm ([CLS] first).
-    Returns ((I, H, N) softmax row of [CLS] over [CLS] and the N tokens, [CLS]'s own weight left out;
-    (I, H, N, hd) the keys of the N tokens).
-    """
-    images, length, _ = hidden_states.shape
+def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """A transformers CLIP attention's [CLS] row (I, H, N) and keys (I, H, N, hd), from its own ``q_proj`` and
+    ``k_proj`` on its input ``hidden_states`` (I, 1 + N, D) (after the layer's first LayerNorm, [CLS] first)."""
+    hidden: Tensor = kwargs.get("hidden_states", args[0] if args else None)
+    images, length, _ = hidden.shape
     heads, head_dim = attention.num_heads, attention.head_dim
-    query = attention.q_proj(hidden_states[:, :1]).view(images, 1, heads, head_dim).transpose(1, 2)  # (I, H, 1, hd)
-    keys = attention.k_proj(hidden_states).view(images, length, heads, head_dim).transpose(1, 2)  # (I, H, 1+N, hd)
-    row = torch.softmax((query @ keys.transpose(-1, -2)) * attention.scale, dim=-1)  # (I, H, 1, 1+N)
-    return row[:, :, 0, 1:], keys[:, :, 1:]
+    query = attention.q_proj(hidden[:, :1]).view(images, 1, heads, head_dim).transpose(1, 2)  # (I, H, 1, hd)
+    keys = attention.k_proj(hidden).view(images, length, heads, head_dim).transpose(1, 2)  # (I, H, 1+N, hd)
+    return cls_attention_and_keys(query, keys, attention.scale)
 
 
 class ProjectorSelection:
-    """The pre-LLM method picks at LLaVA's projector, for every image of one tower run.
-
-    The tower's pre-hook keeps each image's seed (for the seeded method), the scoring layer's pre-hook its input;
-    the projector's pre-hook selects (``method.select``) and writes merged features into their slots, or, for a
-    method that selects on the projector's output, its forward hook selects.
-    """
+    """Where LLaVA hands on its tokens: the projector's input (select, write merged) or, for a method that scores
+    the projector's output, its output; the taps of :class:`~vitrim.vlm.stages.capture.Taps` on the tower."""
 
     def __init__(self, adapter: LlavaAdapter, stage: PreLLMStage) -> None:
-        self.adapter, self.stage, self.method = adapter, stage, stage.method
-        self.seeds: Tensor | None = None
-        self.scoring_input: Tensor | None = None
-        self.cls_feature: Tensor | None = None  # (I, D) the feature layer's [CLS] rows of this tower run
+        self.adapter, self.stage = adapter, stage
+        scoring = adapter.scoring_layer()
+        self.taps = Taps(
+            stage.method,
+            tower=adapter.inner.vision_tower,
+            scoring=None if scoring is None else (scoring.self_attn, read_cls_attention),
+            cls_layer=scoring if adapter.cls_to_llm else None,
+        )
         self.features: Tensor | None = None
 
     def hooks(self) -> list[Callable[[], None]]:
-        inner = self.adapter.inner
+        projector = self.adapter.inner.multi_modal_projector
         handles = [
-            inner.multi_modal_projector.register_forward_pre_hook(self.on_projector),
-            inner.multi_modal_projector.register_forward_hook(self.after_projector),
+            projector.register_forward_pre_hook(self.on_projector),
+            projector.register_forward_hook(self.after_projector),
         ]
-        if self.method.needs_seeds:
-            handles.append(inner.vision_tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
-        scoring = self.adapter.scoring_layer()
-        if self.method.needs_cls_attention and scoring is not None:
-            handles.append(scoring.self_attn.register_forward_pre_hook(self.on_scoring_attention, with_kwargs=True))
-        if self.method.uses_cls_token and self.adapter.cls_to_llm and scoring is not None:
-            handles.append(scoring.register_forward_hook(self.on_feature_layer))
-        return [handle.remove for handle in handles]
+        return [handle.remove for handle in handles] + [self.taps.remove]
 
-    def on_feature_layer(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        hidden = output[0] if isinstance(output, tuple) else output  # (I, 1 + N, D) the feature layer, [CLS] first
-        self.cls_feature = hidden[:, 0]
-
-    def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        pixel_values: Any = kwargs.get("pixel_values", args[0] if args else None)
-        self.seeds = torch.tensor([content_seed(image) for image in pixel_values], dtype=torch.long)
-
-    def on_scoring_attention(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.scoring_input = kwargs.get("hidden_states", args[0] if args else None)
-
-    def evidence(self, features: Tensor, projected: Tensor | None = None) -> VisionEvidence:
-        cls_attention = keys = None
-        if self.method.needs_cls_attention:
-            if self.scoring_input is None:
-                raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
-            attention = self.adapter.scoring_layer().self_attn
-            cls_attention, keys = cls_attention_and_keys(attention, self.scoring_input)
-        self.scoring_input = None
-        cls_feature, self.cls_feature = self.cls_feature, None
-        return VisionEvidence(
-            features=features,
-            cls_attention=cls_attention,
-            keys=keys,
-            seeds=self.seeds,
-            projected=projected,
-            cls_feature=cls_feature,
-        )
+    def captured(self) -> dict[str, Any]:
+        """What the taps saw in this tower run, as :meth:`HandOn.run`'s keyword arguments."""
+        attention = self.taps.take_attention()
+        cls_attention, keys = (None, None) if attention is None else attention
+        return {"attention": cls_attention, "keys": keys, "seeds": self.taps.seeds, "cls_feature": self.taps.take_cls_row()}
 
     def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         features = args[0]  # (I, N, D) the tower features of every image of this forward pass
         self.features = features
-        if self.method.scores_projected:
+        if self.stage.method.scores_projected:
             return None  # selected on the projector's output (after_projector)
-        evidence = self.evidence(features)
-        selections = self.stage.select(evidence, features.shape[1])
+        selections, written = self.stage.hand_on.run(
+            features, values=features, project=lambda states: states, **self.captured()
+        )
         self.stage.selected(selections)
-        written = write_merged(features, selections, lambda states: states, evidence.cls_feature)
         return None if written is None else (written, *args[1:])
 
     def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
-        if self.method.scores_projected and self.features is not None:
-            evidence = self.evidence(self.features, projected=output)
-            self.stage.selected(self.stage.select(evidence, output.shape[1]))
+        if self.stage.method.scores_projected and self.features is not None:
+            selections, _ = self.stage.hand_on.run(self.features, projected=output, **self.captured())
+            self.stage.selected(selections)
         self.features = None

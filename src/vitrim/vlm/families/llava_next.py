@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families.contract import FamilyTraits
 from vitrim.vlm.families.llava import LlavaAdapter
-from vitrim.vlm.families.seams import prefill_input_ids
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, repeated_images
+from vitrim.vlm.stages.contract import FamilyTraits, Prefill
+from vitrim.vlm.stages.inputs import prefill_input_ids
+from vitrim.vlm.stages.pre_llm import PreLLMStage, repeated_images
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 NEWLINE = -1  # in a token map: the position holds the image_newline token

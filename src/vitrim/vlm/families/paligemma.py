@@ -13,12 +13,7 @@ tower stage only, and ``apply`` refuses the others.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
-from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
-from vitrim.vlm.families.seams import inner_model
+from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits
 
 
 class PaliGemmaAdapter(FamilyAdapter):
@@ -30,14 +25,6 @@ class PaliGemmaAdapter(FamilyAdapter):
         stages=("tower",),
         tower_grid_only="vitrim.vlm does not shorten its LLM input (the image and prompt attend both ways)",
     )
-
-    def __init__(self, model: nn.Module) -> None:
-        parts = ("vision_tower", "multi_modal_projector", "language_model")
-        inner = inner_model(model, parts, "PaliGemmaForConditionalGeneration")
-        self.model = model
-        self.inner: Any = inner
-        self.language_model: nn.Module = inner.language_model
-        self.config: Any = model.config
 
     def tokens_per_image(self) -> int:
         """Image tokens per image entering the LLM: one per patch of the tower's grid."""

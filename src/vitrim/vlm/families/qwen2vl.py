@@ -8,7 +8,7 @@ continues from the image's largest coordinate + 1, so positions run ahead of or 
 ``rope_deltas`` (B, 1), which the model stores and adds at decode (position = tokens seen + rope_deltas).
 Images have different sizes, so the token count per image is known only at the forward pass.
 
-What vitrim does (conventions of ``vitrim.vlm.families.qwen2vl_vision`` for the evidence and the index space):
+What vitrim does (conventions of :mod:`vitrim.vlm.evidence.merged_tokens` for the evidence and the index space):
 - **positions**: computed from the FULL sequence as the unmodified model would (its own ``get_rope_index``, or the
   ``position_ids`` ``generate`` passes), then sliced to the kept tokens, so dropping a token is masking its key;
 - **rope_deltas**: the LLM's cache holds ``n_dropped`` fewer tokens per sample, so after a pruned prefill the model's
@@ -19,9 +19,9 @@ What vitrim does (conventions of ``vitrim.vlm.families.qwen2vl_vision`` for the 
   who passes a mask and no positions gets the positions the model means (mask count + rope_deltas, this step's
   columns): transformers 5.24's unmodified Qwen fails on that path (it builds positions for the whole mask).
 
-Seams (hooks on this instance's submodules only; the prefill, the shortened LLM input and decoding are the pre-LLM
-stage's, :mod:`vitrim.vlm.stages.pre_llm`): a forward pre-hook on the scoring block's attention (the received
-attention, :mod:`vitrim.vlm.families.qwen2vl_vision`; only for methods that read it); a forward hook with kwargs on
+Where it taps (the capture → select → write sequence is :mod:`vitrim.vlm.stages.capture`'s; the prefill, the
+shortened LLM input and decoding are the pre-LLM stage's, :mod:`vitrim.vlm.stages.pre_llm`): the scoring block's
+attention (the received attention, :func:`tower_attention`; only for methods that read it); the output of
 ``model.model.visual`` (the method selects per image; merged tokens are put through the merger and written into
 their slots); at the shortened prefill, the DeepStack rows and rope_deltas; at decode, M-RoPE positions.
 Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
@@ -44,12 +44,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
-from vitrim.vlm.families.qwen2vl_vision import ScoringCapture, capture_scoring_block, image_evidence
-from vitrim.vlm.families.seams import inner_model, input_ids_of, keep_all, refuse_meta_inputs
-from vitrim.vlm.method.base import ImageSelection, VisionEvidence, content_seed
-from vitrim.vlm.stages.pre_llm import Prefill, PreLLMStage, Shortened
-from vitrim.vlm.stages.sequence import DecodeState, gather_columns
+from vitrim.vlm.evidence.attention import received_by_segment, rotate_half
+from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
+from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.capture import Taps
+from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
+from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
+from vitrim.vlm.stages.pre_llm import PreLLMStage
+from vitrim.vlm.stages.sequence import DecodeState, read_short
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
@@ -72,27 +75,32 @@ class Qwen2VLAdapter(FamilyAdapter):
             "in every block up to each tap; vitrim's tower methods cut patches (use a pre-LLM or in-LLM method: "
             "DeepStack rows follow the kept tokens there)"
         ),
+        served=(
+            ServedArchitecture(
+                "VitrimQwen2_5_VLForConditionalGeneration",
+                "vitrim.vllm.qwen2_5_vl",
+                "Qwen2_5_VLForConditionalGeneration",
+                "qwen2_5_vl",
+            ),
+        ),
     )
     # M-RoPE gives an image token its (t, h, w) cell, not a count: a subset of the grid has no renumbering of its
     # own, and no author of these methods released Qwen code that builds one (CDPruner's was asked for, never
     # published). positions="authors" here is the common practice of pruning papers on Qwen2.5-VL: the positions
     # the model computes for the full prompt, gathered at the kept tokens (= positions="original"), raster order
     authors_positions = False
+    parts = ("visual", "language_model", "get_rope_index")
 
     def __init__(self, model: nn.Module) -> None:
-        inner = inner_model(model, ("visual", "language_model", "get_rope_index"), "Qwen2-VL")
-        self.model = model
-        self.inner: Any = inner  # transformers' Qwen2VLModel / Qwen2_5_VLModel
-        self.visual: Any = inner.visual
-        self.language_model: nn.Module = inner.language_model
-        self.config: Any = model.config
-        self.merge_size = int(inner.visual.spatial_merge_size)
+        super().__init__(model)
+        self.visual: Any = self.inner.visual  # transformers' Qwen2VLModel / Qwen2_5_VLModel's tower
+        self.merge_size = int(self.visual.spatial_merge_size)
         self.rope_deltas_before: Any = None
         self.grid: Tensor | None = None  # (I, 3) image_grid_thw of the last tower run
 
     def tokens_of(self, grid_thw: Tensor) -> list[int]:
         """Merged tokens per image (I,) of ``image_grid_thw`` (I, 3)."""
-        return (grid_thw.prod(-1) // (self.merge_size * self.merge_size)).tolist()
+        return tokens_per_image(grid_thw, self.merge_size)
 
     def prefill_token_counts(self, kwargs: dict[str, Any]) -> list[int] | None:
         """Merged tokens per image of a forward's images, None when it has none (a decode step, text only).
@@ -186,7 +194,7 @@ class Qwen2VLAdapter(FamilyAdapter):
         short, kept = shortened.short, shortened.kept
         if kwargs.get("visual_pos_masks") is not None:  # Qwen3-VL's DeepStack: its rows go with their tokens
             stays = kept[kwargs["visual_pos_masks"]]  # (V,) per visual position, reading order
-            kwargs["visual_pos_masks"] = gather_columns(short, kwargs["visual_pos_masks"])
+            kwargs["visual_pos_masks"] = read_short(short, kwargs["visual_pos_masks"])
             kwargs["deepstack_visual_embeds"] = [rows[stays] for rows in kwargs["deepstack_visual_embeds"]]
         assert self.grid is not None
         grid = self.grid[torch.tensor(shortened.order, dtype=torch.long, device=self.grid.device)]
@@ -210,73 +218,84 @@ class Qwen2VLAdapter(FamilyAdapter):
         self.inner.rope_deltas = self.rope_deltas_before
 
 
+def tower_attention(attention: Any, hidden: Tensor, cu_seqlens: Tensor, rotary: tuple[Tensor, Tensor]) -> TowerAttention:
+    """A transformers Qwen vision attention's evidence: its ``qkv`` and rotary on its input, then the attention each
+    patch receives within its segment (:func:`~vitrim.vlm.evidence.attention.received_by_segment`).
+
+    hidden: (P, C) the block's normed input in tower order; rotary: (cos, sin), each (P, hd), as the block gets them.
+    """
+    num_patches = hidden.shape[0]
+    num_heads = int(attention.num_heads)
+    work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower's map is scored in float32
+    qkv = attention.qkv(hidden).reshape(num_patches, 3, num_heads, -1).to(work)  # (P, 3, H, hd)
+    query, key = qkv[:, 0], qkv[:, 1]  # (P, H, hd) each
+    cos, sin = (r.to(work).unsqueeze(-2) for r in rotary)  # (P, 1, hd)
+    query_rot = query * cos + rotate_half(query) * sin
+    key_rot = key * cos + rotate_half(key) * sin
+    received = received_by_segment(query_rot, key_rot, cu_seqlens, float(attention.scaling))  # (H, P)
+    return TowerAttention(received=received, keys=key)
+
+
+def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TowerAttention:
+    """:func:`tower_attention` of a block's attention from its forward's arguments (the taps' reader)."""
+    hidden = args[0] if args else kwargs["hidden_states"]
+    return tower_attention(attention, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"])
+
+
 class TowerSelection:
-    """The pre-LLM method picks in the Qwen tower's forward hook, per image (their sizes differ); merged tokens are
-    put through the merger and written into their slots, DeepStack rows averaged over their groups."""
+    """Where Qwen hands on its tokens: the tower's output (its forward hook), per image (their sizes differ);
+    merged tokens are put through the merger and written into their slots, DeepStack rows averaged over their
+    groups."""
 
     def __init__(self, adapter: Qwen2VLAdapter, stage: PreLLMStage) -> None:
-        self.adapter, self.stage, self.method = adapter, stage, stage.method
-        self.capture: ScoringCapture | None = None
+        self.adapter, self.stage = adapter, stage
+        self.taps = Taps(stage.method, scoring=(adapter.visual.blocks[SCORING_BLOCK].attn, read_tower_attention))
 
     def hooks(self) -> list[Callable[[], None]]:
-        visual = self.adapter.visual
-        handles = [visual.register_forward_hook(self.after_tower, with_kwargs=True)]
-        if self.method.needs_cls_attention:  # the received attention costs one more attention map: only when asked
-            scoring = visual.blocks[SCORING_BLOCK].attn
-            handles.append(scoring.register_forward_pre_hook(self.before_scoring, with_kwargs=True))
-        return [handle.remove for handle in handles]
-
-    def before_scoring(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        with torch.no_grad():
-            self.capture = capture_scoring_block(module, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"])
+        handle = self.adapter.visual.register_forward_hook(self.after_tower, with_kwargs=True)
+        return [handle.remove, self.taps.remove]
 
     def after_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        capture, self.capture = self.capture, None
-        if capture is None and self.method.needs_cls_attention:
-            raise RuntimeError("vitrim.vlm: the Qwen tower ran without its scoring block")
+        attention = self.taps.take_attention()
         grid: Tensor = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
         pixels: Tensor = args[0] if args else kwargs["hidden_states"]
         adapter = self.adapter
         adapter.grid = grid
         tokens = adapter.tokens_of(grid)
-        keep = [self.stage.keep_of(n) for n in tokens]  # ValueError naming keep when an int exceeds an image
-        if keep == tokens:
-            self.stage.selected([keep_all(n, grid.device) for n in tokens])
-            return None  # every token stays: the tower's output is untouched
         with torch.no_grad():
             evidence = image_evidence(
-                capture, output.last_hidden_state, grid, adapter.merge_size, self.window_index(grid)
+                attention, output.last_hidden_state, grid, adapter.merge_size, self.window_index(grid)
             )
-        seeds = torch.tensor([content_seed(image) for image in pixels.split(grid.prod(-1).tolist())])  # (I,)
-        selections, rows, merged_tokens = [], [], []
+        seeds = image_seeds(pixels.split(grid.prod(-1).tolist()))  # (I,)
+        unit = adapter.merge_size**2
+        states_dtype = output.last_hidden_state.dtype
+
+        def project(merged: Tensor) -> Tensor:  # (k, m²C) merged patch states -> (k, E) through the merger
+            return adapter.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states_dtype))
+
+        selections, pieces = [], []
         start = 0
         for image, item in enumerate(evidence):
-            found = VisionEvidence(
-                features=item.features[None],
-                cls_attention=None if item.received is None else item.received[None],
+            own = output.pooler_output[start : start + tokens[image]]  # (N, E) the merger's (raster) output
+            chosen, written = self.stage.hand_on.run(
+                item.features[None],
+                values=own[None],
+                project=project,
+                attention=None if item.received is None else item.received[None],
                 keys=None if item.keys is None else item.keys[None],
                 seeds=seeds[image : image + 1],
-                projected=output.pooler_output[start : start + tokens[image]][None],  # the merger's (raster) output
-                grid=(int(grid[image, 1]) // adapter.merge_size, int(grid[image, 2]) // adapter.merge_size),
+                projected=own[None],
+                grid=item.grid,
             )
-            chosen = self.stage.select(found, tokens[image])[0]
-            selections.append(chosen)
-            slots = chosen.merged_slots()
-            if chosen.merged is not None and len(slots):
-                unit = adapter.merge_size**2
-                merged = chosen.merged[slots.to(chosen.merged.device)]
-                merged = merged.reshape(len(slots) * unit, -1).to(output.last_hidden_state.dtype)
-                rows.append(chosen.kept[slots] + start)
-                merged_tokens.append(adapter.visual.merger(merged))  # (m, D): the projector on merged states
+            selections += chosen
+            pieces.append(own if written is None else written[0])
             start += tokens[image]
         self.stage.selected(selections)
-        if rows:
-            pooled = output.pooler_output.clone()
-            pooled[torch.cat(rows)] = torch.cat(merged_tokens).to(pooled.dtype)
-            output.pooler_output = pooled
-            if getattr(output, "deepstack_features", None):
-                output.deepstack_features = _merge_deepstack(output.deepstack_features, selections, tokens)
+        if not any(selection.merged is not None and len(selection.merged_slots()) for selection in selections):
+            return None  # nothing merged: the tower's output is untouched
+        output.pooler_output = torch.cat(pieces)
+        if getattr(output, "deepstack_features", None):
+            output.deepstack_features = _merge_deepstack(output.deepstack_features, selections, tokens)
         return output
 
     def window_index(self, grid: Tensor) -> Tensor | None:

@@ -8,13 +8,13 @@ whose selection is a function of plain tensors.
 import importlib
 import pkgutil
 
+from vitrim.vlm.evidence.seeds import content_seed
 from vitrim.vlm.method.base import (
     STAGES,
     ImageSelection,
     Method,
     MethodInfo,
     VisionEvidence,
-    content_seed,
     method_class,
     method_info,
     methods,

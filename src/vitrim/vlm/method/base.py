@@ -18,7 +18,6 @@ hand the LLM for that image (0 … N−1; for LLaVA-1.5 the patches of the featu
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -31,7 +30,7 @@ from torch import Tensor
 from vitrim.vlm.keep import KeepSpec
 
 if TYPE_CHECKING:  # the stage hands it to a method; the method only reads it
-    from vitrim.vlm.stages.in_llm_evidence import LayerEvidence
+    from vitrim.vlm.evidence.llm_layer import LayerEvidence
 
 STAGES = ("pre_llm", "in_llm", "tower")
 GENERIC_OPTIONS = ("keep", "layer")  # read by the plumbing, not by a method's constructor
@@ -153,6 +152,32 @@ class ImageSelection:
     def unmerged(cls, kept: Tensor) -> ImageSelection:
         """The selection of the sorted ``kept`` (k,) tokens, each standing for itself (nothing merged)."""
         return cls(kept=kept, groups=tuple(kept[:, None].unbind(0)))
+
+
+class Selector(Protocol):
+    """What the pre-LLM stage and the encoder seam run: a pre-LLM :class:`Method`, or a composition of the stacking
+    (a tower's tokens, then a method; ``vitrim.vlm.stacking``). Its flags say which evidence the taps capture."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def needs_cls_attention(self) -> bool: ...
+
+    @property
+    def scores_projected(self) -> bool: ...
+
+    @property
+    def needs_seeds(self) -> bool: ...
+
+    @property
+    def uses_cls_token(self) -> bool: ...
+
+    def reads_instruction(self) -> bool: ...
+
+    def authors_layout(self) -> bool: ...
+
+    def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]: ...
 
 
 @dataclass(frozen=True)
@@ -315,10 +340,3 @@ def method_info(name: str) -> MethodInfo:
     cls = method_class(name)
     doc = inspect.getdoc(cls) or inspect.getdoc(inspect.getmodule(cls)) or ""
     return MethodInfo(name=name, stage=cls.stage, defaults=dict(cls.option_defaults()), summary=doc.split("\n")[0])
-
-
-def content_seed(values: Tensor) -> int:
-    """A number drawn from a tensor's bytes (blake2b of its CPU copy, 63 bits): the same for the same values
-    wherever they sit in a batch. Family adapters compute :attr:`VisionEvidence.seeds` from each image's pixels."""
-    data = values.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()  # any dtype (bf16)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1

@@ -20,7 +20,7 @@ from torch import Tensor
 from vitrim.vlm.method.ranking import rank_by_attention
 
 if TYPE_CHECKING:
-    from vitrim.vlm.stages.in_llm_evidence import LayerEvidence
+    from vitrim.vlm.evidence.llm_layer import LayerEvidence
 
 from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
 

@@ -23,27 +23,16 @@ from torch import Tensor
 from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.cls_ranking import ClsRankingReducer
+from vitrim.vlm.evidence import attention as evidence
 
-QUERY_CHUNK = 256  # queries per softmax block: the map of a 4096-patch tower is never held whole
 RANKS_BY_THE_ROW = ("ppt",)  # reducers that read the [CLS] row only through AttentionResult.weights (cls_rows)
 
 
 def received_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None) -> Tensor:
     """(B, H, 1, N): per head, the softmax attention each of the N keys receives, averaged over the N queries.
 
-    q, k: (B, H, N, hd); bias: None or additive, broadcastable to (B, H, N, N) (the seam's (B, 1, 1, N) log-sizes).
-    Half precision is scored in float32 (the softmax accumulates there, as the math backend does)."""
-    work = torch.promote_types(q.dtype, torch.float32)
-    q, k = q.to(work), k.to(work)
-    B, H, N, _ = q.shape
-    received = q.new_zeros(B, H, N)
-    for start in range(0, N, QUERY_CHUNK):
-        logits = q[:, :, start : start + QUERY_CHUNK] @ k.transpose(-1, -2) * scale  # (B, H, r, N)
-        if bias is not None:
-            rows = bias if bias.shape[-2] == 1 else bias[..., start : start + QUERY_CHUNK, :]
-            logits = logits + rows.to(work)
-        received += logits.softmax(dim=-1).sum(dim=2)
-    return (received / N)[:, :, None]
+    q, k: (B, H, N, hd); bias: None or additive, broadcastable to (B, H, N, N) (the seam's (B, 1, 1, N) log-sizes)."""
+    return (evidence.received_attention(q, k, scale, bias) / q.shape[-2])[:, :, None]
 
 
 class ReceivedAttentionRanking(Reducer):

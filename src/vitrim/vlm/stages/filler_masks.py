@@ -62,7 +62,11 @@ def _allowed(short: ShortSequence, window: int | None) -> Tensor:
 
 
 def _as_implementation(allowed: Tensor, implementation: str, dtype: torch.dtype) -> Tensor:
-    if implementation == "sdpa":
-        return allowed
+    return allowed if implementation == "sdpa" else as_additive(allowed, dtype)
+
+
+def as_additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool mask (True = may attend) as the additive float mask eager attention adds to its logits: 0 where
+    allowed, the dtype's most negative number elsewhere (not −inf, which would make a masked row's softmax NaN)."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)

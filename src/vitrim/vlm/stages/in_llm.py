@@ -3,7 +3,7 @@
 How it runs (forward pre-hooks with kwargs on the instance's own decoder layers; no class or source is changed):
 
 - Prefill (the first layer's cache is empty): at each drop layer K (a method may have several, PyramidDrop), the
-  method reads :class:`~vitrim.vlm.stages.in_llm_evidence.LayerEvidence` and names the image tokens each image keeps;
+  method reads :class:`~vitrim.vlm.evidence.llm_layer.LayerEvidence` and names the image tokens each image keeps;
   layers ≥ K then run on the kept slots only: hidden states gathered per sample, rotary (cos, sin) and
   ``position_ids`` gathered so every token keeps its ORIGINAL position, the 4-D attention mask rebuilt on the kept
   keys (each layer's OWN mask: the per-layer-type masks of Gemma 3, sliding window and image block included).
@@ -50,22 +50,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.evidence.columns import expand_batch, gather_columns
 from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
-from vitrim.vlm.stages.in_llm_evidence import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.evidence.llm_layer import LayerEvidence, LayerInput, check_attention_readable
 from vitrim.vlm.stages.in_llm_slots import (
     DYNAMIC_CACHE_ONLY,
     Slots,
     as_implementation,
     decode_mask,
-    expand_batch,
-    gather_columns,
     prefill_mask,
     sliding_window,
 )
 from vitrim.vlm.stages.spans import ImageSpans
 
 if TYPE_CHECKING:  # the families' table imports the stages' plumbing
-    from vitrim.vlm.families.contract import FamilyAdapter
+    from vitrim.vlm.stages.contract import FamilyAdapter
 
 
 @dataclass

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.stages.filler_masks import with_filler_rows
+from vitrim.vlm.evidence.columns import expand_batch, gather_columns
+from vitrim.vlm.stages.filler_masks import as_additive, with_filler_rows
 
 # the one refusal of a static or compiled cache, on every family (each layer's cache here has its own length)
 DYNAMIC_CACHE_ONLY = (
@@ -42,24 +43,6 @@ class Slots:
     differs: bool  # False while no stage up to this one dropped anything (its layers then run untouched)
     # this pass's fixed-up layer arguments, per kind of layer (its mask, rotary table and window: Gemma 3 has two)
     kwargs: dict[tuple[int, int, int | None], dict[str, Any]] = field(default_factory=dict)
-
-
-def expand_batch(tensor: Tensor, batch: int, dim: int) -> Tensor:
-    """``tensor`` with its batch dimension ``dim`` (of size 1 or ``batch``) expanded to ``batch``."""
-    shape = list(tensor.shape)
-    shape[dim] = batch
-    return tensor.expand(shape)
-
-
-def gather_columns(tensor: Tensor, columns: Tensor, dim: int, batch_dim: int) -> Tensor:
-    """``tensor`` (batch B or 1 at ``batch_dim``, sequence at ``dim``) read per sample at ``columns`` (B, S)."""
-    dim, batch_dim = dim % tensor.ndim, batch_dim % tensor.ndim
-    tensor = expand_batch(tensor, columns.shape[0], batch_dim)
-    view = [1] * tensor.ndim
-    view[batch_dim], view[dim] = columns.shape
-    shape = list(tensor.shape)
-    shape[dim] = columns.shape[1]
-    return tensor.gather(dim, columns.view(view).expand(shape))
 
 
 def sliding_window(layer: nn.Module) -> int | None:
@@ -108,6 +91,4 @@ def as_implementation(allowed: Tensor, like: Tensor | None, eager: bool, dtype: 
     the dtype of the model's own mask ``like`` when it is one, else ``dtype``."""
     if not eager:
         return allowed
-    mask_dtype = like.dtype if like is not None and like.is_floating_point() else dtype
-    zero = torch.zeros((), dtype=mask_dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.finfo(mask_dtype).min)
+    return as_additive(allowed, like.dtype if like is not None and like.is_floating_point() else dtype)

@@ -3,21 +3,21 @@ and only those enter the LLM.
 
 Per forward pass with images (a prefill), in the order the model runs them:
 
-1. the family's encoder seams (:meth:`PreLLMSeams.select_hooks`) capture the evidence where its tokens are made,
-   call :meth:`PreLLMStage.select` and write merged tokens into their slots, then report every encoded image's
-   selection with :meth:`PreLLMStage.selected` (``generate()`` encodes the images before its first forward, a
+1. the family's encoder seams (:meth:`FamilyAdapter.select_hooks`) tap the evidence where its tokens are made
+   and run :attr:`PreLLMStage.hand_on` there (:mod:`vitrim.vlm.stages.capture`: select, write merged tokens into
+   their slots), then report every encoded image's selection with :meth:`PreLLMStage.selected` (``generate()`` encodes the images before its first forward, a
    plain call inside it: both land here);
 2. the stage's pre-hook on the family's model (``model.model``) notes what the prefill holds
-   (:meth:`PreLLMSeams.prefill_of`: its input ids, the caller's 2-D mask, the family's extras);
+   (:meth:`FamilyAdapter.prefill_of`: its input ids, the caller's 2-D mask, the family's extras);
 3. the stage's pre-hook on the language model shortens the prefill (:mod:`vitrim.vlm.stages.sequence`): the spans
    of the images (expanded when ``generate()`` repeated every prompt for beams or several sequences), the kept
    columns, the embeddings, positions and mask gathered, the family's own inputs after them
-   (:meth:`PreLLMSeams.shorten_extras`: M-RoPE deltas, DeepStack rows, per-layer masks);
+   (:meth:`FamilyAdapter.shorten_extras`: M-RoPE deltas, DeepStack rows, per-layer masks);
 4. its forward hook on the language model remembers the cache that prefill filled; a later forward on that cache is
    a decode step, whose mask (and positions, where the caller gave none) the model pre-hook maps onto the cache's
-   shorter layout (:meth:`PreLLMSeams.decode_extras` for the family's own).
+   shorter layout (:meth:`FamilyAdapter.decode_extras` for the family's own).
 
-Everything a family differs in is one of the seams of :class:`PreLLMSeams`; beams, sampling, ``use_cache=False``,
+Everything a family differs in is one of the seams of :class:`~vitrim.vlm.stages.contract.FamilyAdapter`; beams, sampling, ``use_cache=False``,
 ``labels=`` (the loss over the positions that entered the LLM) and the text-only forward are handled here, the same
 for every family. When every image keeps all its
 tokens, nothing is changed (bit for bit the unmodified model).
@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
+from vitrim.vlm.stages.capture import HandOn, keep_all, select_keeping
+from vitrim.vlm.stages.contract import FamilyAdapter, Prefill, Shortened
 from vitrim.vlm.stages.filler_masks import prefill_llm_mask
 from vitrim.vlm.stages.sequence import (
     DecodeState,
@@ -43,95 +44,23 @@ from vitrim.vlm.stages.sequence import (
     columns_to_keep,
     decode_attention_mask,
     dropped_before,
-    gather_columns,
+    read_short,
     plan_short_sequence,
     reorder_images,
 )
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 
-@dataclass
-class Prefill:
-    """What one prefill holds, as the family's model received it.
-
-    input_ids: (B, L)               the prompt ids with the image placeholders
-    attention_mask: (B, L) | None   the caller's 2-D padding mask (None: no padding)
-    runs_tower: the images come as pixels (the tower runs in this forward), not as features ``generate()`` made
-    extras: the family's own (Qwen: ``image_grid_thw`` and the token types; LLaVA-NeXT: ``image_sizes``)
-    """
-
-    input_ids: Tensor
-    attention_mask: Tensor | None
-    runs_tower: bool
-    extras: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Shortened:
-    """What :meth:`PreLLMSeams.shorten_extras` may read about a shortened prefill.
-
-    short: the plan (:class:`~vitrim.vlm.stages.sequence.ShortSequence`); kept: (B, L) bool, the kept columns;
-    spans: the images' spans in the (possibly expanded) batch; order: per image of ``spans``, the index of the
-    encoded image it repeats (``generate()``'s beams repeat a prompt's images).
-    """
-
-    short: ShortSequence
-    kept: Tensor
-    spans: ImageSpans
-    order: list[int]
-
-
-class PreLLMSeams(Protocol):
-    """What a family offers the pre-LLM stage (implemented by its adapter, see :mod:`vitrim.vlm.families`)."""
-
-    authors_positions: bool  # positions="authors" renumbers (1-D positions); False: it keeps the original (M-RoPE)
-    model: nn.Module
-    inner: Any  # transformers' ``model.model``: the forward that holds the prompt, the tower, the LLM
-    language_model: nn.Module
-
-    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
-        """Install the hooks that capture evidence, call ``stage.select`` and report ``stage.selected``; returns
-        the functions that remove them."""
-        ...
-
-    def image_token_id(self) -> int:
-        """The id of the image placeholder token in ``input_ids``."""
-        ...
-
-    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
-        """The prefill a forward of ``model.model`` holds, None for a forward without images."""
-        ...
-
-    def image_tokens(
-        self, prefill: Prefill, selections: list[ImageSelection]
-    ) -> tuple[list[ImageSelection], list[int]]:
-        """The encoded images' selections in the index space of each image's LLM tokens, and each image's count of
-        LLM tokens (LLaVA-NeXT maps its tiles onto the packed tokens here)."""
-        ...
-
-    def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
-        """The full sequence's position ids the unmodified LLM uses: (B or 1, L), or M-RoPE's (3, B, L)."""
-        ...
-
-    def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
-        """Shorten the family's own LLM inputs in ``kwargs`` (the embeddings, positions and mask are done)."""
-        ...
-
-    def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
-        """A decode step: ``mask`` (B, past + new) is the 2-D mask on the cache's layout; set ``kwargs``' mask and,
-        when the caller gave none, its positions as the unmodified model would have them."""
-        ...
-
-    def remove_extras(self) -> None:
-        """Undo what the family changed on the instance besides hooks (Qwen: its ``rope_deltas``)."""
-        ...
-
-
 class PreLLMStage:
-    """A pre-LLM method installed on one family instance (an :class:`~vitrim.vlm.method.base.Installation`)."""
+    """A pre-LLM selector installed on one family instance (an :class:`~vitrim.vlm.method.base.Installation`).
 
-    def __init__(self, family: PreLLMSeams, method: Method, keep: KeepSpec) -> None:
+    ``keep``: tokens per image entering the LLM; None when the selector decides its count (the tokens a tower
+    method left, ``vitrim.vlm.stacking``).
+    """
+
+    def __init__(self, family: FamilyAdapter, method: Selector, keep: KeepSpec | None) -> None:
         self.family, self.method, self.keep = family, method, keep
+        self.hand_on = HandOn(method, self.select)
         self.encoded: list[ImageSelection] | None = None  # the last encoder run's, one per encoded image
         self.reported: list[ImageSelection] | None = None  # what last_selection reads
         self.prefill: Prefill | None = None
@@ -161,17 +90,18 @@ class PreLLMStage:
 
     def keep_of(self, num_tokens: int) -> int:
         """Tokens an image of ``num_tokens`` keeps (``ValueError`` naming keep when an int exceeds it)."""
-        return self.keep.tokens(num_tokens)
+        return num_tokens if self.keep is None else self.keep.tokens(num_tokens)
 
     def select(self, evidence: VisionEvidence, num_tokens: int) -> list[ImageSelection]:
-        """The method's selection for the images of ``evidence``, each of ``num_tokens`` tokens. A method that
-        reads the instruction selects when the prompt reaches the LLM (:meth:`select_with_instruction`): every
-        token stays here."""
+        """The selection for the images of ``evidence``, each of ``num_tokens`` tokens. A method that reads the
+        instruction selects when the prompt reaches the LLM (:meth:`select_with_instruction`): every token stays
+        here; so does every token where ``keep`` keeps them all."""
+        if self.keep is None:
+            return self.method.select(evidence, num_tokens)  # the selector decides the count
         keep = self.keep_of(num_tokens)
         if self.method.reads_instruction():
-            everything = torch.arange(num_tokens, device=evidence.features.device)
-            return [ImageSelection.unmerged(everything) for _ in range(evidence.features.shape[0])]
-        return self.method.select(evidence, keep)
+            keep = num_tokens
+        return select_keeping(self.method, evidence, keep)
 
     def selected(self, selections: list[ImageSelection]) -> None:
         """The selection of every image of one encoder run (encode order)."""
@@ -259,20 +189,20 @@ class PreLLMStage:
         short = plan_short_sequence(kept, prefill.attention_mask)
         embeds = kwargs["inputs_embeds"]  # (B, L, D)
         positions = self.family.prefill_positions(kwargs, embeds)
-        short_positions = gather_columns(short, positions, batch_dim=positions.dim() - 2)
+        short_positions = read_short(short, positions, batch_dim=positions.dim() - 2)
         shift = None
         if self.method.authors_layout() and self.family.authors_positions:
             # the authors' shorter sequence: real columns renumbered as if the dropped ones had never been there,
             # each image's tokens in its authors' order on that image's consecutive positions
             real = short.attention_mask.bool()
-            short_positions = torch.where(real, short_positions - gather_columns(short, dropped_before(kept)), 0)
+            short_positions = torch.where(real, short_positions - read_short(short, dropped_before(kept)), 0)
             shift = (~kept).sum(1)  # (B,) taken off every decode position after the prefill
             short = reorder_images(short, authors_order_offsets(spans, [selections[i] for i in order], max(counts)))
-        kwargs["inputs_embeds"] = gather_columns(short, embeds)
+        kwargs["inputs_embeds"] = read_short(short, embeds)
         kwargs["position_ids"] = short_positions
         self.family.shorten_extras(kwargs, prefill, Shortened(short, kept, spans, order))
         if self.labels is not None:
-            labels = gather_columns(short, self.labels.to(short.columns.device))
+            labels = read_short(short, self.labels.to(short.columns.device))
             self.short_labels = torch.where(short.real, labels, torch.full_like(labels, IGNORE_INDEX))
         if not isinstance(kwargs.get("attention_mask"), dict):  # a family's own masks (Gemma 3) are set already
             kwargs["attention_mask"] = prefill_llm_mask(short, module.config, embeds.dtype)
@@ -336,8 +266,9 @@ class PreLLMStage:
         self.family.remove_extras()
 
 
-def install(family: PreLLMSeams, method: Method, keep: KeepSpec) -> PreLLMStage:
-    """Install the pre-LLM ``method`` on ``family``: ``keep`` image tokens per image enter its LLM."""
+def install(family: FamilyAdapter, method: Selector, keep: KeepSpec | None) -> PreLLMStage:
+    """Install the pre-LLM ``method`` on ``family``: ``keep`` image tokens per image enter its LLM (None: the
+    selector decides, ``vitrim.vlm.stacking``)."""
     return PreLLMStage(family, method, keep)
 
 

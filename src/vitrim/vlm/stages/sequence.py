@@ -8,7 +8,7 @@ How the pre-LLM stage (:mod:`vitrim.vlm.stages.pre_llm`) uses it, for every fami
 2. :func:`plan_short_sequence` turns them into a :class:`ShortSequence`: per sample, the kept columns in their
    order, re-padded to the batch's longest on the side the input was padded (right when any sample's last column is
    masked, else left), filler columns masked out.
-3. The stage gathers every per-column input with :func:`gather_columns` — the embeddings, the ORIGINAL position
+3. The stage gathers every per-column input with :func:`read_short` — the embeddings, the ORIGINAL position
    ids (LLaVA: (B, L); Qwen's M-RoPE: (3, B, L) with ``batch_dim=1``), anything else of length L — and passes
    ``short.attention_mask`` (always an explicit mask: transformers reads gapped position ids without a mask
    and without a cache as packed sequences; 4-D when there are fillers, :mod:`vitrim.vlm.stages.filler_masks`).
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from vitrim.vlm.evidence.columns import gather_columns
 from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.spans import ImageSpans
 
@@ -141,21 +142,13 @@ def plan_short_sequence(keep_columns: Tensor, attention_mask: Tensor | None) -> 
     return ShortSequence(columns=columns, real=real, attention_mask=mask.to(attention_mask.dtype), full_length=length)
 
 
-def gather_columns(short: ShortSequence, values: Tensor, batch_dim: int = 0) -> Tensor:
+def read_short(short: ShortSequence, values: Tensor, batch_dim: int = 0) -> Tensor:
     """``values`` (…, B, L, …) with B at ``batch_dim`` and L right after it -> (…, B, L', …), fillers zero.
 
     A leading batch of 1 that broadcasts (position ids (1, L)) is expanded to the batch first.
     """
-    batch, short_length = short.columns.shape
-    if values.shape[batch_dim] == 1 and batch > 1:
-        values = values.expand(*values.shape[:batch_dim], batch, *values.shape[batch_dim + 1 :])
-    index_shape = [1] * values.dim()
-    index_shape[batch_dim], index_shape[batch_dim + 1] = batch, short_length
-    index = short.columns.view(index_shape)
-    expand_shape = list(values.shape)
-    expand_shape[batch_dim + 1] = short_length
-    gathered = values.gather(batch_dim + 1, index.expand(expand_shape))
-    real = short.real.view(index_shape).expand(expand_shape)
+    gathered = gather_columns(values, short.columns, batch_dim + 1, batch_dim)
+    real = short.real.view([*([1] * batch_dim), *short.real.shape, *([1] * (values.dim() - batch_dim - 2))])
     return torch.where(real, gathered, torch.zeros_like(gathered))
 
 

@@ -33,8 +33,8 @@ selection is the tokens' positions, sorted, with the patches each stands for as 
 projector then either (``to_grid=True``) puts every token back on the patches it stands for
 (:func:`vitrim.reduce.unmerge.tokens_on_grid`: the tower is cheaper, the LLM sees every image token; the only way
 for Gemma 3, whose projector average-pools the 64×64 grid, and for PaliGemma, and their default), or
-(``to_grid=False``, LLaVA's default) writes each token into its position's slot, and the family's pre-LLM plumbing
-drops the other slots, so the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their
+(``to_grid=False``, LLaVA's default) writes each token into its position's slot, and the pre-LLM stage, which
+:mod:`vitrim.vlm.stacking` installs after it, drops the other slots, so the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their
 output is not used by the VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the
 average pool of its cell counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch
 empty.
@@ -60,11 +60,11 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.state import patch_positions
 from vitrim.reduce.unmerge import tokens_on_grid
-from vitrim.vlm.families.seams import refuse_meta_inputs
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import ImageSelection, Method, StageOptions, VisionEvidence
+from vitrim.vlm.method.base import ImageSelection, Method, StageOptions
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod, build_reducers
-from vitrim.vlm.stages import pre_llm
+from vitrim.vlm.stages.contract import FamilyAdapter
+from vitrim.vlm.stages.inputs import refuse_meta_inputs
 
 
 @dataclass
@@ -89,8 +89,9 @@ class TowerReduction:
     :meth:`feature_state` is the token state at the feature layer and :meth:`selection` its per-image selection.
     """
 
-    def __init__(self, plan: TowerPlan, reducers: Mapping[int, Reducer]) -> None:
+    def __init__(self, plan: TowerPlan, reducers: Mapping[int, Reducer], to_grid: bool = True) -> None:
         self.plan = plan
+        self.to_grid = to_grid  # the feature layer's tokens go back on the patch grid (else each on its own slot)
         self.reducers = dict(reducers)
         self._state: TokenState | None = None
         self._feature: TokenState | None = None
@@ -248,158 +249,70 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
 
 
-def tower_plan(family: Any, method_name: str) -> TowerPlan:
+def tower_plan(family: FamilyAdapter, method_name: str) -> TowerPlan:
     """The tower of a family that takes the tower stage (its traits); ``TypeError`` naming the model's class
     otherwise (tiled LLaVA-NeXT and windowed Qwen towers are not handled here)."""
     model = family.model
     if "tower" not in family.traits.stages:
-        from vitrim.vlm.families import families_taking  # the families' table imports this stage's plumbing
-
-        titles = ", ".join(traits.title for traits in families_taking("tower"))
-        raise TypeError(
-            f"tower method {method_name!r} runs on {titles}; {type(model).__name__} is not handled in the tower"
-        )
+        why = f": {family.traits.tower_refused}" if family.traits.tower_refused else ""
+        raise TypeError(f"tower method {method_name!r}: {type(model).__name__} is not handled in the tower{why}")
     feature_layer = getattr(model.config, "vision_feature_layer", -1)  # Gemma 3: the last layer, post-LayerNorm
     if not isinstance(feature_layer, int):
         raise ValueError(f"vision_feature_layer={feature_layer!r}: tower reducers need one feature layer (an int)")
     return find_tower(model, feature_layer)
 
 
-def keep_counts_per_image(family: Any, method: Method) -> int:
+def keep_counts_per_image(family: FamilyAdapter, method: Method) -> int:
     """What ``keep=`` counts for a tower method: the tower's patches per image, P (LLaVA-1.5 and PaliGemma: their
     image tokens too; Gemma 3: the p×p patches its projector pools to fewer image tokens, all entering the LLM)."""
     return tower_plan(family, method.name).patches
 
 
-def install(
-    family: Any, method: Method, options: StageOptions, then: Method | None = None, then_keep: KeepSpec | None = None
-) -> TowerReduction | TowerThenLLM:
-    """Put ``method``'s reducer on the family's tower and the hand-on to the LLM on its projector (module doc).
-
-    ``then``: a pre-LLM method stacked after the tower (``vitrim.vlm.stacking``), keeping ``then_keep``: with the
-    tokens back on the grid it selects among the image tokens the reduced tower makes (every slot filled); else
-    among the tower's tokens (``then_keep`` counts those), through the one pre-LLM stage that drops the rest."""
-    if not isinstance(method, TowerMethod):
-        raise TypeError(f"vlm method {method.name!r} is not a tower method")
-    model = family.model
-    config = model.config
-    plan = tower_plan(family, method.name)
+def to_grid_of(family: FamilyAdapter, method: Method) -> bool:
+    """Whether the tower method puts its tokens back on the patch grid: its ``to_grid``, else the family's default
+    (back on the grid where the family needs it); ``ValueError`` / ``TypeError`` for a value the family refuses."""
     grid_only = family.traits.tower_grid_only
     to_grid = method.options.get("to_grid")
     if to_grid is not None and not isinstance(to_grid, bool):
         raise TypeError(f"to_grid={to_grid!r} must be True, False or None (the family's default)")
     if to_grid is None:
-        to_grid = grid_only is not None
-    elif grid_only is not None and not to_grid:
+        return grid_only is not None
+    if grid_only is not None and not to_grid:
         raise ValueError(
-            f"to_grid=False is not possible on {type(model).__name__}: {grid_only}, so the tower's tokens must go "
-            "back on the patch grid (to_grid=True, the default there)"
+            f"to_grid=False is not possible on {type(family.model).__name__}: {grid_only}, so the tower's tokens "
+            "must go back on the patch grid (to_grid=True, the default there)"
         )
+    return to_grid
+
+
+def install(family: FamilyAdapter, method: Method, options: StageOptions) -> TowerReduction:
+    """Put ``method``'s reducer on the family's tower and its tokens on the projector's slots (module doc). With
+    ``to_grid=False`` the slots no tower token fills stay to be dropped before the LLM by the pre-LLM stage that
+    :mod:`vitrim.vlm.stacking` installs after this one."""
+    if not isinstance(method, TowerMethod):
+        raise TypeError(f"vlm method {method.name!r} is not a tower method")
+    model = family.model
+    config = model.config
+    plan = tower_plan(family, method.name)
+    to_grid = to_grid_of(family, method)
     keep = _keep_count(options.keep, plan.patches)
     first: Any = plan.layers[0]
     layout = TowerLayout(plan.feature_index + 1, plan.num_prefix, plan.patches, int(first.self_attn.embed_dim))
     reducers = method.tower_reducers(layout, keep)
     if plan.num_prefix and getattr(config, "vision_feature_select_strategy", "default") != "default":
         raise ValueError("vision_feature_select_strategy='full' keeps [CLS] among the image tokens; not supported")
-    reduction = TowerReduction(plan, reducers)
+    reduction = TowerReduction(plan, reducers, to_grid)
 
     def to_slots(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (reduction.tokens_to_slots(args[0], to_grid=to_grid), *args[1:])
 
-    # registered before the pre-LLM plumbing's own projector hook, which then sees every slot
-    reduction._handles.append(model.model.multi_modal_projector.register_forward_pre_hook(to_slots))
+    # registered before the pre-LLM stage's own projector hook, which then sees every slot
+    reduction._handles.append(family.inner.multi_modal_projector.register_forward_pre_hook(to_slots))
     reduction._handles.append(family.language_model.register_forward_pre_hook(reduction.on_llm, with_kwargs=True))
     # the reducers rank and merge by values: a meta-device image is refused naming it, before the tower runs
     refuse_meta = lambda module, args, kwargs: refuse_meta_inputs(args, kwargs, positional=("pixel_values",))  # noqa: E731
-    reduction._handles.append(model.model.vision_tower.register_forward_pre_hook(refuse_meta, with_kwargs=True))
-    if to_grid and then is None:
-        return reduction
-    try:
-        if to_grid:
-            assert then is not None and then_keep is not None
-            handoff = pre_llm.install(family, then, then_keep)
-        else:
-            handoff = pre_llm.install(
-                family, TowerSelection(reduction, then, then_keep), options.keep or KeepSpec(fraction=1.0)
-            )
-    except BaseException:
-        reduction.remove()
-        raise
-    return TowerThenLLM(reduction, handoff)
-
-
-class TowerSelection(Method):
-    """Hands the tower's selection to the pre-LLM stage, which drops the slots no tower token fills.
-
-    ``then``: a pre-LLM method stacked after the tower: it selects ``then_keep`` of the tower's n tokens per image,
-    from the evidence restricted to the slots they fill (features, projected), and its selection is composed with
-    the tower's (kept: the slots it keeps; groups: the patches of the tower tokens it stands for)."""
-
-    name = "tower"
-    stage = "pre_llm"
-    needs_cls_attention = False
-    scores_projected = False
-
-    def __init__(self, reduction: TowerReduction, then: Method | None = None, then_keep: KeepSpec | None = None):
-        # the tower stage's convention: each kept slot at its own position (the tower's tokens are not the image's
-        # raster, so no author numbered them); a stacked method asked for its authors' sequence by name is refused
-        if then is not None and "positions" in then.given and then.options["positions"] != "original":
-            raise ValueError(
-                f"positions={then.options['positions']!r} for vlm method {then.name!r} stacked after a tower method "
-                "whose tokens stay off the patch grid: the stack keeps each token at its own position "
-                "(positions='original'); drop the option, or use to_grid=True in the tower"
-            )
-        super().__init__(positions="original")
-        self.reduction, self.then, self.then_keep = reduction, then, then_keep
-        if then is not None:  # the family's hooks capture what the stacked method reads
-            self.__dict__.update(needs_seeds=then.needs_seeds, scores_projected=then.scores_projected)
-
-    def select(self, evidence: Any, keep: int) -> list[ImageSelection]:
-        selection = self.reduction.selection()
-        if selection is None:
-            raise RuntimeError("the projector ran before the tower's feature layer in this forward pass")
-        if self.then is None:
-            return selection
-        assert self.then_keep is not None
-        rows = torch.stack([image.kept for image in selection]).to(evidence.features.device)  # (I, n) the filled slots
-        restricted = VisionEvidence(
-            features=_rows(evidence.features, rows),
-            seeds=evidence.seeds,
-            projected=None if evidence.projected is None else _rows(evidence.projected, rows),
-        )
-        chosen = self.then.select(restricted, self.then_keep.tokens(rows.shape[1]))
-        return [_compose(tower, picked) for tower, picked in zip(selection, chosen, strict=True)]
-
-
-def _rows(values: Tensor, rows: Tensor) -> Tensor:
-    """(I, P, D) at the (I, n) slots ``rows`` -> (I, n, D)."""
-    return values.gather(1, rows[..., None].expand(-1, -1, values.shape[-1]))
-
-
-def _compose(tower: ImageSelection, picked: ImageSelection) -> ImageSelection:
-    """A selection among the tower's tokens (``picked``: indices into ``tower.kept``) as one over the image's slots:
-    each picked token's slot, standing for the patches of every tower token in its group."""
-    index = picked.kept.to(tower.kept.device)
-    groups = tuple(
-        torch.cat([tower.groups[int(j)] for j in group]).sort().values for group in picked.groups
-    )  # a merged token of the pre-LLM method stands for every patch of the tower tokens it merged
-    return ImageSelection(kept=tower.kept[index], groups=groups, merged=picked.merged)
-
-
-@dataclass
-class TowerThenLLM:
-    """The tower's reduction and the pre-LLM stage after it (the hand-on that shortens the LLM input, or a stacked
-    pre-LLM method on the refilled grid), as one installation."""
-
-    reduction: TowerReduction
-    handoff: Any
-
-    def remove(self) -> None:
-        self.handoff.remove()
-        self.reduction.remove()
-
-    def selection(self) -> list[ImageSelection] | None:
-        return self.reduction.selection()
+    reduction._handles.append(family.inner.vision_tower.register_forward_pre_hook(refuse_meta, with_kwargs=True))
+    return reduction
 
 
 def _keep_count(keep: KeepSpec | None, patches: int) -> int | None:
@@ -410,10 +323,10 @@ __all__ = [
     "TowerMethod",
     "TowerPlan",
     "TowerReduction",
-    "TowerSelection",
     "build_reducers",
     "find_tower",
     "install",
     "keep_counts_per_image",
+    "to_grid_of",
     "tower_plan",
 ]

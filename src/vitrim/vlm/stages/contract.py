@@ -1,29 +1,71 @@
-"""What a family declares and offers the stages, in one place: :class:`FamilyTraits` (what it can do) and
-:class:`FamilyAdapter` (its seams, with the defaults most families share).
+"""The family contract, where the stages read it: :class:`FamilyTraits` (what a family can do), :class:`FamilyAdapter`
+(its seams, with the defaults most families share) and what a prefill hands the seams (:class:`Prefill`,
+:class:`Shortened`).
 
 A new family is one file ``families/<name>.py``: a :class:`FamilyAdapter` subclass with its ``traits`` and the
 seams it needs, and one line in :data:`vitrim.vlm.families.ADAPTERS`. The stages read nothing else: no class-name
-tables, no attribute probing.
+tables, no attribute probing. Every stage types a family as :class:`FamilyAdapter`, this one class.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm.families.seams import prefill_input_ids
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.pre_llm import Prefill
-from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
-from vitrim.vlm.stages.spans import spans_from_mask
+from vitrim.vlm.stages.inputs import inner_model, prefill_input_ids
+from vitrim.vlm.stages.sequence import DecodeState, ShortSequence, decode_position_ids
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
-if TYPE_CHECKING:
-    from vitrim.vlm.stages.pre_llm import PreLLMStage, Shortened
-    from vitrim.vlm.stages.spans import ImageSpans
+if TYPE_CHECKING:  # the stage hands itself to the family's select_hooks; the family only calls it
+    from vitrim.vlm.stages.pre_llm import PreLLMStage
+
+
+@dataclass(frozen=True)
+class ServedArchitecture:
+    """A vLLM architecture vitrim's plugin registers for a family: ``name`` (what ``--hf-overrides``
+    ``architectures`` names), ``module`` (where its class lives, imported by vLLM only when such a model loads),
+    ``vllm_class`` (the vLLM class it subclasses) and ``model_type`` (the checkpoints' ``model_type`` it runs)."""
+
+    name: str
+    module: str
+    vllm_class: str
+    model_type: str
+
+
+@dataclass
+class Prefill:
+    """What one prefill holds, as the family's model received it.
+
+    input_ids: (B, L)               the prompt ids with the image placeholders
+    attention_mask: (B, L) | None   the caller's 2-D padding mask (None: no padding)
+    runs_tower: the images come as pixels (the tower runs in this forward), not as features ``generate()`` made
+    extras: the family's own (Qwen: ``image_grid_thw`` and the token types; LLaVA-NeXT: ``image_sizes``)
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor | None
+    runs_tower: bool
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shortened:
+    """What :meth:`FamilyAdapter.shorten_extras` may read about a shortened prefill.
+
+    short: the plan (:class:`~vitrim.vlm.stages.sequence.ShortSequence`); kept: (B, L) bool, the kept columns;
+    spans: the images' spans in the (possibly expanded) batch; order: per image of ``spans``, the index of the
+    encoded image it repeats (``generate()``'s beams repeat a prompt's images).
+    """
+
+    short: ShortSequence
+    kept: Tensor
+    spans: ImageSpans
+    order: list[int]
 
 
 @dataclass(frozen=True)
@@ -35,6 +77,7 @@ class FamilyTraits:
     stages: the stages vitrim.vlm runs on it ("pre_llm", "in_llm", "tower"); ``apply`` refuses the others
     tower_grid_only: where the tower stage must put its tokens back on the patch grid, why (None: it need not)
     tower_refused: why the tower stage is not offered, for ``apply``'s refusal (None: no reason beyond ``stages``)
+    served: the vLLM architectures vitrim's plugin serves this family with (none: not served)
     """
 
     classes: tuple[str, ...]
@@ -42,6 +85,7 @@ class FamilyTraits:
     stages: tuple[str, ...]
     tower_grid_only: str | None = None
     tower_refused: str | None = None
+    served: tuple[ServedArchitecture, ...] = ()
 
 
 class FamilyAdapter:
@@ -54,6 +98,7 @@ class FamilyAdapter:
     """
 
     traits: ClassVar[FamilyTraits]
+    parts: ClassVar[tuple[str, ...]] = ("vision_tower", "multi_modal_projector", "language_model")  # of model.model
     # positions="authors" hands the LLM the authors' shorter sequence numbered contiguously (their LLaVA code's
     # convention, for every family with 1-D positions); a family whose positions are not a count (Qwen's M-RoPE)
     # keeps the original ones there and says why
@@ -63,7 +108,11 @@ class FamilyAdapter:
     language_model: nn.Module
 
     def __init__(self, model: nn.Module) -> None:
-        raise NotImplementedError  # each family checks its model's layout
+        inner = inner_model(model, self.parts, self.traits.classes[0])  # TypeError naming what the layout lacks
+        self.model = model
+        self.inner = inner
+        self.language_model = inner.language_model
+        self.config: Any = model.config
 
     def image_token_id(self) -> int:
         config: Any = self.model.config
@@ -105,13 +154,17 @@ class FamilyAdapter:
         undo; nothing to do for an LLM that adds nothing between layers."""
         return lambda: None
 
-    # the pre-LLM stage's seams (vitrim.vlm.stages.pre_llm.PreLLMSeams)
+    # the pre-LLM stage's seams
 
     def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+        """Install the taps where this family makes its image tokens and call ``stage.hand_on`` there
+        (:mod:`vitrim.vlm.stages.capture`), reporting every encoded image's selection with ``stage.selected``;
+        returns the functions that remove them."""
         raise TypeError(self._not_here("before the LLM"))
 
     def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
-        """``model.model(input_ids, pixel_values, attention_mask, ...)`` (LLaVA-1.5's and Gemma 3's layout)."""
+        """The prefill a forward of ``model.model`` holds, None for a forward without images:
+        ``model.model(input_ids, pixel_values, attention_mask, ...)`` (LLaVA-1.5's and Gemma 3's layout)."""
         input_ids = prefill_input_ids(args, kwargs)
         if input_ids is None:
             return None
@@ -122,11 +175,14 @@ class FamilyAdapter:
     def image_tokens(
         self, prefill: Prefill, selections: list[ImageSelection]
     ) -> tuple[list[ImageSelection], list[int]]:
+        """The encoded images' selections in the index space of each image's LLM tokens, and each image's count of
+        LLM tokens (LLaVA-NeXT maps its tiles onto the packed tokens here)."""
         count = self.tokens_per_image()
         assert count is not None, "a family whose images differ in size maps them itself"
         return selections, [count] * len(selections)
 
     def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
+        """The full sequence's position ids the unmodified LLM uses: (B or 1, L), or M-RoPE's (3, B, L)."""
         positions = kwargs.get("position_ids")
         if positions is None:  # what the unmodified LLM would use: 0 … L−1 for every sample
             positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
@@ -136,12 +192,14 @@ class FamilyAdapter:
         """Nothing more to shorten: the embeddings, positions and the 2-D mask are all a causal LLM reads."""
 
     def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
+        """A decode step: ``mask`` (B, past + new) is the 2-D mask on the cache's layout; set ``kwargs``' mask and,
+        when the caller gave none, its positions as the unmodified model would have them."""
         kwargs["attention_mask"] = mask
         if kwargs.get("position_ids") is None:
             kwargs["position_ids"] = decode_position_ids(state, past, new, mask.device)
 
     def remove_extras(self) -> None:
-        """Nothing but hooks was changed."""
+        """Undo what the family changed on the instance besides hooks (Qwen: its ``rope_deltas``); here nothing."""
 
     def _not_here(self, where: str) -> str:
         stages = ", ".join(map(repr, self.traits.stages))

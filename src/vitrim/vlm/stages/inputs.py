@@ -1,19 +1,13 @@
-"""What the family adapters read the same way: the model's layout, a forward's input ids, a selection keeping all.
-
-Each ``families/<name>.py`` adapter checks the instance's submodules, finds the ``input_ids`` of the forward passes
-it hooks and, where nothing is pruned, records a selection keeping every token; the three do that alike for every
-family, so they live here once (this module imports no adapter and no transformers).
+"""What a hooked forward call holds, read the same way for every family and stage: the model's layout, a call's
+``input_ids`` (a prefill's, or none for a decode step), and a refusal of inputs on the meta device (this module
+imports no family and no transformers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor, nn
-
-from vitrim.vlm.method.base import ImageSelection
 
 
 def inner_model(model: nn.Module, parts: tuple[str, ...], layout: str) -> Any:
@@ -64,35 +58,3 @@ def prefill_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor |
     if pixel_values is None and encoded is None:
         return None
     return input_ids_of(args, kwargs)
-
-
-def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
-    """The selection of an image that keeps its ``num_tokens`` tokens, each its own group (nothing merged)."""
-    return ImageSelection.unmerged(torch.arange(num_tokens, device=device))
-
-
-def write_merged(
-    values: Tensor,
-    selections: list[ImageSelection],
-    transform: Callable[[Tensor], Tensor],
-    cls_features: Tensor | None = None,
-) -> Tensor | None:
-    """``values`` (I, N, …) with each image's merged slots (:meth:`ImageSelection.merged_slots`) set to
-    ``transform(merged features)``, and the [CLS] carrier slot of an image whose selection hands on its [CLS] set to
-    ``cls_features[image]`` ((I, …) as ``values`` holds a token): a copy, or None when nothing was written."""
-    written = None
-    for image, selection in enumerate(selections):
-        if selection.cls:
-            if cls_features is None:
-                raise ValueError("the selection hands the LLM the tower's [CLS], which this family did not capture")
-            written = values.clone() if written is None else written
-            written[image, selection.cls_carrier()] = cls_features[image].to(values.dtype)
-        if selection.merged is None:
-            continue
-        slots = selection.merged_slots()
-        if not len(slots):
-            continue
-        written = values.clone() if written is None else written
-        merged = transform(selection.merged[slots.to(selection.merged.device)])
-        written[image, selection.kept[slots]] = merged.to(values.dtype)
-    return written

@@ -1,0 +1,132 @@
+"""Qwen's image tokens are its merger's outputs: the tower's evidence in the LLM's index space, per image.
+
+Conventions (owned here, for every engine that runs a Qwen2-VL / Qwen2.5-VL / Qwen3-VL tower):
+
+- **The image tokens are the merger's outputs.** The tower sees patches (14 px; a temporal patch of
+  ``temporal_patch_size`` frames) and its ``PatchMerger`` turns each m×m block of them into one token for the LLM.
+  The index space of every selection is the raster order of those merged tokens, ``(t, h / m, w / m)`` row-major
+  (m: ``spatial_merge_size``), the order the unmodified model writes them into the LLM input.
+- **Tower order.** The processor lays out the pixels so that the m² patches of a merged token are adjacent, and
+  Qwen2-VL keeps that order through its blocks: group g of m² rows is merged token g. Qwen2.5-VL (and Qwen3-VL's
+  windows) permute the groups before the first block (``window_index``: row group g of the blocks is merged token
+  ``window_index[g]``) and un-permute after the merger; :func:`image_evidence` un-permutes alike.
+- **No [CLS].** A token's score is the attention it RECEIVES at the scoring block
+  (:func:`~vitrim.vlm.evidence.attention.received_by_segment` over the block's own segments), divided by the
+  image's patch count (the mean over its queries) and summed over the m² patches of each merged token: per image and
+  head the scores sum to 1.
+- **Features and keys.** ``features`` of a merged token are its m² patch states entering the merger, concatenated
+  (m²·C), what the merger reads, so a token merged from several is their mean put through the merger. ``keys`` are
+  the scoring block's keys before rotary (content, not position), averaged over the m² patches.
+- **Video.** A temporal patch (``temporal_patch_size`` frames, 2 in every released checkpoint) is the unit of time:
+  a video of grid (t, h, w) gives t temporal patches of (h / m)·(w / m) tokens each (:func:`temporal_patches`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TowerAttention:
+    """The scoring block's attention evidence over every patch of one tower call, in tower order (P patches).
+
+    received: (H, P)      per head, the attention each patch receives, summed over the queries of its segment
+    keys: (P, H, hd)      the block's keys before rotary
+    """
+
+    received: Tensor
+    keys: Tensor
+
+
+@dataclass(frozen=True)
+class ImageEvidence:
+    """One image's evidence in merged-token raster order (N merged tokens, m² patches each).
+
+    features: (N, m²·C)       the merger's input, the m² patch states of each merged token concatenated
+    received: (H, N) | None   attention received at the scoring block, per head (sums to 1 over N per head)
+    keys: (H, N, hd) | None   the scoring block's keys before rotary, averaged over each token's m² patches
+    grid: (rows, columns)     the token grid of one temporal patch ((h / m, w / m): rows · columns · t = N)
+    (received and keys are None when the scoring block was not captured: a method that reads no attention)
+    """
+
+    features: Tensor
+    received: Tensor | None
+    keys: Tensor | None
+    grid: tuple[int, int]
+
+
+def merged_order(window_index: Tensor | None, num_groups: int, device: torch.device) -> Tensor:
+    """(G,) long: the merged-token index (raster, over all images) of each row group of the tower's blocks."""
+    if window_index is None:
+        return torch.arange(num_groups, device=device)
+    return window_index.to(device)
+
+
+def tokens_per_image(grid_thw: Tensor, merge_size: int) -> list[int]:
+    """Merged tokens per image (I,) of ``grid_thw`` (I, 3) in patches."""
+    return (grid_thw.prod(-1) // (merge_size * merge_size)).tolist()
+
+
+def image_evidence(
+    attention: TowerAttention | None,
+    tower_states: Tensor,
+    grid_thw: Tensor,
+    merge_size: int,
+    window_index: Tensor | None,
+) -> list[ImageEvidence]:
+    """Split one tower call's evidence per image, in merged-token raster order.
+
+    tower_states: (P, C) the merger's input in tower order; grid_thw: (I, 3) in patches; window_index: (G,) or None
+    (no window permutation).
+    """
+    unit = merge_size * merge_size
+    num_patches, channels = tower_states.shape
+    num_groups = num_patches // unit
+    order = merged_order(window_index, num_groups, tower_states.device)  # (G,) tower group -> raster group
+
+    def to_raster(grouped: Tensor) -> Tensor:  # (G, ...) in tower order -> (G, ...) in raster order
+        raster = torch.empty_like(grouped)
+        raster[order] = grouped
+        return raster
+
+    features = to_raster(tower_states.reshape(num_groups, unit * channels))  # (G, m²C)
+    received = keys = None
+    if attention is not None:
+        num_heads = attention.received.shape[0]
+        received = to_raster(attention.received.reshape(num_heads, num_groups, unit).sum(-1).T)  # (G, H)
+        keys = to_raster(attention.keys.reshape(num_groups, unit, num_heads, -1).mean(1))  # (G, H, hd)
+
+    evidence = []
+    start = 0
+    for (_, height, width), patches in zip(grid_thw.tolist(), grid_thw.prod(-1).tolist(), strict=True):
+        stop = start + patches // unit
+        evidence.append(
+            ImageEvidence(
+                features=features[start:stop],
+                # (H, N): summed over the image's queries -> their mean; (H, N, hd)
+                received=None if received is None else received[start:stop].T / patches,
+                keys=None if keys is None else keys[start:stop].transpose(0, 1),
+                grid=(height // merge_size, width // merge_size),
+            )
+        )
+        start = stop
+    return evidence
+
+
+def temporal_patches(tokens: Tensor, grid_thw: tuple[int, int, int], merge_size: int) -> Tensor:
+    """One video's merged tokens (N, …) in raster order -> (t, (h / m)·(w / m), …): one row per temporal patch.
+
+    grid_thw: the video's ``video_grid_thw`` row (t temporal patches of h × w patches); ``ValueError`` when N does
+    not hold that grid.
+    """
+    frames, height, width = grid_thw
+    per_frame = (height // merge_size) * (width // merge_size)
+    if frames * per_frame != tokens.shape[0]:
+        raise ValueError(
+            f"a video of grid {tuple(grid_thw)} (merge {merge_size}) has {frames * per_frame} tokens; got "
+            f"{tokens.shape[0]}"
+        )
+    return tokens.reshape(frames, per_frame, *tokens.shape[1:])

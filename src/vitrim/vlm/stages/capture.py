@@ -1,0 +1,194 @@
+"""The encoder seam, written once for every transformers family and every vLLM class: capture → select → write.
+
+Where a VLM makes its image tokens, three things happen for every tower run, in every engine:
+
+1. **capture**: taps on the tower record what the selector reads, and only that (:class:`Taps`): each image's seed
+   from its pixels (the seeded methods), the scoring attention layer's evidence computed from the layer's own
+   queries and keys on its input (:class:`ScoringTap`), the feature layer's [CLS] row (VisionZip's [CLS]);
+2. **select**: :meth:`HandOn.select` builds the :class:`~vitrim.vlm.method.base.VisionEvidence` from what was
+   captured (:meth:`HandOn.evidence`) and runs the selection (a keep of every token keeps them unchanged);
+3. **write**: merged tokens are written into their slots where the projector reads them, [CLS] into its carrier
+   slot (:func:`write_merged`), so every slot the LLM sees went through the family's own projector.
+
+What an engine or a family supplies is only *where*: which module is the scoring attention and how its q/k come
+out of its weights (a ``read`` function: transformers' ``q_proj``/``k_proj``, vLLM's fused ``qkv`` and its rotary
+op), which layer gives the [CLS] row, where the features are read and the merged ones written back. The maths from
+q/k on is :mod:`vitrim.vlm.evidence`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
+
+# A reader: (the scoring attention module, its forward's args, kwargs) -> the evidence it gives (engine-specific q/k,
+# then vitrim.vlm.evidence's maths). Runs under no_grad in the module's forward pre-hook.
+Reader = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]
+
+
+class ScoringTap:
+    """A forward pre-hook on a tower's scoring attention: ``read`` on the layer's input, kept for the run in flight.
+
+    ``read`` is an instance attribute, so a stopwatch can wrap it (``vitrim bench vlm`` times the evidence work)."""
+
+    def __init__(self, attention: nn.Module, read: Reader) -> None:
+        self.read = read
+        self.found: Any = None
+        self.handle = attention.register_forward_pre_hook(self.on_input, with_kwargs=True)
+
+    def on_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.found = self.read(module, args, kwargs)
+
+    def take(self) -> Any:
+        """The last run's evidence (None when the layer did not run since the last take); forgets it."""
+        found, self.found = self.found, None
+        return found
+
+
+class Taps:
+    """The capture taps of one selector on one tower: those its flags ask for, nothing else.
+
+    tower: the module whose first argument (or ``pixel_values``) is the pixels, one row per image: each image's
+    seed (for a selector that ``needs_seeds``); scoring: (the scoring attention module, its reader), for a selector
+    that ``needs_cls_attention``; cls_layer: the layer whose output's first row is the feature layer's [CLS], for a
+    selector that ``uses_cls_token`` (where the family can hand a [CLS] to the LLM).
+    """
+
+    def __init__(
+        self,
+        selector: Selector,
+        *,
+        tower: nn.Module | None = None,
+        scoring: tuple[nn.Module, Reader] | None = None,
+        cls_layer: nn.Module | None = None,
+    ) -> None:
+        self.seeds: Tensor | None = None
+        self.cls_row: Tensor | None = None
+        self.scoring: ScoringTap | None = None
+        self.handles: list[Any] = []
+        if selector.needs_seeds and tower is not None:
+            self.handles.append(tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
+        if selector.needs_cls_attention and scoring is not None:
+            self.scoring = ScoringTap(*scoring)
+            self.handles.append(self.scoring.handle)
+        if selector.uses_cls_token and cls_layer is not None:
+            self.handles.append(cls_layer.register_forward_hook(self.on_feature_layer))
+
+    def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.seeds = image_seeds(kwargs.get("pixel_values", args[0] if args else None))
+
+    def on_feature_layer(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output  # (I, 1 + N, D), [CLS] first
+        self.cls_row = hidden[:, 0]
+
+    def take_attention(self) -> Any:
+        """The scoring layer's evidence of the last run (None when no scoring tap is installed); forgets it."""
+        return None if self.scoring is None else self.scoring.take()
+
+    def take_cls_row(self) -> Tensor | None:
+        """(I, D) the feature layer's [CLS] rows of the last run (None when not tapped); forgets them."""
+        row, self.cls_row = self.cls_row, None
+        return row
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:
+    """The selection of an image that keeps its ``num_tokens`` tokens, each its own group (nothing merged)."""
+    return ImageSelection.unmerged(torch.arange(num_tokens, device=device))
+
+
+class HandOn:
+    """One selector's select → write on the tokens of one tower run (its :class:`Taps` captured the evidence).
+
+    choose: ``(evidence, N) -> one ImageSelection per image`` (the pre-LLM stage's ``select``, or an engine's
+    :func:`select_keeping` at its keep).
+    """
+
+    def __init__(self, selector: Selector, choose: Callable[[VisionEvidence, int], list[ImageSelection]]) -> None:
+        self.selector = selector
+        self.choose = choose
+
+    def run(
+        self,
+        features: Tensor,
+        *,
+        values: Tensor | None = None,
+        project: Callable[[Tensor], Tensor] | None = None,
+        attention: Tensor | None = None,
+        keys: Tensor | None = None,
+        seeds: Tensor | None = None,
+        projected: Tensor | None = None,
+        grid: tuple[int, int] | None = None,
+        cls_feature: Tensor | None = None,
+    ) -> tuple[list[ImageSelection], Tensor | None]:
+        """Select among the N tokens of each of the I images of one run, then write the merged ones.
+
+        features: (I, N, D) what the projector reads (the evidence's ``features``); the keyword arguments are the
+        rest of :class:`VisionEvidence` (``attention``: its ``cls_attention``), passed on only where the selector
+        reads them. values: (I, N, …) where the merged tokens and the [CLS] are written, each merged one through
+        ``project`` (None: nothing is written, a selector that scores the projector's output cannot merge).
+        Returns the selections and the written copy of ``values`` (None when nothing was written).
+        """
+        needs = self.selector
+        if needs.needs_cls_attention and attention is None:
+            raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
+        evidence = VisionEvidence(
+            features=features,
+            cls_attention=attention if needs.needs_cls_attention else None,
+            keys=keys if needs.needs_cls_attention else None,
+            seeds=seeds,
+            projected=projected,
+            grid=grid,
+            cls_feature=cls_feature if needs.uses_cls_token else None,
+        )
+        selections = self.choose(evidence, features.shape[1])
+        if values is None or project is None:
+            return selections, None
+        return selections, write_merged(values, selections, project, evidence.cls_feature)
+
+
+def select_keeping(selector: Selector, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
+    """``keep`` tokens per image by ``selector``; at keep = N every token stays, each its own slot, as the
+    unmodified model has them (no selection runs)."""
+    num_tokens = evidence.features.shape[1]
+    if keep == num_tokens:
+        return [keep_all(num_tokens, evidence.features.device) for _ in range(evidence.features.shape[0])]
+    return selector.select(evidence, keep)
+
+
+def write_merged(
+    values: Tensor,
+    selections: list[ImageSelection],
+    transform: Callable[[Tensor], Tensor],
+    cls_features: Tensor | None = None,
+) -> Tensor | None:
+    """``values`` (I, N, …) with each image's merged slots (:meth:`ImageSelection.merged_slots`) set to
+    ``transform(merged features)``, and the [CLS] carrier slot of an image whose selection hands on its [CLS] set to
+    ``cls_features[image]`` ((I, …) as ``values`` holds a token): a copy, or None when nothing was written."""
+    written = None
+    for image, selection in enumerate(selections):
+        if selection.cls:
+            if cls_features is None:
+                raise ValueError("the selection hands the LLM the tower's [CLS], which this family did not capture")
+            written = values.clone() if written is None else written
+            written[image, selection.cls_carrier()] = cls_features[image].to(values.dtype)
+        if selection.merged is None:
+            continue
+        slots = selection.merged_slots()
+        if not len(slots):
+            continue
+        written = values.clone() if written is None else written
+        merged = transform(selection.merged[slots.to(selection.merged.device)])
+        written[image, selection.kept[slots]] = merged.to(values.dtype)
+    return written
