@@ -15,7 +15,7 @@ from pre_llm_reference import (
 
 import vitrim.vlm
 from tiny_vlms.llava import GRID_TOKENS, pixels, prompt, tiny_llava
-from vitrim.vlm.families.llava import cls_attention_and_keys
+from vitrim.vlm.families.llava import read_cls_attention
 from vitrim.vlm.method.base import VisionEvidence
 from vitrim.vlm.method.divprune import DivPrune
 from vitrim.vlm.method.fastervlm import FasterVLM
@@ -74,7 +74,7 @@ def test_the_cls_row_and_keys_equal_transformers_attention_maps(
     )
     eager.model.vision_tower(authors_tensors["pixels"])
     hook.remove()
-    row, keys = cls_attention_and_keys(layer.self_attn, captured["x"])
+    row, keys = read_cls_attention(layer.self_attn, (captured["x"],), {})
     # transformers' eager attention takes its softmax in float32
     assert (row - authors_tensors["attentions"][:, :, 0, 1:]).abs().max() <= 1e-6
     assert torch.equal(keys, authors_tensors["keys"][:, :, 1:])
