@@ -19,12 +19,14 @@ Seams used (hooks on this instance's submodules only):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.families.boxes import NO_VIEW, TokenBoxes, crop_axis, grid_boxes, resized_size, size_field
 from vitrim.vlm.families.contract import FamilyAdapter, FamilyTraits
 from vitrim.vlm.families.seams import inner_model, write_merged
 from vitrim.vlm.method.base import VisionEvidence, content_seed
@@ -79,6 +81,14 @@ class LlavaAdapter(FamilyAdapter):
                 f"{self.config.vision_feature_select_strategy!r} (expected an int layer and 'default')"
             )
         return ProjectorSelection(self, stage).hooks()
+
+    # where its image tokens lie in the user's picture
+
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture of ``sizes`` (H, W): its tokens' boxes (:func:`llava_boxes`)."""
+        return [llava_boxes(image_processor, self.config, size) for size in sizes]
 
 
 def cls_attention_and_keys(attention: Any, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
@@ -171,3 +181,35 @@ class ProjectorSelection:
             evidence = self.evidence(self.features, projected=output)
             self.stage.selected(self.stage.select(evidence, output.shape[1]))
         self.features = None
+
+
+def llava_boxes(image_processor: Any, config: Any, size: tuple[int, int]) -> TokenBoxes:
+    """LLaVA-1.5's tokens on a picture of ``size`` (H, W): the patch grid of the processed (cropped) frame.
+
+    The processor (``CLIPImageProcessor`` / ``LlavaImageProcessor``): an optional pad to a square (``do_pad``), a
+    resize (shortest edge to ``size``, or to ``height × width``), a centre crop to ``crop_size``; the tokens are the
+    ``crop / patch`` grid in raster order (with the ``"full"`` feature strategy a first [CLS] token, which has no
+    box). Returns T = rows·cols (+1) boxes, view 0 ("image") or NO_VIEW.
+    """
+    height, width = size
+    pad = max(height, width) if getattr(image_processor, "do_pad", False) else None
+    pad_h, pad_w = (pad, pad) if pad is not None else (height, width)
+    do_resize = getattr(image_processor, "do_resize", True)
+    r_h, r_w = resized_size(pad_h, pad_w, image_processor.size) if do_resize else (pad_h, pad_w)
+    crop_size = image_processor.crop_size if getattr(image_processor, "do_center_crop", False) else None
+    c_h = size_field(crop_size, "height") if crop_size is not None else None
+    c_w = size_field(crop_size, "width") if crop_size is not None else None
+    p_h, p_w = c_h or r_h, c_w or r_w
+    patch = int(config.vision_config.patch_size)
+    if p_h % patch or p_w % patch:
+        raise ValueError(f"the processed image {p_h}x{p_w} is not a whole number of {patch}-pixel patches")
+    y = crop_axis(height, r_h, c_h, pad_h)
+    x = crop_axis(width, r_w, c_w, pad_w)
+    rows, cols = p_h // patch, p_w // patch
+    boxes = grid_boxes(rows, cols, patch, x, y, size)
+    view = torch.zeros(len(boxes), dtype=torch.long)
+    if getattr(config, "vision_feature_select_strategy", "default") == "full":  # [CLS] first: no place
+        boxes = torch.cat([torch.full((1, 4), math.nan, dtype=torch.float64), boxes])
+        view = torch.cat([torch.tensor([NO_VIEW]), view])
+    view[boxes[:, 0].isnan()] = NO_VIEW
+    return TokenBoxes(boxes, view, ("image",), ((rows, cols),), size)
