@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from vitrim.moved import moved_to
 from vitrim.vlm.families import find_family
 from vitrim.vlm.families.boxes import (
     NO_VIEW,
@@ -40,6 +41,21 @@ def vlm_token_boxes(
     """
     return find_family(model).token_boxes(processor.image_processor, inputs, sizes, stage)
 
+
+# each family's box function lived here before issue 49 and is its family's now: the old names are answered here for
+# one release, each looked up in its family's module when used (vlm_token_boxes itself names no family)
+__getattr__ = moved_to(
+    __name__,
+    "vitrim.vlm.families.boxes",
+    renamed={
+        "llava_boxes": "vitrim.vlm.families.llava:llava_boxes",
+        "anyres_layout": "vitrim.vlm.families.llava_next:anyres_layout",
+        "llava_next_boxes": "vitrim.vlm.families.llava_next:llava_next_boxes",
+        "qwen_boxes": "vitrim.vlm.families.qwen2vl:qwen_boxes",
+        "paligemma_boxes": "vitrim.vlm.families.paligemma:paligemma_boxes",
+        "gemma3_boxes": "vitrim.vlm.families.gemma3:gemma3_boxes",
+    },
+)
 
 __all__ = [
     "NO_VIEW",
