@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from vitrim.viz.vlm_boxes import gemma3_boxes, llava_boxes, llava_next_boxes, paligemma_boxes, qwen_boxes
+from vitrim.vlm.families.gemma3 import gemma3_boxes
+from vitrim.vlm.families.llava import llava_boxes
+from vitrim.vlm.families.llava_next import llava_next_boxes
+from vitrim.vlm.families.paligemma import paligemma_boxes
+from vitrim.vlm.families.qwen2vl import qwen_boxes
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("PIL")

@@ -125,7 +125,9 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
         method = options.method
-        self.vitrim_hand_on = HandOn(method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count)))
+        self.vitrim_hand_on = HandOn(
+            method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count))
+        )
         self.vitrim_taps: Taps | None = None
         if (method.needs_cls_attention or method.uses_cls_token) and self.vitrim_keep < self.vitrim_grid:
             if get_tensor_model_parallel_world_size() > 1:

@@ -85,9 +85,8 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
         method = method_class(name)(**options)
         why = refused(method)
         if why is not None:
-            raise ValueError(
-                f"method {name!r} is not served through vLLM: {why}; vLLM serving offers: {', '.join(pre_llm_methods())}"
-            )
+            offered = ", ".join(pre_llm_methods())
+            raise ValueError(f"method {name!r} is not served through vLLM: {why}; vLLM serving offers: {offered}")
         if keep is None:
             keep = method.default_keep()
         if keep is None:

@@ -142,7 +142,9 @@ class VitrimQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneratio
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
         method = options.method
-        self.vitrim_hand_on = HandOn(method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count)))
+        self.vitrim_hand_on = HandOn(
+            method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count))
+        )
         last: Any = self.visual.blocks[-1]  # type: ignore[index]
         self.vitrim_taps = Taps(method, scoring=(last.attn, read_tower_attention))
         self.vitrim_merger_input: Tensor | None = None

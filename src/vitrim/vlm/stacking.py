@@ -172,7 +172,9 @@ class Stack:
             self.parts["pre_llm"] = self.handoff
         if "in_llm" in plans:
             watch = None if self.handoff is None else self.handoff.follow
-            self.parts["in_llm"] = self._own(in_llm.install(family, plans["in_llm"].method, options["in_llm"], watch=watch))
+            self.parts["in_llm"] = self._own(
+                in_llm.install(family, plans["in_llm"].method, options["in_llm"], watch=watch)
+            )
 
     def last_stage(self) -> str:
         return [stage for stage in STAGE_ORDER if stage in self.parts][-1]

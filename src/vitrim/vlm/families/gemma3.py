@@ -32,6 +32,7 @@ layer's cache at decode (the rest is the pre-LLM stage's, :mod:`vitrim.vlm.stage
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.boxes import TokenBoxes, one_image_per_picture, resized_grid_boxes
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.pooled import pool_to_tokens
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
@@ -118,6 +120,23 @@ class Gemma3Adapter(FamilyAdapter):
             _dtype(self.language_model),
         )
 
+    # where its image tokens lie in the user's picture
+
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture of ``sizes`` (H, W): its pooled tokens' boxes, or its patches' for the tower stage (whose
+        selection counts the tower's patches, ``vitrim.vlm.stages.tower``) (:func:`gemma3_boxes`). Pan-and-scan
+        crops (``do_pan_and_scan``) are refused: each crop is an image of its own, and its boxes would have to follow
+        the crop."""
+        one_image_per_picture(
+            inputs,
+            sizes,
+            "Gemma 3's pan-and-scan cut them into crops, each an image of its own, which vitrim does not map back to "
+            "the picture; load the processor with do_pan_and_scan=False",
+        )
+        return [gemma3_boxes(image_processor, self.config, size, patches=stage == "tower") for size in sizes]
+
 
 def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A SigLIP attention's evidence per pooled token of ``kernel``×``kernel`` patches: the attention each receives
@@ -186,3 +205,21 @@ def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:
 
 def _dtype(module: nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
+
+
+def gemma3_boxes(image_processor: Any, config: Any, size: tuple[int, int], patches: bool = False) -> TokenBoxes:
+    """Gemma 3's pooled tokens (``patches=True``: the tower's patches) on a picture of ``size`` (H, W).
+
+    ``Gemma3ImageProcessor`` resizes the picture to its ``height × width`` (no crop, the aspect ratio not kept); the
+    projector average-pools the p×p patch grid to the t×t tokens (``mm_tokens_per_image`` = t², 16×16 in the real
+    checkpoints), so a token's box is its k×k cell of patches, k = p / t. Returns t² boxes (p² with ``patches``),
+    all of view 0 ("image"; "patches").
+    """
+    patch = int(config.vision_config.patch_size)
+    if patches:
+        return resized_grid_boxes(image_processor, patch, None, size, "patches")
+    tokens = int(config.mm_tokens_per_image)
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise ValueError(f"mm_tokens_per_image={tokens} is not a square grid of pooled tokens")
+    return resized_grid_boxes(image_processor, patch, side, size, "image")

@@ -20,11 +20,14 @@ instance's submodules only):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.boxes import NO_VIEW, TokenBoxes, crop_axis, grid_boxes, resized_size, size_field
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.stages.capture import Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
@@ -77,6 +80,14 @@ class LlavaAdapter(FamilyAdapter):
             )
         return ProjectorSelection(self, stage).hooks()
 
+    # where its image tokens lie in the user's picture
+
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture of ``sizes`` (H, W): its tokens' boxes (:func:`llava_boxes`)."""
+        return [llava_boxes(image_processor, self.config, size) for size in sizes]
+
 
 def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor]:
     """A transformers CLIP attention's [CLS] row (I, H, N) and keys (I, H, N, hd), from its own ``q_proj`` and
@@ -116,7 +127,12 @@ class ProjectorSelection:
         """What the taps saw in this tower run, as :meth:`HandOn.run`'s keyword arguments."""
         attention = self.taps.take_attention()
         cls_attention, keys = (None, None) if attention is None else attention
-        return {"attention": cls_attention, "keys": keys, "seeds": self.taps.seeds, "cls_feature": self.taps.take_cls_row()}
+        return {
+            "attention": cls_attention,
+            "keys": keys,
+            "seeds": self.taps.seeds,
+            "cls_feature": self.taps.take_cls_row(),
+        }
 
     def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         features = args[0]  # (I, N, D) the tower features of every image of this forward pass
@@ -134,3 +150,35 @@ class ProjectorSelection:
             selections, _ = self.stage.hand_on.run(self.features, projected=output, **self.captured())
             self.stage.selected(selections)
         self.features = None
+
+
+def llava_boxes(image_processor: Any, config: Any, size: tuple[int, int]) -> TokenBoxes:
+    """LLaVA-1.5's tokens on a picture of ``size`` (H, W): the patch grid of the processed (cropped) frame.
+
+    The processor (``CLIPImageProcessor`` / ``LlavaImageProcessor``): an optional pad to a square (``do_pad``), a
+    resize (shortest edge to ``size``, or to ``height × width``), a centre crop to ``crop_size``; the tokens are the
+    ``crop / patch`` grid in raster order (with the ``"full"`` feature strategy a first [CLS] token, which has no
+    box). Returns T = rows·cols (+1) boxes, view 0 ("image") or NO_VIEW.
+    """
+    height, width = size
+    pad = max(height, width) if getattr(image_processor, "do_pad", False) else None
+    pad_h, pad_w = (pad, pad) if pad is not None else (height, width)
+    do_resize = getattr(image_processor, "do_resize", True)
+    r_h, r_w = resized_size(pad_h, pad_w, image_processor.size) if do_resize else (pad_h, pad_w)
+    crop_size = image_processor.crop_size if getattr(image_processor, "do_center_crop", False) else None
+    c_h = size_field(crop_size, "height") if crop_size is not None else None
+    c_w = size_field(crop_size, "width") if crop_size is not None else None
+    p_h, p_w = c_h or r_h, c_w or r_w
+    patch = int(config.vision_config.patch_size)
+    if p_h % patch or p_w % patch:
+        raise ValueError(f"the processed image {p_h}x{p_w} is not a whole number of {patch}-pixel patches")
+    y = crop_axis(height, r_h, c_h, pad_h)
+    x = crop_axis(width, r_w, c_w, pad_w)
+    rows, cols = p_h // patch, p_w // patch
+    boxes = grid_boxes(rows, cols, patch, x, y, size)
+    view = torch.zeros(len(boxes), dtype=torch.long)
+    if getattr(config, "vision_feature_select_strategy", "default") == "full":  # [CLS] first: no place
+        boxes = torch.cat([torch.full((1, 4), math.nan, dtype=torch.float64), boxes])
+        view = torch.cat([torch.tensor([NO_VIEW]), view])
+    view[boxes[:, 0].isnan()] = NO_VIEW
+    return TokenBoxes(boxes, view, ("image",), ((rows, cols),), size)

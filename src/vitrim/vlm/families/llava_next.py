@@ -21,6 +21,7 @@ again) to see them.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.boxes import NO_VIEW, Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.families.llava import LlavaAdapter
 from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill
@@ -149,6 +151,16 @@ class LlavaNextAdapter(LlavaAdapter):
         ]
         return images, [len(token_map) for token_map in maps]
 
+    # where its image tokens lie in the user's picture
+
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture of ``sizes`` (H, W): its packed tokens' boxes (:func:`llava_next_boxes`), the packing read
+        from ``inputs["image_sizes"]`` through :meth:`token_maps`."""
+        maps = self.token_maps(torch.as_tensor(inputs["image_sizes"]))
+        return [llava_next_boxes(image_processor, self.config, m, s) for m, s in zip(maps, sizes, strict=True)]
+
 
 def tiles_to_image(tiles: list[ImageSelection], token_map: Tensor, tokens: int) -> ImageSelection:
     """One image's selection over its packed LLM tokens from the selections of its tiles (in order).
@@ -172,3 +184,60 @@ def tiles_to_image(tiles: list[ImageSelection], token_map: Tensor, tokens: int) 
         kept=torch.tensor(kept_positions, dtype=torch.long, device=device),
         groups=tuple(torch.tensor(groups[p], dtype=torch.long, device=device) for p in kept_positions),
     )
+
+
+def anyres_layout(size: tuple[int, int], pinpoints: list[list[int]]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The best pinpoint resolution (height, width) for a picture of ``size``, and the size the picture is resized
+    to inside it (aspect kept, ``math.ceil`` on the short side, as transformers' ``get_patch_output_size``)."""
+    from transformers.image_processing_utils import select_best_resolution  # only when boxes are asked for
+
+    best_h, best_w = select_best_resolution(size, pinpoints)
+    height, width = size
+    if best_w / width < best_h / height:
+        inner = (min(math.ceil(height * best_w / width), best_h), best_w)
+    else:
+        inner = (best_h, min(math.ceil(width * best_h / height), best_w))
+    return (int(best_h), int(best_w)), (int(inner[0]), int(inner[1]))
+
+
+def llava_next_boxes(image_processor: Any, config: Any, token_map: Tensor, size: tuple[int, int]) -> TokenBoxes:
+    """LLaVA-NeXT's packed tokens (``token_map``: (T,) tile · N + t, or NEWLINE) on a picture of ``size`` (H, W).
+
+    Token ``tile · N + t`` is patch ``t`` of tile 0 (the base view: the whole picture resized to a square tile) or
+    of grid tile ``tile − 1`` (the picture resized into the best pinpoint resolution, centred with padding, cut
+    into square tiles in raster order); the newline tokens have no box. Returns T boxes, view 0 ("base view"),
+    1 ("tiles") or NO_VIEW.
+    """
+    height, width = size
+    tile = int(config.vision_config.image_size)
+    patch = int(config.vision_config.patch_size)
+    side = tile // patch
+    per_tile = side * side
+    pinpoints = [list(p) for p in image_processor.image_grid_pinpoints]
+    (best_h, best_w), (inner_h, inner_w) = anyres_layout(size, pinpoints)
+    tiles_per_row = best_w // tile
+    # the base view: the whole picture resized to the tile (no crop when the sizes agree, as in the hub's configs)
+    base = grid_boxes(side, side, patch, Affine(width / tile, 0.0), Affine(height / tile, 0.0), size)
+    # the grid tiles: padded canvas -> resized picture (minus the centring padding) -> original
+    pad_x, pad_y = (best_w - inner_w) // 2, (best_h - inner_h) // 2
+    canvas_x = Affine(width / inner_w, pad_x * width / inner_w)
+    canvas_y = Affine(height / inner_h, pad_y * height / inner_h)
+    canvas = grid_boxes(best_h // patch, best_w // patch, patch, canvas_x, canvas_y, size)
+    numbers = token_map.tolist()
+    boxes = torch.full((len(numbers), 4), math.nan, dtype=torch.float64)
+    view = torch.full((len(numbers),), NO_VIEW, dtype=torch.long)
+    canvas_cols = best_w // patch
+    for position, number in enumerate(numbers):
+        if number < 0:
+            continue  # the image_newline token
+        tile_index, token = divmod(number, per_tile)
+        row, col = divmod(token, side)
+        if tile_index == 0:
+            boxes[position], view[position] = base[token], 0
+            continue
+        tile_row, tile_col = divmod(tile_index - 1, tiles_per_row)
+        cell = (tile_row * side + row) * canvas_cols + tile_col * side + col
+        boxes[position], view[position] = canvas[cell], 1
+    view[boxes[:, 0].isnan()] = NO_VIEW
+    grids = ((side, side), (best_h // patch, best_w // patch))
+    return TokenBoxes(boxes, view, ("base view", "tiles"), grids, size)

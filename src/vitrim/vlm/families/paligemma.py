@@ -13,6 +13,9 @@ tower stage only, and ``apply`` refuses the others.
 
 from __future__ import annotations
 
+from typing import Any
+
+from vitrim.vlm.boxes import TokenBoxes, one_image_per_picture, resized_grid_boxes
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits
 
 
@@ -30,3 +33,23 @@ class PaliGemmaAdapter(FamilyAdapter):
         """Image tokens per image entering the LLM: one per patch of the tower's grid."""
         vision = self.config.vision_config
         return int((vision.image_size // vision.patch_size) ** 2)
+
+    # where its image tokens lie in the user's picture
+
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture of ``sizes`` (H, W): its tokens' boxes, one per patch (:func:`paligemma_boxes`)."""
+        one_image_per_picture(
+            inputs, sizes, "PaliGemma's processor makes one image per picture; give the sizes of the pictures it read"
+        )
+        return [paligemma_boxes(image_processor, self.config, size) for size in sizes]
+
+
+def paligemma_boxes(image_processor: Any, config: Any, size: tuple[int, int]) -> TokenBoxes:
+    """PaliGemma's tokens (one per SigLIP patch) on a picture of ``size`` (H, W).
+
+    ``SiglipImageProcessor`` resizes the picture to its ``height × width`` (no crop, the aspect ratio not kept).
+    Returns one box per patch, all of view 0 ("image").
+    """
+    return resized_grid_boxes(image_processor, int(config.vision_config.patch_size), None, size, "image")

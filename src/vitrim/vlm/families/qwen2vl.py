@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.boxes import Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.evidence.attention import received_by_segment, rotate_half
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
@@ -217,8 +218,20 @@ class Qwen2VLAdapter(FamilyAdapter):
     def remove_extras(self) -> None:
         self.inner.rope_deltas = self.rope_deltas_before
 
+    # where its image tokens lie in the user's picture
 
-def tower_attention(attention: Any, hidden: Tensor, cu_seqlens: Tensor, rotary: tuple[Tensor, Tensor]) -> TowerAttention:
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture of ``sizes`` (H, W): its merged tokens' boxes (:func:`qwen_boxes`), the resize read from
+        ``inputs["image_grid_thw"]``."""
+        grids = torch.as_tensor(inputs["image_grid_thw"])
+        return [qwen_boxes(self.config, g, s) for g, s in zip(grids, sizes, strict=True)]
+
+
+def tower_attention(
+    attention: Any, hidden: Tensor, cu_seqlens: Tensor, rotary: tuple[Tensor, Tensor]
+) -> TowerAttention:
     """A transformers Qwen vision attention's evidence: its ``qkv`` and rotary on its input, then the attention each
     patch receives within its segment (:func:`~vitrim.vlm.evidence.attention.received_by_segment`).
 
@@ -332,3 +345,22 @@ def _merge_deepstack(features: list[Tensor], selections: list[ImageSelection], t
                     out[start + slot] = rows[start + group.to(rows.device)].mean(0)
         start += count
     return merged
+
+
+def qwen_boxes(config: Any, grid_thw: Tensor, size: tuple[int, int]) -> TokenBoxes:
+    """Qwen's merged tokens on a picture of ``size`` (H, W); ``grid_thw``: (3,) the image's ``image_grid_thw`` row.
+
+    The processor resizes the picture to ``grid · patch`` (smart_resize); one token per ``merge × merge`` patches in
+    raster order. Returns (grid_h / merge)·(grid_w / merge) boxes, all of view 0 ("image").
+    """
+    height, width = size
+    patch = int(config.vision_config.patch_size)
+    merge = int(config.vision_config.spatial_merge_size)
+    frames, grid_h, grid_w = (int(v) for v in grid_thw.tolist())
+    if frames != 1:
+        raise ValueError(f"image_grid_thw {grid_thw.tolist()} has {frames} frames; a picture has one")
+    resized_h, resized_w = grid_h * patch, grid_w * patch  # the smart_resize size
+    x, y = Affine(width / resized_w, 0.0), Affine(height / resized_h, 0.0)
+    rows, cols = grid_h // merge, grid_w // merge
+    boxes = grid_boxes(rows, cols, patch * merge, x, y, size)
+    return TokenBoxes(boxes, torch.zeros(len(boxes), dtype=torch.long), ("image",), ((rows, cols),), size)

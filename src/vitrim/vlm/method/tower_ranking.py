@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
 from torch import Tensor
 
 from vitrim.attention import AttentionResult

@@ -22,6 +22,7 @@ from vitrim.vlm.stages.sequence import DecodeState, ShortSequence, decode_positi
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 if TYPE_CHECKING:  # the stage hands itself to the family's select_hooks; the family only calls it
+    from vitrim.vlm.boxes import TokenBoxes
     from vitrim.vlm.stages.pre_llm import PreLLMStage
 
 
@@ -204,3 +205,18 @@ class FamilyAdapter:
     def _not_here(self, where: str) -> str:
         stages = ", ".join(map(repr, self.traits.stages))
         return f"vitrim.vlm does not cut {where} on {type(self.model).__name__}; it runs the stage(s) {stages} there"
+
+    # where its image tokens lie in the user's picture (vitrim.viz.vlm_token_boxes reads nothing else)
+
+    def token_boxes(
+        self, image_processor: Any, inputs: dict[str, Any], sizes: list[tuple[int, int]], stage: str | None = None
+    ) -> list[TokenBoxes]:
+        """Per picture, its LLM image tokens' pixel boxes in the ORIGINAL picture (:mod:`vitrim.vlm.boxes`).
+
+        image_processor: the processor's image processor (its resize, crop, pinpoints); inputs: what the processor
+        made of the pictures (``pixel_values``, ``image_grid_thw``, ``image_sizes`` ...); sizes: each picture's
+        (H, W); stage: the stage whose selection the boxes are for (a tower stage may select patches, not the LLM's
+        tokens). Returns one :class:`~vitrim.vlm.boxes.TokenBoxes` per picture, its T boxes in the order of
+        the picture's tokens in ``last_selection``'s index space. A family that maps its tokens overrides this.
+        """
+        raise TypeError(f"vitrim does not map the image tokens of {type(self.model).__name__} to pixels")

@@ -51,8 +51,8 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.evidence.columns import expand_batch, gather_columns
-from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
 from vitrim.vlm.evidence.llm_layer import LayerEvidence, LayerInput, check_attention_readable
+from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
 from vitrim.vlm.stages.in_llm_slots import (
     DYNAMIC_CACHE_ONLY,
     Slots,

@@ -5,8 +5,8 @@ Per forward pass with images (a prefill), in the order the model runs them:
 
 1. the family's encoder seams (:meth:`FamilyAdapter.select_hooks`) tap the evidence where its tokens are made
    and run :attr:`PreLLMStage.hand_on` there (:mod:`vitrim.vlm.stages.capture`: select, write merged tokens into
-   their slots), then report every encoded image's selection with :meth:`PreLLMStage.selected` (``generate()`` encodes the images before its first forward, a
-   plain call inside it: both land here);
+   their slots), then report every encoded image's selection with :meth:`PreLLMStage.selected` (``generate()``
+   encodes the images before its first forward, a plain call inside it: both land here);
 2. the stage's pre-hook on the family's model (``model.model``) notes what the prefill holds
    (:meth:`FamilyAdapter.prefill_of`: its input ids, the caller's 2-D mask, the family's extras);
 3. the stage's pre-hook on the language model shortens the prefill (:mod:`vitrim.vlm.stages.sequence`): the spans
@@ -17,9 +17,9 @@ Per forward pass with images (a prefill), in the order the model runs them:
    a decode step, whose mask (and positions, where the caller gave none) the model pre-hook maps onto the cache's
    shorter layout (:meth:`FamilyAdapter.decode_extras` for the family's own).
 
-Everything a family differs in is one of the seams of :class:`~vitrim.vlm.stages.contract.FamilyAdapter`; beams, sampling, ``use_cache=False``,
-``labels=`` (the loss over the positions that entered the LLM) and the text-only forward are handled here, the same
-for every family. When every image keeps all its
+Everything a family differs in is one of the seams of :class:`~vitrim.vlm.stages.contract.FamilyAdapter`; beams,
+sampling, ``use_cache=False``, ``labels=`` (the loss over the positions that entered the LLM) and the text-only
+forward are handled here, the same for every family. When every image keeps all its
 tokens, nothing is changed (bit for bit the unmodified model).
 """
 
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
-from vitrim.vlm.stages.capture import HandOn, keep_all, select_keeping
+from vitrim.vlm.stages.capture import HandOn, select_keeping
 from vitrim.vlm.stages.contract import FamilyAdapter, Prefill, Shortened
 from vitrim.vlm.stages.filler_masks import prefill_llm_mask
 from vitrim.vlm.stages.sequence import (
@@ -44,8 +44,8 @@ from vitrim.vlm.stages.sequence import (
     columns_to_keep,
     decode_attention_mask,
     dropped_before,
-    read_short,
     plan_short_sequence,
+    read_short,
     reorder_images,
 )
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask

@@ -34,8 +34,8 @@ projector then either (``to_grid=True``) puts every token back on the patches it
 (:func:`vitrim.reduce.unmerge.tokens_on_grid`: the tower is cheaper, the LLM sees every image token; the only way
 for Gemma 3, whose projector average-pools the 64×64 grid, and for PaliGemma, and their default), or
 (``to_grid=False``, LLaVA's default) writes each token into its position's slot, and the pre-LLM stage, which
-:mod:`vitrim.vlm.stacking` installs after it, drops the other slots, so the LLM sees only the tower's tokens. Blocks after the feature layer run unreduced: their
-output is not used by the VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the
+:mod:`vitrim.vlm.stacking` installs after it, drops the other slots, so the LLM sees only the tower's tokens.
+Blocks after the feature layer run unreduced: their output is not used by the VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the
 average pool of its cell counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch
 empty.
 
@@ -53,7 +53,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from vitrim.attention import AttentionResult
