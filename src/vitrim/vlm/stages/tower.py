@@ -35,9 +35,9 @@ projector then either (``to_grid=True``) puts every token back on the patches it
 for Gemma 3, whose projector average-pools the 64×64 grid, and for PaliGemma, and their default), or
 (``to_grid=False``, LLaVA's default) writes each token into its position's slot, and the pre-LLM stage, which
 :mod:`vitrim.vlm.stacking` installs after it, drops the other slots, so the LLM sees only the tower's tokens.
-Blocks after the feature layer run unreduced: their output is not used by the VLM. A dropped patch (top-k, the random baseline) is zero on the grid, so on Gemma 3 the
-average pool of its cell counts it as zero; merging reducers (ToMe, EViT's fused token, PiToMe) leave no patch
-empty.
+Blocks after the feature layer run unreduced: their output is not used by the VLM. A dropped patch (top-k, the
+random baseline) is zero on the grid, so on Gemma 3 the average pool of its cell counts it as zero; merging
+reducers (ToMe, EViT's fused token, PiToMe) leave no patch empty.
 
 What the selection means. ``last_selection`` lists, per image, the patches of the tower's grid (raster order of its
 p×p patches) whose tokens reach the feature layer, and with ``groups=True`` the patches each of those tokens stands
