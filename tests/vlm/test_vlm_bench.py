@@ -111,3 +111,49 @@ def test_cli_writes_the_table_and_json(tmp_path: Path, capsys: pytest.CaptureFix
 def test_cli_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "vlm", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+EVIDENCE_OF_THE_LLM = ("last_token_attention", "keys", "normed_hidden")  # what an in-LLM method reads at its layer
+
+
+@pytest.mark.parametrize("method", ["fastervlm", "vispruner", "visionzip", "scope", "fastv", "pdrop", "dart"])
+def test_the_stopwatch_sees_the_evidence_work_of_each_method_that_has_some(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The q·k map a pre-LLM method's taps compute and the attention row or keys an in-LLM method reads run inside
+    the stopwatch's own time: each evidence call records whether a timed call is in flight when it runs."""
+    from vitrim.bench.vlm import _Stopwatch
+    from vitrim.vlm.api import STATE_ATTRIBUTE
+    from vitrim.vlm.evidence.llm_layer import LayerEvidence
+
+    settings = VLMBenchSettings(**TINY, keeps=(5,), llm_layers=4)  # type: ignore[arg-type]
+    model = build_model(settings)
+    inputs = bench_inputs(settings)
+    watch = _Stopwatch(model)
+    seen: list[bool] = []
+    options: dict[str, object] = {"keep": 5, **({"layer": 1} if method in ("fastv", "dart") else {})}
+    if method == "pdrop":
+        options = {"layers": (1, 2, 3), "ratios": (0.5, 0.25, 0.125)}
+
+    def probe(fn):  # type: ignore[no-untyped-def]
+        def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+            seen.append(watch.inside)
+            return fn(*args, **kwargs)
+
+        return recorded
+
+    for name in EVIDENCE_OF_THE_LLM:
+        monkeypatch.setattr(LayerEvidence, name, probe(getattr(LayerEvidence, name)))
+    vitrim.vlm.apply(model, method, **options)
+    try:
+        stack = getattr(model, STATE_ATTRIBUTE).stack
+        if "pre_llm" in stack.parts:
+            (taps,) = stack.parts["pre_llm"].taps
+            taps.scoring.read = probe(taps.scoring.read)  # under the stopwatch's wrapper, which comes next
+        watch.watch_method(model)
+        model(**inputs, logits_to_keep=1)
+    finally:
+        vitrim.vlm.remove(model)
+        watch.remove()
+    assert seen and all(seen), seen  # the evidence ran, and every call of it inside the method's own time
+    assert watch.own > 0

@@ -11,9 +11,10 @@ Timing: every case (the unmodified model, then each method at each ``keep``) run
 prefill each per round (``model(**inputs, logits_to_keep=1)``, what ``generate`` runs first), so every case meets
 the same load; a case's time is the median over rounds, its speed-up the median of the per-round ratios to the
 unmodified model. Inside each prefill, forward hooks time the vision tower (from its input to its output), and
-the method's own work is timed by wrapping, on the applied method instance and its installation only, the calls
-that compute its evidence and its selection (``evidence``, ``select``; a tower method: its reducers' calls between
-the blocks' halves, ``before_attention`` and ``after_attention``). MACs come from :mod:`vitrim.vlm.flops`
+the method's own work is timed by wrapping, on the applied stage's own objects only, the calls that compute its
+evidence and its selection: a pre-LLM method's scoring taps (``ScoringTap.read``, the q·k map it reads) and its
+``select``; an in-LLM method's drop policy (``choose``, which computes the attention row or keys it reads); a tower
+method's reducers' calls between the blocks' halves (``before_attention``, ``after_attention``). MACs come from :mod:`vitrim.vlm.flops`
 with the same scaled-down shapes, so time and MAC ratios compare like for like.
 """
 
@@ -219,6 +220,7 @@ class _Stopwatch:
     def __init__(self, model: nn.Module) -> None:
         self.tower = 0.0
         self.own = 0.0
+        self.inside = False  # in a timed call of the method's own now
         self._start = 0.0
         inner: Any = model.model
         tower = inner.vision_tower
@@ -232,26 +234,38 @@ class _Stopwatch:
 
     def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.inside:  # a call inside a timed one is counted once, in the outer one
+                return fn(*args, **kwargs)
             start = time.perf_counter()
+            self.inside = True
             try:
                 return fn(*args, **kwargs)
             finally:
+                self.inside = False
                 self.own += time.perf_counter() - start
 
         return wrapper
 
     def watch_method(self, model: nn.Module) -> None:
-        """Time the applied method's ``select`` and its installation's ``evidence`` (instance attributes only)."""
-        applied: Any = getattr(model, STATE_ATTRIBUTE)
-        for owner in (applied.method, applied.installation):
-            for name in ("select", "evidence"):
-                if callable(getattr(owner, name, None)):
-                    setattr(owner, name, self.timed(getattr(owner, name)))
-        # a tower method's work is its reducers' (scores, selection, the cut), between the blocks' halves
-        reduction = getattr(applied.installation, "reduction", applied.installation)
-        for reducer in getattr(reduction, "reducers", {}).values():
-            for name in ("before_attention", "after_attention"):
-                setattr(reducer, name, self.timed(getattr(reducer, name)))
+        """Time the applied stage's evidence and selection calls (instance attributes only; module docstring)."""
+        stack: Any = getattr(model, STATE_ATTRIBUTE).stack
+        for stage, part in stack.parts.items():
+            if stage == "pre_llm":
+                self._wrap(part.method, "select")
+                for taps in part.taps:
+                    if taps.scoring is not None:
+                        self._wrap(taps.scoring, "read")
+            elif stage == "in_llm":
+                self._wrap(part.drop.policy, "choose")
+            else:  # a tower method's work is its reducers' (scores, selection, the cut), between the blocks' halves
+                for reducer in part.reducers.values():
+                    self._wrap(reducer, "before_attention")
+                    self._wrap(reducer, "after_attention")
+
+    def _wrap(self, owner: Any, name: str) -> None:
+        # an instance attribute (object.__setattr__: a drop policy is a frozen dataclass); apply() builds a new
+        # instance for every case, so nothing outlives the case
+        object.__setattr__(owner, name, self.timed(getattr(owner, name)))
 
     def reset(self) -> None:
         self.tower = self.own = 0.0

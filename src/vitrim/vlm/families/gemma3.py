@@ -167,6 +167,7 @@ class ProjectorSelection:
             tower=adapter.inner.vision_tower,
             scoring=(adapter.scoring_attention(), partial(read_received_attention, kernel)),
         )
+        stage.taps.append(self.taps)
 
     def hooks(self) -> list[Callable[[], None]]:
         handle = self.adapter.inner.multi_modal_projector.register_forward_hook(self.after_projector)

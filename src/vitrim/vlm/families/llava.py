@@ -114,6 +114,7 @@ class ProjectorSelection:
             cls_layer=scoring if adapter.cls_to_llm else None,
         )
         self.features: Tensor | None = None
+        stage.taps.append(self.taps)
 
     def hooks(self) -> list[Callable[[], None]]:
         projector = self.adapter.inner.multi_modal_projector

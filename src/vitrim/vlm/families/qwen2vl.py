@@ -263,6 +263,7 @@ class TowerSelection:
     def __init__(self, adapter: Qwen2VLAdapter, stage: PreLLMStage) -> None:
         self.adapter, self.stage = adapter, stage
         self.taps = Taps(stage.method, scoring=(adapter.visual.blocks[SCORING_BLOCK].attn, read_tower_attention))
+        stage.taps.append(self.taps)
 
     def hooks(self) -> list[Callable[[], None]]:
         handle = self.adapter.visual.register_forward_hook(self.after_tower, with_kwargs=True)

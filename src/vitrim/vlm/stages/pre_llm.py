@@ -61,6 +61,7 @@ class PreLLMStage:
     def __init__(self, family: FamilyAdapter, method: Selector, keep: KeepSpec | None) -> None:
         self.family, self.method, self.keep = family, method, keep
         self.hand_on = HandOn(method, self.select)
+        self.taps: list[Taps] = []  # what the family's seams tap for this stage (a stopwatch times their evidence)
         self.encoded: list[ImageSelection] | None = None  # the last encoder run's, one per encoded image
         self.reported: list[ImageSelection] | None = None  # what last_selection reads
         self.prefill: Prefill | None = None
