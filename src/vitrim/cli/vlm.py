@@ -8,6 +8,7 @@ import json
 
 from vitrim.cli.common import TEXT_TOKENS, check_output_file, parse_ints
 from vitrim.vlm.flops import CONFIGS, PrefillCost, cost_table, counted_methods
+from vitrim.vlm.method import methods as registered
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +65,14 @@ def format_rows(rows: list[PrefillCost]) -> str:
 
 def run_flops(args: argparse.Namespace) -> int:
     models = _names(args.models, "--models", list(CONFIGS))
-    methods = _names(args.methods, "--methods", counted_methods())
+    counted = counted_methods()
+    uncounted = [n for n in (n.strip() for n in args.methods.split(",")) if n in registered() and n not in counted]
+    if uncounted:  # registered, but its file gives no cost: say that, not "unknown"
+        raise ValueError(
+            f"--methods: vlm method {uncounted[0]!r} has no cost count (its file defines no cost()); counted: "
+            f"{', '.join(counted)}"
+        )
+    methods = _names(args.methods, "--methods", counted)
     keeps = _keeps(args.keep)
     out = None if args.json is None else check_output_file(args.json, "--json")
     results = {}
