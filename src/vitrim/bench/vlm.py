@@ -33,7 +33,7 @@ from vitrim.extras import require
 from vitrim.models.config_limits import LIMITS
 from vitrim.vlm import apply, methods, remove
 from vitrim.vlm.api import STATE_ATTRIBUTE
-from vitrim.vlm.flops import LLAVA_15_7B, METHODS, VLM, LanguageModel, prefill_cost
+from vitrim.vlm.flops import LLAVA_15_7B, VLM, LanguageModel, counted_methods, prefill_cost
 from vitrim.vlm.method.base import method_class
 
 TEXT_BEFORE_IMAGE = 35  # the system prompt and "USER: " before the image in LLaVA-1.5's template
@@ -320,9 +320,9 @@ def summarize(cases: Sequence[CaseTimes], vlm: VLM, text_tokens: int) -> list[di
     """Per case: median times, the paired speed-up, the MAC speed-up, and the issue's two targets."""
     base = cases[0]
     full_macs = prefill_cost(vlm, text_tokens=text_tokens).total
-    rows = []
+    rows, counted = [], counted_methods()  # read now: a method registered after the import is counted too
     for case in cases:
-        method = case.method if case.method in METHODS else "random"  # a method flops does not know: LLM cut only
+        method = case.method if case.method in counted else "random"  # a method with no cost count: LLM cut only
         macs = prefill_cost(vlm, method, case.keep, text_tokens=text_tokens).total if case.keep else full_macs
         speedup = statistics.median(b / t for b, t in zip(base.prefill, case.prefill))
         prefill_ms = statistics.median(case.prefill) * 1e3

@@ -7,7 +7,8 @@ import dataclasses
 import json
 
 from vitrim.cli.common import TEXT_TOKENS, check_output_file, parse_ints
-from vitrim.vlm.flops import CONFIGS, METHODS, PrefillCost, cost_table
+from vitrim.vlm.flops import CONFIGS, PrefillCost, cost_table, counted_methods
+from vitrim.vlm.method import methods as registered
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--models", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
-    p.add_argument("--methods", default=",".join(METHODS[1:]), help=f"comma-separated, of: {', '.join(METHODS[1:])}")
+    counted = counted_methods()  # read from the registry now: a method registered before the parser is built counts
+    p.add_argument("--methods", default=",".join(counted), help=f"comma-separated, of: {', '.join(counted)}")
     p.add_argument(
         "--text-tokens", type=TEXT_TOKENS, default=94, help="text tokens of the prompt (94: a 670-token LLaVA one)"
     )
@@ -63,7 +65,14 @@ def format_rows(rows: list[PrefillCost]) -> str:
 
 def run_flops(args: argparse.Namespace) -> int:
     models = _names(args.models, "--models", list(CONFIGS))
-    methods = _names(args.methods, "--methods", METHODS[1:])
+    counted = counted_methods()
+    uncounted = [n for n in (n.strip() for n in args.methods.split(",")) if n in registered() and n not in counted]
+    if uncounted:  # registered, but its file gives no cost: say that, not "unknown"
+        raise ValueError(
+            f"--methods: vlm method {uncounted[0]!r} has no cost count (its file defines no cost()); counted: "
+            f"{', '.join(counted)}"
+        )
+    methods = _names(args.methods, "--methods", counted)
     keeps = _keeps(args.keep)
     out = None if args.json is None else check_output_file(args.json, "--json")
     results = {}

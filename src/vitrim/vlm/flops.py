@@ -17,6 +17,11 @@ before the projector, the projector); an in-LLM method runs the first ``K`` laye
 entering the LLM and the LLM's layer-averaged tokens are different numbers, and both are reported; a tower method
 shortens the vision blocks after each reduction. A method's own products (scores, similarities) are counted apart.
 
+Who counts what: each method's own file counts its own products and says what it leaves the model (its ``cost``,
+a :class:`~vitrim.vlm.method.cost.MethodCost`: the LLM's cut schedule, the tower's tokens per block); this module
+holds the real checkpoints' configs and counts the model's own parts (tower, projector, LLM) from that, so a new
+method file is counted without a line here. The methods counted are read from the registry at each call.
+
 Where each config number comes from is cited at its definition (the checkpoints' ``config.json`` on the Hugging
 Face hub, which transformers' config classes read).
 """
@@ -26,85 +31,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vitrim.vlm.method import method_class, methods
-from vitrim.vlm.method.tower_reducers import patches_after_stages
+from vitrim.vlm.method import Method, method_class, methods
+from vitrim.vlm.method.cost import VLM, LanguageModel, MethodCost, VisionTower, cut_tower_blocks
+from vitrim.vlm.method.tower_reducers import tome_tower_schedule as tome_tower_schedule  # public here before
 
-PRE_LLM = tuple(methods(stage="pre_llm"))
-IN_LLM = tuple(methods(stage="in_llm"))
-# tome: a vitrim reducer in the tower, counted with the schedule keep= gives it (any schedule: tower_macs); hiprune and
-# flowcut: the tower methods of their own (vitrim.vlm.method.hiprune, .flowcut)
-TOWER = ("tome", "hiprune", "flowcut")
-METHODS = ("none", *PRE_LLM, *IN_LLM, *TOWER)
+STAGE_ORDER = ("pre_llm", "in_llm", "tower")  # the order of the rows: where the method cuts, then its name
 
 
-@dataclass(frozen=True)
-class VisionTower:
-    """A ViT vision tower at one resolution; ``layers_run`` blocks run (transformers runs them all)."""
-
-    name: str
-    image_size: int  # pixels per side of the image the tower sees
-    patch_size: int
-    width: int
-    layers: int
-    heads: int
-    mlp_width: int
-    gated_mlp: bool = False  # SwiGLU (gate, up, down): 3 matrices instead of 2
-    cls_token: bool = False
-    temporal_patch: int = 1  # Qwen2.5-VL's Conv3d stacks 2 frames (a still image is repeated)
-    window: int | None = None  # tokens per attention window, None: global attention in every block
-    full_attention_layers: tuple[int, ...] = ()  # blocks that attend globally despite ``window``
-    feature_layer: int = -1  # the hidden state handed on (LLaVA-1.5: -2, the output of the second-to-last block)
-
-    @property
-    def patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
-
-    @property
-    def tokens(self) -> int:
-        """Tokens entering the first block: the patches and [CLS]."""
-        return self.patches + int(self.cls_token)
-
-    @property
-    def reducing_layers(self) -> int:
-        """Blocks up to and including the one whose output is handed on (a reduction after it changes nothing)."""
-        return self.layers + 1 + self.feature_layer
+def counted_methods(stage: str | None = None) -> tuple[str, ...]:
+    """The registered methods whose file counts their cost (``Method.cost``), read from the registry now (a method
+    registered after this module was imported is counted too): by stage (:data:`STAGE_ORDER`), then by name; only
+    those cutting at ``stage`` if given. Methods without a count (the tower stage's other vitrim reducers, whose
+    schedules are their own options) are not listed."""
+    stages = STAGE_ORDER if stage is None else (stage,)
+    return tuple(name for s in stages for name in methods(stage=s) if method_class(name).cost is not Method.cost)
 
 
-@dataclass(frozen=True)
-class LanguageModel:
-    name: str
-    width: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    mlp_width: int
-    vocab: int
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``PRE_LLM``, ``IN_LLM``, ``TOWER`` (the counted methods of each stage) and ``METHODS`` ("none" and every
+    counted method), each read from the registry when asked for, never frozen at import."""
+    if name in _STAGE_NAMES:
+        return counted_methods(_STAGE_NAMES[name])
+    if name == "METHODS":
+        return ("none", *counted_methods())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
-class VLM:
-    """A vision-language model: tower, projector, LLM, and how image tokens flow between them.
-
-    ``projector``: the (in, out) matrices applied to each LLM image token; ``pool``: tower patches per LLM image
-    token (LLaVA 1, Qwen2.5-VL's 2×2 merger 4, Gemma 3's 4×4 average pool 16); ``cut_before_projector``: whether the
-    projector runs on the kept tokens only. vitrim's plumbing (:mod:`vitrim.vlm.families.llava`) writes merged
-    features into their slots, runs the projector on every slot and drops slots at the LLM's input, so it is False
-    for every config here; a gathering implementation would save (N − keep) projector rows (LLaVA: 10.8 GMACs).
-    """
-
-    name: str
-    tower: VisionTower
-    projector: tuple[tuple[int, int], ...]
-    pool: int
-    llm: LanguageModel
-    cut_before_projector: bool
-    note: str = ""
-
-    @property
-    def image_tokens(self) -> int:
-        """Image tokens per image entering the LLM unmodified."""
-        return self.tower.patches // self.pool
+_STAGE_NAMES = {"PRE_LLM": "pre_llm", "IN_LLM": "in_llm", "TOWER": "tower"}
 
 
 # LLaVA-1.5-7B, llava-hf/llava-1.5-7b-hf config.json: vision_config = CLIP ViT-L/14 at 336 (openai/clip-vit-large-
@@ -168,10 +121,10 @@ CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, GEMMA3_4B)}
 
 @dataclass(frozen=True)
 class InLLMSchedule:
-    """The authors' defaults of the in-LLM methods: where they cut and what they keep."""
+    """The authors' defaults of the in-LLM methods: where they cut and what they keep (the registry's, read when
+    one is made). Kept for callers that name it; :func:`prefill_cost` counts each method with its own options
+    (its file's ``cost``) and takes no other schedule."""
 
-    # the registry's defaults (vitrim.vlm.method), read once: FastV (K = 2, scored by the last token's attention at
-    # K - 1), DART (K = 2; its pivots, each compared with every image token), PyramidDrop (its layers and ratios)
     fastv_layer: int = field(default_factory=lambda: int(method_class("fastv").default_layer or 0))
     dart_layer: int = field(default_factory=lambda: int(method_class("dart").default_layer or 0))
     dart_pivots: int = field(
@@ -181,24 +134,33 @@ class InLLMSchedule:
     pdrop_ratios: tuple[float, ...] = field(default_factory=lambda: tuple(method_class("pdrop").defaults["ratios"]))
 
 
-def vision_block_macs(tower: VisionTower, tokens: int, *, windowed: bool) -> int:
-    """MACs of one tower block on ``tokens`` tokens (windowed: attention within windows of ``tower.window``)."""
+def vision_block_macs(tower: VisionTower, tokens: int, *, windowed: bool, mlp_tokens: int | None = None) -> int:
+    """MACs of one tower block on ``tokens`` tokens (windowed: attention within windows of ``tower.window``); its
+    MLP on ``mlp_tokens`` (default ``tokens``) where a cut between the two leaves fewer."""
     d, n = tower.width, tokens
     keys = min(n, tower.window) if windowed and tower.window else n
-    mlp = (3 if tower.gated_mlp else 2) * n * d * tower.mlp_width
+    mlp = (3 if tower.gated_mlp else 2) * (n if mlp_tokens is None else mlp_tokens) * d * tower.mlp_width
     return 4 * n * d * d + 2 * n * keys * d + mlp
 
 
-def tower_macs(tower: VisionTower, tokens_per_layer: Sequence[int] | None = None) -> int:
-    """MACs of the patch embedding and every block; ``tokens_per_layer[i]``: tokens block i runs on (default: all)."""
+def tower_macs(
+    tower: VisionTower,
+    tokens_per_layer: Sequence[int] | None = None,
+    *,
+    mlp_tokens_per_layer: Sequence[int] | None = None,
+) -> int:
+    """MACs of the patch embedding and every block; ``tokens_per_layer[i]``: tokens block i runs on (default: all),
+    ``mlp_tokens_per_layer[i]``: tokens its MLP runs on (default: the same)."""
     counts = [tower.tokens] * tower.layers if tokens_per_layer is None else list(tokens_per_layer)
-    if len(counts) != tower.layers:
-        raise ValueError(f"tokens_per_layer has {len(counts)} entries; {tower.name} has {tower.layers} blocks")
+    mlp_counts = counts if mlp_tokens_per_layer is None else list(mlp_tokens_per_layer)
+    for option, values in (("tokens_per_layer", counts), ("mlp_tokens_per_layer", mlp_counts)):
+        if len(values) != tower.layers:
+            raise ValueError(f"{option} has {len(values)} entries; {tower.name} has {tower.layers} blocks")
     embed = tower.patches * 3 * tower.temporal_patch * tower.patch_size**2 * tower.width
     windowed = tower.window is not None
     blocks = sum(
-        vision_block_macs(tower, n, windowed=windowed and i not in tower.full_attention_layers)
-        for i, n in enumerate(counts)
+        vision_block_macs(tower, n, windowed=windowed and i not in tower.full_attention_layers, mlp_tokens=m)
+        for i, (n, m) in enumerate(zip(counts, mlp_counts, strict=True))
     )
     return embed + blocks
 
@@ -217,42 +179,11 @@ def llm_macs(llm: LanguageModel, tokens_per_layer: Sequence[int]) -> int:
     return sum(llm_block_macs(llm, n) for n in tokens_per_layer) + llm.width * llm.vocab
 
 
-def tome_tower_schedule(tower: VisionTower, keep: int) -> list[int]:
-    """Tokens entering each block ([CLS] included) for ToMe with ``keep=``, as the tower runs it: the patches left
-    after each of the L blocks up to the feature layer are
-    :func:`~vitrim.vlm.method.tower_reducers.patches_after_stages`
-    (an even spread, merged earlier where one block would have to merge more than half).
-
-    ToMe merges after each block's attention, so block i runs its attention on the tokens left by block i - 1 and
-    its MLP on fewer; counted here (upper bound) with the tokens entering the block.
-    """
-    after = patches_after_stages("tome", tower.patches, keep, tower.reducing_layers)
-    entering = [tower.patches, *after]
-    cls = int(tower.cls_token)
-    return [entering[min(block, len(after))] + cls for block in range(tower.layers)]
-
-
 def cut_tower_macs(tower: VisionTower, block: int, keep: int) -> int:
     """Tower MACs when every token runs up to block ``block``'s attention, and ``keep`` patches (and [CLS]) run its
     MLP and every block after it (a cut between a block's attention and its MLP, as vitrim's tower stage cuts)."""
-    every, kept = tower.tokens, keep + int(tower.cls_token)
-    counts = [every if b <= block else kept for b in range(tower.layers)]
-    mlp = (3 if tower.gated_mlp else 2) * tower.width * tower.mlp_width
-    return tower_macs(tower, counts) - (every - kept) * mlp
-
-
-def _tower_method_own(tower: VisionTower, method: str) -> int:
-    """The products a tower method adds to the blocks' own (the stage reads their q, k, v; nothing is recomputed).
-
-    hiprune: the global attention (every query's row over every key, q·kᵀ) of two blocks, the object layer and the
-    feature layer (one when they are the same block); flowcut: in each block before the feature block, [CLS]'s
-    attention row (q_cls·kᵀ) and its value row (v_cls·vᵀ), counted on every token (its earlier cuts make fewer)."""
-    n, d = tower.tokens, tower.width
-    feature = tower.reducing_layers - 1
-    if method == "hiprune":
-        object_block = method_class("hiprune").defaults["object_layer"] - 1
-        return (1 if object_block == feature else 2) * n * n * d
-    return feature * 2 * n * d
+    blocks = cut_tower_blocks(tower, block, keep)
+    return tower_macs(tower, [a for a, _ in blocks], mlp_tokens_per_layer=[m for _, m in blocks])
 
 
 def _stage_counts(image: int, text: int, layers: int, cuts: Sequence[tuple[int, int]]) -> list[int]:
@@ -285,155 +216,90 @@ class PrefillCost:
         return self.tower + self.projector + self.llm + self.method_own
 
 
+def _check_method(method: str) -> None:
+    """``ValueError`` unless ``method`` is "none" or a method whose file counts its cost."""
+    counted = counted_methods()
+    if method == "none" or method in counted:
+        return
+    if isinstance(method, str) and method in methods():
+        raise ValueError(
+            f"method {method!r} has no cost count: its file must define cost(self, model, keep, *, text_tokens) "
+            f"(vitrim.vlm.method.base.Method.cost); counted: {', '.join(counted)}"
+        )
+    raise ValueError(f"unknown method {method!r}; expected one of: {', '.join(('none', *counted))}")
+
+
 def prefill_cost(
     vlm: VLM,
     method: str = "none",
     keep: int | None = None,
     *,
     text_tokens: int = 94,
-    schedule: InLLMSchedule = InLLMSchedule(),
+    schedule: InLLMSchedule | None = None,
 ) -> PrefillCost:
     """The prefill MACs of one image and ``text_tokens`` text tokens (default 94: LLaVA-1.5's ~670-token prompt).
 
-    ``keep``: image tokens kept per image (pre-LLM: entering the LLM; fastv/dart: from their layer K on; pdrop: from
-    its first stage on, later stages scaled by its ratios, 0.5 : 0.25 : 0.125 -> keep, keep/2, keep/4, which
-    ``vitrim.vlm`` runs as ``ratios=(keep / N, keep / 2N, keep / 4N)``; tome: left
-    at the tower's feature layer). ``method="none"`` needs no ``keep``.
+    ``keep``: image tokens kept per image, as each method's ``cost`` reads it (pre-LLM: entering the LLM;
+    fastv/dart: from their layer K on; pdrop: from its first stage on, later stages scaled by its ratios; tome,
+    hiprune, flowcut: left at the tower's feature layer). ``method="none"`` needs no ``keep``. The method's own
+    products and what it leaves (its :class:`~vitrim.vlm.method.cost.MethodCost`, under its registered defaults)
+    come from its file; the tower, projector and LLM are counted here. ``schedule``: only ``None`` or the defaults
+    (:class:`InLLMSchedule`) - an in-LLM method's layers are its own options.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of: {', '.join(METHODS)}")
+    _check_method(method)
     n_img, llm, tower = vlm.image_tokens, vlm.llm, vlm.tower
     if method == "none":
         keep = None
     elif not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep <= n_img:
         raise ValueError(f"keep must be an int in 1..{n_img} (the image tokens of {vlm.name}), got {keep!r}")
-    k = n_img if keep is None else keep
     if not isinstance(text_tokens, int) or text_tokens < 0:
         raise ValueError(f"text_tokens must be an int >= 0, got {text_tokens!r}")
-    projector_per_token = sum(i * o for i, o in vlm.projector)
-    tower_cost = tower_macs(tower)
-    projected = n_img
-    own = 0
-    cuts: list[tuple[int, int]] = []
-    entering = n_img
-    if method in PRE_LLM:
-        entering = k
-        cuts = [(0, k)]
-        projected = k if vlm.cut_before_projector else n_img
-        own = _pre_llm_own(vlm, method, k, text_tokens)
-    elif method in ("fastv", "dart"):
-        layer = schedule.fastv_layer if method == "fastv" else schedule.dart_layer
-        cuts = [(layer, k)]
-        n = n_img + text_tokens
-        if method == "fastv":
-            own = _attention_row_macs(llm, n)
-        else:
-            own = _key_macs(llm, n) + n_img * schedule.dart_pivots * llm.width
-    elif method == "pdrop":
-        first = schedule.pdrop_ratios[0]
-        kept = [max(1, round(k * r / first)) for r in schedule.pdrop_ratios]
-        cuts = list(zip(schedule.pdrop_layers, kept))
-        before = [n_img, *kept[:-1]]
-        own = sum(_attention_row_macs(llm, b + text_tokens) for b in before)
-    elif method == "tome":
-        if vlm.pool != 1:
-            raise ValueError(
-                f"method 'tome' (in the tower) is counted for towers whose patches are the LLM's image tokens; "
-                f"{vlm.name} pools {vlm.pool} patches into each (its projector needs the whole grid)"
-            )
-        tower_cost = tower_macs(tower, tome_tower_schedule(tower, k))
-        entering = k
-        projected = (
-            k if vlm.cut_before_projector else n_img
-        )  # vitrim.vlm.stages.tower writes the tokens into their slots
-        cuts = [(0, k)]
-        # ToMe's bipartite similarity in each block: (n/2) × (n/2) cosines of the keys summed over heads (head width)
-        head = tower.width // tower.heads
-        own = sum((n // 2) * (n - n // 2) * head for n in tome_tower_schedule(tower, k)[: tower.reducing_layers])
-    elif method in ("hiprune", "flowcut"):
-        if vlm.pool != 1:
-            raise ValueError(
-                f"method {method!r} (in the tower) is counted for towers whose patches are the LLM's image tokens; "
-                f"{vlm.name} pools {vlm.pool} patches into each (its projector needs the whole grid)"
-            )
-        feature = tower.reducing_layers - 1  # the block whose output is handed on (0-based)
-        # hiprune drops after the feature block's attention; flowcut's last cut is after the block before it, its
-        # earlier cuts follow each image's [CLS] entropy: counted as if they cut nothing (an upper bound)
-        tower_cost = cut_tower_macs(tower, feature if method == "hiprune" else feature - 1, k)
-        entering, projected, cuts = k, n_img, [(0, k)]
-        own = _tower_method_own(tower, method)
-    counts = _stage_counts(n_img, text_tokens, llm.layers, cuts)
+    if keep is not None and method_class(method).stage == "tower" and vlm.pool != 1:
+        raise ValueError(
+            f"method {method!r} (in the tower) is counted for towers whose patches are the LLM's image tokens; "
+            f"{vlm.name} pools {vlm.pool} patches into each (its projector needs the whole grid)"
+        )
+    if schedule is not None and schedule != InLLMSchedule():
+        raise ValueError(
+            f"schedule={schedule!r}: an in-LLM method is counted with its own options by its file's cost(); "
+            "expected None or the defaults, InLLMSchedule()"
+        )
+    cost = MethodCost(own=0) if keep is None else method_class(method)().cost(vlm, keep, text_tokens=text_tokens)
+    if cost.tower_blocks is None:
+        tower_cost = tower_macs(tower)
+    else:
+        attention = [a for a, _ in cost.tower_blocks]
+        tower_cost = tower_macs(tower, attention, mlp_tokens_per_layer=[m for _, m in cost.tower_blocks])
+    entering = cost.tokens_entering(n_img)
+    # vitrim's plumbing (VLM.cut_before_projector False) runs the projector on every slot, dropped ones included
+    projected = entering if vlm.cut_before_projector else n_img
+    counts = _stage_counts(n_img, text_tokens, llm.layers, cost.llm_cuts)
     return PrefillCost(
         model=vlm.name,
         method=method,
         keep=keep,
         tower=tower_cost,
-        projector=projected * projector_per_token,
+        projector=projected * sum(i * o for i, o in vlm.projector),
         llm=llm_macs(llm, counts),
-        method_own=own,
+        method_own=cost.own,
         image_tokens_entering_llm=entering,
         image_tokens_layer_mean=sum(c - text_tokens for c in counts) / llm.layers,
         tokens_per_layer=tuple(counts),
     )
 
 
-def _key_macs(llm: LanguageModel, n: int) -> int:
-    """The key projection of ``n`` positions (a method that scores by keys computes them again from the layer input)."""
-    return n * llm.width * llm.kv_heads * llm.head_dim
-
-
-def _attention_row_macs(llm: LanguageModel, n: int) -> int:
-    """One query's attention row over ``n`` keys, every head: its query, the keys again, and q·kᵀ."""
-    return llm.width * llm.heads * llm.head_dim + _key_macs(llm, n) + llm.heads * n * llm.head_dim
-
-
-def _pre_llm_own(vlm: VLM, method: str, keep: int, text_tokens: int) -> int:
-    """The dominant products of a pre-LLM selection for one image (the papers' algorithms; see docs/vlm.md); a
-    method's options are its registered defaults (``method_class(name).defaults``)."""
-    n, d, tokens = vlm.image_tokens, vlm.tower.width, vlm.tower.tokens
-    received = 2 * tokens * d * d + tokens * tokens * d  # every query, key and q·kᵀ of one tower layer
-    if vlm.tower.cls_token:  # [CLS]'s query, every key and one q·kᵀ row at the scoring layer
-        scores = d * d + tokens * d * d + tokens * d
-    else:  # no [CLS]: the attention each token receives (see docs/vlm.md)
-        scores = received
-    if method in ("random", "downsample"):  # a draw; cell means (pooling is not counted)
-        return 0
-    if method == "fastervlm":
-        return scores
-    if method == "vispruner":  # half by score; then rounds that split the rest in halves a, b, compare them (cosines
-        # of the features) and drop the 8 a-tokens nearest to b, until keep - keep // 2 remain (the authors' loop)
-        diverse, rest, similarities = keep - keep // 2, n - keep // 2, 0
-        while rest > diverse and diverse > 0:
-            similarities += ((rest + 1) // 2) * (rest // 2) * d
-            rest -= min(8, rest - diverse)
-        return scores + similarities
-    if method == "visionzip":  # dominant by score; the rest merged into the contextual targets by keys
-        options = method_class("visionzip").defaults  # the authors' dominant : contextual split, scaled to keep
-        share = options["contextual"] / (options["dominant"] + options["contextual"])
-        return scores + (n - keep) * max(1, round(keep * share)) * d
-    if method == "scope":  # saliency, then the tower features' pairwise cosines (the greedy rounds add no products)
-        return scores + n * n * d
-    if method == "cdpruner":  # the projected tokens' pairwise cosines, the greedy MAP's k·(k-1)/2 row updates, and
-        # with theta None (the default) the relevance: the image tokens against the text's M rows
-        own = n * n * vlm.llm.width + n * keep * (keep - 1) // 2
-        if method_class("cdpruner").defaults["theta"] != 0:
-            own += n * text_tokens * vlm.llm.width
-        return own
-    if method == "divprune":  # pairwise cosine similarity of the projected image tokens
-        return n * n * vlm.llm.width
-    raise ValueError(f"vitrim.vlm.flops has no count for the pre-LLM method {method!r} yet")
-
-
 def cost_table(
-    vlm: VLM, keeps: Sequence[int] = (64, 128, 192), *, text_tokens: int = 94, methods: Sequence[str] = METHODS
+    vlm: VLM, keeps: Sequence[int] = (64, 128, 192), *, text_tokens: int = 94, methods: Sequence[str] | None = None
 ) -> list[PrefillCost]:
-    """The unmodified prefill, then every method at every ``keep`` (a tower method is skipped on a model that pools
-    its tower's grid; a ``keep`` above the image's tokens is refused)."""
+    """The unmodified prefill, then every method (default: every counted one, :func:`counted_methods`) at every
+    ``keep`` (a tower method is skipped on a model that pools its tower's grid; a ``keep`` above the image's tokens
+    is refused)."""
+    names = counted_methods() if methods is None else methods
     rows = [prefill_cost(vlm, "none", text_tokens=text_tokens)]
-    for method in methods:
+    for method in names:
         if method == "none":
             continue
-        if method in TOWER and vlm.pool != 1:
+        if vlm.pool != 1 and method in counted_methods("tower"):
             continue
         rows.extend(prefill_cost(vlm, method, k, text_tokens=text_tokens) for k in keeps)
     return rows

@@ -1,7 +1,8 @@
 """The VLM methods by name, and the contract between a method and the plumbing that runs it (owned here).
 
 A method is one file: a class decorated with ``@register_method("name", stage=...)`` that holds its options (the
-authors' names, their paper defaults in ``defaults``) and its selection, a pure function of tensors. Where it cuts:
+authors' names, their paper defaults in ``defaults``), its selection, a pure function of tensors, and its cost
+(``cost``: its own multiply-adds and what it leaves the model, read by :mod:`vitrim.vlm.flops`). Where it cuts:
 
 - ``"pre_llm"``: between the vision tower and the LLM. The family adapter captures :class:`VisionEvidence` for a
   batch of images and calls ``method.select(evidence, keep)``, which returns one :class:`ImageSelection` per image;
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.keep import KeepSpec
+from vitrim.vlm.method.cost import VLM, MethodCost
 
 if TYPE_CHECKING:  # the stage hands it to a method; the method only reads it
     from vitrim.vlm.evidence.llm_layer import LayerEvidence
@@ -262,6 +264,22 @@ class Method:
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         """pre-LLM methods: ``keep`` tokens per image (1 ≤ keep ≤ N, already validated)."""
         raise NotImplementedError(f"vlm method {self.name!r} ({self.stage}) does not select before the LLM")
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """This method's part of one image's prefill on ``model`` with ``keep`` tokens kept (1 ≤ keep ≤ the model's
+        image tokens, validated by the caller) and ``text_tokens`` text tokens, under ``self.options``: its own
+        multiply-adds and what it leaves the model to run (:class:`~vitrim.vlm.method.cost.MethodCost`).
+        :mod:`vitrim.vlm.flops` counts the tower, projector and LLM from it; a method whose file defines this is
+        listed by ``vitrim vlm flops``.
+
+        There is no default count: a silent zero would show a method that scores or compares tokens as free in
+        the "method's own" column, and the table exists to compare exactly that. A method that computes nothing
+        but its cut says so in one line (``return MethodCost.before_llm(keep)``, as ``random`` does).
+        """
+        raise NotImplementedError(
+            f"vlm method {self.name!r} does not count its cost: its file must define "
+            "cost(self, model, keep, *, text_tokens) -> MethodCost (vitrim.vlm.method.cost)"
+        )
 
 
 @dataclass(frozen=True)

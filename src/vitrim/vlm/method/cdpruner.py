@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.fastervlm import kept_as_selection
 
 EXHAUSTED = 1e-10  # a marginal gain d² at or below this share of the kernel's largest diagonal entry is none
@@ -136,3 +137,12 @@ class CDPruner(Method):
             weight = theta_weight(relevance, None if theta is None else float(theta))
             selections.append(kept_as_selection(conditional_dpp_keep(tokens, weight, keep)))
         return selections
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """The projected tokens' N × N cosines, the greedy MAP's k·(k−1)/2 row updates of N, and, when it reads the
+        instruction (theta not 0), the relevance: the N image tokens against the text's rows."""
+        n, e = model.image_tokens, model.llm.width
+        own = n * n * e + n * keep * (keep - 1) // 2
+        if self.reads_instruction():
+            own += n * text_tokens * e
+        return MethodCost.before_llm(keep, own)

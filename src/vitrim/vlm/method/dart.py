@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from vitrim.vlm.evidence.llm_layer import LayerEvidence
 
 from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, key_macs
 
 DART_LAYER = 2
 DART_PIVOT_IMAGE_TOKEN = 4
@@ -180,3 +181,11 @@ class Dart(Method):
             pivot_text_token=self.options["pivot_text_token"],
             pivot_order=self.options["pivot_order"],
         )
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """Every token runs layers 0 … K−1, ``keep`` image tokens the rest; its own: layer K−1's keys of every
+        position again (their norms pick the pivots), and each pivot's cosine with every image token."""
+        n, llm = model.image_tokens, model.llm
+        pivots = self.options["pivot_image_token"] + self.options["pivot_text_token"]
+        own = key_macs(llm, n + text_tokens) + n * pivots * llm.width
+        return MethodCost(own=own, llm_cuts=((DART_LAYER, keep),))

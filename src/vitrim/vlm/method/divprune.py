@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.fastervlm import kept_as_selection
 
 
@@ -51,3 +52,8 @@ class DivPrune(Method):
         if evidence.projected is None:
             raise ValueError("divprune needs the projected image tokens, which the model did not give")
         return [kept_as_selection(divprune_keep(tokens, keep)) for tokens in evidence.projected]
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """The projected image tokens' N × N cosine similarity (the greedy rounds compare, they do not multiply)."""
+        n = model.image_tokens
+        return MethodCost.before_llm(keep, n * n * model.llm.width)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost
 
 
 def band_count(rows: int, columns: int, keep: int) -> int:
@@ -81,3 +82,6 @@ class Downsample(Method):
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         grid = evidence.token_grid()
         return [downsample_select(features, grid, keep) for features in evidence.features]
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        return MethodCost.before_llm(keep)  # cell means: sums, no products

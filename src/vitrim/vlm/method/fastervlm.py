@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, cls_row_macs
 
 
 def top_indices(scores: Tensor, count: int) -> Tensor:
@@ -41,3 +42,6 @@ class FasterVLM(Method):
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         return [kept_as_selection(top_indices(scores, keep)) for scores in cls_scores(evidence)]
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        return MethodCost.before_llm(keep, cls_row_macs(model.tower))  # the one [CLS] row (the top-k is no product)

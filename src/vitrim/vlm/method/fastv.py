@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from vitrim.vlm.evidence.llm_layer import LayerEvidence
 
 from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, attention_row_macs
 
 FASTV_LAYER = 2  # the authors' K
 FASTV_RATIO = 0.5  # the authors' R: the fraction of image tokens dropped
@@ -66,3 +67,9 @@ class FastV(Method):
     def drop_policy(self, options: StageOptions) -> FastVDrop:
         assert options.keep is not None  # default_keep always gives one
         return FastVDrop(layer=FASTV_LAYER if options.layer is None else options.layer, tokens=options.keep.tokens)
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """Every token runs layers 0 … K−1, ``keep`` image tokens the rest; its own: the last token's attention
+        row at layer K−1 over the image and text (recomputed from the layer's weights)."""
+        everything = model.image_tokens + text_tokens
+        return MethodCost(own=attention_row_macs(model.llm, everything), llm_cuts=((FASTV_LAYER, keep),))

@@ -48,6 +48,7 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.reduce.tokens import record_reduction, take_rows, with_prefix
 from vitrim.vlm.method.base import register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, cut_tower_blocks
 from vitrim.vlm.method.ranking import top_k_stable
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
 
@@ -207,3 +208,14 @@ class FlowCut(TowerMethod):
             block: FlowCutLayer(feature_index - block - 1, keep, run, first=block == 0)
             for block in range(feature_index)
         }
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """An upper bound: counted as if only its last cut, after the block before the feature block's attention,
+        pruned (its earlier cuts follow each image's [CLS] entropy); ``keep`` enter the LLM. Its own: in each block
+        before the feature block, [CLS]'s attention row (q_cls·kᵀ) and value row (v_cls·vᵀ), on every token."""
+        tower = model.tower
+        feature = tower.reducing_layers - 1
+        if feature < 1:  # as tower_reducers() refuses it
+            raise ValueError(f"flowcut cuts after the blocks before the feature layer's; {tower.name} has none")
+        own = feature * 2 * tower.tokens * tower.width
+        return MethodCost(own=own, llm_cuts=((0, keep),), tower_blocks=cut_tower_blocks(tower, feature - 1, keep))

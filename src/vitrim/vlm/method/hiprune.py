@@ -43,6 +43,7 @@ from torch import Tensor
 from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.vlm.method.base import register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, cut_tower_blocks
 from vitrim.vlm.method.ranking import top_k_stable
 from vitrim.vlm.method.tower_ranking import received_attention
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
@@ -166,3 +167,13 @@ class HiPrune(TowerMethod):
         if found != deep:
             reducers[deep] = HiPruneLayer(run, probe=False, cut=True, keep=keep, alpha=alpha, side=plan.side)
         return reducers
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """The tower runs whole up to the feature block's attention, ``keep`` patches and [CLS] from its MLP on,
+        and ``keep`` enter the LLM; its own: the global attention (every query's row over every key, q·kᵀ) of the
+        object block and the feature block (one when they are the same). The stage reads the blocks' own q, k."""
+        tower = model.tower
+        n, feature = tower.tokens, tower.reducing_layers - 1  # the block whose output is handed on (0-based)
+        object_block = self.options["object_layer"] - 1
+        own = (1 if object_block == feature else 2) * n * n * tower.width
+        return MethodCost(own=own, llm_cuts=((0, keep),), tower_blocks=cut_tower_blocks(tower, feature, keep))

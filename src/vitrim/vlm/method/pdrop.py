@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from vitrim.vlm.evidence.llm_layer import LayerEvidence
 
 from vitrim.vlm.method.base import DropStage, Method, StageOptions, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, attention_row_macs
 
 PDROP_LAYERS = (8, 16, 24)
 PDROP_RATIOS = (0.5, 0.25, 0.125)
@@ -97,3 +98,13 @@ class PDrop(Method):
         if options.keep is not None or options.layer is not None:
             raise ValueError("pdrop drops in stages: give layers=(...) and ratios=(...), not keep= or layer=")
         return PyramidDrop(layers=tuple(self.options["layers"]), ratios=tuple(self.options["ratios"]))
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """``keep`` image tokens from the first drop layer on, the later stages scaled by the ratios (0.5 : 0.25 :
+        0.125 -> keep, keep/2, keep/4, which ``vitrim.vlm`` runs as ``ratios=(keep / N, keep / 2N, keep / 4N)``);
+        its own: at each drop layer, the last token's attention row over the tokens still there."""
+        layers, ratios = tuple(self.options["layers"]), tuple(self.options["ratios"])
+        kept = [max(1, round(keep * ratio / ratios[0])) for ratio in ratios]
+        before = [model.image_tokens, *kept[:-1]]
+        own = sum(attention_row_macs(model.llm, tokens + text_tokens) for tokens in before)
+        return MethodCost(own=own, llm_cuts=tuple(zip(layers, kept, strict=True)))

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost
 
 
 def random_keep(num_tokens: int, keep: int, seed: int) -> Tensor:
@@ -50,3 +51,6 @@ class RandomSelection(Method):
             kept = kept.to(evidence.features.device)
             selections.append(ImageSelection.unmerged(kept))
         return selections
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        return MethodCost.before_llm(keep)  # a draw: no products

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, cls_row_macs
 from vitrim.vlm.method.fastervlm import cls_scores, kept_as_selection
 
 SCOPE_ALPHA = 1.0
@@ -71,3 +72,8 @@ class Scope(Method):
             kept_as_selection(scope_keep(features, saliency, keep, alpha))
             for features, saliency in zip(evidence.features, cls_scores(evidence), strict=True)
         ]
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """The saliency ([CLS] row), then the tower features' N × N cosines (the greedy rounds add no products)."""
+        n, d = model.image_tokens, model.tower.width
+        return MethodCost.before_llm(keep, cls_row_macs(model.tower) + n * n * d)

@@ -18,6 +18,7 @@ from vitrim.reduce import Reducer, get_reducer, list_reducers, reducer_options
 from vitrim.reduce.api import check_layers, missing_options
 from vitrim.reduce.schedule import Schedule
 from vitrim.vlm.method.base import Method, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, VisionTower
 from vitrim.vlm.method.tower_ranking import for_tower_without_cls
 
 # vitrim reducers that cannot run here: DynamicViT learns its scorer with the model; MCTF needs the attention
@@ -134,6 +135,35 @@ class TowerLayout:
         return math.isqrt(self.patches)
 
 
+def tome_tower_schedule(tower: VisionTower, keep: int) -> list[int]:
+    """Tokens entering each block ([CLS] included) for ToMe with ``keep=``, as the tower runs it: the patches left
+    after each of the L blocks up to the feature layer are :func:`patches_after_stages` (an even spread, merged
+    earlier where one block would have to merge more than half).
+
+    ToMe merges after each block's attention, so block i runs its attention on the tokens left by block i - 1 and
+    its MLP on fewer; counted here (upper bound) with the tokens entering the block.
+    """
+    after = patches_after_stages("tome", tower.patches, keep, tower.reducing_layers)
+    entering = [tower.patches, *after]
+    cls = int(tower.cls_token)
+    return [entering[min(block, len(after))] + cls for block in range(tower.layers)]
+
+
+def tome_cost(self: TowerMethod, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+    """``tome``'s :meth:`~vitrim.vlm.method.base.Method.cost`: ``keep`` patches at the feature layer, spread over
+    the blocks as :func:`tome_tower_schedule`, and ``keep`` enter the LLM; its own: in each block up to the feature
+    layer, the bipartite similarity, (n/2) × (n/2) cosines of the keys summed over heads (head width)."""
+    tower = model.tower
+    schedule = tome_tower_schedule(tower, keep)
+    head = tower.width // tower.heads
+    own = sum((n // 2) * (n - n // 2) * head for n in schedule[: tower.reducing_layers])
+    return MethodCost(own=own, llm_cuts=((0, keep),), tower_blocks=tuple((n, n) for n in schedule))
+
+
+# the tower reducers whose cost is counted (``vitrim vlm flops``); the others' schedules are their own options
+COSTS = {"tome": tome_cost}
+
+
 def _register_tower_methods() -> None:
     for reducer in list_reducers():
         if reducer in UNSUPPORTED:
@@ -143,11 +173,15 @@ def _register_tower_methods() -> None:
         defaults["to_grid"] = None
         cls = type(f"Tower_{reducer}", (TowerMethod,), {"defaults": defaults, "reducer": reducer, "__doc__": (
             f"vitrim reducer {reducer!r} in the vision tower (vitrim.vlm.stages.tower); options: the reducer's, and "
-            "to_grid (put the tokens back on the patch grid before the projector)")})  # fmt: skip
+            "to_grid (put the tokens back on the patch grid before the projector)"),
+            **({"cost": COSTS[reducer]} if reducer in COSTS else {})})  # fmt: skip
         register_method(name, stage="tower")(cls)
 
 
 _register_tower_methods()
 
 
-__all__ = ["RENAMED", "UNSUPPORTED", "TowerLayout", "TowerMethod", "build_reducers", "patches_after_stages"]
+__all__ = [
+    "COSTS", "RENAMED", "UNSUPPORTED", "TowerLayout", "TowerMethod", "build_reducers", "patches_after_stages",
+    "tome_cost", "tome_tower_schedule",
+]  # fmt: skip

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, cls_row_macs
 from vitrim.vlm.method.fastervlm import top_indices
 
 AUTHORS_DOMINANT, AUTHORS_CONTEXTUAL = 54, 10
@@ -163,3 +164,10 @@ class VisionZip(Method):
         return [
             visionzip_select(s, k, f, dominant, contextual, cls) for s, k, f in zip(scores, keys, evidence.features)
         ]
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """The [CLS] row picks the dominant tokens; each of the other N − keep is compared by its key with every
+        contextual target (the dominant : contextual split of the options, scaled to ``keep``)."""
+        n, d = model.image_tokens, model.tower.width
+        share = self.options["contextual"] / (self.options["dominant"] + self.options["contextual"])
+        return MethodCost.before_llm(keep, cls_row_macs(model.tower) + (n - keep) * max(1, round(keep * share)) * d)

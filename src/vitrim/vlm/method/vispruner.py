@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from vitrim.vlm.method.base import ImageSelection, Method, VisionEvidence, register_method
+from vitrim.vlm.method.cost import VLM, MethodCost, cls_row_macs
 from vitrim.vlm.method.fastervlm import cls_scores, kept_as_selection
 
 DROP_PER_ROUND = 8  # the authors' fixed number of near-duplicates removed per round
@@ -69,3 +70,14 @@ class VisPruner(Method):
             kept_as_selection(vispruner_keep(scores, features, keep, ratio))
             for scores, features in zip(cls_scores(evidence), evidence.features)
         ]
+
+    def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
+        """The [CLS] row, then the authors' rounds: half of ``keep`` by score; the rest split in halves a, b whose
+        cosines (of the features) are compared, the 8 a-tokens nearest to b dropped, until ``keep - keep // 2``
+        remain."""
+        n, d = model.image_tokens, model.tower.width
+        diverse, rest, similarities = keep - keep // 2, n - keep // 2, 0
+        while rest > diverse and diverse > 0:
+            similarities += ((rest + 1) // 2) * (rest // 2) * d
+            rest -= min(8, rest - diverse)
+        return MethodCost.before_llm(keep, cls_row_macs(model.tower) + similarities)
