@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
-from vitrim.vlm.stages.capture import HandOn, select_keeping
+from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 from vitrim.vlm.stages.contract import FamilyAdapter, Prefill, Shortened
 from vitrim.vlm.stages.filler_masks import prefill_llm_mask
 from vitrim.vlm.stages.sequence import (
