@@ -177,14 +177,6 @@ def test_the_command_says_it_in_one_line(saved, tmp_path: Path, capsys: pytest.C
     assert err.count("\n") == 1 and err.startswith("vitrim: error: ") and "hidden_size = 1000000000" in err, err
 
 
-def test_the_old_loader_name_still_works_with_a_warning(saved) -> None:
-    import vitrim.demos.vlm.model as model_module
-
-    with pytest.warns(DeprecationWarning, match="run_folder.load_digits_vlm"):
-        assert model_module.load_model is load_digits_vlm
-    assert "load_model" not in dir(model_module)  # no second public load_model beside vitrim.load_model
-
-
 CONFIG_FIELDS = [
     "text_config.hidden_size", "text_config.intermediate_size", "text_config.num_hidden_layers",
     "text_config.num_attention_heads", "text_config.num_key_value_heads", "text_config.head_dim",

@@ -12,8 +12,11 @@ The picture of the kept tokens on the user's image is :func:`vitrim.viz.plot_vlm
 writes a tiny random checkpoint folder to try all this offline.
 """
 
+from vitrim.moved import moved_names
 from vitrim.vlm_user.ask import Answer, ask, save_answer
 from vitrim.vlm_user.load import load_vlm
 from vitrim.vlm_user.tiny import save_tiny_vlm
+
+__getattr__ = moved_names(__name__)  # load_model, now load_vlm (one release)
 
 __all__ = ["Answer", "ask", "load_vlm", "save_answer", "save_tiny_vlm"]

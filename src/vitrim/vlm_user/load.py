@@ -16,7 +16,10 @@ import torch
 from torch import nn
 
 from vitrim.extras import require
+from vitrim.moved import moved_names
 from vitrim.untrusted import expect_object, read_json
+
+__getattr__ = moved_names(__name__)  # load_model, now load_vlm (one release)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the hub spells repository ids
 

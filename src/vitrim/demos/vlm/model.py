@@ -102,23 +102,3 @@ def save_model(model: torch.nn.Module, folder: Path, *, float16: bool = False) -
 
 def _write_text(path: Path, text: str) -> None:
     path.write_text(text)
-
-
-def __getattr__(name: str) -> Any:
-    """``load_model``: deprecated for one release (it read the folder unchecked, and was a second public
-    ``load_model`` beside :func:`vitrim.load_model`); :func:`vitrim.demos.vlm.run_folder.load_digits_vlm` replaces
-    it."""
-    if name != "load_model":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    # by name, as vitrim.moved's shims do: a deprecated name is no dependency (run_folder reads this module)
-    load_digits_vlm = importlib.import_module("vitrim.demos.vlm.run_folder").load_digits_vlm
-    warnings.warn(
-        "vitrim.demos.vlm.model.load_model is deprecated and goes in the next release: use "
-        "vitrim.demos.vlm.run_folder.load_digits_vlm",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return load_digits_vlm
