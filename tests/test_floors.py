@@ -33,7 +33,7 @@ def room_of(path: Path, package: Path = PACKAGE) -> str:
 
 
 def room_of_module(name: str, package: Path = PACKAGE) -> str | None:
-    """'vitrim.reduce.tome' -> 'reduce/', 'vitrim.hub' -> 'hub.py'; None for the package itself (or a module
+    """'vitrim.reduce.tome' -> 'reduce/', 'vitrim.seeds' -> 'seeds.py'; None for the package itself (or a module
     outside ``package``, e.g. 'vitrim.vlm.method.base' -> 'method/' for the package src/vitrim/vlm)."""
     prefix = ".".join(package.relative_to(PACKAGE.parent).parts)
     if not name.startswith(prefix + "."):
@@ -108,7 +108,7 @@ def test_no_circle_between_modules(package: Path) -> None:
 def test_the_parser_sees_imports_in_functions_and_names_from_the_package(tmp_path: Path) -> None:
     # otherwise the checks above would pass vacuously
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from vitrim import cli, hub\n    import vitrim.train.loop\n")
-    assert imports_of(probe) == {"cli/", "hub.py", "train/"}
+    probe.write_text("def f():\n    from vitrim import cli, seeds\n    import vitrim.train.loop\n")
+    assert imports_of(probe) == {"cli/", "seeds.py", "train/"}
     assert import_graph()["cli/"] >= {"train/", "models/", "bench/"}
     assert import_graph(PACKAGE / "vlm")["stacking.py"] >= {"stages/", "method/"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from vitrim import moved
 from vitrim.attention import MultiHeadAttention, compute_attention, scaled_dot_product_attention
 from vitrim.factory import create_model
 from vitrim.models import VisionTransformer, ViTConfig, ViTOutput, list_models
@@ -12,6 +13,8 @@ from vitrim.optimize import OptimizedModel, optimize
 from vitrim.weights import from_timm, from_transformers, load_checkpoint, load_model, save_checkpoint
 
 __version__ = "0.1.0"
+
+moved.install()  # old import paths (one release): vitrim.moved's table answers them, warned
 
 # The subpackages `import vitrim` hands out on first use (`vitrim.data.eval_transform(cfg)`), imported then, so that
 # `import vitrim` stays cheap and imports no optional library. A new public subpackage is one more name here.

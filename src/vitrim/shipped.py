@@ -11,7 +11,7 @@ Layout (``src/vitrim/data/demo/``), the same as the run folders, so that shippin
     vision/summary.json                       the training run's summary (top-1 when trained, training seconds)
     vision/<model>/last.safetensors, run.json one per demo model (dense, dynamicvit, dense_reg, dynamicvit_reg, cnn)
     translate/model.safetensors, vocab.json, summary.json
-    vlm/model.safetensors, config.json, summary.json, details.json   the digits LLaVA (vitrim.vlm_demo)
+    vlm/model.safetensors, config.json, summary.json, details.json   the digits LLaVA (vitrim.demos.vlm)
 
 Only safetensors and JSON are shipped: nothing in them can run code (:mod:`vitrim.weights.checkpoint`). Weights are
 stored as float16 (3 MB instead of 6; the demos' top-1 and exact match are the same as with the float32 weights they

@@ -204,7 +204,7 @@ def test_each_bound_takes_its_own_range() -> None:
 def test_the_canvas_is_one_the_demo_scores(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     pytest.importorskip("transformers")
     from vitrim.cli.vlm_demo import CANVAS_INDEX
-    from vitrim.vlm_demo.demo import FULL
+    from vitrim.demos.vlm.demo import FULL
 
     assert CANVAS_INDEX.high + 1 == FULL.test_canvases  # the bound is the demo's held-out set, not a round number
     with pytest.raises(SystemExit):
@@ -238,7 +238,7 @@ def test_demo_vlm_refuses_an_unknown_method_before_training(
 ) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
-    import vitrim.vlm_demo.demo as demo
+    import vitrim.demos.vlm.demo as demo
     from vitrim import vlm
 
     def no_work(*args: object, **kwargs: object) -> None:

@@ -3,7 +3,7 @@ model.safetensors), so each hostile file ends in one ValueError naming the file 
 torch's or transformers' words, never in an allocation the weights do not justify, never in an empty answer.
 
 A tiny digits VLM is saved here; each case rewrites one thing of it and loads it through
-:func:`vitrim.vlm_demo.run_folder.load_digits_vlm` (and once through the command), under an address-space limit that
+:func:`vitrim.demos.vlm.run_folder.load_digits_vlm` (and once through the command), under an address-space limit that
 would turn any large allocation into a crash."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file
 
 from vitrim.cli import main
-from vitrim.vlm_demo.demo import QUICK
-from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, save_model
-from vitrim.vlm_demo.run_folder import load_digits_vlm
-from vitrim.vlm_demo.words import processor, split_words
+from vitrim.demos.vlm.demo import QUICK
+from vitrim.demos.vlm.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, save_model
+from vitrim.demos.vlm.run_folder import load_digits_vlm
+from vitrim.demos.vlm.words import processor, split_words
 
 
 @pytest.fixture(scope="module")
@@ -175,14 +175,6 @@ def test_the_command_says_it_in_one_line(saved, tmp_path: Path, capsys: pytest.C
     assert main(["vlm", "ask", "how many digits ?", "--image", str(image), "--run", str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("vitrim: error: ") and "hidden_size = 1000000000" in err, err
-
-
-def test_the_old_loader_name_still_works_with_a_warning(saved) -> None:
-    import vitrim.vlm_demo.model as model_module
-
-    with pytest.warns(DeprecationWarning, match="run_folder.load_digits_vlm"):
-        assert model_module.load_model is load_digits_vlm
-    assert "load_model" not in dir(model_module)  # no second public load_model beside vitrim.load_model
 
 
 CONFIG_FIELDS = [

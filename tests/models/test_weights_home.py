@@ -1,5 +1,5 @@
 """vitrim.weights is the one home of loading: one public load_model, one weight-file list, one shard-index reader,
-one conversion of a Hugging Face state dict per load, and the old import paths kept one release with a warning."""
+one conversion of a Hugging Face state dict per load (its old import paths: tests/test_moved.py)."""
 
 from __future__ import annotations
 
@@ -13,36 +13,6 @@ import torch
 import vitrim
 import vitrim.weights.formats as formats
 from vitrim.weights import hub
-
-OLD_PATHS = {  # module users may hold -> a name they may import from it, and where it lives now
-    "vitrim.checkpoint": ("load_checkpoint", "vitrim.weights.checkpoint"),
-    "vitrim.checkpoint_formats": ("read_checkpoint", "vitrim.weights.formats"),
-    "vitrim.checkpoint_hf": ("convert_hf", "vitrim.weights.hf_names"),
-    "vitrim.hub": ("fetch", "vitrim.weights.hub"),
-    "vitrim.pretrained": ("load_model", "vitrim.weights.pretrained"),
-    "vitrim.in_memory": ("from_timm", "vitrim.weights.in_memory"),
-    "vitrim.models.pretrained_tags": ("pretrained_repo", "vitrim.weights.tags"),
-}
-
-
-@pytest.mark.parametrize("old", sorted(OLD_PATHS))
-def test_old_import_paths_hand_on_with_a_deprecation_warning(old: str) -> None:
-    name, home = OLD_PATHS[old]
-    module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated .* use {home}\.{name}"):
-        value = getattr(module, name)
-    assert value is getattr(importlib.import_module(home), name)
-
-
-def test_the_old_checkpoint_load_model_is_the_loader_that_reads_what_it_read() -> None:
-    """It read vitrim files and Hugging Face folders; build_saved_model reads vitrim files only now (one route for
-    Hugging Face folders: vitrim.load_model's), so the old name hands on vitrim.load_model."""
-    import vitrim.checkpoint
-
-    with pytest.warns(DeprecationWarning, match=r"use vitrim\.weights\.pretrained\.load_model"):
-        assert vitrim.checkpoint.load_model is vitrim.load_model
-    with pytest.warns(DeprecationWarning):
-        assert importlib.import_module("vitrim.checkpoint_formats").HF_WEIGHT_FILES is formats.WEIGHT_FILES
 
 
 def test_one_public_load_model() -> None:

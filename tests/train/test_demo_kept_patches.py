@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitrim.demo import _kept_digit_patches
+from vitrim.demos.vision import _kept_digit_patches
 
 
 class _FixedKeeper(nn.Module):

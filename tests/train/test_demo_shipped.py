@@ -19,14 +19,14 @@ import torch
 
 from vitrim.cli import main
 from vitrim.data.numbers import build_pairs, split_numbers
-from vitrim.demo import FULL, NAMES, demo_configs, run_demo
+from vitrim.demos.translate.demo import FULL as TRANSLATE_FULL
+from vitrim.demos.translate.demo import run_translate_demo
+from vitrim.demos.translate.inference import load_run
+from vitrim.demos.translate.task import encode_pairs
+from vitrim.demos.translate.train import translate_batch
+from vitrim.demos.vision import FULL, NAMES, demo_configs, run_demo
 from vitrim.shipped import shipped_run
 from vitrim.train import TrainConfig, evaluate_checkpoint
-from vitrim.translate.demo import FULL as TRANSLATE_FULL
-from vitrim.translate.demo import run_translate_demo
-from vitrim.translate.inference import load_run
-from vitrim.translate.task import encode_pairs
-from vitrim.translate.train import translate_batch
 
 ONE_DIGIT = 1 / 359  # one of the 359 held-out digits
 

@@ -1,9 +1,8 @@
 """The training rules written once (vitrim.losses, vitrim.seeds): the seeds every sampler draws from, the smoothing
-rule every objective applies, and the shim of the loss's old import path."""
+rule every objective applies."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
@@ -58,13 +57,3 @@ def test_distillation_terms_against_their_formulas() -> None:
     gaps = [(tokens[b, 1 + j] - theirs[b, 2 + j]).pow(2).mean() for b in range(2) for j in range(3) if kept[b, j]]
     assert torch.allclose(distill_tokens(tokens, theirs, kept), torch.stack(gaps).mean(), atol=1e-6)
     assert distill_tokens(tokens, theirs, torch.zeros(2, 3, dtype=torch.bool)) == 0
-
-
-def test_the_old_import_path_of_dynamicvit_loss_warns_and_hands_on() -> None:
-    import vitrim.losses
-
-    old = importlib.import_module("vitrim.reduce.dynamicvit_loss")
-    with pytest.warns(DeprecationWarning, match=r"use vitrim\.losses\.DynamicViTLoss"):
-        assert old.DynamicViTLoss is vitrim.losses.DynamicViTLoss
-    with pytest.raises(AttributeError, match=r"moved to 'vitrim\.losses'"):
-        old.NoSuchName  # noqa: B018

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from vitrim.demos.translate.inference import load_run
 from vitrim.shipped import shipped_run
-from vitrim.translate.inference import load_run
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vitrim.cli import main
-from vitrim.translate.inference import load_run, translate_text
+from vitrim.demos.translate.inference import load_run, translate_text
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import sacrebleu
 import torch
 
 from vitrim.data.numbers import build_pairs
-from vitrim.translate.task import Batch, build_vocabs, encode_pairs, strip
-from vitrim.translate.train import alignment_hits, translation_scores
+from vitrim.demos.translate.task import Batch, build_vocabs, encode_pairs, strip
+from vitrim.demos.translate.train import alignment_hits, translation_scores
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_alignment_hits_count_by_hand(batch) -> None:
 
 def test_layer_is_chosen_on_train_never_on_test(batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Layer 0 aligns on the training pairs, layer 1 on the test pairs: the score must be layer 0's, on test."""
-    import vitrim.translate.train as train_module
+    import vitrim.demos.translate.train as train_module
 
     data, _ = batch
     test = Batch(data.src, data.tgt, list(data.pairs))  # the same pairs, another object: "the test split"

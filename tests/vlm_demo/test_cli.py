@@ -13,13 +13,13 @@ PIL = pytest.importorskip("PIL.Image")
 from vitrim import vlm  # noqa: E402
 from vitrim.cli import main  # noqa: E402
 from vitrim.cli.common import in_flags  # noqa: E402
-from vitrim.vlm_demo.ask import ask, read_canvas  # noqa: E402
-from vitrim.vlm_demo.demo import QUICK  # noqa: E402
-from vitrim.vlm_demo.evaluate import answer, held_out  # noqa: E402
-from vitrim.vlm_demo.model import build_model, digits_vlm_config, save_model  # noqa: E402
-from vitrim.vlm_demo.run_folder import load_digits_vlm  # noqa: E402
-from vitrim.vlm_demo.sweep import apply_method, available_methods  # noqa: E402
-from vitrim.vlm_demo.words import split_words  # noqa: E402
+from vitrim.demos.vlm.ask import ask, read_canvas  # noqa: E402
+from vitrim.demos.vlm.demo import QUICK  # noqa: E402
+from vitrim.demos.vlm.evaluate import answer, held_out  # noqa: E402
+from vitrim.demos.vlm.model import build_model, digits_vlm_config, save_model  # noqa: E402
+from vitrim.demos.vlm.run_folder import load_digits_vlm  # noqa: E402
+from vitrim.demos.vlm.sweep import apply_method, available_methods  # noqa: E402
+from vitrim.demos.vlm.words import split_words  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_ask_answers_as_the_library(run: Path, tmp_path: Path, capsys: pytest.Ca
     canvas = held_out(1).pixels[0]
     path = _png(tmp_path, canvas, paper=paper)
     assert np.abs(read_canvas(path) - canvas).max() <= 1 / 255 + 1e-6  # paper pictures are inverted back
-    from vitrim.vlm_demo.run_folder import load_digits_vlm
+    from vitrim.demos.vlm.run_folder import load_digits_vlm
 
     expected = ask(load_digits_vlm(run), canvas, "how many digits ?").text
     assert main(["vlm", "ask", "--image", str(path), "--run", str(run), "how many digits"]) == 0
@@ -67,7 +67,7 @@ def test_ask_runs_every_method_with_the_options_the_demo_sweeps_it_with(
     run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, method: str
 ) -> None:
     """The command's answer and kept tokens are those of the sweep's model for that method at keep 0.125 (PyramidDrop's
-    stages, FastV's layer: vitrim.vlm_demo.sweep); a method the sweep records as not run is refused in one line."""
+    stages, FastV's layer: vitrim.demos.vlm.sweep); a method the sweep records as not run is refused in one line."""
     path = _png(tmp_path, held_out(1).pixels[0], paper=False)
     canvas = read_canvas(path)  # the pixels the command sees (8-bit): the random method's seed is drawn from them
     args = ["vlm", "ask", "--image", str(path), "--run", str(run), "where is the one ?", "--method", method]

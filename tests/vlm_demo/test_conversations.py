@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from vitrim.vlm_demo.data import DigitsScenes
-from vitrim.vlm_demo.train import conversation_batch
-from vitrim.vlm_demo.words import BOS_ID, EOS_ID, IMAGE_ID, PAD_ID, WORDS
+from vitrim.demos.vlm.data import DigitsScenes
+from vitrim.demos.vlm.train import conversation_batch
+from vitrim.demos.vlm.words import BOS_ID, EOS_ID, IMAGE_ID, PAD_ID, WORDS
 
 KIND_OF_FIRST_WORD = {"which": "which", "where": "where", "how": "count"}
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vitrim.data.digits import load_digits, split_indices
-from vitrim.vlm_demo.data import BACKGROUND, DIGIT_WORDS, EMPTY_WORD, QUADRANT_WORDS, DigitsScenes
-from vitrim.vlm_demo.words import (
+from vitrim.demos.vlm.data import BACKGROUND, DIGIT_WORDS, EMPTY_WORD, QUADRANT_WORDS, DigitsScenes
+from vitrim.demos.vlm.words import (
     BOS_ID,
     EOS_ID,
     IMAGE_ID,

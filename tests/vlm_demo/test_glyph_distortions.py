@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitrim.vlm_demo.data import DIGIT, DigitsScenes, distort, warp_glyph
+from vitrim.demos.vlm.data import DIGIT, DigitsScenes, distort, warp_glyph
 
 
 def _glyph() -> np.ndarray:

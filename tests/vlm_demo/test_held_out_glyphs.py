@@ -10,12 +10,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import vitrim.vlm_demo.evaluate as evaluate_module
-import vitrim.vlm_demo.train as train_module
+import vitrim.demos.vlm.evaluate as evaluate_module
+import vitrim.demos.vlm.train as train_module
 from vitrim.data.digits import load_digits, split_indices
-from vitrim.vlm_demo.data import TEST_FRACTION, DigitsScenes
-from vitrim.vlm_demo.demo import QUICK
-from vitrim.vlm_demo.model import build_model, digits_vlm_config
+from vitrim.demos.vlm.data import TEST_FRACTION, DigitsScenes
+from vitrim.demos.vlm.demo import QUICK
+from vitrim.demos.vlm.model import build_model, digits_vlm_config
 
 
 def _recording(drawn: list[tuple[str, int]]) -> type[DigitsScenes]:

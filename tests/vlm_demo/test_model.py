@@ -10,11 +10,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from vitrim.vlm_demo.attention import last_token_attention
-from vitrim.vlm_demo.demo import QUICK
-from vitrim.vlm_demo.model import MODEL_FILE, build_model, digits_vlm_config, save_model
-from vitrim.vlm_demo.run_folder import load_digits_vlm
-from vitrim.vlm_demo.words import IMAGE_ID, processor
+from vitrim.demos.vlm.attention import last_token_attention
+from vitrim.demos.vlm.demo import QUICK
+from vitrim.demos.vlm.model import MODEL_FILE, build_model, digits_vlm_config, save_model
+from vitrim.demos.vlm.run_folder import load_digits_vlm
+from vitrim.demos.vlm.words import IMAGE_ID, processor
 
 
 def _tiny(seed: int = 0) -> torch.nn.Module:

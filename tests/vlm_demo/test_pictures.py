@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("matplotlib")
 
-from vitrim.vlm_demo.pictures import WASH, render_groups
-from vitrim.vlm_demo.report import ink_patches
+from vitrim.demos.vlm.pictures import WASH, render_groups
+from vitrim.demos.vlm.report import ink_patches
 
 
 def test_render_groups_keeps_washes_and_tints() -> None:

@@ -18,13 +18,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from vitrim.demos.vlm.data import QUESTION_TYPES
+from vitrim.demos.vlm.demo import FULL, recipe
+from vitrim.demos.vlm.evaluate import answer, held_out, score
+from vitrim.demos.vlm.model import digits_vlm_config
+from vitrim.demos.vlm.run_folder import load_digits_vlm
+from vitrim.demos.vlm.sweep import BASELINE_SEEDS, KEPT_FRACTIONS, SEEDED_BASELINES, apply_method
 from vitrim.shipped import shipped_run
-from vitrim.vlm_demo.data import QUESTION_TYPES
-from vitrim.vlm_demo.demo import FULL, recipe
-from vitrim.vlm_demo.evaluate import answer, held_out, score
-from vitrim.vlm_demo.model import digits_vlm_config
-from vitrim.vlm_demo.run_folder import load_digits_vlm
-from vitrim.vlm_demo.sweep import BASELINE_SEEDS, KEPT_FRACTIONS, SEEDED_BASELINES, apply_method
 
 ONE_QUESTION = 1 / FULL.test_canvases
 

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("transformers")
 
 from vitrim import vlm
-from vitrim.vlm_demo.demo import QUICK
-from vitrim.vlm_demo.evaluate import held_out, score
-from vitrim.vlm_demo.model import build_model, digits_vlm_config
-from vitrim.vlm_demo.sweep import BASELINE_SEEDS, SEEDED_BASELINES, run_sweep
+from vitrim.demos.vlm.demo import QUICK
+from vitrim.demos.vlm.evaluate import held_out, score
+from vitrim.demos.vlm.model import build_model, digits_vlm_config
+from vitrim.demos.vlm.sweep import BASELINE_SEEDS, SEEDED_BASELINES, run_sweep
 
 
 @pytest.mark.parametrize("method", SEEDED_BASELINES)

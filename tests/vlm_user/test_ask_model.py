@@ -245,14 +245,14 @@ def test_gemma3_and_paligemma_boxes_from_the_cli(
     the index space of its selection), each box the 40/4 × 30/4 cell (Gemma 3's patches: 40/16 × 30/16)."""
     from PIL import Image
 
-    from vitrim.vlm_user import ask, load_model
+    from vitrim.vlm_user import ask, load_vlm
 
     options = ["--keep", keep]
     argv = ["vlm", "ask", "w10", "--model", str(folders[family]), "--image", str(folders["picture"])]
     assert main([*argv, "--method", method, *options, "--max-new-tokens", "2", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[1].startswith(printed)
     record = json.loads((tmp_path / "selection.json").read_text())
-    model, processor = load_model(folders[family])
+    model, processor = load_vlm(folders[family])
     answer = ask(model, processor, Image.open(folders["picture"]).convert("RGB"), "w10", method, 2, keep=int(keep))
     (image,) = record["images"]
     assert image["kept"] == answer.kept[0] and len(image["boxes"]) == boxes
@@ -265,9 +265,9 @@ def test_gemma3_and_paligemma_boxes_from_the_cli(
 def test_gemma3_pan_and_scan_is_refused(folders: dict[str, Path]) -> None:
     """A wide picture cut into crops (each an image of its own in the prompt) has no one set of boxes."""
     from vitrim.viz import vlm_token_boxes
-    from vitrim.vlm_user import load_model
+    from vitrim.vlm_user import load_vlm
 
-    model, processor = load_model(folders["gemma3"])
+    model, processor = load_vlm(folders["gemma3"])
     from PIL import Image
 
     text = processor.apply_chat_template(

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from vitrim.cli.common import SEED, add_threads_argument, check_output_folder
-from vitrim.demo import FULL, NAMES, QUICK, run_demo, ship_run
+from vitrim.demos.vision import FULL, NAMES, QUICK, run_demo, ship_run
 from vitrim.extras import require
 
 

@@ -14,9 +14,9 @@ from vitrim.cli.common import SEED, THREADS, Bounded, add_threads_argument, chec
 from vitrim.cli.demo import add_ship_to_argument, check_ship_to
 from vitrim.cli.explain import show_explanation
 from vitrim.data.numbers import make_pair, number_of
+from vitrim.demos.translate.demo import FULL, QUICK, run_translate_demo, ship_run
+from vitrim.demos.translate.inference import load_run, row_labels, translate_text
 from vitrim.extras import require
-from vitrim.translate.demo import FULL, QUICK, run_translate_demo, ship_run
-from vitrim.translate.inference import load_run, row_labels, translate_text
 from vitrim.viz.cross import plot_cross_attention
 from vitrim.viz.explain import format_matrix
 from vitrim.viz.explain_cross import explain_cross_numbers, format_cross_explanation, plot_cross_explanation

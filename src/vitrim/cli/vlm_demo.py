@@ -15,7 +15,7 @@ from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
 from vitrim.cli.vlm_user import InOrder, add_user_model_arguments, demo_mode, methods_given, run_user_ask
 from vitrim.extras import require
 
-# the demo scores 200 held-out canvases (vitrim.vlm_demo.demo.FULL): --canvas picks one of them
+# the demo scores 200 held-out canvases (vitrim.demos.vlm.demo.FULL): --canvas picks one of them
 CANVAS_INDEX = Bounded(int, 0, 199, "one of the 200 held-out canvases the demo scores")
 
 
@@ -75,7 +75,7 @@ def _register_demo_mode(modes: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from vitrim.vlm_demo.demo import FULL, QUICK, run_vlm_demo, ship_run
+    from vitrim.demos.vlm.demo import FULL, QUICK, run_vlm_demo, ship_run
 
     ship_to = check_ship_to(args)
     check_seed(args)
@@ -130,7 +130,7 @@ def _register_ask(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_ask(args: argparse.Namespace) -> int:
-    from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas
+    from vitrim.demos.vlm.ask import ask, load_demo_model, parse_keep, read_canvas
 
     if args.model is not None:
         return run_user_ask(args)
@@ -175,13 +175,13 @@ def _register_viz_kind(kinds: argparse._SubParsersAction) -> None:
 
 
 def _run_viz(args: argparse.Namespace) -> int:
+    from vitrim.demos.vlm.ask import ask, load_demo_model, parse_keep, read_canvas, save_canvas
+    from vitrim.demos.vlm.attention import last_token_attention
+    from vitrim.demos.vlm.evaluate import held_out
+    from vitrim.demos.vlm.pictures import plot_attention, plot_selections
+    from vitrim.demos.vlm.sweep import DEMO_OPTIONS, available_methods
+    from vitrim.demos.vlm.words import processor, split_words
     from vitrim.viz.maps import save_figure
-    from vitrim.vlm_demo.ask import ask, load_demo_model, parse_keep, read_canvas, save_canvas
-    from vitrim.vlm_demo.attention import last_token_attention
-    from vitrim.vlm_demo.evaluate import held_out
-    from vitrim.vlm_demo.pictures import plot_attention, plot_selections
-    from vitrim.vlm_demo.sweep import DEMO_OPTIONS, available_methods
-    from vitrim.vlm_demo.words import processor, split_words
 
     require("matplotlib", feature="vitrim viz vlm")
     check_output_file(args.out, "--out")

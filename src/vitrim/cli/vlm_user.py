@@ -172,7 +172,7 @@ def pick_device(name: str | None) -> str:
 
 
 def run_user_ask(args: argparse.Namespace) -> int:
-    from vitrim.vlm_user import ask, load_model, save_answer
+    from vitrim.vlm_user import ask, load_vlm, save_answer
 
     if args.run is not None:
         raise ValueError("--model and --run name two models; give one")
@@ -195,7 +195,7 @@ def run_user_ask(args: argparse.Namespace) -> int:
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # the loading bars would bury the answer and the one-line errors
-    model, processor = load_model(args.model, device=pick_device(args.device))
+    model, processor = load_vlm(args.model, device=pick_device(args.device))
     answer = ask(model, processor, picture, args.question, method, max_new_tokens, **options)
     print(answer.text)
     total, entered, selected = answer.total[0], answer.entered[0], answer.selected[0]

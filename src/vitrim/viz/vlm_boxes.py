@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from vitrim.moved import moved_to
+from vitrim.moved import moved_names
 from vitrim.vlm.boxes import (
     NO_VIEW,
     Affine,
@@ -46,20 +46,9 @@ def vlm_token_boxes(
     return family.token_boxes(processor.image_processor, inputs, sizes, stage)
 
 
-# each family's box function lived here before issue 49 and is its family's now: the old names are answered here for
-# one release, each looked up in its family's module when used (vlm_token_boxes itself names no family)
-__getattr__ = moved_to(
-    __name__,
-    "vitrim.vlm.boxes",
-    renamed={
-        "llava_boxes": "vitrim.vlm.families.llava:llava_boxes",
-        "anyres_layout": "vitrim.vlm.families.llava_next:anyres_layout",
-        "llava_next_boxes": "vitrim.vlm.families.llava_next:llava_next_boxes",
-        "qwen_boxes": "vitrim.vlm.families.qwen2vl:qwen_boxes",
-        "paligemma_boxes": "vitrim.vlm.families.paligemma:paligemma_boxes",
-        "gemma3_boxes": "vitrim.vlm.families.gemma3:gemma3_boxes",
-    },
-)
+# each family's box function lived here before issue 49 and is its family's now: the old names are answered for one
+# release by the table of old paths (vitrim.moved), each looked up in its family's module when used
+__getattr__ = moved_names(__name__)
 
 __all__ = [
     "NO_VIEW",

@@ -13,11 +13,8 @@ The house: :mod:`vitrim.vlm.method` (each method's selection, a function of tens
 import transformers; the hooks work on the instance the caller holds.
 """
 
-from vitrim.vlm import moved_modules
 from vitrim.vlm.api import apply, last_selection, remove
 from vitrim.vlm.method import MethodInfo, method_info, methods
-
-moved_modules.install()
 
 __all__ = ["MethodInfo", "apply", "last_selection", "method_info", "methods", "remove"]
 

@@ -16,12 +16,15 @@ import torch
 from torch import nn
 
 from vitrim.extras import require
+from vitrim.moved import moved_names
 from vitrim.untrusted import expect_object, read_json
+
+__getattr__ = moved_names(__name__)  # load_model, now load_vlm (one release)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the hub spells repository ids
 
 
-def load_model(source: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Any]:
+def load_vlm(source: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Any]:
     """``(model, processor)`` from a folder or a hub id; the model in eval mode on ``device`` (float32 on CPU,
     the checkpoint's dtype elsewhere). ``ValueError`` naming ``source`` when it is neither, or not a VLM."""
     require("transformers", feature="loading a vision-language model")

@@ -14,11 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.data.images import read_image
+from vitrim.demos.vlm.data import CANVAS
+from vitrim.demos.vlm.evaluate import MAX_ANSWER_TOKENS
+from vitrim.demos.vlm.run_folder import load_digits_vlm
+from vitrim.demos.vlm.words import IMAGE_TOKENS, decode_ids, processor, split_words
 from vitrim.shipped import shipped_run
-from vitrim.vlm_demo.data import CANVAS
-from vitrim.vlm_demo.evaluate import MAX_ANSWER_TOKENS
-from vitrim.vlm_demo.run_folder import load_digits_vlm
-from vitrim.vlm_demo.words import IMAGE_TOKENS, decode_ids, processor, split_words
 
 
 def load_demo_model(run: str | Path | None = None) -> nn.Module:
@@ -82,7 +82,7 @@ class Answer:
 @torch.no_grad()
 def ask(model: nn.Module, canvas: np.ndarray, question: str, *, method: str | None = None, keep: float = 1.0) -> Answer:
     """Greedy answer of ``model`` (trimmed by ``method`` at ``keep`` when given, with the options the demo gives that
-    method: ``vitrim.vlm_demo.sweep.demo_options``; the model itself is not changed)."""
+    method: ``vitrim.demos.vlm.sweep.demo_options``; the model itself is not changed)."""
     import copy
 
     words = split_words(question)
@@ -91,7 +91,7 @@ def ask(model: nn.Module, canvas: np.ndarray, question: str, *, method: str | No
         generated = model.generate(**inputs, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)  # type: ignore[operator]
         return Answer(decode_ids(generated[0, inputs["input_ids"].shape[1] :].tolist()), None)
     from vitrim import vlm
-    from vitrim.vlm_demo.sweep import demo_options
+    from vitrim.demos.vlm.sweep import demo_options
 
     trimmed = vlm.apply(copy.deepcopy(model), method, **demo_options(method, keep))
     generated = trimmed.generate(**inputs, max_new_tokens=MAX_ANSWER_TOKENS, do_sample=False)  # type: ignore[operator]

@@ -13,12 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitrim.viz.maps import save_figure
-from vitrim.vlm_demo.attention import last_token_attention
-from vitrim.vlm_demo.data import CANVAS, PATCH, QUESTION_TYPES
-from vitrim.vlm_demo.evaluate import HeldOut
-from vitrim.vlm_demo.pictures import plot_accuracy_vs_kept, plot_attention, plot_selections
-from vitrim.vlm_demo.sweep import (
+from vitrim.demos.vlm.attention import last_token_attention
+from vitrim.demos.vlm.data import CANVAS, PATCH, QUESTION_TYPES
+from vitrim.demos.vlm.evaluate import HeldOut
+from vitrim.demos.vlm.pictures import plot_accuracy_vs_kept, plot_attention, plot_selections
+from vitrim.demos.vlm.sweep import (
     BASELINE_SEEDS,
     DEMO_OPTIONS,
     KEPT_FRACTIONS,
@@ -26,7 +25,8 @@ from vitrim.vlm_demo.sweep import (
     SweepResult,
     apply_method,
 )
-from vitrim.vlm_demo.words import IMAGE_TOKENS, WORDS, processor
+from vitrim.demos.vlm.words import IMAGE_TOKENS, WORDS, processor
+from vitrim.viz.maps import save_figure
 
 INK_PROMPTS = 48
 PICTURE_FRACTIONS = ("0.25", "0.125")

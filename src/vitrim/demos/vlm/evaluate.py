@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitrim.vlm_demo.data import QUESTION_TYPES, DigitsScenes, Question
-from vitrim.vlm_demo.words import decode_ids, processor
+from vitrim.demos.vlm.data import QUESTION_TYPES, DigitsScenes, Question
+from vitrim.demos.vlm.words import decode_ids, processor
 
 MAX_ANSWER_TOKENS = 3  # two words and <eos>
 

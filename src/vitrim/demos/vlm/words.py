@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitrim.vlm_demo.data import CANVAS, COUNT_WORDS, DIGIT_WORDS, EMPTY_WORD, PATCH, QUADRANT_WORDS
+from vitrim.demos.vlm.data import CANVAS, COUNT_WORDS, DIGIT_WORDS, EMPTY_WORD, PATCH, QUADRANT_WORDS
 
 PAD, BOS, EOS, IMAGE = "<pad>", "<bos>", "<eos>", "<image>"
 QUESTION_WORDS = ("which", "digit", "digits", "is", "the", "where", "how", "many", "?")

@@ -11,14 +11,14 @@ not tell which tokens lie in which quadrant (RoPE gives it the raster distance, 
 put "where" into every token's features, where attention can match it. But that model still named digits that
 were not on the canvas (38 of 60 wrong "which" answers): stage 2 at its learning rate had overwritten what the tower
 had learned. So stage 2 keeps the tower frozen, as LLaVA-1.5 keeps CLIP frozen. Stage 1 sees every glyph
-distorted (``tower_augment``, :func:`~vitrim.vlm_demo.data.distort`): after 500 plain steps its digit head, summed
+distorted (``tower_augment``, :func:`~vitrim.demos.vlm.data.distort`): after 500 plain steps its digit head, summed
 over a digit's 4 patches, named 99.6 % of training glyphs on new canvases but 95.1 % of never-seen ones; after 1500
 distorted steps 100 % and 97.9 % (issue 44).
 
 Stage 2 (``steps``), the projector and the decoder: one training sample is a canvas and a conversation about it,
 as LLaVA's own instruction data is multi-turn: ``<bos> <image>×64 Q1 A1 <eos> Q2 A2 <eos> …`` with the loss on the
 answers and their ``<eos>`` only. The conversation asks everything the canvas answers
-(:meth:`~vitrim.vlm_demo.data.DigitsScenes.drill`), in a random order: "which digit is <q> ?" about all four
+(:meth:`~vitrim.demos.vlm.data.DigitsScenes.drill`), in a random order: "which digit is <q> ?" about all four
 quadrants, an empty one answered "none"; "where is the <d> ?" about each digit on it; "how many digits ?"; and
 "which digit ?" when it holds one digit (the test asks that too). With one question of each type instead, asked
 about occupied quadrants only, the model answered "which" 59–80 % right (800 to 3000 steps) and most of its wrong
@@ -47,16 +47,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitrim.demos.vlm.data import BACKGROUND, CANVAS, PATCH, DigitsScenes
+from vitrim.demos.vlm.words import EOS_ID, encode_words, labelled_batch, pixel_values, prompt_ids
 from vitrim.seeds import epoch_seed
-from vitrim.vlm_demo.data import BACKGROUND, CANVAS, PATCH, DigitsScenes
-from vitrim.vlm_demo.words import EOS_ID, encode_words, labelled_batch, pixel_values, prompt_ids
 
 GRID = CANVAS // PATCH
 
 
 @dataclass(frozen=True)
 class TrainPlan:
-    """Steps and optimiser of one training run (the recipe's values are in :mod:`vitrim.vlm_demo.demo`)."""
+    """Steps and optimiser of one training run (the recipe's values are in :mod:`vitrim.demos.vlm.demo`)."""
 
     steps: int
     batch_size: int = 32

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from vitrim.data.numbers import EOS, LANGUAGE_TAGS, SOURCE_LANGUAGE, Vocab, detokenize, tokenize, words
+from vitrim.demos.translate.task import load_vocabs, strip
 from vitrim.models.seq2seq import Seq2SeqTransformer
 from vitrim.models.seq2seq_decode import beam_search, greedy_decode
-from vitrim.translate.task import load_vocabs, strip
 
 MODEL_FILE, VOCAB_FILE = "model.safetensors", "vocab.json"
 

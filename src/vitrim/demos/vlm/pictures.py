@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
-from vitrim.vlm_demo.data import CANVAS, PATCH, QUESTION_TYPES
-from vitrim.vlm_demo.sweep import KEPT_FRACTIONS
-from vitrim.vlm_demo.words import IMAGE_TOKENS
+from vitrim.demos.vlm.data import CANVAS, PATCH, QUESTION_TYPES
+from vitrim.demos.vlm.sweep import KEPT_FRACTIONS
+from vitrim.demos.vlm.words import IMAGE_TOKENS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,6 +1,6 @@
 """A digits VLM run folder read as files from someone else: ``vitrim vlm ask --run DIR``, ``vitrim viz vlm --run DIR``.
 
-A run folder (``config.json`` and ``model.safetensors``, :mod:`vitrim.vlm_demo.model`) may come from anywhere, so it
+A run folder (``config.json`` and ``model.safetensors``, :mod:`vitrim.demos.vlm.model`) may come from anywhere, so it
 is read as every checkpoint is, and each problem ends in one ``ValueError`` naming the file, the field and its value:
 
 * ``config.json`` through :mod:`vitrim.untrusted` (size, nesting depth, no ``NaN``/``Infinity``), its sizes through
@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 
 from vitrim import untrusted
+from vitrim.demos.vlm.data import CANVAS, PATCH
+from vitrim.demos.vlm.model import CONFIG_FILE, MODEL_FILE, build_model, import_transformers
+from vitrim.demos.vlm.words import IMAGE_ID, IMAGE_TOKENS, WORDS, processor, split_words
 from vitrim.models.config_limits import check_file_config, check_fits_weights
-from vitrim.vlm_demo.data import CANVAS, PATCH
-from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, import_transformers
-from vitrim.vlm_demo.words import IMAGE_ID, IMAGE_TOKENS, WORDS, processor, split_words
 from vitrim.weights.formats import read_weights_file
 
 if TYPE_CHECKING:

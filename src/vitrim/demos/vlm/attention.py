@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrim.vlm_demo.words import IMAGE_ID
+from vitrim.demos.vlm.words import IMAGE_ID
 
 
 @torch.no_grad()

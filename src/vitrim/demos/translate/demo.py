@@ -20,11 +20,9 @@ from typing import Any
 import torch
 
 from vitrim.data.numbers import LANGUAGES, Vocab, build_pairs, split_numbers
-from vitrim.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from vitrim.shipped import copy_run_files, shipped_run
-from vitrim.translate.inference import MODEL_FILE, VOCAB_FILE, load_run, row_labels
-from vitrim.translate.task import Batch, build_vocabs, encode_pairs, save_vocabs
-from vitrim.translate.train import (
+from vitrim.demos.translate.inference import MODEL_FILE, VOCAB_FILE, load_run, row_labels
+from vitrim.demos.translate.task import Batch, build_vocabs, encode_pairs, save_vocabs
+from vitrim.demos.translate.train import (
     TrainPlan,
     alignment_scores,
     cross_attention,
@@ -32,6 +30,8 @@ from vitrim.translate.train import (
     translate_batch,
     translation_scores,
 )
+from vitrim.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from vitrim.shipped import copy_run_files, shipped_run
 from vitrim.untrusted import read_json
 
 TARGET_EXACT_MATCH = 0.95
@@ -125,7 +125,7 @@ def run_translate_demo(
         f"alignment_accuracy_at_least_{TARGET_ALIGNMENT}": summary["alignment_accuracy"] >= TARGET_ALIGNMENT,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    from vitrim.translate.report import report
+    from vitrim.demos.translate.report import report
 
     (out / "report.md").write_text(report(summary, out))
     return summary

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitrim.data.numbers import LANGUAGES, Vocab, detokenize
+from vitrim.demos.translate.task import Batch, strip
 from vitrim.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from vitrim.models.seq2seq_decode import beam_search, greedy_decode
 from vitrim.train.optim import build_optimizer
-from vitrim.translate.task import Batch, strip
 
 
 @dataclass(frozen=True)

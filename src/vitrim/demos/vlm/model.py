@@ -3,10 +3,10 @@
 LLaVA-1.5's architecture at toy size: a CLIP vision tower (64×64 canvas, 8×8 patches: 64 patch tokens and [CLS]),
 the features of its second-to-last layer without [CLS] (``vision_feature_layer=-2``, strategy ``"default"``), a
 two-layer GELU projector, and a Llama decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention) over the word-level
-vocabulary of :mod:`vitrim.vlm_demo.words`. Every method of :mod:`vitrim.vlm` sees the real classes.
+vocabulary of :mod:`vitrim.demos.vlm.words`. Every method of :mod:`vitrim.vlm` sees the real classes.
 
 Files (a run folder, and the shipped weights): ``model.safetensors`` (float16 when shipped) and ``config.json``
-(the ``LlavaConfig``), written here and read, checked as files from anyone, by :mod:`vitrim.vlm_demo.run_folder`.
+(the ``LlavaConfig``), written here and read, checked as files from anyone, by :mod:`vitrim.demos.vlm.run_folder`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from safetensors.torch import save_file
 
 from vitrim.atomic import atomic_write
 from vitrim.data.vision import _import_torchvision
+from vitrim.demos.vlm.data import CANVAS, PATCH
+from vitrim.demos.vlm.words import BOS_ID, EOS_ID, IMAGE_ID, IMAGE_TOKENS, PAD_ID, WORDS
 from vitrim.extras import require
-from vitrim.vlm_demo.data import CANVAS, PATCH
-from vitrim.vlm_demo.words import BOS_ID, EOS_ID, IMAGE_ID, IMAGE_TOKENS, PAD_ID, WORDS
 
 if TYPE_CHECKING:
     from transformers import LlavaConfig, LlavaForConditionalGeneration
@@ -102,22 +102,3 @@ def save_model(model: torch.nn.Module, folder: Path, *, float16: bool = False) -
 
 def _write_text(path: Path, text: str) -> None:
     path.write_text(text)
-
-
-def __getattr__(name: str) -> Any:
-    """``load_model``: deprecated for one release (it read the folder unchecked, and was a second public
-    ``load_model`` beside :func:`vitrim.load_model`); :func:`vitrim.vlm_demo.run_folder.load_digits_vlm` replaces it."""
-    if name != "load_model":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    # by name, as vitrim.moved's shims do: a deprecated name is no dependency (run_folder reads this module)
-    load_digits_vlm = importlib.import_module("vitrim.vlm_demo.run_folder").load_digits_vlm
-    warnings.warn(
-        "vitrim.vlm_demo.model.load_model is deprecated and goes in the next release: use "
-        "vitrim.vlm_demo.run_folder.load_digits_vlm",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return load_digits_vlm

@@ -1,9 +1,9 @@
 """``vitrim demo vlm``: a LLaVA trained on this machine, questioned, and trimmed by every method of vitrim.vlm.
 
-1. the data (:mod:`vitrim.vlm_demo.data`): canvases of one to three digits and questions "which digit is top
+1. the data (:mod:`vitrim.demos.vlm.data`): canvases of one to three digits and questions "which digit is top
    left ?", "where is the seven ?", "how many digits ?";
-2. the model (:mod:`vitrim.vlm_demo.model`): transformers' ``LlavaForConditionalGeneration`` with a small CLIP tower
-   and a Llama decoder, trained from scratch by ``--retrain`` (:mod:`vitrim.vlm_demo.train`), or the weights that
+2. the model (:mod:`vitrim.demos.vlm.model`): transformers' ``LlavaForConditionalGeneration`` with a small CLIP tower
+   and a Llama decoder, trained from scratch by ``--retrain`` (:mod:`vitrim.demos.vlm.train`), or the weights that
    recipe made, shipped in the package;
 3. exact match per question type on held-out canvases (held-out digits), of the full model and of every method of
    :mod:`vitrim.vlm` at 50 %, 25 % and 12.5 % of the 64 image tokens, with the measured prefill speed-up;
@@ -27,12 +27,12 @@ import torch
 
 from vitrim import untrusted
 from vitrim.atomic import atomic_write
+from vitrim.demos.vlm.evaluate import HeldOut, held_out, score
+from vitrim.demos.vlm.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, save_model
+from vitrim.demos.vlm.run_folder import load_digits_vlm
+from vitrim.demos.vlm.sweep import SweepResult, check_methods, run_sweep
+from vitrim.demos.vlm.train import TrainPlan, pretrain_tower, train_model
 from vitrim.shipped import copy_run_files, shipped_run
-from vitrim.vlm_demo.evaluate import HeldOut, held_out, score
-from vitrim.vlm_demo.model import CONFIG_FILE, MODEL_FILE, build_model, digits_vlm_config, save_model
-from vitrim.vlm_demo.run_folder import load_digits_vlm
-from vitrim.vlm_demo.sweep import SweepResult, check_methods, run_sweep
-from vitrim.vlm_demo.train import TrainPlan, pretrain_tower, train_model
 
 SUMMARY_FILE, DETAILS_FILE, REPORT_FILE = "summary.json", "details.json", "report.md"
 SHIPPED_FILES = (MODEL_FILE, CONFIG_FILE, SUMMARY_FILE, DETAILS_FILE)
@@ -113,7 +113,7 @@ def run_vlm_demo(
     if shipped and (plan != FULL or seed != 0):
         raise ValueError(f"the shipped model is the FULL plan at seed 0; seed {seed} and other plans need --retrain")
     chosen = check_methods(methods)  # before training: a typo must not cost a training run
-    from vitrim.vlm_demo.report import write_report  # drawing needs matplotlib; the report imports it lazily
+    from vitrim.demos.vlm.report import write_report  # drawing needs matplotlib; the report imports it lazily
 
     log: Callable[[str], None] | None = None if quiet else (lambda line: print(line, flush=True))
     out.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,8 @@ import numpy as np
 from torch import nn
 
 from vitrim.bench.timing import interleaved_samples
-from vitrim.vlm_demo.evaluate import HeldOut, score
-from vitrim.vlm_demo.words import IMAGE_TOKENS, processor
+from vitrim.demos.vlm.evaluate import HeldOut, score
+from vitrim.demos.vlm.words import IMAGE_TOKENS, processor
 
 KEPT_FRACTIONS = ("0.5", "0.25", "0.125")  # the summary's keys; float() of each is the `keep=` passed
 # The decoder has 4 layers (the papers' LLaMA-7B: 32): staged and layer-K methods get the same depths, scaled; the

@@ -37,7 +37,7 @@ from vitrim.bench.flops import model_flops_per_image
 from vitrim.bench.timing import interleaved_samples
 from vitrim.data import DigitsCanvas
 from vitrim.data.digits import MEAN, STD
-from vitrim.demo_report import report
+from vitrim.demos.vision_report import report
 from vitrim.shipped import copy_run_files, shipped_run
 from vitrim.train import TrainConfig, evaluate_checkpoint, train
 from vitrim.train.loop import input_spec
