@@ -90,7 +90,6 @@ MOVED: dict[str, str] = {
     "vitrim.vlm.families.qwen2vl_vision:capture_scoring_block": "vitrim.vlm.families.qwen2vl:tower_attention",
     "vitrim.vlm.families.qwen2vl_vision:received_attention": "vitrim.vlm.evidence.attention:received_by_segment",
     "vitrim.vlm.families.qwen2vl_vision:rotate_half": "vitrim.vlm.evidence.attention:rotate_half",
-    "vitrim.vlm.families.gemma3:pool_to_tokens": "vitrim.vlm.evidence.pooled:pool_to_tokens",
     "vitrim.vlm.stages.in_llm_evidence": "vitrim.vlm.evidence.llm_layer",
     "vitrim.vlm.in_llm_evidence": "vitrim.vlm.evidence.llm_layer",
     "vitrim.vlm.method.base:content_seed": "vitrim.vlm.evidence.seeds:content_seed",

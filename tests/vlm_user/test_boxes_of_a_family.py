@@ -70,25 +70,3 @@ def test_a_family_without_boxes_is_one_line_naming_its_class_and_those_mapped(mo
     assert "\n" not in message and message.endswith("; not for ToyVLM")
     for adapter in families.ADAPTERS:  # every family vitrim ships maps its tokens, each named by its title
         assert adapter.traits.title in message
-
-
-MOVED = {
-    "llava_boxes": "vitrim.vlm.families.llava",
-    "anyres_layout": "vitrim.vlm.families.llava_next",
-    "llava_next_boxes": "vitrim.vlm.families.llava_next",
-    "qwen_boxes": "vitrim.vlm.families.qwen2vl",
-    "paligemma_boxes": "vitrim.vlm.families.paligemma",
-    "gemma3_boxes": "vitrim.vlm.families.gemma3",
-}
-
-
-@pytest.mark.parametrize("name", sorted(MOVED))
-def test_a_family_box_function_is_answered_at_its_old_path_for_one_release(name: str) -> None:
-    import importlib
-
-    import vitrim.viz.vlm_boxes as old
-
-    home = MOVED[name]
-    with pytest.warns(DeprecationWarning, match=rf"vitrim\.viz\.vlm_boxes is deprecated .* use {home}\.{name}$"):
-        found = getattr(old, name)
-    assert found is getattr(importlib.import_module(home), name)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from vitrim.moved import moved_names
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.cost import VLM, MethodCost
 
@@ -358,3 +359,7 @@ def method_info(name: str) -> MethodInfo:
     cls = method_class(name)
     doc = inspect.getdoc(cls) or inspect.getdoc(inspect.getmodule(cls)) or ""
     return MethodInfo(name=name, stage=cls.stage, defaults=dict(cls.option_defaults()), summary=doc.split("\n")[0])
+
+
+# content_seed lived here before the evidence floor (vitrim.vlm.evidence.seeds): answered for one release
+__getattr__ = moved_names(__name__)
