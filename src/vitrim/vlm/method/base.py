@@ -66,6 +66,9 @@ class VisionEvidence:
                                    text tokens after the image), for methods whose ``reads_instruction()`` is True:
                                    the pre-LLM stage then selects when the prompt reaches the LLM, one image at a
                                    time (I = 1), on ``projected`` = that image's tokens as the LLM receives them
+    question: str | None           the caller's question for the image (``texts=`` of the forward or ``generate()``,
+                                   the question alone as the authors pass it), for a method reading it through a
+                                   text tower of its own (CDPruner's CLIP relevance); None when the caller gave none
     cls_feature: (I, D) | None     the tower's [CLS] row of the feature layer, as ``features`` would hold it before
                                    the projector (LLaVA-1.5: ``hidden_states[vision_feature_layer][:, 0]``), for
                                    methods whose ``uses_cls_token`` is True; None where the tower has no [CLS]
@@ -80,6 +83,7 @@ class VisionEvidence:
     grid: tuple[int, int] | None = None
     instruction: Tensor | None = None
     cls_feature: Tensor | None = None
+    question: str | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
