@@ -139,7 +139,12 @@ def test_cdpruner_clip_relevance_under_generate_with_and_without_the_cache(llava
     finally:
         vitrim.vlm.remove(llava)
     assert torch.equal(cached, uncached)
-    assert kept == cdpruner_reference(projected_tokens(llava, pv), authors_relevance(llava, clip_folder, pv, QUESTION).double(), 6)[0]
+    assert (
+        kept
+        == cdpruner_reference(
+            projected_tokens(llava, pv), authors_relevance(llava, clip_folder, pv, QUESTION).double(), 6
+        )[0]
+    )
 
 
 def test_cdpruner_llm_relevance_reads_the_prompt_at_every_uncached_step(llava) -> None:

@@ -66,6 +66,9 @@ class VisionEvidence:
                                    text tokens after the image), for methods whose ``reads_instruction()`` is True:
                                    the pre-LLM stage then selects when the prompt reaches the LLM, one image at a
                                    time (I = 1), on ``projected`` = that image's tokens as the LLM receives them
+    object_attention: (I, H, N) | None  a second block's attention in ``cls_attention``'s convention, for a method
+                                   reading two blocks (HiPrune's object block on Qwen; the family taps the block the
+                                   method names in ``object_block``)
     question: str | None           the caller's question for the image (``texts=`` of the forward or ``generate()``,
                                    the question alone as the authors pass it), for a method reading it through a
                                    text tower of its own (CDPruner's CLIP relevance); None when the caller gave none
@@ -84,6 +87,7 @@ class VisionEvidence:
     instruction: Tensor | None = None
     cls_feature: Tensor | None = None
     question: str | None = None
+    object_attention: Tensor | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
@@ -222,6 +226,9 @@ class Method:
     needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
     reads_grid: ClassVar[bool] = False  # pre-LLM: reads the tokens' 2-D layout (VisionEvidence.token_grid)
     uses_cls_token: ClassVar[bool] = False  # pre-LLM: hand it VisionEvidence.cls_feature where the tower has a [CLS]
+    # a family whose stages do not take this method's stage runs this pre-LLM form of it instead (same name, same
+    # options): HiPrune's tower method is the authors' LLaVA code, its pre-LLM form their Qwen2.5-VL code
+    pre_llm_form: ClassVar[type[Method] | None] = None
 
     def __init__(self, **options: Any) -> None:
         defaults = {**self.defaults, **(PRE_LLM_DEFAULTS if self.stage == "pre_llm" else {})}

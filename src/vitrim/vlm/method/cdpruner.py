@@ -29,7 +29,7 @@ The relevance, two signals (option ``relevance``):
   join it, also under ``use_cache=False``).
 - default (``relevance=None``): ``"clip"`` when the caller passes the question (``texts=``; every family whose
   feature layer CLIP's projection reads: LLaVA-1.5), ``"llm"`` otherwise. The authors' numbers need ``texts=`` on
-  LLaVA-1.5; the same tiny LLaVA fed each signal keeps other tokens (issue 53: 1.8 of 8 shared).
+  LLaVA-1.5; the same tiny LLaVA fed each signal keeps other tokens (issue 53 measured 1.8 of 8 in common).
 
 Where vitrim differs from the authors, and why:
 - **the min and max in step 2 are per image.** The authors take them over the whole batch (``relevance.min()``),

@@ -29,6 +29,11 @@ tokens only (LLaVA) or the patch grid with the dropped patches zero (``to_grid``
 tower has no [CLS], and HiPrune needs none: the global attention is every query's, as on the authors' Qwen2.5-VL.
 The authors tune ``object_layer`` per tower (9 of CLIP-L's 24, 16 of Qwen2.5-VL's 32); for SigLIP they give none,
 and vitrim keeps 9 (pass ``object_layer`` for another).
+
+On Qwen2-VL, Qwen2.5-VL and Qwen3-VL (whose tower vitrim does not cut) the same name runs the authors' Qwen2.5-VL
+code before the LLM: the tower runs whole and the merged tokens are selected from its blocks' attention
+(:mod:`vitrim.vlm.method.hiprune_qwen`: object block 16 by default, registers from the last block, ``keep=0.223``
+as their retention).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.vlm.method.base import register_method
 from vitrim.vlm.method.cost import VLM, MethodCost, cut_tower_blocks
+from vitrim.vlm.method.hiprune_qwen import HiPruneBeforeLLM
 from vitrim.vlm.method.ranking import top_k_stable
 from vitrim.vlm.method.tower_ranking import received_attention
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
@@ -128,7 +134,10 @@ class HiPrune(TowerMethod):
     """Anchors at a middle tower layer, their buffers, registers at the feature layer (module doc). Options (the
     authors' names): ``alpha`` (float in [0, 1], default 0.1: 5·alpha of ``keep`` are anchors and buffers),
     ``object_layer`` (int ≥ 1, default 9: the 1-based tower layer whose attention picks the anchors), ``keep=``
-    (their ``HIPRUNE_RETENTION``: patches per image; required), and ``to_grid`` (the tower stage's)."""
+    (their ``HIPRUNE_RETENTION``: patches per image; required), and ``to_grid`` (the tower stage's). On the Qwen
+    family: :class:`~vitrim.vlm.method.hiprune_qwen.HiPruneBeforeLLM` (before the LLM, ``object_layer`` 16)."""
+
+    pre_llm_form = HiPruneBeforeLLM
 
     defaults: ClassVar[Mapping[str, Any]] = {
         "alpha": HIPRUNE_ALPHA, "object_layer": HIPRUNE_OBJECT_LAYER, "to_grid": None,

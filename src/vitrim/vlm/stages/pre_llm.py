@@ -273,7 +273,9 @@ class PreLLMStage:
         if len(self.texts) == 1:
             return self.texts[0]
         if not len(self.texts) or rows % len(self.texts):
-            raise ValueError(f"texts= holds {len(self.texts)} questions for a batch of {rows} prompts; expected one per prompt")
+            raise ValueError(
+                f"texts= holds {len(self.texts)} questions for a batch of {rows} prompts; expected one per prompt"
+            )
         return self.texts[row // (rows // len(self.texts))]
 
     def watch_generate(self, model: nn.Module) -> Callable[[], None]:
