@@ -182,6 +182,10 @@ class HiPrune(TowerMethod):
         and ``keep`` enter the LLM; its own: the global attention (every query's row over every key, q·kᵀ) of the
         object block and the feature block (one when they are the same). The stage reads the blocks' own q, k."""
         tower = model.tower
+        if tower.temporal_patch > 1:  # Qwen's tower (its Conv3d stacks frames): the pre-LLM form runs there
+            return self.pre_llm_form(**{k: self.options[k] for k in self.given}).cost(
+                model, keep, text_tokens=text_tokens
+            )
         n, feature = tower.tokens, tower.reducing_layers - 1  # the block whose output is handed on (0-based)
         object_block = self.options["object_layer"] - 1
         own = (1 if object_block == feature else 2) * n * n * tower.width

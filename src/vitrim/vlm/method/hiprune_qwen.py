@@ -109,7 +109,11 @@ class HiPruneBeforeLLM(Method):
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
         """The tower runs whole and ``keep`` merged tokens enter the LLM; its own: the global attention (every
-        query's row over every key, q·kᵀ) of the object block and of the last block, from their q and k."""
+        query's row over the keys of its segment, q·kᵀ: the image in a full-attention block, its window in the
+        others) of the object block and of the last block, from their q and k."""
         tower = model.tower
-        blocks = 1 if self.object_block == tower.layers - 1 else 2
-        return MethodCost.before_llm(keep, blocks * tower.tokens * tower.tokens * tower.width)
+        own = 0
+        for block in sorted({self.object_block, tower.layers - 1}):
+            windowed = tower.window is not None and block not in tower.full_attention_layers
+            own += tower.tokens * (tower.window if windowed and tower.window else tower.tokens) * tower.width
+        return MethodCost.before_llm(keep, own)
