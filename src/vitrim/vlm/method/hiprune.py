@@ -49,7 +49,7 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.vlm.method.base import register_method
 from vitrim.vlm.method.cost import VLM, MethodCost, cut_tower_blocks
-from vitrim.vlm.method.hiprune_qwen import HiPruneBeforeLLM
+from vitrim.vlm.method.hiprune_qwen import HiPruneBeforeLLM, check_hiprune_options
 from vitrim.vlm.method.ranking import top_k_stable
 from vitrim.vlm.method.tower_ranking import received_attention
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
@@ -144,11 +144,7 @@ class HiPrune(TowerMethod):
     }  # fmt: skip
 
     def check(self) -> None:
-        alpha, layer = self.options["alpha"], self.options["object_layer"]
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
-            raise ValueError(f"alpha={alpha!r} must be a number in [0, 1]")
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
-            raise ValueError(f"object_layer={layer!r} must be an int >= 1 (1-based, as the authors count)")
+        check_hiprune_options(self.options["alpha"], self.options["object_layer"])
 
     def check_keep(self, keep: int) -> None:
         alpha = self.options["alpha"]

@@ -43,6 +43,14 @@ HIPRUNE_QWEN_OBJECT_LAYER = 16  # the authors' bench_qwen script (of Qwen2.5-VL'
 NEIGHBOURS = 5  # an anchor and its 4 raster neighbours
 
 
+def check_hiprune_options(alpha: Any, layer: Any) -> None:
+    """HiPrune's options, one line naming the bad one (both forms: the tower method and this one)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha={alpha!r} must be a number in [0, 1]")
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
+        raise ValueError(f"object_layer={layer!r} must be an int >= 1 (1-based, as the authors count)")
+
+
 def hiprune_qwen_keep(objects: Tensor, deep: Tensor, width: int, keep: int, alpha: float) -> Tensor:
     """(≤ keep,) long, ascending: the authors' Qwen HiPrune selection of one image.
 
@@ -73,11 +81,7 @@ class HiPruneBeforeLLM(Method):
     needs_cls_attention = True  # the family taps the last block (the scoring block) and ``object_block``
 
     def check(self) -> None:
-        alpha, layer = self.options["alpha"], self.options["object_layer"]
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
-            raise ValueError(f"alpha={alpha!r} must be a number in [0, 1]")
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
-            raise ValueError(f"object_layer={layer!r} must be an int >= 1 (1-based, as the authors count)")
+        check_hiprune_options(self.options["alpha"], self.options["object_layer"])
         if self.options["to_grid"] is not None:
             raise ValueError("to_grid is the tower stage's; hiprune runs before the LLM on this family")
 

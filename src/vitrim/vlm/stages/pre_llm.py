@@ -73,7 +73,8 @@ class PreLLMStage:
         self.loss_options: dict[str, Any] = {}
         self.followers: list[Callable[[ImageSpans], None]] = []  # later stages watching the LLM's input (follow)
         self.order: list[int] = []  # the last prefill's images in the LLM input: the encoded image each one shows
-        self.tower_states: Tensor | None = None  # (I, N, D) the last encoder run's features, for an instruction method
+        self.tower_states: list[Tensor] = []  # per encoded image (N, D): the features, for an instruction method
+        self.pending_states: list[Tensor] = []  # those of the encoder run in flight (a family may select per image)
         self.texts: list[str] | None = None  # the caller's questions (texts=) of the forward in flight
         self.prompt_length: int | None = None  # inside generate(): the prompt's columns (the instruction's end)
         self.generate_texts: Any = None  # inside generate(): its texts= (generate hands the model no unknown keyword)
@@ -107,12 +108,13 @@ class PreLLMStage:
         keep = self.keep_of(num_tokens)
         if self.method.reads_instruction():
             keep = num_tokens
-            self.tower_states = evidence.features
+            self.pending_states += list(evidence.features)
         return select_keeping(self.method, evidence, keep)
 
     def selected(self, selections: list[ImageSelection]) -> None:
         """The selection of every image of one encoder run (encode order)."""
         self.encoded = selections
+        self.tower_states, self.pending_states = self.pending_states, []
 
     # the model: what a prefill holds; decode steps on a shortened prefill's cache
 
@@ -255,7 +257,8 @@ class PreLLMStage:
                 raise ValueError(f"vlm method {self.method.name!r} reads the instruction; the prompt has no text")
             tokens = embeds[row, columns]  # (N, E)
             states = self.tower_states
-            features = tokens if states is None or states.shape[1] != len(tokens) else states[image]  # (N, D)
+            fits = len(states) == len(counts) and len(states[image]) == len(tokens)
+            features = states[image] if fits else tokens  # (N, D) the tower's, where they are the LLM's tokens
             evidence = VisionEvidence(
                 features=features[None],
                 projected=tokens[None],
@@ -283,7 +286,8 @@ class PreLLMStage:
         ``model`` (an attribute of the instance wrapping the class's method; the class is untouched), so a method
         reading the instruction reads the prompt's text at every step (``use_cache=False`` re-runs the prefill with
         the generated tokens in it); returns the undo."""
-        original = model.generate
+        owner: Any = model  # transformers' GenerationMixin: an instance attribute shadows the class's generate
+        original = owner.generate
 
         def generate(*args: Any, **kwargs: Any) -> Any:
             prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
@@ -296,10 +300,10 @@ class PreLLMStage:
             finally:
                 self.prompt_length = self.generate_texts = None
 
-        model.generate = generate
+        owner.generate = generate
 
         def undo() -> None:
-            del model.generate  # the class's method again
+            del owner.generate  # the class's method again
 
         return undo
 
