@@ -247,7 +247,7 @@ def test_a_siglip_tower_gives_vitrim_s_own_tokens_with_tome() -> None:
 
 @pytest.mark.parametrize(
     ("builder", "name", "options"),
-    [("qwen2_vl", "tome", {"r": 2}), ("qwen3_vl", "hiprune", {"keep": 8}), ("qwen3_vl", "flowcut", {"keep": 8})],
+    [("qwen2_vl", "tome", {"r": 2}), ("qwen3_vl", "topk", {"keep": 8}), ("qwen3_vl", "flowcut", {"keep": 8})],
 )
 def test_qwen_s_tower_is_refused_at_apply_with_the_reason(builder: str, name: str, options: dict) -> None:
     """Qwen packs its images into one sequence and merges 2×2 patch groups (Qwen3-VL also at its DeepStack taps):

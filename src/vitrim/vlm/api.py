@@ -57,9 +57,11 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     require("transformers", feature="vitrim.vlm")
     cls = method_class(method)
     generic = {name: options.pop(name) for name in ("keep", "layer") if name in options}
-    instance = cls(**options)
     family = find_family(model)
     stages = family.traits.stages
+    if cls.stage not in stages and cls.pre_llm_form is not None and "pre_llm" in stages:
+        cls = cls.pre_llm_form  # the method's own form for this family (its authors' code there)
+    instance = cls(**options)
     if cls.stage not in stages:
         titles = ", ".join(traits.title for traits in families_taking(cls.stage))
         raise TypeError(

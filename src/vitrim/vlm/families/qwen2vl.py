@@ -261,7 +261,14 @@ class TowerSelection:
 
     def __init__(self, adapter: Qwen2VLAdapter, stage: EncoderSeam) -> None:
         self.adapter, self.stage = adapter, stage
-        self.taps = Taps(stage.method, scoring=(adapter.visual.blocks[SCORING_BLOCK].attn, read_tower_attention))
+        blocks = adapter.visual.blocks
+        object_block = getattr(stage.method, "object_block", None)  # a method reading a second block (HiPrune)
+        if object_block is not None and not 0 <= object_block < len(blocks):
+            raise ValueError(
+                f"object_layer={object_block + 1} is past this tower's {len(blocks)} blocks; expected 1 … {len(blocks)}"
+            )
+        probe = None if object_block is None else (blocks[object_block].attn, read_tower_attention)
+        self.taps = Taps(stage.method, scoring=(blocks[SCORING_BLOCK].attn, read_tower_attention), probe=probe)
         stage.taps.append(self.taps)
 
     def hooks(self) -> list[Callable[[], None]]:
@@ -269,15 +276,19 @@ class TowerSelection:
         return [handle.remove, self.taps.remove]
 
     def after_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
-        attention = self.taps.take_attention()
+        attention, probed = self.taps.take_attention(), self.taps.take_probe()
         grid: Tensor = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
         pixels: Tensor = args[0] if args else kwargs["hidden_states"]
         adapter = self.adapter
         adapter.grid = grid
         tokens = adapter.tokens_of(grid)
         with torch.no_grad():
-            evidence = image_evidence(
-                attention, output.last_hidden_state, grid, adapter.merge_size, self.window_index(grid)
+            window = self.window_index(grid)
+            evidence = image_evidence(attention, output.last_hidden_state, grid, adapter.merge_size, window)
+            objects = (
+                None
+                if probed is None
+                else image_evidence(probed, output.last_hidden_state, grid, adapter.merge_size, window)
             )
         seeds = image_seeds(pixels.split(grid.prod(-1).tolist()))  # (I,)
         unit = adapter.merge_size**2
@@ -299,6 +310,7 @@ class TowerSelection:
                 seeds=seeds[image : image + 1],
                 projected=own[None],
                 grid=item.grid,
+                object_attention=None if objects is None else objects[image].received[None],
             )
             selections += chosen
             pieces.append(own if written is None else written[0])

@@ -67,6 +67,12 @@ class VisionEvidence:
                                    text tokens after the image), for methods whose ``reads_instruction()`` is True:
                                    the pre-LLM stage then selects when the prompt reaches the LLM, one image at a
                                    time (I = 1), on ``projected`` = that image's tokens as the LLM receives them
+    object_attention: (I, H, N) | None  a second block's attention in ``cls_attention``'s convention, for a method
+                                   reading two blocks (HiPrune's object block on Qwen; the family taps the block the
+                                   method names in ``object_block``)
+    question: str | None           the caller's question for the image (``texts=`` of the forward or ``generate()``,
+                                   the question alone as the authors pass it), for a method reading it through a
+                                   text tower of its own (CDPruner's CLIP relevance); None when the caller gave none
     cls_feature: (I, D) | None     the tower's [CLS] row of the feature layer, as ``features`` would hold it before
                                    the projector (LLaVA-1.5: ``hidden_states[vision_feature_layer][:, 0]``), for
                                    methods whose ``uses_cls_token`` is True; None where the tower has no [CLS]
@@ -81,6 +87,8 @@ class VisionEvidence:
     grid: tuple[int, int] | None = None
     instruction: Tensor | None = None
     cls_feature: Tensor | None = None
+    question: str | None = None
+    object_attention: Tensor | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
@@ -219,6 +227,9 @@ class Method:
     needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
     reads_grid: ClassVar[bool] = False  # pre-LLM: reads the tokens' 2-D layout (VisionEvidence.token_grid)
     uses_cls_token: ClassVar[bool] = False  # pre-LLM: hand it VisionEvidence.cls_feature where the tower has a [CLS]
+    # a family whose stages do not take this method's stage runs this pre-LLM form of it instead (same name, same
+    # options): HiPrune's tower method is the authors' LLaVA code, its pre-LLM form their Qwen2.5-VL code
+    pre_llm_form: ClassVar[type[Method] | None] = None
 
     def __init__(self, **options: Any) -> None:
         defaults = {**self.defaults, **(PRE_LLM_DEFAULTS if self.stage == "pre_llm" else {})}

@@ -29,6 +29,11 @@ tokens only (LLaVA) or the patch grid with the dropped patches zero (``to_grid``
 tower has no [CLS], and HiPrune needs none: the global attention is every query's, as on the authors' Qwen2.5-VL.
 The authors tune ``object_layer`` per tower (9 of CLIP-L's 24, 16 of Qwen2.5-VL's 32); for SigLIP they give none,
 and vitrim keeps 9 (pass ``object_layer`` for another).
+
+On Qwen2-VL, Qwen2.5-VL and Qwen3-VL (whose tower vitrim does not cut) the same name runs the authors' Qwen2.5-VL
+code before the LLM: the tower runs whole and the merged tokens are selected from its blocks' attention
+(:mod:`vitrim.vlm.method.hiprune_qwen`: object block 16 by default, registers from the last block, ``keep=0.223``
+as their retention).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from vitrim.attention import AttentionResult
 from vitrim.reduce import Reducer, TokenState
 from vitrim.vlm.method.base import register_method
 from vitrim.vlm.method.cost import VLM, MethodCost, cut_tower_blocks
+from vitrim.vlm.method.hiprune_qwen import HiPruneBeforeLLM, check_hiprune_options
 from vitrim.vlm.method.ranking import top_k_stable
 from vitrim.vlm.method.tower_ranking import received_attention
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
@@ -128,18 +134,17 @@ class HiPrune(TowerMethod):
     """Anchors at a middle tower layer, their buffers, registers at the feature layer (module doc). Options (the
     authors' names): ``alpha`` (float in [0, 1], default 0.1: 5·alpha of ``keep`` are anchors and buffers),
     ``object_layer`` (int ≥ 1, default 9: the 1-based tower layer whose attention picks the anchors), ``keep=``
-    (their ``HIPRUNE_RETENTION``: patches per image; required), and ``to_grid`` (the tower stage's)."""
+    (their ``HIPRUNE_RETENTION``: patches per image; required), and ``to_grid`` (the tower stage's). On the Qwen
+    family: :class:`~vitrim.vlm.method.hiprune_qwen.HiPruneBeforeLLM` (before the LLM, ``object_layer`` 16)."""
+
+    pre_llm_form = HiPruneBeforeLLM
 
     defaults: ClassVar[Mapping[str, Any]] = {
         "alpha": HIPRUNE_ALPHA, "object_layer": HIPRUNE_OBJECT_LAYER, "to_grid": None,
     }  # fmt: skip
 
     def check(self) -> None:
-        alpha, layer = self.options["alpha"], self.options["object_layer"]
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
-            raise ValueError(f"alpha={alpha!r} must be a number in [0, 1]")
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
-            raise ValueError(f"object_layer={layer!r} must be an int >= 1 (1-based, as the authors count)")
+        check_hiprune_options(self.options["alpha"], self.options["object_layer"])
 
     def check_keep(self, keep: int) -> None:
         alpha = self.options["alpha"]
@@ -173,6 +178,10 @@ class HiPrune(TowerMethod):
         and ``keep`` enter the LLM; its own: the global attention (every query's row over every key, q·kᵀ) of the
         object block and the feature block (one when they are the same). The stage reads the blocks' own q, k."""
         tower = model.tower
+        if tower.temporal_patch > 1:  # Qwen's tower (its Conv3d stacks frames): the pre-LLM form runs there
+            return self.pre_llm_form(**{k: self.options[k] for k in self.given}).cost(
+                model, keep, text_tokens=text_tokens
+            )
         n, feature = tower.tokens, tower.reducing_layers - 1  # the block whose output is handed on (0-based)
         object_block = self.options["object_layer"] - 1
         own = (1 if object_block == feature else 2) * n * n * tower.width

@@ -68,16 +68,21 @@ class Taps:
         tower: nn.Module | None = None,
         scoring: tuple[nn.Module, Reader] | None = None,
         cls_layer: nn.Module | None = None,
+        probe: tuple[nn.Module, Reader] | None = None,
     ) -> None:
         self.seeds: Tensor | None = None
         self.cls_row: Tensor | None = None
         self.scoring: ScoringTap | None = None
+        self.probe: ScoringTap | None = None  # a second scoring block (HiPrune's object block), same reader contract
         self.handles: list[Any] = []
         if selector.needs_seeds and tower is not None:
             self.handles.append(tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
         if selector.needs_cls_attention and scoring is not None:
             self.scoring = ScoringTap(*scoring)
             self.handles.append(self.scoring.handle)
+        if selector.needs_cls_attention and probe is not None:
+            self.probe = ScoringTap(*probe)
+            self.handles.append(self.probe.handle)
         if selector.uses_cls_token and cls_layer is not None:
             self.handles.append(cls_layer.register_forward_hook(self.on_feature_layer))
 
@@ -91,6 +96,10 @@ class Taps:
     def take_attention(self) -> Any:
         """The scoring layer's evidence of the last run (None when no scoring tap is installed); forgets it."""
         return None if self.scoring is None else self.scoring.take()
+
+    def take_probe(self) -> Any:
+        """The second scoring block's evidence of the last run (None when no probe is installed); forgets it."""
+        return None if self.probe is None else self.probe.take()
 
     def take_cls_row(self) -> Tensor | None:
         """(I, D) the feature layer's [CLS] rows of the last run (None when not tapped); forgets them."""
@@ -151,6 +160,7 @@ class HandOn:
         projected: Tensor | None = None,
         grid: tuple[int, int] | None = None,
         cls_feature: Tensor | None = None,
+        object_attention: Tensor | None = None,
     ) -> tuple[list[ImageSelection], Tensor | None]:
         """Select among the N tokens of each of the I images of one run, then write the merged ones.
 
@@ -171,6 +181,7 @@ class HandOn:
             projected=projected,
             grid=grid,
             cls_feature=cls_feature if needs.uses_cls_token else None,
+            object_attention=object_attention if needs.needs_cls_attention else None,
         )
         selections = self.choose(evidence, features.shape[1])
         if values is None or project is None:

@@ -73,6 +73,11 @@ class PreLLMStage:
         self.loss_options: dict[str, Any] = {}
         self.followers: list[Callable[[ImageSpans], None]] = []  # later stages watching the LLM's input (follow)
         self.order: list[int] = []  # the last prefill's images in the LLM input: the encoded image each one shows
+        self.tower_states: list[Tensor] = []  # per encoded image (N, D): the features, for an instruction method
+        self.pending_states: list[Tensor] = []  # those of the encoder run in flight (a family may select per image)
+        self.texts: list[str] | None = None  # the caller's questions (texts=) of the forward in flight
+        self.prompt_length: int | None = None  # inside generate(): the prompt's columns (the instruction's end)
+        self.generate_texts: Any = None  # inside generate(): its texts= (generate hands the model no unknown keyword)
         handles = [
             family.inner.register_forward_pre_hook(self.before_model, with_kwargs=True),
             family.language_model.register_forward_pre_hook(self.before_llm, with_kwargs=True),
@@ -81,6 +86,7 @@ class PreLLMStage:
             family.model.register_forward_hook(self.loss_after, with_kwargs=True),
         ]
         self.undo: list[Callable[[], None]] = [handle.remove for handle in handles]
+        self.undo.append(self.watch_generate(family.model))
         try:
             self.undo += family.select_hooks(self)
         except BaseException:
@@ -102,11 +108,13 @@ class PreLLMStage:
         keep = self.keep_of(num_tokens)
         if self.method.reads_instruction():
             keep = num_tokens
+            self.pending_states += list(evidence.features)
         return select_keeping(self.method, evidence, keep)
 
     def selected(self, selections: list[ImageSelection]) -> None:
         """The selection of every image of one encoder run (encode order)."""
         self.encoded = selections
+        self.tower_states, self.pending_states = self.pending_states, []
 
     # the model: what a prefill holds; decode steps on a shortened prefill's cache
 
@@ -142,9 +150,11 @@ class PreLLMStage:
         """``labels=`` (B, L) are over the unmodified input; the model gets none, and the loss is computed after it
         (:meth:`loss_after`) over the positions that entered the LLM."""
         self.labels = self.short_labels = None
+        texts = kwargs.pop("texts", self.generate_texts)
+        self.texts = None if texts is None else questions(texts)
         labels = kwargs.get("labels")
         if labels is None:
-            return None
+            return args, kwargs
         self.labels, self.loss_options = labels, {k: kwargs[k] for k in ("num_items_in_batch",) if k in kwargs}
         kwargs["labels"] = None
         return args, kwargs
@@ -239,14 +249,63 @@ class PreLLMStage:
             row = int(where.any(1).nonzero()[0])
             columns = where[row].nonzero()[:, 0]  # (N,) the image's columns, raster order
             text = real[row] & ~spans.is_image[row]
+            if self.prompt_length is not None:  # generate(): the prompt's text, never the tokens generated after it
+                text[self.prompt_length :] = False
             after = text & (torch.arange(text.shape[0], device=text.device) > columns.max())
             instruction = embeds[row, after if bool(after.any()) else text]  # (M, E)
             if not len(instruction):
                 raise ValueError(f"vlm method {self.method.name!r} reads the instruction; the prompt has no text")
             tokens = embeds[row, columns]  # (N, E)
-            evidence = VisionEvidence(features=tokens[None], projected=tokens[None], instruction=instruction[None])
+            states = self.tower_states
+            fits = len(states) == len(counts) and len(states[image]) == len(tokens)
+            features = states[image] if fits else tokens  # (N, D) the tower's, where they are the LLM's tokens
+            evidence = VisionEvidence(
+                features=features[None],
+                projected=tokens[None],
+                instruction=instruction[None],
+                question=self.question_of(row, spans.is_image.shape[0]),
+            )
             chosen[image] = self.method.select(evidence, self.keep_of(counts[image]))[0]
         return [chosen[image] for image in range(len(counts))]
+
+    def question_of(self, row: int, rows: int) -> str | None:
+        """The caller's question for batch row ``row`` of ``rows`` (``texts=``: one for every row, one per prompt,
+        or one per prompt repeated by generate() for its beams or sequences)."""
+        if self.texts is None:
+            return None
+        if len(self.texts) == 1:
+            return self.texts[0]
+        if not len(self.texts) or rows % len(self.texts):
+            raise ValueError(
+                f"texts= holds {len(self.texts)} questions for a batch of {rows} prompts; expected one per prompt"
+            )
+        return self.texts[row // (rows // len(self.texts))]
+
+    def watch_generate(self, model: nn.Module) -> Callable[[], None]:
+        """Note the prompt's length and the caller's ``texts=`` for the forwards of every ``generate()`` call on
+        ``model`` (an attribute of the instance wrapping the class's method; the class is untouched), so a method
+        reading the instruction reads the prompt's text at every step (``use_cache=False`` re-runs the prefill with
+        the generated tokens in it); returns the undo."""
+        owner: Any = model  # transformers' GenerationMixin: an instance attribute shadows the class's generate
+        original = owner.generate
+
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+            if prompt is None:
+                prompt = kwargs.get("inputs_embeds")
+            self.prompt_length = None if prompt is None else int(prompt.shape[1])
+            self.generate_texts = kwargs.pop("texts", None)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.prompt_length = self.generate_texts = None
+
+        owner.generate = generate
+
+        def undo() -> None:
+            del owner.generate  # the class's method again
+
+        return undo
 
     def after_llm(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         if self.shortened_now:
@@ -271,6 +330,15 @@ def install(family: FamilyAdapter, method: Selector, keep: KeepSpec | None) -> P
     """Install the pre-LLM ``method`` on ``family``: ``keep`` image tokens per image enter its LLM (None: the
     selector decides, ``vitrim.vlm.stacking``)."""
     return PreLLMStage(family, method, keep)
+
+
+def questions(texts: Any) -> list[str]:
+    """``texts=`` as a list of questions: a string (every prompt's), or a list or tuple of strings."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, list | tuple) and all(isinstance(text, str) for text in texts):
+        return list(texts)
+    raise ValueError(f"texts={texts!r}: expected the question as a string, or a list of strings (one per prompt)")
 
 
 def cache_of(kwargs: dict[str, Any]) -> Any:
