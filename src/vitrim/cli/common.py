@@ -155,6 +155,22 @@ def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any]
     parser.add_argument("--seed", type=SEED, default=d.get("seed"), help="seed of the split, placements and init")
 
 
+def parse_keep_text(text: str, option: str = "--keep") -> int | float:
+    """``--keep``'s text: a count of image tokens (``"64"``) or a fraction in (0, 1] (``"0.25"``); ``ValueError``
+    naming the option and the value otherwise (the one reading of ``keep=`` from a command line)."""
+    expected = f"{option} must be a token count (64) or a fraction in (0, 1] (0.25), got {text!r}"
+    try:
+        value: int | float = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(expected) from None
+    if value <= 0 or (isinstance(value, float) and not value <= 1):
+        raise ValueError(expected)
+    return value
+
+
 def check_output_file(path: str, option: str) -> Path:
     """A file the command will write: its folder must exist and be a folder (checked before any work)."""
     out = Path(path)

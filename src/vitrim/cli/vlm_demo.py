@@ -10,7 +10,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitrim.cli.common import SEED, Bounded, add_threads_argument, check_output_file, check_output_folder
+from vitrim.cli.common import (
+    SEED,
+    Bounded,
+    add_threads_argument,
+    check_output_file,
+    check_output_folder,
+    parse_keep_text,
+)
 from vitrim.cli.demo import add_ship_to_argument, check_seed, check_ship_to
 from vitrim.cli.vlm_user import InOrder, add_user_model_arguments, demo_mode, methods_given, run_user_ask
 from vitrim.extras import require
@@ -130,13 +137,13 @@ def _register_ask(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_ask(args: argparse.Namespace) -> int:
-    from vitrim.demos.vlm.ask import ask, load_demo_model, parse_keep, read_canvas
+    from vitrim.demos.vlm.ask import ask, load_demo_model, read_canvas
 
     if args.model is not None:
         return run_user_ask(args)
     demo_mode(args)
 
-    keep = parse_keep(args.keep)
+    keep = parse_keep_text(args.keep)
     model = load_demo_model(args.run)
     canvas = read_canvas(args.image)
     result = ask(model, canvas, args.question, method=args.method, keep=keep)
@@ -175,7 +182,7 @@ def _register_viz_kind(kinds: argparse._SubParsersAction) -> None:
 
 
 def _run_viz(args: argparse.Namespace) -> int:
-    from vitrim.demos.vlm.ask import ask, load_demo_model, parse_keep, read_canvas, save_canvas
+    from vitrim.demos.vlm.ask import ask, load_demo_model, read_canvas, save_canvas
     from vitrim.demos.vlm.attention import last_token_attention
     from vitrim.demos.vlm.evaluate import held_out
     from vitrim.demos.vlm.pictures import plot_attention, plot_selections
@@ -189,7 +196,7 @@ def _run_viz(args: argparse.Namespace) -> int:
         check_output_file(args.attention, "--attention")
     if args.save_canvas:
         check_output_file(args.save_canvas, "--save-canvas")
-    keep = parse_keep(args.keep)
+    keep = parse_keep_text(args.keep)
     if args.image is not None:
         canvas = read_canvas(args.image)
     else:

@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from vitrim.cli.common import Bounded, check_output_folder
+from vitrim.cli.common import Bounded, check_output_folder, parse_keep_text
 from vitrim.extras import require
 
 DEMO_KEEP = "0.25"  # the digits demo's --keep when none is given
@@ -52,7 +52,7 @@ def stacked_methods(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]
         elif not stack:
             raise ValueError(f"with two --method, give each --keep / --set after its --method (got --{flag} first)")
         elif flag == "keep":
-            stack[-1][1]["keep"] = parse_keep(value)
+            stack[-1][1]["keep"] = parse_keep_text(value)
         else:
             stack[-1][1].update(parse_options([value]))
     return stack
@@ -109,22 +109,6 @@ def parse_options(settings: list[str]) -> dict[str, Any]:
             value = text.strip()
         options[name.strip()] = value
     return options
-
-
-def parse_keep(text: str) -> int | float:
-    """``--keep``: a count of image tokens (``64``) or a fraction in (0, 1] (``0.25``)."""
-    try:
-        value: int | float = int(text)
-    except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(
-                f"--keep must be a token count (64) or a fraction in (0, 1] (0.25), got {text!r}"
-            ) from None
-    if value <= 0 or (isinstance(value, float) and value > 1):
-        raise ValueError(f"--keep must be a token count (64) or a fraction in (0, 1] (0.25), got {text!r}")
-    return value
 
 
 def read_picture(path: str) -> Any:
@@ -189,7 +173,7 @@ def run_user_ask(args: argparse.Namespace) -> int:
         if args.method is None and args.keep is not None:
             raise ValueError(f"--keep {args.keep} needs --method")
         if args.keep is not None:
-            options = {"keep": parse_keep(args.keep), **options}
+            options = {"keep": parse_keep_text(args.keep), **options}
     out = None if args.out is None else check_output_folder(args.out, "--out")
     picture = read_picture(args.image)
     from transformers.utils import logging

@@ -40,18 +40,6 @@ def save_canvas(canvas: np.ndarray, path: Path) -> None:
     Image.fromarray(np.round(np.clip(canvas, 0.0, 1.0) * 255).astype(np.uint8)).save(path)  # 2-D uint8: mode L
 
 
-def parse_keep(text: str) -> int | float:
-    """``--keep``: ``"16"`` -> 16 image tokens, ``"0.25"`` -> a quarter of them."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"--keep must be a token count (e.g. 16) or a fraction (e.g. 0.25), got {text!r}") from None
-
-
 STAGE_WORDS = {"pre_llm": "before the LLM", "in_llm": "inside the LLM", "tower": "inside the vision tower"}
 
 
