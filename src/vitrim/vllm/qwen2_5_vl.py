@@ -67,9 +67,10 @@ class TrimmedQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
 
 
 def trimmed_qwen_info(ctx: Any) -> TrimmedQwen2_5_VLProcessingInfo:
-    info = TrimmedQwen2_5_VLProcessingInfo(ctx)
-    qwen_trim_options(info.get_hf_config())
-    return info
+    """The processing info, its options checked first: on the untyped config, so another family's checkpoint gets
+    vitrim's line (naming its model_type) before vLLM's typed getter refuses it with a ``TypeError``."""
+    qwen_trim_options(ctx.get_hf_config())
+    return TrimmedQwen2_5_VLProcessingInfo(ctx)
 
 
 class TrimmedQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
