@@ -1,0 +1,107 @@
+"""VitrimQwen3VLForConditionalGeneration on vLLM's CPU backend against transformers + vitrim.vlm (same folder), on a
+tiny Qwen3-VL laid out as the real checkpoints (DeepStack taps, interleaved M-RoPE, temporal patches of 2).
+
+Per pre-LLM method, one engine: three requests with images of three sizes (one taller than wide, one prompt with
+two images) run together and each alone; every request's greedy tokens equal transformers + vitrim.vlm's, its kept
+image tokens equal ``vitrim.vlm.last_selection``'s, its prompt is shorter by exactly the dropped tokens.
+
+Positions: both keep each kept token's original M-RoPE position and continue the text after an image where the full
+image would end (vitrim.vllm.compat.image_positions); the reference is vitrim.vlm as it is. keep = 1.0 (every token)
+is checked against vLLM's unmodified Qwen3VLForConditionalGeneration, and that against transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
+
+from engines import (
+    assert_like_reference,
+    greedy,
+    overrides,
+    transformers_reference,
+    trimmed_runs,
+    with_engine,
+)
+from PIL import Image
+
+from tiny_vlms.folders import save_vllm_qwen3_vl
+from vitrim.vllm.options import pre_llm_methods
+
+ARCHITECTURE = "VitrimQwen3VLForConditionalGeneration"
+KEEP = 6
+MAX_TOKENS = 8
+METHODS = pre_llm_methods()
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("qwen3")
+
+
+@pytest.fixture(scope="module")
+def folder(work: Path) -> Path:
+    return save_vllm_qwen3_vl(work / "tiny-qwen3-vl")
+
+
+@pytest.fixture(scope="module")
+def requests(work: Path) -> list[dict[str, Any]]:
+    """Images of 4×6, 6×4 (taller than wide) and 5×5 tokens (4 px each); the last prompt holds two."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for index, (height, width) in enumerate([(16, 24), (24, 16), (20, 20)]):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return [
+        {"prompt": f"w10 w11 {IMAGE} w12 w13", "images": [paths[0]]},
+        {"prompt": f"w20 {IMAGE} w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
+        {"prompt": f"w30 w31 {IMAGE} w32 {IMAGE} w33", "images": [paths[2], paths[1]]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
+    names: list[str | None] = [None, *METHODS]
+    specs = [
+        {
+            "folder": str(folder),
+            "family": "qwen3_vl",
+            "method": name,
+            "options": {} if name is None else {"keep": KEEP},
+            "positions": "original",
+            "max_tokens": MAX_TOKENS,
+            "requests": requests,
+        }
+        for name in names
+    ]
+    return dict(zip(names, transformers_reference(specs, work), strict=True))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_method_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
+    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
+) -> None:
+    runs = trimmed_runs(folder, ARCHITECTURE, method, {"keep": KEEP}, requests, MAX_TOKENS)
+    assert_like_reference(requests, runs, reference[method])
+    assert all(len(kept) == KEEP for kept in runs[2].values())
+
+
+def test_keeping_every_token_is_vllms_unmodified_qwen(
+    folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
+) -> None:
+    dense = with_engine(folder, None, lambda llm: greedy(llm, requests, MAX_TOKENS))
+    kept_all = with_engine(
+        folder, overrides(ARCHITECTURE, "visionzip", keep=1.0), lambda llm: greedy(llm, requests, MAX_TOKENS)
+    )
+    for plain, trimmed, expected in zip(dense, kept_all, reference[None], strict=True):
+        assert list(plain.outputs[0].token_ids) == expected["tokens"]  # vLLM's Qwen is transformers' (the baseline)
+        assert list(trimmed.outputs[0].token_ids) == expected["tokens"]
+        assert trimmed.prompt_token_ids == plain.prompt_token_ids
+        assert len(plain.prompt_token_ids) == expected["prompt_tokens"]
