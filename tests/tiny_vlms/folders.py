@@ -51,7 +51,8 @@ VLLM_QWEN_TEXT: dict[str, Any] = dict(
     vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
     num_attention_heads=2,  # head size 32; M-RoPE's sections sum to 32 / 2
     num_key_value_heads=1, max_position_embeddings=512,
-    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10000.0},
+    # θ = 10: a token moved to its neighbour's cell changes the logits (at 10000 the h, w sections barely turn)
+    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10.0},
     **UNTIED,
 )  # fmt: skip
 VLLM_QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)

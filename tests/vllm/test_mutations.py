@@ -7,7 +7,8 @@ where ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the model):
 - **misplaced**: each image hands on its neighbouring tokens (every kept raster index + 1) in place of its own;
 - **cell** (the Qwen families): each kept token gets its neighbour's M-RoPE cell (the image's positions shifted by
   one token), its features its own;
-- **order**: each image's kept tokens enter the LLM in reverse order (features and cells together).
+- **order**: each image's kept tokens enter the LLM in reverse order; on Qwen their cells stay in raster order (the
+  tokens in the order a score ranks them, the cells in the grid's: each token on another token's cell).
 
 Each mistake must change some request's greedy tokens: otherwise the exactness tests of tests/vllm could not see it.
 Each run names its images afresh (``multi_modal_uuids``), so vLLM's encoder cache never hands one run's features to
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
@@ -40,6 +42,7 @@ FAMILIES = {  # family: (its plugin module, its tiny folder, its image placehold
 MISTAKES = {"llava": ("misplaced", "order"), "qwen2_5_vl": ("misplaced", "cell", "order")}
 MISTAKES["qwen3_vl"] = MISTAKES["qwen2_5_vl"]
 KEEP = 6
+POSITION_COLUMNS = 4  # vitrim.vllm.compat.image_positions
 MAX_TOKENS = 8
 
 
@@ -65,7 +68,12 @@ def patch_plugin(module: Any, mistake: Mistake, monkeypatch: pytest.MonkeyPatch,
 
     def embed(self: Any, **kwargs: Any) -> Any:
         out = embed_multimodal(self, **kwargs)
-        return tuple(rows.flip(0) for rows in out) if mistake.now == "order" else out
+        if mistake.now != "order":
+            return out
+        cells = POSITION_COLUMNS if positions else 0  # the (t, h, w, span) columns a Qwen embedding carries
+        return tuple(
+            torch.cat([rows[:, : rows.shape[1] - cells].flip(0), rows[:, rows.shape[1] - cells :]], 1) for rows in out
+        )
 
     monkeypatch.setattr(module, "select_keeping", select)
     monkeypatch.setattr(model_class, "embed_multimodal", embed)

@@ -3,7 +3,7 @@
 A subclass of vLLM's ``Qwen3VLForConditionalGeneration``, on the seams of :mod:`vitrim.vllm.qwen2_5_vl`:
 
 - **Placeholders** (the processor's ``_get_prompt_updates``): an image of N tokens gets ``keep`` of them
-  (:func:`~vitrim.vllm.qwen2_5_vl.shortened`), decided from its grid before the tower runs;
+  (:func:`~vitrim.vllm.qwen2_5_vl.shortened_images`), decided from its grid before the tower runs;
 - **Features** (``embed_multimodal``): the tower runs as vLLM's does; the scoring block is vLLM's
   ``Qwen2_5_VisionAttention`` (the same class as Qwen2.5-VL's: :func:`~vitrim.vllm.qwen2_5_vl.read_tower_attention`
   reads it, full attention per image, no window order), the merger's input is the evidence's features, and
@@ -42,17 +42,14 @@ from vllm.model_executor.models.qwen3_vl import (
     Qwen3VLProcessingInfo,
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.processing import PromptReplacement
 
 from vitrim.vllm.compat import (
-    check_vllm_version,
     declare_image_pruning,
     image_positions,
     sequential_mrope_positions,
     tap_input,
 )
-from vitrim.vllm.options import TrimOptions, trim_options
-from vitrim.vllm.qwen2_5_vl import read_tower_attention, shortened
+from vitrim.vllm.qwen2_5_vl import qwen_trim_options, read_tower_attention, shortened_images
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.merged_tokens import image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
@@ -60,15 +57,6 @@ from vitrim.vlm.families.qwen2vl import merge_deepstack
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 
 ARCHITECTURE = "VitrimQwen3VLForConditionalGeneration"
-
-
-def qwen3_trim_options(hf_config: Any) -> TrimOptions:
-    """The validated ``vitrim`` options of a Qwen3-VL config."""
-    check_vllm_version()
-    options = trim_options(hf_config, ARCHITECTURE)
-    if options.keep.count is not None:
-        options.method.check_keep(options.keep.count)
-    return options
 
 
 class TrimmedQwen3VLProcessingInfo(Qwen3VLProcessingInfo):
@@ -81,7 +69,7 @@ class TrimmedQwen3VLProcessingInfo(Qwen3VLProcessingInfo):
 def trimmed_qwen3_info(ctx: Any) -> TrimmedQwen3VLProcessingInfo:
     """The processing info, its options checked first, on the untyped config (vitrim's line, not vLLM's
     ``TypeError``, for another family's checkpoint)."""
-    qwen3_trim_options(ctx.get_hf_config())
+    qwen_trim_options(ctx.get_hf_config(), ARCHITECTURE)
     return TrimmedQwen3VLProcessingInfo(ctx)
 
 
@@ -89,14 +77,8 @@ class TrimmedQwen3VLMultiModalProcessor(Qwen3VLMultiModalProcessor):
     """vLLM's Qwen3-VL processor whose image replacements hold ``keep`` placeholders."""
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
-        options = qwen3_trim_options(self.info.get_hf_config())
-        updates = list(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs))
-        for index, update in enumerate(updates):
-            if update.modality == "image":
-                updates[index] = PromptReplacement(
-                    modality="image", target=update.target, replacement=shortened(update.replacement, options)
-                )
-        return updates
+        options = qwen_trim_options(self.info.get_hf_config(), ARCHITECTURE)
+        return shortened_images(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs), options)
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -110,7 +92,7 @@ class VitrimQwen3VLForConditionalGeneration(Qwen3VLForConditionalGeneration):
     supports_mm_device_do_normalize = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "model") -> None:
-        options = qwen3_trim_options(vllm_config.model_config.hf_config)
+        options = qwen_trim_options(vllm_config.model_config.hf_config, ARCHITECTURE)
         declare_image_pruning(vllm_config.model_config.multimodal_config)  # before vLLM's class reads it
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if options.method.needs_cls_attention and get_tensor_model_parallel_world_size() > 1:
