@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from vitrim.vlm_user.tiny import save_gemma3, save_llava, save_llava_next, save_paligemma, save_qwen2_5_vl
+from vitrim.vlm_user.tiny import (
+    save_gemma3,
+    save_llava,
+    save_llava_next,
+    save_paligemma,
+    save_qwen2_5_vl,
+    save_qwen3_vl,
+)
 
 __all__ = [
     "save_gemma3",
@@ -28,6 +35,7 @@ __all__ = [
     "save_qwen2_5_vl",
     "save_vllm_llava",
     "save_vllm_qwen2_5_vl",
+    "save_vllm_qwen3_vl",
 ]
 
 STRING_CONTENT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
@@ -43,7 +51,8 @@ VLLM_QWEN_TEXT: dict[str, Any] = dict(
     vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
     num_attention_heads=2,  # head size 32; M-RoPE's sections sum to 32 / 2
     num_key_value_heads=1, max_position_embeddings=512,
-    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10000.0},
+    # θ = 10: a token moved to its neighbour's cell changes the logits (at 10000 the h, w sections barely turn)
+    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10.0},
     **UNTIED,
 )  # fmt: skip
 VLLM_QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
@@ -83,6 +92,26 @@ def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
         chat_template=STRING_CONTENT_TEMPLATE,
         weights="hub",
     )
+
+
+VLLM_QWEN3_TEXT: dict[str, Any] = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, head_dim=32,
+    num_key_value_heads=1, max_position_embeddings=512,
+    # interleaved as the real checkpoints ([24, 20, 20] of 64 there); a small θ, so a token's cell moves its logits
+    rope_parameters={
+        "rope_type": "default", "mrope_section": [6, 5, 5], "mrope_interleaved": True, "rope_theta": 100.0,
+    },
+)  # fmt: skip
+VLLM_QWEN3_VISION = dict(
+    depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 1],
+)  # fmt: skip
+
+
+def save_vllm_qwen3_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3-VL for vLLM at ``path``: 3 tower blocks with DeepStack taps after blocks 0 and 1 (added to the
+    LLM's layers 0 and 1), a 2-layer LLM of head size 32, temporal patches of 2 frames."""
+    return save_qwen3_vl(path, seed, VLLM_QWEN3_VISION, VLLM_QWEN3_TEXT, chat_template=STRING_CONTENT_TEMPLATE)
 
 
 def save_picture(path: Path, width: int, height: int, seed: int = 0) -> Path:

@@ -1,4 +1,6 @@
-"""VitrimQwen2_5_VLForConditionalGeneration on vLLM's CPU backend against transformers + vitrim.vlm (same folder).
+"""VitrimQwen2_5_VLForConditionalGeneration and VitrimQwen3VLForConditionalGeneration on vLLM's CPU backend against
+transformers + vitrim.vlm (same folder). The tiny Qwen3-VL is laid out as the released checkpoints (DeepStack taps,
+interleaved M-RoPE, temporal patches of 2 frames): its DeepStack rows are cut with the kept indices.
 
 Per pre-LLM method, one engine: three requests with images of three sizes (one taller than wide, one prompt with
 two images) run together and each alone; every request's greedy tokens equal transformers + vitrim.vlm's, its kept
@@ -6,7 +8,8 @@ image tokens equal ``vitrim.vlm.last_selection``'s, its prompt is shorter by exa
 
 Positions: both keep each kept token's original M-RoPE position and continue the text after an image where the full
 image would end (vitrim.vllm.compat.image_positions); the reference is vitrim.vlm as it is. keep = 1.0 (every token)
-is checked against vLLM's unmodified Qwen2_5_VLForConditionalGeneration, and that against transformers.
+is checked against vLLM's unmodified class (Qwen2_5_VL…, Qwen3VLForConditionalGeneration), and that against
+transformers.
 """
 
 from __future__ import annotations
@@ -29,24 +32,37 @@ from engines import (
 )
 from PIL import Image
 
-from tiny_vlms.folders import save_vllm_qwen2_5_vl as save_qwen2_5_vl
+from tiny_vlms.folders import save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 from vitrim.vllm.options import pre_llm_methods
 
-ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
+FAMILIES = {  # the transformers reference's family: (the served architecture, its tiny folder)
+    "qwen2_5_vl": ("VitrimQwen2_5_VLForConditionalGeneration", save_vllm_qwen2_5_vl),
+    "qwen3_vl": ("VitrimQwen3VLForConditionalGeneration", save_vllm_qwen3_vl),
+}
 KEEP = 6
 MAX_TOKENS = 8
 METHODS = pre_llm_methods()
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("qwen")
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def folder(work: Path) -> Path:
-    return save_qwen2_5_vl(work / "tiny-qwen2.5-vl")
+def architecture(family: str) -> str:
+    return FAMILIES[family][0]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory, family: str) -> Path:
+    return tmp_path_factory.mktemp(family)
+
+
+@pytest.fixture(scope="module")
+def folder(work: Path, family: str) -> Path:
+    return FAMILIES[family][1](work / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +82,14 @@ def requests(work: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
+def reference(
+    work: Path, family: str, folder: Path, requests: list[dict[str, Any]]
+) -> dict[str | None, list[dict[str, Any]]]:
     names: list[str | None] = [None, *METHODS]
     specs = [
         {
             "folder": str(folder),
-            "family": "qwen2_5_vl",
+            "family": family,
             "method": name,
             "options": {} if name is None else {"keep": KEEP},
             "positions": "original",
@@ -85,19 +103,23 @@ def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_method_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
-    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
+    method: str,
+    architecture: str,
+    folder: Path,
+    requests: list[dict[str, Any]],
+    reference: dict[str | None, list[dict[str, Any]]],
 ) -> None:
-    runs = trimmed_runs(folder, ARCHITECTURE, method, {"keep": KEEP}, requests, MAX_TOKENS)
+    runs = trimmed_runs(folder, architecture, method, {"keep": KEEP}, requests, MAX_TOKENS)
     assert_like_reference(requests, runs, reference[method])
     assert all(len(kept) == KEEP for kept in runs[2].values())
 
 
 def test_keeping_every_token_is_vllms_unmodified_qwen(
-    folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
+    architecture: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str | None, list[dict[str, Any]]]
 ) -> None:
     dense = with_engine(folder, None, lambda llm: greedy(llm, requests, MAX_TOKENS))
     kept_all = with_engine(
-        folder, overrides(ARCHITECTURE, "visionzip", keep=1.0), lambda llm: greedy(llm, requests, MAX_TOKENS)
+        folder, overrides(architecture, "visionzip", keep=1.0), lambda llm: greedy(llm, requests, MAX_TOKENS)
     )
     for plain, trimmed, expected in zip(dense, kept_all, reference[None], strict=True):
         assert list(plain.outputs[0].token_ids) == expected["tokens"]  # vLLM's Qwen is transformers' (the baseline)
@@ -107,7 +129,7 @@ def test_keeping_every_token_is_vllms_unmodified_qwen(
 
 
 def test_an_int_keep_above_a_requests_image_fails_that_request_only(
-    folder: Path, requests: list[dict[str, Any]], work: Path
+    architecture: str, folder: Path, requests: list[dict[str, Any]], work: Path
 ) -> None:
     small = work / "small.png"
     Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(small)  # 4×4 = 16 tokens
@@ -120,6 +142,6 @@ def test_an_int_keep_above_a_requests_image_fails_that_request_only(
         after = list(greedy(llm, requests[:1], MAX_TOKENS)[0].outputs[0].token_ids)
         return str(raised.value), before, after
 
-    message, before, after = with_engine(folder, overrides(ARCHITECTURE, "fastervlm", keep=20), run)
+    message, before, after = with_engine(folder, overrides(architecture, "fastervlm", keep=20), run)
     assert "vitrim: keep=20 is more than the image's 16 tokens; expected 1 … 16" in message
     assert before == after

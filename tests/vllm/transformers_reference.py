@@ -6,12 +6,12 @@ runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTH
 
     python tests/vllm/transformers_reference.py SPECS.json OUT.json
 
-SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl", "method": name or null, "options": {...}
-(keep and the method's options), "positions": "original" | "contiguous", "max_tokens", "requests": [{"prompt",
-"images": [png paths]}]}. OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
-length, "seeds": per image the content seed of its pixels, "image_tokens": per image its unpruned token count,
-"kept": per image kept raster indices (null without a method), "entered": per image the tokens it handed the LLM
-(its kept patches, + 1 for VisionZip's [CLS]; null without a method)}.
+SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl" | "qwen3_vl", "method": name or null,
+"options": {...} (keep and the method's options), "positions": "original" | "contiguous", "max_tokens", "requests":
+[{"prompt", "images": [png paths]}]}. OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned
+prompt's length, "seeds": per image the content seed of its pixels, "image_tokens": per image its unpruned token
+count, "kept": per image kept raster indices (null without a method), "entered": per image the tokens it handed the
+LLM (its kept patches, + 1 for VisionZip's [CLS]; null without a method)}.
 
 ``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
 language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
@@ -65,6 +65,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     classes = {
         "llava": transformers.LlavaForConditionalGeneration,
         "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
+        "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
     }
     model = classes[spec["family"]].from_pretrained(spec["folder"], dtype=torch.float32).eval()
     processor = transformers.AutoProcessor.from_pretrained(spec["folder"])
@@ -77,7 +78,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         images = [Image.open(path).convert("RGB") for path in request["images"]]
         inputs = processor(images=images or None, text=request["prompt"], return_tensors="pt")
         pixels = inputs["pixel_values"]
-        if spec["family"] == "qwen2_5_vl":
+        if spec["family"] in ("qwen2_5_vl", "qwen3_vl"):
             grid = inputs["image_grid_thw"]
             per_image = pixels.split(grid.prod(-1).tolist())
             image_tokens = (grid.prod(-1) // model.config.vision_config.spatial_merge_size**2).tolist()

@@ -103,10 +103,11 @@ class TrimmedLlavaProcessingInfo(LlavaProcessingInfo):
 
 
 def trimmed_llava_info(ctx: Any) -> TrimmedLlavaProcessingInfo:
-    """The processing info, its options checked (the front end builds it when the engine starts)."""
-    info = TrimmedLlavaProcessingInfo(ctx)
-    llava_trim_options(info.get_hf_config())
-    return info
+    """The processing info, its options checked first (the front end builds it when the engine starts): on the
+    untyped config, so another family's checkpoint gets vitrim's line (naming its model_type) before vLLM's typed
+    getter refuses it with a ``TypeError``."""
+    llava_trim_options(ctx.get_hf_config())
+    return TrimmedLlavaProcessingInfo(ctx)
 
 
 @MULTIMODAL_REGISTRY.register_processor(

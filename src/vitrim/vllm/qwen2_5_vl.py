@@ -50,10 +50,10 @@ from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
 
 
-def qwen_trim_options(hf_config: Any) -> TrimOptions:
-    """The validated ``vitrim`` options of a Qwen2.5-VL config."""
+def qwen_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimOptions:
+    """The validated ``vitrim`` options of a Qwen-VL config for ``architecture`` (Qwen2.5-VL's, or Qwen3-VL's)."""
     check_vllm_version()
-    options = trim_options(hf_config, ARCHITECTURE)
+    options = trim_options(hf_config, architecture)
     if options.keep.count is not None:
         options.method.check_keep(options.keep.count)
     return options
@@ -67,9 +67,10 @@ class TrimmedQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
 
 
 def trimmed_qwen_info(ctx: Any) -> TrimmedQwen2_5_VLProcessingInfo:
-    info = TrimmedQwen2_5_VLProcessingInfo(ctx)
-    qwen_trim_options(info.get_hf_config())
-    return info
+    """The processing info, its options checked first: on the untyped config, so another family's checkpoint gets
+    vitrim's line (naming its model_type) before vLLM's typed getter refuses it with a ``TypeError``."""
+    qwen_trim_options(ctx.get_hf_config())
+    return TrimmedQwen2_5_VLProcessingInfo(ctx)
 
 
 class TrimmedQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
@@ -77,13 +78,7 @@ class TrimmedQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
         options = qwen_trim_options(self.info.get_hf_config())
-        updates = list(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs))
-        for index, update in enumerate(updates):
-            if update.modality == "image":
-                updates[index] = PromptReplacement(
-                    modality="image", target=update.target, replacement=shortened(update.replacement, options)
-                )
-        return updates
+        return shortened_images(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs), options)
 
 
 def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TowerAttention:
@@ -106,6 +101,16 @@ def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str
     work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower's map is scored in float32
     received = received_by_segment(rotated[0].to(work), rotated[1].to(work), kwargs["cu_seqlens"], head_dim**-0.5)
     return TowerAttention(received=received, keys=key.to(work))
+
+
+def shortened_images(updates: Sequence[Any], options: TrimOptions) -> list[Any]:
+    """A Qwen processor's prompt updates with each image's replacement :func:`shortened` (videos untouched)."""
+    return [
+        PromptReplacement(modality="image", target=update.target, replacement=shortened(update.replacement, options))
+        if update.modality == "image"
+        else update
+        for update in updates
+    ]
 
 
 def shortened(replacement: Any, options: TrimOptions) -> Any:

@@ -221,6 +221,42 @@ def save_qwen2_5_vl(
     return path
 
 
+def save_qwen3_vl(
+    path: Path,
+    seed: int,
+    vision: dict[str, Any],
+    text: dict[str, Any],
+    chat_template: str = QWEN_TEMPLATE,
+) -> Path:
+    """A tiny Qwen3-VL and its processor at ``path``, laid out as Qwen/Qwen3-VL-*-Instruct: DeepStack taps
+    (``vision["deepstack_visual_indexes"]``), interleaved M-RoPE (``text["rope_parameters"]``), temporal patches of
+    2 frames (an image is its frame twice), learned position embeddings interpolated to the grid. 2-px patches
+    merged 2×2 and the tokens of :func:`save_qwen2_5_vl` (vocabulary 96, vision tokens 90 … 93); transformers 5's
+    module names are the hub checkpoints' here (``model.visual.``, ``model.language_model.``, ``lm_head.``)."""
+    import transformers
+
+    config = transformers.Qwen3VLConfig(
+        text_config=dict(**text, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(
+            **vision, patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=2, in_channels=3,
+        ),
+        image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    _save_model(transformers.Qwen3VLForConditionalGeneration, config, path, seed)
+    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
+    tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    sizes = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2)
+    processor = transformers.Qwen3VLProcessor(
+        image_processor=transformers.Qwen2VLImageProcessor(**sizes, min_pixels=64, max_pixels=64 * 64),
+        tokenizer=tokenizer,
+        video_processor=transformers.Qwen3VLVideoProcessor(**sizes),
+        chat_template=chat_template,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
 def save_llava_next(path: Path, seed: int = 0) -> Path:
     """A tiny LLaVA-NeXT (anyres: 16-px tiles of 16 tokens, pinpoints 16×32, 32×16, 32×32) and its processor."""
     import transformers

@@ -82,6 +82,12 @@ class Qwen2VLAdapter(FamilyAdapter):
                 "Qwen2_5_VLForConditionalGeneration",
                 "qwen2_5_vl",
             ),
+            ServedArchitecture(
+                "VitrimQwen3VLForConditionalGeneration",
+                "vitrim.vllm.qwen3_vl",
+                "Qwen3VLForConditionalGeneration",
+                "qwen3_vl",
+            ),
         ),
     )
     # M-RoPE gives an image token its (t, h, w) cell, not a count: a subset of the grid has no renumbering of its
@@ -320,7 +326,7 @@ class TowerSelection:
             return None  # nothing merged: the tower's output is untouched
         output.pooler_output = torch.cat(pieces)
         if getattr(output, "deepstack_features", None):
-            output.deepstack_features = _merge_deepstack(output.deepstack_features, selections, tokens)
+            output.deepstack_features = merge_deepstack(output.deepstack_features, selections, tokens)
         return output
 
     def window_index(self, grid: Tensor) -> Tensor | None:
@@ -345,7 +351,7 @@ def deepstack_on_slots(visual_pos_masks: Tensor, rows: Tensor, columns: Tensor, 
     return on_slots, rows[rank.gather(1, columns)[on_slots].to(rows.device)]
 
 
-def _merge_deepstack(features: list[Tensor], selections: list[ImageSelection], tokens: list[int]) -> list[Tensor]:
+def merge_deepstack(features: list[Tensor], selections: list[ImageSelection], tokens: list[int]) -> list[Tensor]:
     """Qwen3-VL's DeepStack rows (T, D) per tapped layer, a merged slot's row the mean of its group's rows (the
     taps see intermediate states the method's merge formula does not cover; the mean is what vitrim uses)."""
     merged = [rows.clone() for rows in features]

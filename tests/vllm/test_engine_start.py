@@ -1,0 +1,72 @@
+"""Every refusal docs/vllm.md promises at engine start, on a real engine start (``vllm.LLM`` of a tiny folder).
+
+Each bad override stops the engine with one line that starts ``vitrim:`` and names the value: never vLLM's own
+error from deeper in (an architecture on the other family's checkpoint used to stop with vLLM's ``TypeError:
+Invalid type of HuggingFace config``, its processing info's typed config getter running before vitrim's check).
+The front end builds the processing info before any model loads, so each start fails within a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
+
+from engines import overrides, with_engine
+
+from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl
+
+LLAVA = "VitrimLlavaForConditionalGeneration"
+QWEN = "VitrimQwen2_5_VLForConditionalGeneration"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("refusals")
+    return {"llava": save_vllm_llava(work / "llava"), "qwen": save_vllm_qwen2_5_vl(work / "qwen")}
+
+
+REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
+    ("llava", QWEN, {"method": "random", "keep": 4}, f"vitrim: architecture {QWEN} runs 'qwen2_5_vl' checkpoints; "
+     "this one has model_type 'llava'"),
+    ("qwen", LLAVA, {"method": "random", "keep": 4}, f"vitrim: architecture {LLAVA} runs 'llava' checkpoints; "
+     "this one has model_type 'qwen2_5_vl'"),
+    ("llava", LLAVA, {"method": "visionzap", "keep": 4}, "vitrim: unknown vlm method 'visionzap'"),
+    ("qwen", QWEN, {"method": "fastv", "keep": 4}, "vitrim: method 'fastv' is not served through vLLM: it cuts at "
+     "stage 'in_llm'"),
+    ("llava", LLAVA, {"method": "hiprune", "keep": 4}, "vitrim: method 'hiprune' is not served through vLLM"),
+    ("llava", LLAVA, {"method": "random", "keep": 0}, "vitrim: keep=0 must be at least 1"),
+    ("qwen", QWEN, {"method": "random", "keep": 1.5}, "vitrim: keep=1.5 as a fraction must be in (0, 1]"),
+    ("llava", LLAVA, {"method": "random", "keep": 17}, "vitrim: keep=17 is more than the image's 16 tokens"),
+    ("qwen", QWEN, {"method": "random"}, "vitrim: method 'random' needs 'keep'"),
+    ("llava", LLAVA, {"method": "random", "keep": 4, "ratio": 2}, "vitrim: unknown option 'ratio' for vlm method"),
+    ("llava", LLAVA, {"method": "fastervlm", "keep": 4, "positions": "original"}, "vitrim: positions='original'"),
+    ("qwen", QWEN, None, f"vitrim: architecture {QWEN} needs a 'vitrim' entry in --hf-overrides"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("folder", "architecture", "entry", "message"), REFUSALS)
+def test_a_bad_override_stops_the_engine_with_vitrims_one_line(
+    folder: str, architecture: str, entry: dict[str, Any] | None, message: str, folders: dict[str, Path]
+) -> None:
+    hf_overrides: dict[str, Any] = {"architectures": [architecture]}
+    if entry is not None:
+        hf_overrides["vitrim"] = entry
+    with pytest.raises(ValueError) as raised:
+        with_engine(folders[folder], hf_overrides, lambda llm: None)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_untested_vllm_stops_the_engine_in_one_line(
+    folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    monkeypatch.delenv("VITRIM_VLLM_UNTESTED", raising=False)
+    with pytest.raises(RuntimeError, match=r"^vitrim: vLLM 0.99.0 is not a release vitrim.vllm was tested on[^\n]*$"):
+        with_engine(folders["qwen"], overrides(QWEN, "random", keep=4), lambda llm: None)
