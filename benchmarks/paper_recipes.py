@@ -40,7 +40,8 @@ MODELS = {
     "Qwen2.5-VL-7B": "pretrained=Qwen/Qwen2.5-VL-7B-Instruct,min_pixels=451584,max_pixels=451584",
 }
 METHODS = ("fastervlm", "vispruner", "visionzip", "divprune", "cdpruner", "fastv", "pdrop")
-GPU = "device=cuda,dtype=bfloat16,batch_size=8"
+GPU = "device=cuda,dtype=bfloat16"
+BATCH = "8"  # lmms-eval's own --batch_size (a batch_size in --model_args would clash with it)
 
 # (model, method, budget, task) -> (published number, where it was read). Empty: not confirmed (module doc).
 PUBLISHED: dict[tuple[str, str, int, str], tuple[float, str]] = {}
@@ -68,7 +69,7 @@ class Recipe:
         name = f"{self.model}_{self.method}_{self.budget or IMAGE_TOKENS}_{self.task}"
         return [
             "lmms-eval", "--model", "vitrim", "--model_args", self.model_args(), "--tasks", self.task,
-            "--output_path", f"{out}/{name}", "--log_samples",
+            "--batch_size", BATCH, "--output_path", f"{out}/{name}", "--log_samples",
         ]  # fmt: skip
 
 

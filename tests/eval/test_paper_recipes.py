@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("lmms_eval")
 
-from vitrim.eval.lmms_model import VitrimModel  # noqa: E402
+from vitrim.eval.lmms_model import VitrimModel
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paper_recipes.py"
 

@@ -137,7 +137,8 @@ class VitrimModel(lmms):
             raise ValueError("vitrim's lmms-eval model answers greedily; the task asks for sampling (temperature > 0)")
         extra = {} if self.prompter.pad_id is None else {"pad_token_id": self.prompter.pad_id}
         self.door.reset()
-        generated = self.model.generate(**inputs, max_new_tokens=max_new, do_sample=False, **extra)
+        generate: Any = self.model.generate  # transformers' GenerationMixin (typed as a Module attribute)
+        generated = generate(**inputs, max_new_tokens=max_new, do_sample=False, **extra)
         new = generated[:, inputs["input_ids"].shape[1] :]
         texts = [_cut(text, until) for text in self.prompter.decode(new)]
         return [

@@ -42,12 +42,12 @@ def llava_shapes(model: nn.Module) -> Any:
     """A LLaVA checkpoint's shapes as :mod:`vitrim.vlm.flops` counts them (its config, and the projector's matrices)."""
     from vitrim.vlm.flops import VLM, LanguageModel, VisionTower
 
-    config = model.config
+    config: Any = model.config
     vision, text = config.vision_config, config.text_config
     layer = config.vision_feature_layer
     if not isinstance(layer, int):
         raise ValueError(f"vision_feature_layer={layer!r}: counted for one feature layer only")
-    projector_module = model.model.multi_modal_projector
+    projector_module: Any = getattr(model, "model").multi_modal_projector  # noqa: B009  (typed Any: a transformers model)
     matrices = [m for m in projector_module.modules() if isinstance(m, nn.Linear)]
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
