@@ -26,11 +26,16 @@ def load_script():
     return module
 
 
-def test_every_recipe_builds_on_a_tiny_checkpoint(tiny_llava: Path, tmp_path: Path) -> None:
-    from tiny_vlms.folders import save_qwen2_5_vl
+def test_every_recipe_builds_on_a_tiny_checkpoint(tmp_path: Path) -> None:
+    """Tiny checkpoints with the 7B models' LLM depths (LLaVA's 32 decoder layers, Qwen2.5-7B's 28), so FastV's
+    layer 2 and PyramidDrop's layers 8/16/24 are where the recipes put them."""
+    from tiny_vlms.folders import save_llava, save_qwen2_5_vl
+    from vitrim.vlm_user.tiny import LLAVA_TEXT, QWEN_TEXT
 
     recipes = load_script()
-    tiny = {"LLaVA-1.5-7B": (tiny_llava, 16), "Qwen2.5-VL-7B": (save_qwen2_5_vl(tmp_path / "qwen"), 16)}
+    llava = save_llava(tmp_path / "llava", text={**LLAVA_TEXT, "num_hidden_layers": 32})
+    qwen = save_qwen2_5_vl(tmp_path / "qwen", text={**QWEN_TEXT, "num_hidden_layers": 28})
+    tiny = {"LLaVA-1.5-7B": (llava, 16), "Qwen2.5-VL-7B": (qwen, 16)}
     seen = set()
     for recipe in recipes.recipes():
         key = (recipe.model, recipe.method, recipe.budget)

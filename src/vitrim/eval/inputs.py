@@ -174,13 +174,18 @@ def load(arguments: ModelArguments) -> tuple[nn.Module, Prompter]:
     image_processor = getattr(processor, "image_processor", None)
     for name in ("min_pixels", "max_pixels"):
         value = getattr(arguments, name)
-        if value is not None:
-            if image_processor is None or not hasattr(image_processor, name):
-                raise ValueError(f"model_args {name}={value}: {type(processor).__name__} has no {name} setting")
+        if value is None:
+            continue
+        size = getattr(image_processor, "size", None)
+        key = "shortest_edge" if name == "min_pixels" else "longest_edge"
+        if isinstance(size, dict) and key in size:
+            size[key] = value
+        elif getattr(size, key, None) is not None:  # transformers 5's Qwen processors: pixel bounds in a SizeDict
+            setattr(size, key, value)
+        elif image_processor is not None and hasattr(image_processor, name):
             setattr(image_processor, name, value)
-            if isinstance(getattr(image_processor, "size", None), dict):  # Qwen's processors read size's bounds
-                key = "shortest_edge" if name == "min_pixels" else "longest_edge"
-                image_processor.size[key] = value
+        else:
+            raise ValueError(f"model_args {name}={value}: {type(processor).__name__} has no {name} setting")
     return model.to(dtype=dtype).eval(), TransformersPrompter(processor, arguments.dtype)
 
 
