@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-vlm-lowest test-vllm demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-vlm-lowest test-vllm test-eval demo demo-translate demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -67,6 +67,25 @@ $(VLLM_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
 
+# lmms-eval lives in its own environment: it pulls some eighty packages (datasets, openai, wandb, pycocoevalcap, ...)
+# that .venv does not need. torch is pinned to the CPU build first (an unpinned torch pulls CUDA wheels), torchvision
+# made importable as in .venv; vitrim goes in editable with the `eval` extra, whose entry point lmms-eval reads.
+EVAL_VENV ?= .venv-eval
+EVAL_PY := $(EVAL_VENV)/bin/python
+EVAL_STAMP := $(EVAL_VENV)/.installed
+
+$(EVAL_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
+	test -x $(EVAL_PY) || python3 -m venv $(EVAL_VENV)
+	$(EVAL_PY) -m pip install --quiet $(TORCH_PIN)
+	$(EVAL_PY) -m pip install --quiet -e '.[eval]' $(TORCH_PIN) pytest
+	$(EVAL_PY) $(TORCHVISION_FIX) "$$($(EVAL_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+	touch $(EVAL_STAMP)
+
+# vitrim inside lmms-eval (tests/eval): `lmms-eval --model vitrim` as a command and simple_evaluate, on the shipped
+# digits VLM (the digits tasks read from disk) and on tiny random checkpoints, each with --limit.
+test-eval: $(EVAL_STAMP)
+	$(EVAL_PY) -m pytest tests/eval -p no:cacheprovider
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m ruff format --check src tests
@@ -97,4 +116,4 @@ bench: $(STAMP)
 	$(VENV)/bin/vitrim bench attention
 
 clean:
-	rm -rf $(VENV) $(VENV_LOWEST) runs build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_LOWEST) $(EVAL_VENV) runs build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,132 @@
+"""The lmms-eval commands that reproduce the token-reduction papers' rows, for a GPU day (docs/evaluating.md).
+
+    python benchmarks/paper_recipes.py                 # print every command (one per model, method, budget, task)
+    python benchmarks/paper_recipes.py --run OUT       # run them one after another, results under OUT
+    python benchmarks/paper_recipes.py --table OUT     # the accuracy table of the runs in OUT, published cells beside
+
+Rows: LLaVA-1.5-7B (``llava-hf/llava-1.5-7b-hf``, 576 image tokens) and Qwen2.5-VL-7B (``Qwen/Qwen2.5-VL-7B-
+Instruct`` at 672×672 px: ``min_pixels = max_pixels = 672²``, 576 image tokens, the count of LLaVA-1.5, so a budget
+means the same cut) on MME, POPE, GQA and TextVQA (lmms-eval's ``mme``, ``pope``, ``gqa``, ``textvqa_val``), at 64,
+128 and 192 image tokens, for FasterVLM, VisPruner, VisionZip, DivPrune, CDPruner (pre-LLM), FastV and PyramidDrop
+(in the LLM), and the dense model. Every command is ``lmms-eval --model vitrim`` with the method's paper defaults
+(vitrim.vlm's defaults) and ``keep``; FastV keeps ``keep`` tokens from its layer K = 2 on; PyramidDrop, which takes
+stage ratios rather than a budget, gets the demo's geometric rule with its middle stage at ``keep`` (``ratios=(2f, f,
+f/2)``, f = keep/576), not the PyramidDrop paper's own per-budget settings.
+
+``PUBLISHED`` holds the authors' numbers beside each cell, with where they were read. A cell is filled only where
+the number was confirmed from the paper or the authors' repository; the rest stay empty (None), never guessed.
+
+``tests/eval/test_paper_recipes.py`` builds every recipe's model from its exact ``--model_args`` (lmms-eval's own
+parser) on a tiny random checkpoint of the same family, budgets scaled to its image, and checks lmms-eval knows
+every task, so the script cannot rot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE_TOKENS = 576
+BUDGETS = (64, 128, 192)
+TASKS = {"MME": "mme", "POPE": "pope", "GQA": "gqa", "TextVQA": "textvqa_val"}
+METRICS = {"mme": "mme_perception_score", "pope": "pope_f1_score", "gqa": "exact_match", "textvqa_val": "exact_match"}
+MODELS = {
+    "LLaVA-1.5-7B": "pretrained=llava-hf/llava-1.5-7b-hf",
+    "Qwen2.5-VL-7B": "pretrained=Qwen/Qwen2.5-VL-7B-Instruct,min_pixels=451584,max_pixels=451584",
+}
+METHODS = ("fastervlm", "vispruner", "visionzip", "divprune", "cdpruner", "fastv", "pdrop")
+GPU = "device=cuda,dtype=bfloat16"
+BATCH = "8"  # lmms-eval's own --batch_size (a batch_size in --model_args would clash with it)
+
+# (model, method, budget, task) -> (published number, where it was read). Empty: not confirmed (module doc).
+PUBLISHED: dict[tuple[str, str, int, str], tuple[float, str]] = {}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: str
+    method: str  # "none": the dense model
+    budget: int | None
+    task: str  # lmms-eval's task name
+
+    def model_args(self, pretrained: str | None = None, image_tokens: int = IMAGE_TOKENS, device: str = GPU) -> str:
+        """The ``--model_args`` of this recipe; the dry run gives another checkpoint (``pretrained``, its pixel
+        settings kept), whose ``image_tokens`` scale the budget, and a CPU ``device``."""
+        base = MODELS[self.model]
+        if pretrained is not None:
+            base = ",".join([f"pretrained={pretrained}", *base.split(",")[1:]])
+        budget = self.budget
+        if budget is not None and image_tokens != IMAGE_TOKENS:
+            budget = max(1, round(budget * image_tokens / IMAGE_TOKENS))
+        return ",".join(filter(None, (base, method_args(self.method, budget, image_tokens), device)))
+
+    def command(self, out: str = "results") -> list[str]:
+        name = f"{self.model}_{self.method}_{self.budget or IMAGE_TOKENS}_{self.task}"
+        return [
+            "lmms-eval", "--model", "vitrim", "--model_args", self.model_args(), "--tasks", self.task,
+            "--batch_size", BATCH, "--output_path", f"{out}/{name}", "--log_samples",
+        ]  # fmt: skip
+
+
+def method_args(method: str, budget: int | None, image_tokens: int = IMAGE_TOKENS) -> str:
+    """The method part of ``--model_args`` at ``budget`` tokens of an image of ``image_tokens``."""
+    if method == "none":
+        return ""
+    assert budget is not None
+    if method == "pdrop":
+        f = budget / image_tokens
+        return f"method=pdrop,ratios=[{min(1.0, 2 * f):.6g},{f:.6g},{f / 2:.6g}]"
+    return f"method={method},keep={budget}" + (",layer=2" if method == "fastv" else "")
+
+
+def recipes() -> list[Recipe]:
+    rows = []
+    for model in MODELS:
+        for task in TASKS.values():
+            rows.append(Recipe(model, "none", None, task))
+            rows.extend(Recipe(model, method, budget, task) for method in METHODS for budget in BUDGETS)
+    return rows
+
+
+def table(out: Path) -> str:
+    """A Markdown table of the runs under ``out``: ours, and the published number where confirmed."""
+    lines = ["| model | method | tokens | " + " | ".join(TASKS) + " |", "|---|---|---|" + "---|" * len(TASKS)]
+    by_row: dict[tuple[str, str, int], dict[str, str]] = {}
+    for recipe in recipes():
+        name = f"{recipe.model}_{recipe.method}_{recipe.budget or IMAGE_TOKENS}_{recipe.task}"
+        found = sorted((out / name).rglob("*_results.json"))
+        ours = "—"
+        if found:
+            result = json.loads(found[-1].read_text())["results"][recipe.task]
+            ours = f"{result.get(METRICS[recipe.task] + ',none', float('nan')):.4g}"
+        published = PUBLISHED.get((recipe.model, recipe.method, recipe.budget or IMAGE_TOKENS, recipe.task))
+        cell = ours + (f" ({published[0]:g})" if published else "")
+        by_row.setdefault((recipe.model, recipe.method, recipe.budget or IMAGE_TOKENS), {})[recipe.task] = cell
+    for (model, method, budget), cells in by_row.items():
+        lines.append(f"| {model} | {method} | {budget} | " + " | ".join(cells[t] for t in TASKS.values()) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", metavar="OUT", help="run every command, results under OUT")
+    parser.add_argument("--table", metavar="OUT", help="print the table of the runs under OUT")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(Path(args.table)))
+        return 0
+    for recipe in recipes():
+        command = recipe.command(args.run or "results")
+        print(shlex.join(command))
+        if args.run:
+            subprocess.run(command, check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

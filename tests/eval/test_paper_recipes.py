@@ -1,0 +1,61 @@
+"""benchmarks/paper_recipes.py cannot rot: every recipe's exact ``--model_args``, read by lmms-eval's own parser,
+builds the vitrim model on a tiny random checkpoint of the same family (budgets scaled to its image), and lmms-eval
+knows every task the recipes name."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmms_eval")
+
+from vitrim.eval.lmms_model import VitrimModel
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paper_recipes.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("paper_recipes", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paper_recipes"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_recipe_builds_on_a_tiny_checkpoint(tmp_path: Path) -> None:
+    """Tiny checkpoints with the 7B models' LLM depths (LLaVA's 32 decoder layers, Qwen2.5-7B's 28), so FastV's
+    layer 2 and PyramidDrop's layers 8/16/24 are where the recipes put them."""
+    from tiny_vlms.folders import save_llava, save_qwen2_5_vl
+    from vitrim.vlm_user.tiny import LLAVA_TEXT, QWEN_TEXT
+
+    recipes = load_script()
+    llava = save_llava(tmp_path / "llava", text={**LLAVA_TEXT, "num_hidden_layers": 32})
+    qwen = save_qwen2_5_vl(tmp_path / "qwen", text={**QWEN_TEXT, "num_hidden_layers": 28})
+    tiny = {"LLaVA-1.5-7B": (llava, 16), "Qwen2.5-VL-7B": (qwen, 16)}
+    seen = set()
+    for recipe in recipes.recipes():
+        key = (recipe.model, recipe.method, recipe.budget)
+        if key in seen:
+            continue
+        seen.add(key)
+        folder, image_tokens = tiny[recipe.model]
+        args = recipe.model_args(str(folder), image_tokens, device="device=cpu,dtype=float32")
+        model = VitrimModel.create_from_arg_string(args)
+        assert model.settings["method"] == recipe.method
+        assert model.settings["pixels"] or recipe.model == "LLaVA-1.5-7B"
+    assert len(seen) == 2 * (1 + len(recipes.METHODS) * len(recipes.BUDGETS))
+    command = recipes.Recipe("LLaVA-1.5-7B", "visionzip", 64, "pope").command("out")
+    assert command[:3] == ["lmms-eval", "--model", "vitrim"]
+    assert "method=visionzip,keep=64" in command[4]
+
+
+def test_lmms_eval_knows_every_task_the_recipes_name() -> None:
+    from lmms_eval.tasks import TaskManager
+
+    recipes = load_script()
+    known = set(TaskManager().all_tasks)
+    assert set(recipes.TASKS.values()) <= known
