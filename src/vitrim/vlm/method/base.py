@@ -177,6 +177,9 @@ class Selector(Protocol):
 
     def reads_instruction(self) -> bool: ...
 
+    @property
+    def reads_time(self) -> bool: ...
+
     def authors_layout(self) -> bool: ...
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]: ...
@@ -218,6 +221,9 @@ class Method:
     needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
     reads_grid: ClassVar[bool] = False  # pre-LLM: reads the tokens' 2-D layout (VisionEvidence.token_grid)
     uses_cls_token: ClassVar[bool] = False  # pre-LLM: hand it VisionEvidence.cls_feature where the tower has a [CLS]
+    # pre-LLM: selects over a whole video (one video per VisionEvidence, ``grid`` one temporal patch's) and decides
+    # its own count (no keep=); False: an image method, which a video family runs on each temporal patch as an image
+    reads_time: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         defaults = {**self.defaults, **(PRE_LLM_DEFAULTS if self.stage == "pre_llm" else {})}

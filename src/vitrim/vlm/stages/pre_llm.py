@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
-from vitrim.vlm.stages.capture import HandOn, select_keeping
+from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 from vitrim.vlm.stages.contract import FamilyAdapter, Prefill, Shortened
 from vitrim.vlm.stages.filler_masks import prefill_llm_mask
 from vitrim.vlm.stages.sequence import (
@@ -176,7 +176,9 @@ class PreLLMStage:
                 "image features this model made after vitrim.vlm.apply)"
             )
         selections, counts = self.family.image_tokens(prefill, self.encoded)
-        is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
+        is_image: Tensor = prefill.media  # (B, L) every image's and video's tokens, where the family takes videos
+        if is_image is None:
+            is_image = prefill.input_ids == self.family.image_token_id()
         order = self.order = repeated_images(counts, is_image.sum(1).tolist())
         spans = spans_from_mask(is_image, [counts[i] for i in order])
         if self.method.reads_instruction() and not all(self.keep_of(n) == n for n in counts):
