@@ -120,3 +120,19 @@ def masked_logits(model: torch.nn.Module, inputs: dict, dropped: torch.Tensor) -
     sequence M-RoPE position."""
     mask = inputs["attention_mask"] * (~dropped).long()
     return model(**{**inputs, "attention_mask": mask, "position_ids": full_positions(model, inputs)}).logits
+
+
+def masked_decode_logits(model: torch.nn.Module, inputs: dict, dropped: torch.Tensor, next_tokens: torch.Tensor):
+    """(B, 1, V): one decode step of ``next_tokens`` (B, 1) after the masked full prefill (left-padded), the new token
+    at the position ``generate()`` gives it on the unmodified model: the last column's position + 1. (Not the
+    largest position + 1, which ``rope_deltas`` holds: a Qwen2.5-VL video's temporal positions, spaced by
+    ``tokens_per_second``, run past the text after it, and transformers 5.24's generate counts on from the text.)"""
+    from hf_cache import cache_kw, cache_of  # tests/vlm's helper for the cache's name
+
+    positions = full_positions(model, inputs)
+    mask = inputs["attention_mask"] * (~dropped).long()
+    prefill = model(**{**inputs, "attention_mask": mask, "position_ids": positions}, use_cache=True)
+    step = positions[:, :, -1:] + 1  # (3, B, 1)
+    mask = torch.cat([mask, torch.ones_like(next_tokens)], dim=1)
+    out = model(input_ids=next_tokens, attention_mask=mask, position_ids=step, **cache_kw(cache_of(prefill)))
+    return out.logits

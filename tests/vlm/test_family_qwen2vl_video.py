@@ -10,7 +10,8 @@ import torch
 
 import vitrim.vlm
 from tiny_vlms.qwen import BUILDERS, MERGE, PAD
-from tiny_vlms.qwen_video import dropped_media, masked_logits, media_tokens, video_batch
+from tiny_vlms.qwen_video import dropped_media, masked_decode_logits, masked_logits, media_tokens, video_batch
+from vitrim.vlm.evidence.merged_tokens import kept_per_temporal_patch
 from vitrim.vlm.method.evs import evs_keep
 from vitrim.vlm.method.vidcom2 import vidcom2_keep
 
@@ -114,26 +115,97 @@ def test_a_padded_batch_of_different_clips_equals_each_clip_alone(family: str) -
         item += count
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_generate_greedy_beams_sampling_and_no_cache_run_on_pruned_videos(family: str) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_on_pruned_videos_decodes_at_the_unmodified_models_positions(family: str) -> None:
+    """generate()'s first two steps (the LM head's float64 rows) equal the masked model's prefill and its decode
+    step at the unmodified model's next position; use_cache=False gives the same tokens."""
     model = BUILDERS[family]()
-    inputs = inputs_for(family, [MIXED[1]])
+    inputs = inputs_for(family, MIXED)
     vitrim.vlm.apply(model, "evs", video_pruning_rate=0.5)
+    steps: list[torch.Tensor] = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: steps.append(out[:, -1]))
     with torch.no_grad():
-        greedy = model.generate(**inputs, max_new_tokens=4, do_sample=False)
-        kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]
-        uncached = model.generate(**inputs, max_new_tokens=4, do_sample=False, use_cache=False)
-        beams = model.generate(**inputs, max_new_tokens=4, do_sample=False, num_beams=2)
-        assert [k.tolist() for k in vitrim.vlm.last_selection(model)][: len(kept)] == kept
-        torch.manual_seed(0)
-        sampled = model.generate(**inputs, max_new_tokens=4, do_sample=True, top_k=5)
-        torch.manual_seed(0)
-        sampled_again = model.generate(**inputs, max_new_tokens=4, do_sample=True, top_k=5)
+        greedy = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    handle.remove()
+    kept = vitrim.vlm.last_selection(model)
+    with torch.no_grad():
+        uncached = model.generate(**inputs, max_new_tokens=3, do_sample=False, use_cache=False)
     assert torch.equal(uncached, greedy)
-    assert beams.shape == greedy.shape and torch.equal(sampled, sampled_again)
-    # the first generated token is the masked reference's argmax at the last position
-    dropped = dropped_media(inputs, [torch.tensor(k) for k in kept])
+    dropped = dropped_media(inputs, kept)
+    new_tokens = greedy[:, inputs["input_ids"].shape[1] :]
     vitrim.vlm.remove(model)
     with torch.no_grad():
-        reference = masked_logits(model, inputs, dropped)[:, -1]
-    assert int(greedy[0, inputs["input_ids"].shape[1]]) == int(reference.argmax(-1)[0])
+        first = masked_logits(model, inputs, dropped)[:, -1]
+        second = masked_decode_logits(model, inputs, dropped, new_tokens[:, :1])[:, -1]
+    torch.testing.assert_close(steps[0], first, rtol=0, atol=1e-12)
+    torch.testing.assert_close(steps[1], second, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_beams_and_sampling_run_on_pruned_videos_with_the_same_selection(family: str) -> None:
+    model = BUILDERS[family]()
+    inputs = inputs_for(family, [MIXED[1]])
+    vitrim.vlm.apply(model, "vidcom2", video_pruning_rate=0.5)
+    with torch.no_grad():
+        greedy = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+        kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+        beams = model.generate(**inputs, max_new_tokens=3, do_sample=False, num_beams=2, num_return_sequences=2)
+        beam_kept = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+        torch.manual_seed(0)
+        sampled = model.generate(**inputs, max_new_tokens=3, do_sample=True, top_k=5)
+        torch.manual_seed(0)
+        sampled_again = model.generate(**inputs, max_new_tokens=3, do_sample=True, top_k=5)
+    assert beams.shape[0] == 2 and beam_kept == kept  # one entry per video of the prompt, as greedy reports
+    assert torch.equal(sampled, sampled_again) and sampled.shape == greedy.shape
+
+
+def test_a_video_methods_selection_reads_per_temporal_patch() -> None:
+    model = vitrim.vlm.apply(BUILDERS["qwen2_vl"](), "temporal_downsample", stride=2)
+    inputs = inputs_for("qwen2_vl", [[[1], ("video", (5, 4, 6)), [7]]])
+    with torch.no_grad():
+        model(**inputs)
+    (kept,) = vitrim.vlm.last_selection(model)
+    per_patch = kept_per_temporal_patch(kept, (5, 4, 6), MERGE)
+    assert [p.tolist() for p in per_patch] == [list(range(6)), [], list(range(6)), [], list(range(6))]
+    evs = vitrim.vlm.apply(BUILDERS["qwen2_vl"](), "evs", video_pruning_rate=0.5)
+    with torch.no_grad():
+        evs(**inputs)
+    (kept,) = vitrim.vlm.last_selection(evs)
+    per_patch = kept_per_temporal_patch(kept, (5, 4, 6), MERGE)
+    assert per_patch[0].tolist() == list(range(6)) and sum(map(len, per_patch)) == max(6, int(30 * 0.5)) == len(kept)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_image_method_on_a_video_selects_each_temporal_patch_as_that_picture(family: str) -> None:
+    """VisionZip per temporal patch (the baselines' practice): each temporal patch is its own attention segment in
+    the tower, so it selects and merges exactly as on the same pixels given as an image."""
+    model = vitrim.vlm.apply(BUILDERS[family](), "visionzip", keep=3, dominant=2, contextual=1)
+    video = inputs_for(family, [[[1, 5], ("video", (3, 4, 6)), [7, 8]]])
+    frames = video["pixel_values_videos"].chunk(3)
+    pictures = video_batch([[[1, 5], ("image", (4, 6)), ("image", (4, 6)), ("image", (4, 6)), [7, 8]]])
+    pictures["pixel_values"] = torch.cat(frames)
+    with torch.no_grad():
+        model(**video)
+        (kept,) = vitrim.vlm.last_selection(model)
+        (groups,) = vitrim.vlm.last_selection(model, groups=True)
+        model(**pictures)
+    as_images = vitrim.vlm.last_selection(model)
+    image_groups = vitrim.vlm.last_selection(model, groups=True)
+    per_patch = kept_per_temporal_patch(kept, (3, 4, 6), MERGE)
+    assert [p.tolist() for p in per_patch] == [k.tolist() for k in as_images]
+    assert [g.tolist() for g in groups] == [(g + 6 * f).tolist() for f, gs in enumerate(image_groups) for g in gs]
+
+
+def test_video_methods_and_videos_are_refused_where_they_cannot_run() -> None:
+    from tiny_vlms.llava import tiny_llava
+
+    with pytest.raises(TypeError, match=r"^vlm method 'evs' reduces videos; vitrim.vlm takes no video on Llava"):
+        vitrim.vlm.apply(tiny_llava(), "evs")
+    model = BUILDERS["qwen2_vl"]()
+    with pytest.raises(ValueError, match=r"^keep=0.5: vlm method 'vidcom2' reduces videos and decides its own count"):
+        vitrim.vlm.apply(model, "vidcom2", keep=0.5)
+    with pytest.raises(ValueError, match=r"^video_pruning_rate=1.0 must be a float in \[0, 1\)"):
+        vitrim.vlm.apply(model, "evs", video_pruning_rate=1.0)
+    with pytest.raises(ValueError, match=r"^stride=0 must be an int >= 1"):
+        vitrim.vlm.apply(model, "temporal_downsample", stride=0)
+    assert not hasattr(model, "_vitrim_vlm")
