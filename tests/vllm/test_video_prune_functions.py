@@ -37,8 +37,6 @@ def embeddings(grid: tuple[int, int, int], seed: int, dtype: torch.dtype, width:
     return torch.cat(frames).to(dtype)
 
 
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_evs_keeps_what_vllms_evs_keeps(dtype: torch.dtype) -> None:
     compared = 0

@@ -140,6 +140,8 @@ def kept_per_temporal_patch(kept: Tensor, grid_thw: tuple[int, int, int], merge_
     frames, height, width = (int(v) for v in grid_thw)
     per_frame = (height // merge_size) * (width // merge_size)
     if len(kept) and not 0 <= int(kept.min()) <= int(kept.max()) < frames * per_frame:
-        raise ValueError(f"kept indices {kept.tolist()} lie outside a video of grid {tuple(grid_thw)} (merge {merge_size})")
+        raise ValueError(
+            f"kept indices {kept.tolist()} lie outside a video of grid {tuple(grid_thw)} (merge {merge_size})"
+        )
     frame_of = kept // per_frame
     return [kept[frame_of == frame] - frame * per_frame for frame in range(frames)]
