@@ -28,11 +28,21 @@ def test_a_good_override_gives_the_method_with_its_options_and_keep() -> None:
     assert trim_options(config({"method": "random", "keep": 0.5}), LLAVA).tokens(16) == 8
 
 
-def test_vllm_serving_offers_exactly_the_verified_pre_llm_methods() -> None:
-    assert set(pre_llm_methods()) == {"random", "fastervlm", "vispruner", "visionzip", "divprune"}
+def test_vllm_serving_offers_every_pre_llm_method_that_selects_from_the_images_alone() -> None:
+    # the one encoder seam captures in vLLM what it captures in transformers (issue 49): downsample and scope too
+    assert set(pre_llm_methods()) == {
+        "random",
+        "fastervlm",
+        "vispruner",
+        "visionzip",
+        "divprune",
+        "downsample",
+        "scope",
+    }
     assert "fastv" not in pre_llm_methods() and "pdrop" not in pre_llm_methods()
-    with pytest.raises(ValueError, match=r"vitrim: method 'cdpruner' is not served through vLLM yet"):
+    with pytest.raises(ValueError, match=r"vitrim: method 'cdpruner' reads the prompt"):
         trim_options(config({"method": "cdpruner", "keep": 8}), LLAVA)
+    assert trim_options(config({"method": "cdpruner", "keep": 8, "theta": 0}), LLAVA).method.name == "cdpruner"
 
 
 @pytest.mark.parametrize(

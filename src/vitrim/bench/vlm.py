@@ -14,8 +14,8 @@ unmodified model. Inside each prefill, forward hooks time the vision tower (from
 the method's own work is timed by wrapping, on the applied stage's own objects only, the calls that compute its
 evidence and its selection: a pre-LLM method's scoring taps (``ScoringTap.read``, the q·k map it reads) and its
 ``select``; an in-LLM method's drop policy (``choose``, which computes the attention row or keys it reads); a tower
-method's reducers' calls between the blocks' halves (``before_attention``, ``after_attention``). MACs come from :mod:`vitrim.vlm.flops`
-with the same scaled-down shapes, so time and MAC ratios compare like for like.
+method's reducers' calls between the blocks' halves (``before_attention``, ``after_attention``). MACs come from
+:mod:`vitrim.vlm.flops` with the same scaled-down shapes, so time and MAC ratios compare like for like.
 """
 
 from __future__ import annotations

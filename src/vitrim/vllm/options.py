@@ -37,9 +37,9 @@ def refused(method: Method) -> str | None:
     LLM's are not hooked in vLLM; its paged attention hands a model no attention rows), and a method that reads the
     prompt (CDPruner unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
     if method.stage != "pre_llm":
-        return f"it cuts at stage {method.stage!r} (the plugin serves pre-LLM methods)"
+        return f"cuts at stage {method.stage!r}, and the plugin serves pre-LLM methods"
     if method.reads_instruction():
-        return "it reads the prompt, which vLLM has not handed the model when it encodes the images"
+        return "reads the prompt, which vLLM has not handed the model when it encodes the images"
     return None
 
 
@@ -86,7 +86,7 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
         why = refused(method)
         if why is not None:
             offered = ", ".join(pre_llm_methods())
-            raise ValueError(f"method {name!r} is not served through vLLM: {why}; vLLM serving offers: {offered}")
+            raise ValueError(f"method {name!r} {why}; vLLM serving offers: {offered}")
         if keep is None:
             keep = method.default_keep()
         if keep is None:

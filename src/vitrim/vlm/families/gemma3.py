@@ -44,9 +44,9 @@ from vitrim.vlm.boxes import TokenBoxes, one_image_per_picture, resized_grid_box
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.pooled import pool_to_tokens
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
-from vitrim.vlm.stages.capture import Taps
+from vitrim.vlm.stages.capture import EncoderSeam, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, Shortened
-from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, PreLLMStage, cache_of
+from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, cache_of
 from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
 
 
@@ -85,7 +85,7 @@ class Gemma3Adapter(FamilyAdapter):
 
     # the pre-LLM stage's seams
 
-    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+    def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         return ProjectorSelection(self, stage).hooks()
 
     def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
@@ -141,7 +141,7 @@ class Gemma3Adapter(FamilyAdapter):
 def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A SigLIP attention's evidence per pooled token of ``kernel``×``kernel`` patches: the attention each receives
     (I, H, N) and its mean keys (I, H, N, hd), from the layer's own q/k projections on its input (I, P, D)."""
-    hidden: Tensor = kwargs.get("hidden_states", args[0] if args else None)
+    hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
     images, patches, _ = hidden.shape
     heads, head_dim = attention.num_heads, attention.head_dim
     work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower is scored in float32
@@ -159,7 +159,7 @@ def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], 
 class ProjectorSelection:
     """Where Gemma 3 hands on its tokens: the projector's output (its forward hook), for every image of one run."""
 
-    def __init__(self, adapter: Gemma3Adapter, stage: PreLLMStage) -> None:
+    def __init__(self, adapter: Gemma3Adapter, stage: EncoderSeam) -> None:
         self.adapter, self.stage = adapter, stage
         kernel = int(adapter.inner.multi_modal_projector.kernel_size)
         self.taps = Taps(

@@ -29,9 +29,8 @@ from torch import Tensor, nn
 
 from vitrim.vlm.boxes import NO_VIEW, TokenBoxes, crop_axis, grid_boxes, resized_size, size_field
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
-from vitrim.vlm.stages.capture import Taps
+from vitrim.vlm.stages.capture import EncoderSeam, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
-from vitrim.vlm.stages.pre_llm import PreLLMStage
 
 
 class LlavaAdapter(FamilyAdapter):
@@ -69,7 +68,7 @@ class LlavaAdapter(FamilyAdapter):
 
     # the pre-LLM stage's seams
 
-    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+    def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         method = stage.method
         layer_ok = self.config.vision_feature_select_strategy == "default" and self.scoring_layer() is not None
         if method.needs_cls_attention and not layer_ok:
@@ -92,7 +91,7 @@ class LlavaAdapter(FamilyAdapter):
 def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor]:
     """A transformers CLIP attention's [CLS] row (I, H, N) and keys (I, H, N, hd), from its own ``q_proj`` and
     ``k_proj`` on its input ``hidden_states`` (I, 1 + N, D) (after the layer's first LayerNorm, [CLS] first)."""
-    hidden: Tensor = kwargs.get("hidden_states", args[0] if args else None)
+    hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
     images, length, _ = hidden.shape
     heads, head_dim = attention.num_heads, attention.head_dim
     query = attention.q_proj(hidden[:, :1]).view(images, 1, heads, head_dim).transpose(1, 2)  # (I, H, 1, hd)
@@ -104,7 +103,7 @@ class ProjectorSelection:
     """Where LLaVA hands on its tokens: the projector's input (select, write merged) or, for a method that scores
     the projector's output, its output; the taps of :class:`~vitrim.vlm.stages.capture.Taps` on the tower."""
 
-    def __init__(self, adapter: LlavaAdapter, stage: PreLLMStage) -> None:
+    def __init__(self, adapter: LlavaAdapter, stage: EncoderSeam) -> None:
         self.adapter, self.stage = adapter, stage
         scoring = adapter.scoring_layer()
         self.taps = Taps(

@@ -32,9 +32,10 @@ from torch import Tensor, nn
 from vitrim.vlm.boxes import NO_VIEW, Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.families.llava import LlavaAdapter
 from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.capture import EncoderSeam
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill
 from vitrim.vlm.stages.inputs import prefill_input_ids
-from vitrim.vlm.stages.pre_llm import PreLLMStage, repeated_images
+from vitrim.vlm.stages.pre_llm import repeated_images
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
 NEWLINE = -1  # in a token map: the position holds the image_newline token
@@ -131,7 +132,7 @@ class LlavaNextAdapter(LlavaAdapter):
         extras = {"image_sizes": torch.as_tensor(sizes)}
         return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower=pixels is not None, extras=extras)
 
-    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+    def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         stage.keep_of(self.tile_tokens())  # keep counts per tile here: checked against a tile's tokens
         return [*super().select_hooks(stage), self.see_image_sizes()]
 

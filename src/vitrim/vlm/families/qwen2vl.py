@@ -60,10 +60,9 @@ from vitrim.vlm.evidence.attention import received_by_segment, rotate_half
 from vitrim.vlm.evidence.merged_tokens import ImageEvidence, TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import Taps, keep_all
+from vitrim.vlm.stages.capture import EncoderSeam, Taps, keep_all
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
-from vitrim.vlm.stages.pre_llm import PreLLMStage
 from vitrim.vlm.stages.sequence import DecodeState, read_short
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
@@ -192,7 +191,7 @@ class Qwen2VLAdapter(FamilyAdapter):
         runs_tower = kwargs.get("pixel_values") is not None or kwargs.get("pixel_values_videos") is not None
         return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower, {"modalities": modalities}, media)
 
-    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+    def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         self.rope_deltas_before = self.inner.rope_deltas
         return [*TowerSelection(self, stage).hooks(), self.watch_encoding()]
 
@@ -343,7 +342,7 @@ class TowerSelection:
     merged tokens are put through the merger and written into their slots, DeepStack rows averaged over their
     groups."""
 
-    def __init__(self, adapter: Qwen2VLAdapter, stage: PreLLMStage) -> None:
+    def __init__(self, adapter: Qwen2VLAdapter, stage: EncoderSeam) -> None:
         self.adapter, self.stage = adapter, stage
         self.taps = Taps(stage.method, scoring=(adapter.visual.blocks[SCORING_BLOCK].attn, read_tower_attention))
         stage.taps.append(self.taps)

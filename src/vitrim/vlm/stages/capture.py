@@ -19,7 +19,7 @@ q/k on is :mod:`vitrim.vlm.evidence`'s.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -82,7 +82,7 @@ class Taps:
             self.handles.append(cls_layer.register_forward_hook(self.on_feature_layer))
 
     def on_tower(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.seeds = image_seeds(kwargs.get("pixel_values", args[0] if args else None))
+        self.seeds = image_seeds(kwargs["pixel_values"] if "pixel_values" in kwargs else args[0])
 
     def on_feature_layer(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         hidden = output[0] if isinstance(output, tuple) else output  # (I, 1 + N, D), [CLS] first
@@ -101,6 +101,26 @@ class Taps:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+
+
+class EncoderSeam(Protocol):
+    """What the pre-LLM stage hands a family's ``select_hooks`` (``vitrim.vlm.stages.pre_llm.PreLLMStage`` is one):
+    the selector whose flags say what to tap, the :class:`HandOn` to run where the tokens are made, the list its
+    :class:`Taps` join (a stopwatch times their evidence), ``keep_of`` (tokens an image of N keeps) and ``selected``
+    (every encoded image's selection, reported once per tower run)."""
+
+    @property
+    def method(self) -> Selector: ...
+
+    @property
+    def hand_on(self) -> HandOn: ...
+
+    @property
+    def taps(self) -> list[Taps]: ...
+
+    def keep_of(self, num_tokens: int) -> int: ...
+
+    def selected(self, selections: list[ImageSelection]) -> None: ...
 
 
 def keep_all(num_tokens: int, device: torch.device) -> ImageSelection:

@@ -17,13 +17,13 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.capture import EncoderSeam
 from vitrim.vlm.stages.inputs import inner_model, prefill_input_ids
 from vitrim.vlm.stages.sequence import DecodeState, ShortSequence, decode_position_ids
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
 
-if TYPE_CHECKING:  # the stage hands itself to the family's select_hooks; the family only calls it
+if TYPE_CHECKING:
     from vitrim.vlm.boxes import TokenBoxes
-    from vitrim.vlm.stages.pre_llm import PreLLMStage
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class FamilyAdapter:
 
     # the pre-LLM stage's seams
 
-    def select_hooks(self, stage: PreLLMStage) -> list[Callable[[], None]]:
+    def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         """Install the taps where this family makes its image tokens and call ``stage.hand_on`` there
         (:mod:`vitrim.vlm.stages.capture`), reporting every encoded image's selection with ``stage.selected``;
         returns the functions that remove them."""
