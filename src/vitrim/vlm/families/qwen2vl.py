@@ -419,7 +419,10 @@ class TowerSelection:
         if frames == 1:
             return self.hand_on(item, own, pixels, project)
         per_frame = own.shape[0] // frames
-        kept, groups, orders, written = [], [], [], []
+        kept: list[Tensor] = []
+        groups: list[Tensor] = []
+        orders: list[Tensor] = []
+        written: list[Tensor | None] = []
         for frame, frame_pixels in enumerate(pixels.chunk(frames)):
             cut = slice(frame * per_frame, (frame + 1) * per_frame)
             frame_item = ImageEvidence(
