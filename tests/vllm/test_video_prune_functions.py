@@ -38,31 +38,22 @@ def embeddings(grid: tuple[int, int, int], seed: int, dtype: torch.dtype, width:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_evs_keeps_what_vllms_evs_keeps(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "keep, count, in_tree",
+    [(evs_keep, evs_count, evs_in_tree), (vidcom2_keep, vidcom2_count, vidcom2_in_tree)],
+    ids=["evs", "vidcom2"],
+)
+def test_vitrim_keeps_what_vllms_in_tree_function_keeps(keep, count, in_tree, dtype: torch.dtype) -> None:
     compared = 0
     for grid, rate, seed in itertools.product(GRIDS, RATES, SEEDS):
         tokens = embeddings(grid, seed, dtype)
-        theirs = evs_in_tree.compute_retention_mask(tokens, grid, MERGE, rate).nonzero()[:, 0]
+        theirs = in_tree.compute_retention_mask(tokens, grid, MERGE, rate).nonzero()[:, 0]
         t, h, w = grid
         per_frame = (h // MERGE) * (w // MERGE)
-        ours = evs_keep(tokens.reshape(t, per_frame, -1), rate)
+        ours = keep(tokens.reshape(t, per_frame, -1), rate)
         assert torch.equal(ours, theirs), (grid, rate, seed, dtype)
-        assert evs_count(per_frame, t, rate) == evs_in_tree.compute_retained_tokens_count(per_frame, t, rate)
-        assert len(ours) == evs_count(per_frame, t, rate)
-        if t == 1:
-            assert len(ours) == per_frame  # a one-temporal-patch clip is never pruned
+        assert count(per_frame, t, rate) == in_tree.compute_retained_tokens_count(per_frame, t, rate) == len(ours)
+        if t == 1 and keep is evs_keep:
+            assert len(ours) == per_frame  # EVS never prunes a one-temporal-patch clip
         compared += 1
-    assert compared == len(GRIDS) * len(RATES) * len(SEEDS)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_vidcom2_keeps_what_vllms_vidcom2_keeps(dtype: torch.dtype) -> None:
-    for grid, rate, seed in itertools.product(GRIDS, RATES, SEEDS):
-        tokens = embeddings(grid, seed, dtype)
-        theirs = vidcom2_in_tree.compute_retention_mask(tokens, grid, MERGE, rate).nonzero()[:, 0]
-        t, h, w = grid
-        per_frame = (h // MERGE) * (w // MERGE)
-        ours = vidcom2_keep(tokens.reshape(t, per_frame, -1), rate)
-        assert torch.equal(ours, theirs), (grid, rate, seed, dtype)
-        assert vidcom2_count(per_frame, t, rate) == vidcom2_in_tree.compute_retained_tokens_count(per_frame, t, rate)
-        assert len(ours) == vidcom2_count(per_frame, t, rate)
+    assert compared == len(GRIDS) * len(RATES) * len(SEEDS) == 294
