@@ -68,7 +68,9 @@ def test_keep_beyond_an_images_tokens_is_refused_naming_it() -> None:
         model(**one())
 
 
-def test_videos_are_refused_not_left_unpruned() -> None:
+def test_a_one_frame_video_is_reduced_as_the_same_picture() -> None:
+    """Videos are reduced, not refused nor left whole (tests/vlm/test_family_qwen2vl_video.py): an image method on a
+    one-frame video keeps the tokens it keeps of the same pixels given as an image."""
     model = vitrim.vlm.apply(BUILDERS["qwen2_vl"](), "random", keep=2)
     inputs = one()
     video = {
@@ -78,8 +80,12 @@ def test_videos_are_refused_not_left_unpruned() -> None:
         "pixel_values_videos": inputs["pixel_values"],
         "video_grid_thw": inputs["image_grid_thw"],
     }
-    with pytest.raises(ValueError, match="reduces images only"), torch.no_grad():
+    with torch.no_grad():
+        model(**inputs)
+        as_image = vitrim.vlm.last_selection(model)
         model(**video)
+    as_video = vitrim.vlm.last_selection(model)
+    assert len(as_video[0]) == 2 and torch.equal(as_video[0], as_image[0])
 
 
 class MergeTail(Method):

@@ -188,7 +188,11 @@ def bench_methods(s: VLMBenchSettings) -> list[str]:
     block's: it cuts after those)."""
     feature_depth = s.vision_layers - 1 if s.vision_layers >= 2 else s.vision_layers  # blocks up to the feature's
     tower = ["hiprune", *(["flowcut"] if feature_depth >= 2 else [])]
-    names = list(s.methods) or [n for n in methods("pre_llm") if _runs_with_defaults(n)] + tower
+    # video methods (reads_time) need a video; the bench's scaled model takes images
+    names = (
+        list(s.methods)
+        or [n for n in methods("pre_llm") if _runs_with_defaults(n) and not method_class(n).reads_time] + tower
+    )
     known = methods()
     unknown = [n for n in names if n not in known]
     if unknown:

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar, overload
 from torch import Tensor, nn
 
 from vitrim.extras import require
-from vitrim.vlm.families import families_taking, find_family
+from vitrim.vlm.families import families_taking, families_with_video, find_family
 from vitrim.vlm.method.base import Installation, Method, method_class
 from vitrim.vlm.stacking import STAGE_ORDER, STAGE_WORDS, Plan, Stack, refusal, stage_options
 
@@ -69,6 +69,12 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
             f"stage(s) {', '.join(map(repr, stages))} only ({STAGE_WORDS[cls.stage]} method {method!r} runs on "
             f"{titles}; {type(model).__name__} is not handled there"
             + (f": {family.traits.tower_refused})" if cls.stage == "tower" and family.traits.tower_refused else ")")
+        )
+    if cls.reads_time and not family.traits.video:
+        titles = ", ".join(traits.title for traits in families_with_video())
+        raise TypeError(
+            f"vlm method {method!r} reduces videos; vitrim.vlm takes no video on {type(model).__name__} (video runs "
+            f"on {titles})"
         )
     applied = getattr(model, STATE_ATTRIBUTE, None)
     plans = dict(applied.plans) if isinstance(applied, Applied) else {}

@@ -107,8 +107,13 @@ def stage_options(family: FamilyAdapter, plans: dict[str, Plan]) -> dict[str, St
         if plan.layer is not None and stage != "in_llm":
             raise ValueError(f"layer={plan.layer!r} is for in-LLM methods; {method.name!r} cuts at stage {stage!r}")
         count = tower.keep_counts_per_image(family, method) if stage == "tower" else reaching
+        if method.reads_time and plan.keep is not None:
+            raise ValueError(
+                f"keep={plan.keep!r}: vlm method {method.name!r} reduces videos and decides its own count from "
+                f"its options ({', '.join(sorted(method.defaults))}); drop keep="
+            )
         keep = _keep(method, plan.keep, count, earlier)
-        if stage == "pre_llm" and keep is None:
+        if stage == "pre_llm" and keep is None and not method.reads_time:
             raise ValueError(
                 f"vlm method {method.name!r} needs keep= (image tokens per image, or a fraction in (0, 1])"
             )
@@ -159,6 +164,8 @@ class Stack:
     def _install(self, family: FamilyAdapter, plans: dict[str, Plan], options: dict[str, StageOptions]) -> None:
         pre = plans.get("pre_llm")
         keep = None if pre is None else options["pre_llm"].keep or KeepSpec(fraction=1.0)
+        if pre is not None and pre.method.reads_time:
+            keep = None  # a video method decides its own count
         if "tower" in plans:
             reduction = self.parts["tower"] = self._own(tower.install(family, plans["tower"].method, options["tower"]))
             if not reduction.to_grid:  # the slots no tower token fills are dropped before the LLM
@@ -229,6 +236,7 @@ class AfterTower:
     name = "tower"
     needs_cls_attention = False
     uses_cls_token = False
+    reads_time = False  # a tower stage runs on families without video
 
     def __init__(self, reduction: tower.TowerReduction, then: Method | None, then_keep: KeepSpec | None) -> None:
         # the tower stage's convention: each kept slot at its own position (the tower's tokens are not the image's

@@ -130,3 +130,18 @@ def temporal_patches(tokens: Tensor, grid_thw: tuple[int, int, int], merge_size:
             f"{tokens.shape[0]}"
         )
     return tokens.reshape(frames, per_frame, *tokens.shape[1:])
+
+
+def kept_per_temporal_patch(kept: Tensor, grid_thw: tuple[int, int, int], merge_size: int) -> list[Tensor]:
+    """A video's kept raster indices (k,) (``vitrim.vlm.last_selection``'s entry for it) -> per temporal patch, the
+    indices kept within that temporal patch (0 … (h / m)·(w / m) − 1), t tensors (empty where none is kept).
+
+    grid_thw: the video's ``video_grid_thw`` row; ``ValueError`` when an index lies outside the video."""
+    frames, height, width = (int(v) for v in grid_thw)
+    per_frame = (height // merge_size) * (width // merge_size)
+    if len(kept) and not 0 <= int(kept.min()) <= int(kept.max()) < frames * per_frame:
+        raise ValueError(
+            f"kept indices {kept.tolist()} lie outside a video of grid {tuple(grid_thw)} (merge {merge_size})"
+        )
+    frame_of = kept // per_frame
+    return [kept[frame_of == frame] - frame * per_frame for frame in range(frames)]

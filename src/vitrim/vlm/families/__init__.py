@@ -55,6 +55,11 @@ def families_taking(stage: str) -> list[FamilyTraits]:
     return [adapter.traits for adapter in ADAPTERS if stage in adapter.traits.stages]
 
 
+def families_with_video() -> list[FamilyTraits]:
+    """The traits of every family whose videos vitrim.vlm reduces (for error texts)."""
+    return [adapter.traits for adapter in ADAPTERS if adapter.traits.video]
+
+
 def _is_text_only(model: nn.Module) -> bool:
     """A model that reads token ids and takes no images (a causal LM)."""
     parameters = inspect.signature(model.forward).parameters
@@ -67,6 +72,7 @@ __all__ = [
     "FamilyAdapter",
     "FamilyTraits",
     "families_taking",
+    "families_with_video",
     "find_family",
     "served_architectures",
 ]

@@ -24,7 +24,17 @@ shortened LLM input and decoding are the pre-LLM stage's, :mod:`vitrim.vlm.stage
 attention (the received attention, :func:`tower_attention`; only for methods that read it); the output of
 ``model.model.visual`` (the method selects per image; merged tokens are put through the merger and written into
 their slots); at the shortened prefill, the DeepStack rows and rope_deltas; at decode, M-RoPE positions.
-Videos and images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
+Images after a cached prefix are refused with a ``ValueError`` (nothing is left silently unpruned).
+
+Videos (``pixel_values_videos`` + ``video_grid_thw``, or ``generate()``'s ``mm_encoder_outputs["video"]``) run through
+the same tower, one tower call for the prompt's images and one for its videos; which call is which is known from the
+model's own ``get_image_features`` / ``get_video_features`` (an instance attribute wraps each while installed). Each
+video is one item of the pre-LLM stage, its N = t·(h/m)·(w/m) tokens in raster order ``(t, row, column)`` wherever
+they lie in the prompt (Qwen3-VL writes a timestamp text before each temporal patch; those text tokens always stay),
+and :meth:`Qwen2VLAdapter.image_tokens` puts images and videos in the prompt's reading order. A video method
+(``reads_time``: ``evs``, ``vidcom2``, ``temporal_downsample``) selects over the whole video and leaves images
+whole; an image method selects on each temporal patch as on an image (``keep=`` per temporal patch), the baselines'
+practice. DeepStack rows follow their tokens, video or image, with the same indices.
 
 Qwen3-VL adds DeepStack: the tower's intermediate blocks give one more row per image token for each of the LLM's
 first layers (``deepstack_visual_embeds``, added at ``visual_pos_masks``); those rows go with their tokens, and a
@@ -37,6 +47,7 @@ at the kept slots once a drop has shortened the hidden states.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -46,10 +57,10 @@ from torch import Tensor, nn
 
 from vitrim.vlm.boxes import Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.evidence.attention import received_by_segment, rotate_half
-from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
+from vitrim.vlm.evidence.merged_tokens import ImageEvidence, TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import EncoderSeam, Taps
+from vitrim.vlm.stages.capture import EncoderSeam, Taps, keep_all
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
 from vitrim.vlm.stages.sequence import DecodeState, read_short
@@ -75,6 +86,7 @@ class Qwen2VLAdapter(FamilyAdapter):
             "in every block up to each tap; vitrim's tower methods cut patches (use a pre-LLM or in-LLM method: "
             "DeepStack rows follow the kept tokens there)"
         ),
+        video=True,
         served=(
             ServedArchitecture(
                 "VitrimQwen2_5_VLForConditionalGeneration",
@@ -102,7 +114,11 @@ class Qwen2VLAdapter(FamilyAdapter):
         self.visual: Any = self.inner.visual  # transformers' Qwen2VLModel / Qwen2_5_VLModel's tower
         self.merge_size = int(self.visual.spatial_merge_size)
         self.rope_deltas_before: Any = None
-        self.grid: Tensor | None = None  # (I, 3) image_grid_thw of the last tower run
+        self.encoding: str | None = None  # "image" / "video" while the model's get_…_features runs, else None
+        # per modality, the last tower run's grid (I, 3) and one selection per item (encode order)
+        self.grids: dict[str, Tensor] = {}
+        self.chosen: dict[str, list[ImageSelection]] = {}
+        self.full_positions: Tensor | None = None  # the last prefill's M-RoPE positions before shortening
 
     def tokens_of(self, grid_thw: Tensor) -> list[int]:
         """Merged tokens per image (I,) of ``image_grid_thw`` (I, 3)."""
@@ -169,31 +185,88 @@ class Qwen2VLAdapter(FamilyAdapter):
 
     def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Prefill | None:
         encoded = kwargs.get("mm_encoder_outputs") or {}
-        if kwargs.get("pixel_values_videos") is not None or encoded.get("video") is not None:
-            raise ValueError("vitrim.vlm reduces images only; this Qwen input holds videos")
-        if kwargs.get("pixel_values") is None and encoded.get("image") is None:
+        modalities = tuple(
+            name
+            for name, pixels in (("image", "pixel_values"), ("video", "pixel_values_videos"))
+            if kwargs.get(pixels) is not None or encoded.get(name) is not None
+        )
+        if not modalities:
             return None
         input_ids = input_ids_of(args, kwargs)
-        token_types = kwargs.get("mm_token_type_ids")
-        if token_types is None:
-            token_types = (input_ids == self.config.image_token_id).int()
-        runs_tower = kwargs.get("pixel_values") is not None
-        return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower, extras={"token_types": token_types})
+        media = (input_ids == self.config.image_token_id) | (input_ids == self.config.video_token_id)
+        runs_tower = kwargs.get("pixel_values") is not None or kwargs.get("pixel_values_videos") is not None
+        return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower, {"modalities": modalities}, media)
 
     def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         self.rope_deltas_before = self.inner.rope_deltas
-        return TowerSelection(self, stage).hooks()
+        return [*TowerSelection(self, stage).hooks(), self.watch_encoding()]
+
+    def watch_encoding(self) -> Callable[[], None]:
+        """Wrap the model's ``get_image_features`` / ``get_video_features`` (instance attributes, its class untouched)
+        so the tower's hook knows whether it encodes images or videos (Qwen3-VL's video call runs its image one
+        inside: the outer call names the run); returns the undo."""
+        inner = self.inner
+        names = {"get_image_features": "image", "get_video_features": "video"}
+        for name, modality in names.items():
+            original = getattr(inner, name)
+
+            @functools.wraps(original)  # its signature: generate() reads which inputs it takes
+            def encode(*args: Any, _original: Any = original, _modality: str = modality, **kwargs: Any) -> Any:
+                outer = self.encoding is None
+                if outer:
+                    self.encoding = _modality
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    if outer:
+                        self.encoding = None
+
+            setattr(inner, name, encode)
+
+        def undo() -> None:
+            for name in names:
+                if name in vars(inner):
+                    delattr(inner, name)  # the class's method again
+
+        return undo
 
     def image_tokens(
         self, prefill: Prefill, selections: list[ImageSelection]
     ) -> tuple[list[ImageSelection], list[int]]:
-        assert self.grid is not None
-        return selections, self.tokens_of(self.grid)
+        """The selections and LLM token counts of the prompt's images and videos in reading order (the tower encodes
+        all images, then all videos); rows ``generate()`` repeated for beams are walked once per prompt."""
+        image_id = int(self.config.image_token_id)
+        records = {}
+        for modality in prefill.extras["modalities"]:
+            if modality not in self.grids:
+                raise ValueError(f"vitrim.vlm saw no {modality} of this prompt encoded after vitrim.vlm.apply")
+            records[modality] = (self.chosen[modality], self.tokens_of(self.grids[modality]))
+        assert prefill.media is not None
+        given = sum(sum(counts) for _, counts in records.values())
+        total = int(prefill.media.sum())
+        repeat = total // given if given and total % given == 0 and total > given else 1
+        taken = dict.fromkeys(records, 0)
+        ordered: list[ImageSelection] = []
+        counts: list[int] = []
+        for row in range(0, prefill.input_ids.shape[0], repeat):
+            columns = prefill.media[row].nonzero()[:, 0].tolist()
+            at = 0
+            while at < len(columns):
+                modality = "image" if int(prefill.input_ids[row, columns[at]]) == image_id else "video"
+                chosen, sizes = records.get(modality, ([], []))
+                if taken.get(modality, 0) >= len(sizes):
+                    raise ValueError(f"the prompt holds more {modality}s than the {len(sizes)} encoded")
+                ordered.append(chosen[taken[modality]])
+                counts.append(sizes[taken[modality]])
+                at += sizes[taken[modality]]
+                taken[modality] += 1
+        return ordered, counts
 
     def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
         positions = kwargs.get("position_ids")  # the full sequence's (3 or 4, B, L), from the model or generate
         if positions is None:
             raise ValueError("vitrim.vlm needs Qwen's M-RoPE positions at the prefill (pass mm_token_type_ids)")
+        self.full_positions = positions
         return positions
 
     def shorten_extras(self, kwargs: dict[str, Any], prefill: Prefill, shortened: Shortened) -> None:
@@ -202,11 +275,8 @@ class Qwen2VLAdapter(FamilyAdapter):
             stays = kept[kwargs["visual_pos_masks"]]  # (V,) per visual position, reading order
             kwargs["visual_pos_masks"] = read_short(short, kwargs["visual_pos_masks"])
             kwargs["deepstack_visual_embeds"] = [rows[stays] for rows in kwargs["deepstack_visual_embeds"]]
-        assert self.grid is not None
-        grid = self.grid[torch.tensor(shortened.order, dtype=torch.long, device=self.grid.device)]
-        _, deltas = self.inner.get_rope_index(
-            prefill.input_ids, prefill.extras["token_types"], image_grid_thw=grid, attention_mask=prefill.attention_mask
-        )
+        assert self.full_positions is not None
+        deltas = rope_deltas(self.full_positions, prefill.attention_mask)  # (B, 1) the unmodified model's
         dropped = (shortened.spans.is_image & ~kept).sum(1)  # (B,)
         self.inner.rope_deltas = deltas + dropped[:, None].to(deltas.device)
 
@@ -232,6 +302,19 @@ class Qwen2VLAdapter(FamilyAdapter):
         ``inputs["image_grid_thw"]``."""
         grids = torch.as_tensor(inputs["image_grid_thw"])
         return [qwen_boxes(self.config, g, s) for g, s in zip(grids, sizes, strict=True)]
+
+
+def rope_deltas(positions: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """(B, 1) long: what ``get_rope_index`` stores as ``rope_deltas`` for the prefill whose M-RoPE ``positions``
+    (3 or 4, B, L; the last three rows are t, h, w) these are - the largest position of a sample's real tokens + 1
+    minus their count. Read from the positions, so images, videos and Qwen3-VL's timestamps need no grid here."""
+    mrope = positions[-3:]
+    if attention_mask is None:
+        real = torch.ones(mrope.shape[1:], dtype=torch.bool, device=mrope.device)
+    else:
+        real = attention_mask.bool().to(mrope.device)
+    largest = torch.where(real, mrope, torch.zeros_like(mrope)).amax(dim=(0, 2))  # (B,)
+    return (largest + 1 - real.sum(1))[:, None]
 
 
 def tower_attention(
@@ -286,7 +369,7 @@ class TowerSelection:
         grid: Tensor = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
         pixels: Tensor = args[0] if args else kwargs["hidden_states"]
         adapter = self.adapter
-        adapter.grid = grid
+        modality = adapter.encoding or "image"  # a direct call of the tower: images
         tokens = adapter.tokens_of(grid)
         with torch.no_grad():
             window = self.window_index(grid)
@@ -296,38 +379,108 @@ class TowerSelection:
                 if probed is None
                 else image_evidence(probed, output.last_hidden_state, grid, adapter.merge_size, window)
             )
-        seeds = image_seeds(pixels.split(grid.prod(-1).tolist()))  # (I,)
         unit = adapter.merge_size**2
         states_dtype = output.last_hidden_state.dtype
 
         def project(merged: Tensor) -> Tensor:  # (k, m²C) merged patch states -> (k, E) through the merger
             return adapter.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states_dtype))
 
-        selections, pieces = [], []
+        selections, pieces, wrote = [], [], False
         start = 0
-        for image, item in enumerate(evidence):
-            own = output.pooler_output[start : start + tokens[image]]  # (N, E) the merger's (raster) output
-            chosen, written = self.stage.hand_on.run(
-                item.features[None],
-                values=own[None],
-                project=project,
-                attention=None if item.received is None else item.received[None],
-                keys=None if item.keys is None else item.keys[None],
-                seeds=seeds[image : image + 1],
-                projected=own[None],
-                grid=item.grid,
-                object_attention=None if objects is None else objects[image].received[None],
-            )
-            selections += chosen
-            pieces.append(own if written is None else written[0])
-            start += tokens[image]
+        for index, (item, item_pixels) in enumerate(zip(evidence, pixels.split(grid.prod(-1).tolist()), strict=True)):
+            probed_item = None if objects is None else objects[index]  # a second block's (HiPrune's object layer)
+            count = item.features.shape[0]
+            own = output.pooler_output[start : start + count]  # (N, E) the merger's (raster) output
+            if self.stage.method.reads_time and modality == "image":
+                chosen, written = keep_all(count, own.device), None  # a video method leaves images whole
+            elif self.stage.method.reads_time:
+                chosen, written = self.hand_on(item, own, item_pixels, project, probed_item)  # one video, its time axis
+            else:  # an image method: each temporal patch as an image (an image has one)
+                frames = count // (item.grid[0] * item.grid[1])
+                chosen, written = self.per_temporal_patch(item, own, item_pixels, frames, project, probed_item)
+            selections.append(chosen)
+            wrote |= written is not None
+            pieces.append(own if written is None else written)
+            start += count
+        adapter.grids[modality], adapter.chosen[modality] = grid, selections
         self.stage.selected(selections)
-        if not any(selection.merged is not None and len(selection.merged_slots()) for selection in selections):
+        if not wrote:
             return None  # nothing merged: the tower's output is untouched
         output.pooler_output = torch.cat(pieces)
         if getattr(output, "deepstack_features", None):
             output.deepstack_features = merge_deepstack(output.deepstack_features, selections, tokens)
         return output
+
+    def hand_on(
+        self,
+        item: ImageEvidence,
+        own: Tensor,
+        pixels: Tensor,
+        project: Callable[[Tensor], Tensor],
+        probed: ImageEvidence | None = None,
+    ) -> tuple[ImageSelection, Tensor | None]:
+        """One item's selection (an image, a temporal patch, or a whole video for a video method) and its merger
+        output with merged slots written (None: nothing written). own: (N, E); pixels: its rows of the tower input;
+        probed: the same item's evidence at a second block, for a method that reads one (HiPrune's object layer)."""
+        chosen, written = self.stage.hand_on.run(
+            item.features[None],
+            values=own[None],
+            project=project,
+            attention=None if item.received is None else item.received[None],
+            keys=None if item.keys is None else item.keys[None],
+            seeds=image_seeds([pixels]),
+            projected=own[None],
+            grid=item.grid,
+            object_attention=None if probed is None or probed.received is None else probed.received[None],
+        )
+        return chosen[0], None if written is None else written[0]
+
+    def per_temporal_patch(
+        self,
+        item: ImageEvidence,
+        own: Tensor,
+        pixels: Tensor,
+        frames: int,
+        project: Callable[[Tensor], Tensor],
+        probed: ImageEvidence | None = None,
+    ) -> tuple[ImageSelection, Tensor | None]:
+        """An image method on each of a video's ``frames`` temporal patches as an image, stitched into one selection
+        in the video's raster index space. Each temporal patch is its own attention segment in the tower, so its
+        received attention (a share of the video's queries) times ``frames`` is the mean over its own queries."""
+        if frames == 1:
+            return self.hand_on(item, own, pixels, project, probed)
+        per_frame = own.shape[0] // frames
+        kept: list[Tensor] = []
+        groups: list[Tensor] = []
+        orders: list[Tensor] = []
+        written: list[Tensor | None] = []
+        for frame, frame_pixels in enumerate(pixels.chunk(frames)):
+            cut = slice(frame * per_frame, (frame + 1) * per_frame)
+            frame_item, frame_probed = (
+                None
+                if whole is None
+                else ImageEvidence(
+                    features=whole.features[cut],
+                    received=None if whole.received is None else whole.received[:, cut] * frames,
+                    keys=None if whole.keys is None else whole.keys[:, cut],
+                    grid=whole.grid,
+                )
+                for whole in (item, probed)
+            )
+            assert frame_item is not None
+            chosen, frame_written = self.hand_on(frame_item, own[cut], frame_pixels, project, frame_probed)
+            offset = frame * per_frame
+            order = torch.arange(len(chosen.kept)) if chosen.order is None else chosen.order.cpu()
+            orders.append(order + sum(len(k) for k in kept))
+            kept.append(chosen.kept + offset)
+            groups += [group + offset for group in chosen.groups]
+            written.append(frame_written)
+        stitched = ImageSelection(kept=torch.cat(kept), groups=tuple(groups), order=torch.cat(orders).to(own.device))
+        if all(w is None for w in written):
+            return stitched, None
+        return stitched, torch.cat(
+            [own[i * per_frame : (i + 1) * per_frame] if w is None else w for i, w in enumerate(written)]
+        )
 
     def window_index(self, grid: Tensor) -> Tensor | None:
         """Qwen2.5's window order of the tower's row groups (None for Qwen2-VL, which keeps raster order)."""

@@ -186,6 +186,9 @@ class Selector(Protocol):
 
     def reads_instruction(self) -> bool: ...
 
+    @property
+    def reads_time(self) -> bool: ...
+
     def authors_layout(self) -> bool: ...
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]: ...
@@ -230,6 +233,9 @@ class Method:
     # a family whose stages do not take this method's stage runs this pre-LLM form of it instead (same name, same
     # options): HiPrune's tower method is the authors' LLaVA code, its pre-LLM form their Qwen2.5-VL code
     pre_llm_form: ClassVar[type[Method] | None] = None
+    # pre-LLM: selects over a whole video (one video per VisionEvidence, ``grid`` one temporal patch's) and decides
+    # its own count (no keep=); False: an image method, which a video family runs on each temporal patch as an image
+    reads_time: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         defaults = {**self.defaults, **(PRE_LLM_DEFAULTS if self.stage == "pre_llm" else {})}

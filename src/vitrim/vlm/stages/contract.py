@@ -46,12 +46,15 @@ class Prefill:
     attention_mask: (B, L) | None   the caller's 2-D padding mask (None: no padding)
     runs_tower: the images come as pixels (the tower runs in this forward), not as features ``generate()`` made
     extras: the family's own (Qwen: ``image_grid_thw`` and the token types; LLaVA-NeXT: ``image_sizes``)
+    media: where a family also takes videos, the positions of all its media tokens, images and videos (each video is
+    one "image" of the pre-LLM stage: its tokens, raster ``(t, row, column)``, wherever they lie in the prompt)
     """
 
     input_ids: Tensor
     attention_mask: Tensor | None
     runs_tower: bool
     extras: dict[str, Any] = field(default_factory=dict)
+    media: Tensor | None = None  # (B, L) bool: the positions of every image's and video's tokens; None: image tokens
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class FamilyTraits:
     tower_grid_only: where the tower stage must put its tokens back on the patch grid, why (None: it need not)
     tower_refused: why the tower stage is not offered, for ``apply``'s refusal (None: no reason beyond ``stages``)
     served: the vLLM architectures vitrim's plugin serves this family with (none: not served)
+    video: whether vitrim.vlm reduces this family's videos (a video method, ``reads_time``, is refused elsewhere)
     """
 
     classes: tuple[str, ...]
@@ -87,6 +91,7 @@ class FamilyTraits:
     tower_grid_only: str | None = None
     tower_refused: str | None = None
     served: tuple[ServedArchitecture, ...] = ()
+    video: bool = False  # its pre-LLM stage reduces videos (each temporal patch's tokens, or a video method's pick)
 
 
 class FamilyAdapter:

@@ -186,7 +186,8 @@ class PreLLMStage:
                 "image features this model made after vitrim.vlm.apply)"
             )
         selections, counts = self.family.image_tokens(prefill, self.encoded)
-        is_image: Tensor = prefill.input_ids == self.family.image_token_id()  # (B, L)
+        # (B, L): every image's and video's tokens where the family takes videos, else the image tokens
+        is_image: Tensor = prefill.input_ids == self.family.image_token_id() if prefill.media is None else prefill.media
         order = self.order = repeated_images(counts, is_image.sum(1).tolist())
         spans = spans_from_mask(is_image, [counts[i] for i in order])
         if self.method.reads_instruction() and not all(self.keep_of(n) == n for n in counts):
