@@ -35,7 +35,8 @@ def refused(method: Method) -> str | None:
     vitrim.vlm's one encoder seam (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every
     pre-LLM method that selects from the images alone is served. Refused: the other stages (the tower's and the
     LLM's are not hooked in vLLM; its paged attention hands a model no attention rows), a video method (the plugin
-    trims images; vLLM serves EVS and VidCom2 itself), and a method that reads the prompt (CDPruner unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    trims images; vLLM serves EVS and VidCom2 itself), and a method that reads the prompt (CDPruner unless
+    ``theta=0``: vLLM encodes the images before the text reaches the model)."""
     if method.stage != "pre_llm":
         return f"cuts at stage {method.stage!r}, and the plugin serves pre-LLM methods"
     if method.reads_time:
