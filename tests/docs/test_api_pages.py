@@ -2,9 +2,10 @@
 
 A module is public unless it is the command line (``vitrim.cli``, documented by its own ``--help`` and the guides), the
 vLLM plugin (``vitrim.vllm``: vLLM loads it; the guide docs/vllm.md documents it, and its modules import vLLM, which
-lives in its own environment, not the docs'), or a
-package's ``__init__`` that defines nothing (its names are documented where they are defined). Old import paths have
-no file (vitrim.moved's table answers them), so no page.
+lives in its own environment, not the docs'), the lmms-eval bridge (``vitrim.eval``: the guide docs/evaluating.md
+documents it, and it imports lmms-eval, in its own environment too), or a package's ``__init__`` that defines
+nothing (its names are documented where they are defined). Old import paths have no file (vitrim.moved's table
+answers them), so no page.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def public_modules() -> set[str]:
     modules = set()
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[1:2] in (("cli",), ("vllm",)) or any(part.startswith("_") and part != "__init__" for part in parts):
+        apart = parts[1:2] in (("cli",), ("vllm",), ("eval",))
+        if apart or any(part.startswith("_") and part != "__init__" for part in parts):
             continue
         if parts[-1] == "__init__":
             if path.parent == PACKAGE or not _defines_something(path):

@@ -40,9 +40,7 @@ def refused(method: Method) -> str | None:
     if method.stage != "pre_llm":
         return f"cuts at stage {method.stage!r}, and the plugin serves pre-LLM methods"
     if method.reads_time:
-        return (
-            "reduces videos, and the plugin serves images (vLLM's own --video-pruning-method serves EVS and VidCom2)"
-        )
+        return "reduces videos, and the plugin serves images (vLLM's own --video-pruning-method serves EVS and VidCom2)"
     if method.reads_instruction():
         return "reads the prompt, which vLLM has not handed the model when it encodes the images"
     return None

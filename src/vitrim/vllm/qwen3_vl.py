@@ -108,7 +108,7 @@ class VitrimQwen3VLForConditionalGeneration(Qwen3VLForConditionalGeneration):
         self.vitrim_hand_on = HandOn(
             method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count))
         )
-        last: Any = self.visual.blocks[-1]  # type: ignore[index]
+        last: Any = self.visual.blocks[-1]
         self.vitrim_taps = Taps(method, scoring=(last.attn, read_tower_attention))
         self.vitrim_merger_input: Tensor | None = None
         tap_input(self.visual.merger, self.keep_merger_input)

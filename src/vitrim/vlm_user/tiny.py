@@ -246,7 +246,7 @@ def save_qwen3_vl(
     _save_model(transformers.Qwen3VLForConditionalGeneration, config, path, seed)
     specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
     tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    sizes = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2)
+    sizes: dict[str, Any] = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2)
     processor = transformers.Qwen3VLProcessor(
         image_processor=transformers.Qwen2VLImageProcessor(**sizes, min_pixels=64, max_pixels=64 * 64),
         tokenizer=tokenizer,

@@ -97,7 +97,8 @@ class ClipRelevance:
     projected feature-layer states (N, C). ``model``: a transformers ``CLIPModel``; ``tokenizer``: its tokenizer."""
 
     def __init__(self, model: nn.Module, tokenizer: Any) -> None:
-        self.model, self.tokenizer = model, tokenizer
+        self.model: Any = model  # transformers' CLIPModel (its towers, projections and config are read by name)
+        self.tokenizer = tokenizer
 
     @classmethod
     def load(cls, clip: Any, tokenizer: Any) -> ClipRelevance:
@@ -115,7 +116,7 @@ class ClipRelevance:
         source = tokenizer if tokenizer is not None else getattr(model, "name_or_path", "")
         if isinstance(source, str):
             try:
-                tokenizer = transformers.CLIPTokenizerFast.from_pretrained(source or clip)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(source or clip)
             except (OSError, ValueError) as error:
                 raise ValueError(
                     f"cdpruner clip_tokenizer={source!r}: no CLIP tokenizer could be loaded ({error}); pass "
