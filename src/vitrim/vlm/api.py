@@ -68,6 +68,11 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
             f"{titles}; {type(model).__name__} is not handled there"
             + (f": {family.traits.tower_refused})" if cls.stage == "tower" and family.traits.tower_refused else ")")
         )
+    if instance.options.get("cls") is True and cls.uses_cls_token and not getattr(family, "cls_to_llm", False):
+        raise ValueError(
+            f"{method} cls=True: {type(model).__name__} hands vitrim no [CLS] token to give the LLM (its tower has "
+            "none, or the family packs tiles); use cls=None (one more dominant patch where there is no [CLS]) or False"
+        )
     applied = getattr(model, STATE_ATTRIBUTE, None)
     plans = dict(applied.plans) if isinstance(applied, Applied) else {}
     if cls.stage in plans:
@@ -131,6 +136,8 @@ def last_selection(
     LLM's last layer, each grouped with what it stood for on entering the LLM (:meth:`Stack.selection`).
     """
     applied = _applied(model)
+    if stage is not None and (not isinstance(stage, str) or stage not in STAGE_ORDER):
+        raise ValueError(f"stage={stage!r:.80} must be None or one of {', '.join(map(repr, STAGE_ORDER))}")
     selection = applied.stack.selection(stage)
     if selection is None:
         raise ValueError(f"vlm method {applied.method.name!r} has seen no prefill yet: run the model first")
