@@ -158,3 +158,29 @@ def test_a_mistyped_hub_id_reads_the_local_cache_and_no_network(monkeypatch: pyt
     monkeypatch.setattr(socket, "create_connection", refuse)
     with pytest.raises(ValueError, match=r"^--model nobody-x/no-such-vlm: not in the local hub cache"):
         load_model("nobody-x/no-such-vlm")
+
+
+def test_save_tiny_vlm_writes_a_whole_folder_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_tiny_vlm(..., "qwen2_5_vl") raised for torchvision after writing half a folder, which vlm ask --model
+    then misread; a builder failing midway now leaves nothing at the path (and no temporary folder)."""
+    from vitrim.vlm_user import tiny
+
+    def half_then_fail(path: Path, seed: int) -> Path:
+        (path / "config.json").write_text("{}")
+        raise ModuleNotFoundError("No module named 'torchvision'")
+
+    monkeypatch.setitem(tiny.TINY, "qwen2_5_vl", half_then_fail)
+    with pytest.raises(ModuleNotFoundError):
+        tiny.save_tiny_vlm(tmp_path / "qwen", "qwen2_5_vl")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_vlm_extra_installs_what_the_guide_imports() -> None:
+    """`pip install 'vitrim[vlm]'` installed transformers alone: the guide's own-image block failed on PIL."""
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    names = {requirement.split(">")[0].split("[")[0].lower() for requirement in extras["vlm"]}
+    assert {"transformers", "pillow", "torchvision"} <= names
