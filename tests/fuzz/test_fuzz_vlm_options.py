@@ -147,37 +147,3 @@ def test_trim_options_refuses_what_apply_refuses(entry: dict, expected: str) -> 
     with pytest.raises(ValueError, match=r"^vitrim: ") as refused:
         trim_options(config, "VitrimLlavaForConditionalGeneration")
     assert expected in str(refused.value)
-
-
-def wrong_shapes(inputs: dict) -> dict[str, dict]:
-    ids = inputs["input_ids"]
-    labels = ids.clone()
-    return {
-        "labels one column short": {"labels": labels[:, :-1]},
-        "labels of another batch": {"labels": labels.expand(2, -1)},
-        "attention_mask one column short": {"attention_mask": inputs["attention_mask"][:, :-1]},
-        "a 3-D attention_mask": {"attention_mask": inputs["attention_mask"][:, None, :]},
-    }
-
-
-@pytest.mark.parametrize(
-    "method", [("fastv", {"keep": 4, "layer": 1}), ("dart", {"keep": 4, "layer": 1}), ("visionzip", {"keep": 4})]
-)
-@pytest.mark.parametrize("case", list(wrong_shapes(llava_inputs())))
-def test_labels_and_masks_that_do_not_fit_input_ids_are_one_line(
-    llava: torch.nn.Module, method: tuple[str, dict], case: str
-) -> None:
-    """labels one column short crashed inside sequence.py, labels of another batch size gave a loss (the unmodified
-    model raises), a short mask an IndexError inside in_llm.py, a 3-D mask a TypeError in Python's words."""
-    inputs = llava_inputs()
-    change = wrong_shapes(inputs)[case]
-    name = next(iter(change))
-    vitrim.vlm.apply(llava, method[0], **method[1])
-    try:
-        with torch.no_grad(), pytest.raises(ValueError, match=rf"^{name} of shape .* does not fit input_ids"):
-            llava(**{**inputs, **change})
-        with torch.no_grad():  # and the model still answers a fitting call
-            assert torch.isfinite(llava(**inputs, labels=inputs["input_ids"]).loss)
-    finally:
-        vitrim.vlm.remove(llava)
-    assert not llava._forward_pre_hooks  # remove() takes the guard too

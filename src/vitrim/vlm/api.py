@@ -30,7 +30,6 @@ class Applied:
 
     plans: dict[str, Plan]
     stack: Stack
-    guard: Any = None  # the handle of check_inputs' hook on the model
 
     @property
     def method(self) -> Method:
@@ -99,33 +98,8 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
             raise
     else:
         stack = Stack(family, plans, checked)
-    if isinstance(applied, Applied):
-        applied.plans, applied.stack = plans, stack
-    else:
-        guard = model.register_forward_pre_hook(check_inputs, with_kwargs=True, prepend=True)
-        setattr(model, STATE_ATTRIBUTE, Applied(plans, stack, guard))
+    setattr(model, STATE_ATTRIBUTE, Applied(plans, stack))
     return model
-
-
-def check_inputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """The user's ``attention_mask`` and ``labels`` fit ``input_ids`` (B, L): the stages read the mask as the 2-D
-    padding of the prefill and cut ``labels`` by its columns, so a 3-D mask, a short one or labels of another shape
-    would fail deep inside them or give a loss the unmodified model refuses; one line naming the argument instead."""
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    if not isinstance(ids, Tensor) or ids.ndim != 2:
-        return
-    cache = kwargs.get("past_key_values")
-    past = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
-    expected = (ids.shape[0], past + ids.shape[1])
-    for name in ("attention_mask", "labels"):
-        value = kwargs.get(name)
-        if isinstance(value, Tensor) and tuple(value.shape) != expected and (name == "attention_mask" or not past):
-            raise ValueError(
-                f"{name} of shape {tuple(value.shape)} does not fit input_ids {tuple(ids.shape)}"
-                + (f" after {past} cached positions" if past else "")
-                + f": with a vitrim.vlm method applied it must be (batch, length) = {expected}"
-                + (" (a 2-D padding mask)" if name == "attention_mask" else "")
-            )
 
 
 def remove(model: nn.Module) -> None:
@@ -133,8 +107,6 @@ def remove(model: nn.Module) -> None:
     none was applied."""
     applied = _applied(model)
     applied.stack.remove()
-    if applied.guard is not None:
-        applied.guard.remove()
     delattr(model, STATE_ATTRIBUTE)
 
 
