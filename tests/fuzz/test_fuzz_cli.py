@@ -298,3 +298,14 @@ def test_model_sizes_typed_on_the_command_line_are_bounded_like_a_file_s(
     assert err.count("\n") == 1 and "embed_dim = 1000000000 is over the limit of 16384 for a model built from the " \
         "command line" in err, err  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+def test_viz_vlm_help_names_only_options_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """`viz vlm --help` told of a --model it does not take (issue 53); vlm ask, which takes it, still says so."""
+    import re
+
+    for argv, takes_model in ((["viz", "vlm", "--help"], False), (["vlm", "ask", "--help"], True)):
+        with pytest.raises(SystemExit):
+            main(argv)
+        named = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+        assert ("--model" in named) == takes_model, (argv, sorted(named))

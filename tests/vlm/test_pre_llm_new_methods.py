@@ -187,7 +187,7 @@ def test_scope_breaks_ties_as_the_reference(alpha: float) -> None:
 
 
 def test_scope_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="alpha=-1 must be a number >= 0"):
+    with pytest.raises(ValueError, match="alpha=-1 must be a finite number >= 0"):
         Scope(alpha=-1)
 
 

@@ -106,14 +106,15 @@ def _run_demo(args: argparse.Namespace) -> int:
 # -- vitrim vlm ask --------------------------------------------------------------------------------------------------
 
 
-def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+def _add_model_arguments(p: argparse.ArgumentParser, user_model: bool = False) -> None:
+    """--run, --method, --keep; ``user_model``: the command also takes --model (its --method help says so)."""
     p.add_argument("--run", default=None, help="a `vitrim demo vlm` run folder (default: the shipped model)")
+    stack = " (with --model: twice for a stack of two stages, each followed by its own --keep / --set)"
     p.add_argument(
         "--method",
         action=InOrder,
         default=None,
-        help="a method of vitrim.vlm that trims the image tokens (with --model: twice for a stack of two stages, each "
-        "followed by its own --keep / --set)",
+        help="a method of vitrim.vlm that trims the image tokens" + stack * user_model,
     )
     p.add_argument(
         "--keep", action=InOrder, default="0.25", help="image tokens kept: a count (16) or a fraction (0.25; default)"
@@ -130,7 +131,7 @@ def _register_ask(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("question", help='e.g. "which digit ?", "where is the seven ?", "how many digits ?"')
     p.add_argument("--image", required=True, help="a PNG or JPEG file")
-    _add_model_arguments(p)
+    _add_model_arguments(p, user_model=True)
     add_user_model_arguments(p)  # --model: the user's own VLM instead of the demo's (vitrim.cli.vlm_user)
     add_threads_argument(p)
     p.set_defaults(func=_run_ask)

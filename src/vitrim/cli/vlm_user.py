@@ -112,17 +112,22 @@ def parse_options(settings: list[str]) -> dict[str, Any]:
 
 
 def read_picture(path: str) -> Any:
-    """The --image file as an RGB PIL image (a clear error for a missing or unreadable file)."""
+    """The --image file as an RGB PIL image: its size checked from the header before any pixel is decoded
+    (:func:`vitrim.data.image_file.open_image`: a decompression bomb is refused), a clear error for a missing or
+    unreadable file."""
     require("PIL", feature="reading --image")
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
+
+    from vitrim.data.image_file import ImageRefused, open_image
 
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"--image {path}: no such file")
     try:
-        with Image.open(file) as picture:
-            return picture.convert("RGB")
-    except (UnidentifiedImageError, OSError) as err:
+        return open_image(file, "RGB")
+    except ImageRefused as err:
+        raise ValueError(f"--image {path}: {err}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:  # Pillow: SyntaxError for some broken headers
         raise ValueError(f"--image {path}: not a picture PIL can read ({err})") from None
 
 

@@ -81,6 +81,9 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
         raise ValueError(
             f"vitrim: architecture {architecture} needs a 'vitrim' entry in --hf-overrides, e.g. {EXAMPLE}"
         )
+    unnamed = [key for key in raw if not isinstance(key, str)]
+    if unnamed:
+        raise ValueError(f"vitrim: the 'vitrim' entry's keys must be option names (strings), got {unnamed[0]!r:.80}")
     options = dict(raw)
     name = options.pop("method", None)
     keep = options.pop("keep", None)
@@ -95,6 +98,8 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
         if keep is None:
             raise ValueError(f"method {name!r} needs 'keep' (image tokens per image, or a fraction in (0, 1])")
         spec = parse_keep(keep)
+        if spec.count is not None:  # a count is checked against the method's own options, as apply does
+            method.check_keep(spec.count)
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: {error}") from None
     return TrimOptions(method=method, keep=spec)

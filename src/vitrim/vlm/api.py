@@ -76,6 +76,11 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
             f"vlm method {method!r} reduces videos; vitrim.vlm takes no video on {type(model).__name__} (video runs "
             f"on {titles})"
         )
+    if instance.options.get("cls") is True and cls.uses_cls_token and not family.cls_to_llm:
+        raise ValueError(
+            f"{method} cls=True: {type(model).__name__} hands vitrim no [CLS] token to give the LLM (its tower has "
+            "none, or the family packs tiles); use cls=None (one more dominant patch where there is no [CLS]) or False"
+        )
     applied = getattr(model, STATE_ATTRIBUTE, None)
     plans = dict(applied.plans) if isinstance(applied, Applied) else {}
     if cls.stage in plans:
@@ -139,6 +144,8 @@ def last_selection(
     LLM's last layer, each grouped with what it stood for on entering the LLM (:meth:`Stack.selection`).
     """
     applied = _applied(model)
+    if stage is not None and (not isinstance(stage, str) or stage not in STAGE_ORDER):
+        raise ValueError(f"stage={stage!r:.80} must be None or one of {', '.join(map(repr, STAGE_ORDER))}")
     selection = applied.stack.selection(stage)
     if selection is None:
         raise ValueError(f"vlm method {applied.method.name!r} has seen no prefill yet: run the model first")

@@ -20,6 +20,9 @@ transformers reads too but vLLM needs.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -388,4 +391,16 @@ def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0) -> Pat
     from vitrim.vlm_user.load import import_vision_backend
 
     import_vision_backend()
-    return TINY[family](Path(path), seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # written whole or not at all: built in a temporary sibling, then moved in; a builder that fails (a missing
+    # torchvision, a full disk) leaves no half folder for `vlm ask --model` to misread
+    building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        TINY[family](building, seed)
+        path.mkdir(exist_ok=True)
+        for file in sorted(building.iterdir()):
+            os.replace(file, path / file.name)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return path

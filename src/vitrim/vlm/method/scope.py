@@ -20,6 +20,7 @@ are vitrim's reading of them), and ties go to the lower index.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -38,15 +39,22 @@ def scope_keep(features: Tensor, saliency: Tensor, keep: int, alpha: float = SCO
 
     features: (N, D) the tokens whose cosine similarity defines coverage; saliency: (N,) a_i ≥ 0.
     """
-    unit = features / features.norm(dim=-1, keepdim=True)
+    # float64; and where a^α underflows for a token whose a > 0 (large α: from α = 5 in float16 every token's is 0,
+    # so the greedy would take the first index each step) a^α · Δ is compared as α·log a + log Δ
+    unit = features.double() / features.double().norm(dim=-1, keepdim=True)
     similarity = (unit @ unit.T).fill_diagonal_(1.0)  # (N, N); cos(x, x) = 1 exactly, so ties are ties
-    weight = saliency.clamp(min=0) ** alpha  # (N,) a^α (0^0 = 1: α = 0 ignores saliency)
+    salient = saliency.double().clamp(min=0)
+    weight = salient**alpha  # (N,) a^α (0^0 = 1: α = 0 ignores saliency)
+    in_logs = bool(((weight == 0) & (salient > 0)).any())
+    log_weight = alpha * salient.log() if in_logs else weight
     covered = similarity.new_zeros(features.shape[0])  # (N,) m_j
     taken = torch.zeros(features.shape[0], dtype=torch.bool, device=features.device)
+    lowest = torch.finfo(torch.float64).min  # log of a zero product: below every positive one, above a taken token
     chosen = []
     for _ in range(keep):
         gain = (similarity - covered[None, :]).clamp(min=0).sum(dim=-1)  # (N,) Δ(i | S)
-        score = (weight * gain).masked_fill(taken, -torch.inf)
+        score = (log_weight + gain.log()).nan_to_num(nan=lowest, neginf=lowest) if in_logs else weight * gain
+        score = score.masked_fill(taken, -torch.inf)
         best = int(torch.argmax(score))  # the first maximum: ties to the lower index
         chosen.append(best)
         taken[best] = True
@@ -63,8 +71,8 @@ class Scope(Method):
 
     def check(self) -> None:
         alpha = self.options["alpha"]
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha < 0:
-            raise ValueError(f"alpha={alpha!r} must be a number >= 0")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha < math.inf:
+            raise ValueError(f"alpha={alpha!r} must be a finite number >= 0")
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         alpha = float(self.options["alpha"])

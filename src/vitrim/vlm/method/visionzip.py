@@ -110,7 +110,7 @@ class VisionZip(Method):
             value = self.options[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an int >= {least}")
-        if self.options["cls"] not in (None, True, False):
+        if self.options["cls"] is not None and not isinstance(self.options["cls"], bool):  # 0 == False, yet 0 is not
             raise ValueError(
                 f"cls={self.options['cls']!r} must be None (the tower's [CLS] where it has one), True or False"
             )
@@ -156,8 +156,15 @@ class VisionZip(Method):
             raise ValueError("visionzip needs the [CLS] attention row and the keys of the scoring layer")
         self.check_keep(keep)
         contextual = self.contextual_for(keep)
-        # [CLS] takes one of the dominant places (the authors' count); never at keep = N (the unmodified model)
-        cls = self.with_cls(evidence) and keep - contextual >= 1 and keep < evidence.features.shape[1]
+        # [CLS] takes one of the dominant places (the authors' count), beside at least one dominant patch (the
+        # authors' [CLS] always comes with one); never at keep = N (the unmodified model)
+        room = keep - contextual >= 2
+        if self.options["cls"] is True and not room:
+            raise ValueError(
+                f"visionzip cls=True at keep={keep}: no room beside contextual={contextual} for the [CLS] "
+                "and a dominant patch; keep at least contextual + 2, or cls=None"
+            )
+        cls = self.with_cls(evidence) and room and keep < evidence.features.shape[1]
         dominant = keep - contextual - int(cls)
         scores = evidence.cls_attention.sum(1)  # (I, N) summed over heads, as the authors do
         keys = evidence.keys.mean(1)  # (I, N, hd) averaged over heads

@@ -105,6 +105,7 @@ class FamilyAdapter:
 
     traits: ClassVar[FamilyTraits]
     parts: ClassVar[tuple[str, ...]] = ("vision_tower", "multi_modal_projector", "language_model")  # of model.model
+    cls_to_llm: ClassVar[bool] = False  # a method may hand the LLM the tower's [CLS] through this family's projector
     # positions="authors" hands the LLM the authors' shorter sequence numbered contiguously (their LLaVA code's
     # convention, for every family with 1-D positions); a family whose positions are not a count (Qwen's M-RoPE)
     # keeps the original ones there and says why
