@@ -35,9 +35,11 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("qwen", LLAVA, {"method": "random", "keep": 4}, f"vitrim: architecture {LLAVA} runs 'llava' checkpoints; "
      "this one has model_type 'qwen2_5_vl'"),
     ("llava", LLAVA, {"method": "visionzap", "keep": 4}, "vitrim: unknown vlm method 'visionzap'"),
-    ("qwen", QWEN, {"method": "fastv", "keep": 4}, "vitrim: method 'fastv' is not served through vLLM: it cuts at "
-     "stage 'in_llm'"),
-    ("llava", LLAVA, {"method": "hiprune", "keep": 4}, "vitrim: method 'hiprune' is not served through vLLM"),
+    ("qwen", QWEN, {"method": "fastv", "keep": 4}, "vitrim: method 'fastv' cuts at stage 'in_llm', and the plugin "
+     "serves pre-LLM methods"),
+    ("llava", LLAVA, {"method": "hiprune", "keep": 4}, "vitrim: method 'hiprune' cuts at stage 'tower'"),
+    ("qwen", QWEN, {"method": "evs"}, "vitrim: method 'evs' reduces videos, and the plugin serves images"),
+    ("llava", LLAVA, {"method": "cdpruner", "keep": 4}, "vitrim: method 'cdpruner' reads the prompt"),
     ("llava", LLAVA, {"method": "random", "keep": 0}, "vitrim: keep=0 must be at least 1"),
     ("qwen", QWEN, {"method": "random", "keep": 1.5}, "vitrim: keep=1.5 as a fraction must be in (0, 1]"),
     ("llava", LLAVA, {"method": "random", "keep": 17}, "vitrim: keep=17 is more than the image's 16 tokens"),
