@@ -24,7 +24,7 @@ from typing import Any
 from vitrim.models import config_limits
 from vitrim.untrusted import MAX_JSON_BYTES, expect_object, parse_json, read_json
 
-TOKEN_ID_FIELDS = ("image_token_index", "image_token_id", "video_token_index", "video_token_id")
+TOKEN_ID_FIELDS: tuple[str, ...] = ("image_token_index", "image_token_id", "video_token_index", "video_token_id")
 TOKEN_ID_FIELDS += ("boi_token_index", "eoi_token_index", "vision_start_token_id", "vision_end_token_id")
 DTYPE_FIELDS = ("dtype", "torch_dtype")
 
@@ -43,7 +43,7 @@ def check_folder(folder: Path, name: str) -> dict[str, Any]:
 def check_config(config: Mapping[str, Any], source: str) -> None:
     """The fields of a transformers VLM config (and of each config nested in it) typed, bounded and consistent."""
     _check_fields(config, source)
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    text: Mapping[str, Any] = config["text_config"] if isinstance(config.get("text_config"), Mapping) else config
     vision = config.get("vision_config")
     vocab = text.get("vocab_size", config.get("vocab_size"))
     for field in TOKEN_ID_FIELDS:
@@ -54,7 +54,7 @@ def check_config(config: Mapping[str, Any], source: str) -> None:
             raise ValueError(f"{source}: {field} must be a token id (an int >= 0), got {value!r:.80}")
         if config_limits._is_int(vocab) and value >= vocab:
             raise ValueError(f"{source}: {field} = {value} is not a token of the vocabulary (vocab_size {vocab})")
-    layers = vision.get("num_hidden_layers", vision.get("depth")) if isinstance(vision, Mapping) else None
+    layers: Any = vision.get("num_hidden_layers", vision.get("depth")) if isinstance(vision, Mapping) else None
     chosen = config.get("vision_feature_layer")
     if chosen is not None and config_limits._is_int(layers):
         for layer in chosen if isinstance(chosen, list) else [chosen]:

@@ -49,7 +49,7 @@ def load_vlm(source: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     check_fits_weights(config, folder, name)
     with _worded(name):
         processor = transformers.AutoProcessor.from_pretrained(folder, **common)
-        model, info = transformers.AutoModelForImageTextToText.from_pretrained(
+        loaded: Any = transformers.AutoModelForImageTextToText.from_pretrained(
             folder,
             config=config,
             dtype=dtype,
@@ -58,6 +58,7 @@ def load_vlm(source: str | Path, device: str | torch.device = "cpu") -> tuple[nn
             ignore_mismatched_sizes=True,  # mismatched tensors are reported (below, named), not raised
             **common,
         )
+        model, info = loaded  # output_loading_info: (model, what was missing or mismatched)
     for kind in ("missing_keys", "mismatched_keys"):
         keys = sorted(str(key) for key in info.get(kind) or ())
         if keys:  # transformers would fill them with random values: a model answering at random, silently
@@ -69,7 +70,7 @@ def load_vlm(source: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     if not hasattr(processor, "image_processor"):
         raise ValueError(f"{name}: its processor ({type(processor).__name__}) reads no images")
     _check_processor(processor, model, name)
-    model.to(device)  # type: ignore[arg-type]  # transformers wraps .to
+    model.to(device)
     return model.eval(), processor
 
 
