@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-vlm-lowest test-vllm test-eval demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-full test-vlm-lowest test-vllm test-eval demo demo-translate demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal
+
+# The cross products alone (what test-all adds to test): CI runs `make test` first, then these, so nothing runs twice.
+test-full: $(STAMP)
+	$(PY) -m pytest -n auto --dist worksteal -m full
 
 # vitrim.vlm on the lowest transformers pyproject declares (vLLM 0.32 pins 5.19): its own environment with only what
 # the VLM tests need (CI runs it; the newest is .venv's, run by make test).
