@@ -237,3 +237,22 @@ def test_video_methods_and_videos_are_refused_where_they_cannot_run() -> None:
     with pytest.raises(ValueError, match=r"^stride=0 must be an int >= 1"):
         vitrim.vlm.apply(model, "temporal_downsample", stride=0)
     assert not hasattr(model, "_vitrim_vlm")
+
+
+def test_method_info_says_which_methods_reduce_videos_only() -> None:
+    """``method_info(name).video`` is True exactly for the methods an image-only model refuses as video methods."""
+    from tiny_vlms.llava import tiny_llava
+
+    model, video_methods = tiny_llava(), []
+    for name in vitrim.vlm.methods():
+        try:
+            vitrim.vlm.apply(model, name)
+        except TypeError as err:
+            if "reduces videos" in str(err):
+                video_methods.append(name)
+        except ValueError:  # a method that needs options of its own here (none of them a video method)
+            pass
+        else:
+            vitrim.vlm.remove(model)
+    assert video_methods == [name for name in vitrim.vlm.methods() if vitrim.vlm.method_info(name).video]
+    assert video_methods == ["evs", "temporal_downsample", "vidcom2"]

@@ -69,12 +69,13 @@ class SweepResult:
 
 
 def available_methods() -> list[str]:
-    """``vitrim.vlm.methods()``, or [] where vitrim.vlm is not there yet (the report then says no method ran)."""
+    """The image methods of ``vitrim.vlm.methods()`` (the digits VLM sees pictures; a video method refuses it), or []
+    where vitrim.vlm is not there yet (the report then says no method ran)."""
     try:
         from vitrim import vlm
     except ImportError:
         return []
-    return list(vlm.methods())
+    return [name for name in vlm.methods() if not vlm.method_info(name).video]
 
 
 def check_methods(methods: list[str] | None) -> list[str]:

@@ -362,20 +362,28 @@ def methods(stage: str | None = None) -> list[str]:
 @dataclass(frozen=True)
 class MethodInfo:
     """What a method is, for a listing: its ``name``, the ``stage`` it cuts at, its own options with their defaults
-    (the authors' names and paper values; ``keep=`` and, in the LLM, ``layer=`` come on top) and its docstring's
-    first line (``summary``)."""
+    (the authors' names and paper values; ``keep=`` and, in the LLM, ``layer=`` come on top), its docstring's
+    first line (``summary``) and whether it reduces videos only (``video``: it selects over time, and refuses a model
+    given images)."""
 
     name: str
     stage: str
     defaults: Mapping[str, Any]
     summary: str
+    video: bool = False
 
 
 def method_info(name: str) -> MethodInfo:
     """The :class:`MethodInfo` of the method ``name``; ``ValueError`` listing the known names otherwise."""
     cls = method_class(name)
     doc = inspect.getdoc(cls) or inspect.getdoc(inspect.getmodule(cls)) or ""
-    return MethodInfo(name=name, stage=cls.stage, defaults=dict(cls.option_defaults()), summary=doc.split("\n")[0])
+    return MethodInfo(
+        name=name,
+        stage=cls.stage,
+        defaults=dict(cls.option_defaults()),
+        summary=doc.split("\n")[0],
+        video=cls.reads_time,
+    )
 
 
 # content_seed lived here before the evidence floor (vitrim.vlm.evidence.seeds): answered for one release
