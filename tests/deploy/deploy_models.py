@@ -5,8 +5,9 @@ The reducer list is read from the registry, so a new reducer file is swept by th
 editing them. Weights are perturbed away from the init so that scores and similarities are well separated (a
 near-tie would let float round-off between backends pick another token, which says nothing about the export).
 
-The sweeps run the whole cross product family × kind in ``make test-all``; ``make test`` runs its ``DIAGONAL``, a
-subset in which every kind and every family appears at least once (see :func:`cases`).
+The sweeps run the whole cross product family × kind in ``make test-all``; ``make test`` runs its diagonal, a subset
+in which every kind and every family appears at least once, and CI (``make test-full``) the whole product, or, for
+the ONNX export (11 to 80 s a case), two diagonals: every kind on two families (see :func:`cases`).
 """
 
 from __future__ import annotations
@@ -40,30 +41,44 @@ def fits(family: str, kind: str) -> bool:
     return not (needs_cls and family in NO_CLS)
 
 
-def _diagonal(kinds: list[str]) -> list[tuple[str, str]]:
+def _diagonal(kinds: list[str], taken: frozenset[tuple[str, str]] = frozenset()) -> list[tuple[str, str]]:
     """Every kind once, each on the family it fits that is least used so far (ties in ``FAMILIES`` order), so every
-    family appears too when there are at least as many kinds as families."""
+    family appears too when there are at least as many kinds as families; pairs in ``taken`` are not chosen again
+    (a second diagonal puts every kind on another family)."""
     uses = dict.fromkeys(FAMILIES, 0)
+    for family, _ in taken:
+        uses[family] += 1
     chosen = []
     for kind in kinds:
-        family = min((f for f in FAMILIES if fits(f, kind)), key=lambda f: uses[f])
+        family = min((f for f in FAMILIES if fits(f, kind) and (f, kind) not in taken), key=lambda f: uses[f])
         uses[family] += 1
         chosen.append((family, kind))
-    return chosen + [(family, "dense") for family, n in uses.items() if n == 0]
+    return chosen + [(family, "dense") for family, n in uses.items() if n == 0 and (family, "dense") not in taken]
 
 
-def cases(kinds: list[str], every: int = 1, slow: frozenset[str] = frozenset()) -> list[object]:
+def cases(
+    kinds: list[str], every: int = 1, slow: frozenset[str] = frozenset(), ci_diagonals: int | None = None
+) -> list[object]:
     """pytest params (family, kind) of the cross product; those off the diagonal are marked ``full``. ``every=N``:
     only every N-th diagonal case runs in ``make test`` (``every=len(kinds)``: the dense plain ViT alone, for a sweep
-    whose cases each cost many seconds, such as the ONNX export); ``slow`` kinds run in ``make test-all`` only (the
-    whole product still runs there)."""
-    diagonal = {(family, kind) for family, kind in _diagonal(kinds)[::every] if kind not in slow}
-    return [
-        pytest.param(family, kind, marks=() if (family, kind) in diagonal else pytest.mark.full)
-        for family in FAMILIES
-        for kind in kinds
-        if fits(family, kind)
-    ]
+    whose cases each cost many seconds, such as the ONNX export); ``slow`` kinds run in ``make test-full`` only. With
+    ``ci_diagonals=N`` CI runs N diagonals (every kind on N families) and the pairs beyond them are also marked
+    ``exhaustive``: ``make test-all`` runs them, CI does not (the ONNX export's whole product is an hour of 2 cores)."""
+    first = _diagonal(kinds)
+    diagonal = {(family, kind) for family, kind in first[::every] if kind not in slow}
+    in_ci = set(first)
+    for _ in range((ci_diagonals or 1) - 1):
+        in_ci |= set(_diagonal(kinds, frozenset(in_ci)))
+    params = []
+    for family in FAMILIES:
+        for kind in kinds:
+            if not fits(family, kind):
+                continue
+            marks = [] if (family, kind) in diagonal else [pytest.mark.full]
+            if ci_diagonals is not None and (family, kind) not in in_ci:
+                marks.append(pytest.mark.exhaustive)
+            params.append(pytest.param(family, kind, marks=marks))
+    return params
 
 
 def build(kind: str, seed: int = 0, gumbel_noise: bool = True, family: str = PLAIN) -> nn.Module:
