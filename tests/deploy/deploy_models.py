@@ -6,8 +6,9 @@ editing them. Weights are perturbed away from the init so that scores and simila
 near-tie would let float round-off between backends pick another token, which says nothing about the export).
 
 The sweeps run the whole cross product family × kind in ``make test-all``; ``make test`` runs its diagonal, a subset
-in which every kind and every family appears at least once, and CI (``make test-full``) the whole product, or, for
-the ONNX export (11 to 80 s a case), two diagonals: every kind on two families (see :func:`cases`).
+in which every kind and every family appears at least once, and CI (``make test-full``) the whole product or, where
+a sweep asks for it with ``ci_diagonals``, a few diagonals (the ONNX export, 11 to 80 s a case: every kind on two
+families; see :func:`cases`).
 """
 
 from __future__ import annotations
