@@ -34,10 +34,12 @@ from PIL import Image
 from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-FAMILIES = {  # family: (its plugin module, its tiny folder, its image placeholder)
-    "llava": ("vitrim.vllm.llava", save_vllm_llava, "<image>"),
-    "qwen2_5_vl": ("vitrim.vllm.qwen2_5_vl", save_vllm_qwen2_5_vl, QWEN_IMAGE),
-    "qwen3_vl": ("vitrim.vllm.qwen3_vl", save_vllm_qwen3_vl, QWEN_IMAGE),
+# family: (its plugin module, its tiny folder, its image placeholder, the module whose select_keeping and
+# image_positions its class calls: both Qwen classes cut images in vitrim.vllm.qwen2_5_vl's QwenImageTrimming)
+FAMILIES = {
+    "llava": ("vitrim.vllm.llava", save_vllm_llava, "<image>", "vitrim.vllm.llava"),
+    "qwen2_5_vl": ("vitrim.vllm.qwen2_5_vl", save_vllm_qwen2_5_vl, QWEN_IMAGE, "vitrim.vllm.qwen2_5_vl"),
+    "qwen3_vl": ("vitrim.vllm.qwen3_vl", save_vllm_qwen3_vl, QWEN_IMAGE, "vitrim.vllm.qwen2_5_vl"),
 }
 MISTAKES = {"llava": ("misplaced", "order"), "qwen2_5_vl": ("misplaced", "cell", "order")}
 MISTAKES["qwen3_vl"] = MISTAKES["qwen2_5_vl"]
@@ -53,10 +55,10 @@ class Mistake:
         self.now: str | None = None
 
 
-def patch_plugin(module: Any, mistake: Mistake, monkeypatch: pytest.MonkeyPatch, positions: bool) -> None:
-    """Wrap the names ``module`` calls: its ``select_keeping`` (misplaced), ``image_positions`` (cell) and the
-    class's ``embed_multimodal`` (order)."""
-    select_keeping, model_class = module.select_keeping, getattr(module, module.ARCHITECTURE)
+def patch_plugin(module: Any, calls: Any, mistake: Mistake, monkeypatch: pytest.MonkeyPatch, positions: bool) -> None:
+    """Wrap the names the class of ``module`` calls from the module ``calls``: ``select_keeping`` (misplaced),
+    ``image_positions`` (cell), and the class's ``embed_multimodal`` (order)."""
+    select_keeping, model_class = calls.select_keeping, getattr(module, module.ARCHITECTURE)
     embed_multimodal = model_class.embed_multimodal
 
     def select(selector: Any, evidence: Any, keep: int) -> Any:
@@ -75,10 +77,10 @@ def patch_plugin(module: Any, mistake: Mistake, monkeypatch: pytest.MonkeyPatch,
             torch.cat([rows[:, : rows.shape[1] - cells].flip(0), rows[:, rows.shape[1] - cells :]], 1) for rows in out
         )
 
-    monkeypatch.setattr(module, "select_keeping", select)
+    monkeypatch.setattr(calls, "select_keeping", select)
     monkeypatch.setattr(model_class, "embed_multimodal", embed)
     if positions:
-        image_positions = module.image_positions
+        image_positions = calls.image_positions
 
         def cells(grid_thw: list[int], merge_size: int) -> Any:
             found = image_positions(grid_thw, merge_size)
@@ -86,7 +88,7 @@ def patch_plugin(module: Any, mistake: Mistake, monkeypatch: pytest.MonkeyPatch,
                 found[:, :3] = found[:, :3].roll(1, dims=0)  # each token its raster neighbour's (t, h, w)
             return found
 
-        monkeypatch.setattr(module, "image_positions", cells)
+        monkeypatch.setattr(calls, "image_positions", cells)
 
 
 @pytest.fixture(params=list(FAMILIES))
@@ -97,14 +99,15 @@ def family(request: pytest.FixtureRequest) -> Iterator[str]:
 def test_each_mistake_in_the_plugin_changes_the_tokens(
     family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    module_name, save, placeholder = FAMILIES[family]
+    module_name, save, placeholder, calls_name = FAMILIES[family]
     folder = save(tmp_path / family)
     rng = np.random.default_rng(3)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(16, 24), (24, 16)]]
     prompts = [f"w10 w11 {placeholder} w12 w13 w14", f"w20 {placeholder} w21 w22 w23 w24 w25 w26"]
     mistake = Mistake()
     module = importlib.import_module(module_name)
-    patch_plugin(module, mistake, monkeypatch, positions="cell" in MISTAKES[family])
+    calls = importlib.import_module(calls_name)
+    patch_plugin(module, calls, mistake, monkeypatch, positions="cell" in MISTAKES[family])
 
     def run(llm: Any) -> dict[str | None, list[list[int]]]:
         from vllm import SamplingParams

@@ -17,7 +17,8 @@ A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
@@ -123,27 +125,37 @@ def shortened(replacement: Any, options: TrimOptions) -> Any:
     return replace
 
 
-@MULTIMODAL_REGISTRY.register_processor(
-    TrimmedQwen2_5_VLMultiModalProcessor, info=trimmed_qwen_info, dummy_inputs=Qwen2_5_VLDummyInputsBuilder
-)
-class VitrimQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
-    """vLLM's Qwen2.5-VL whose images hand the LLM the tokens a vitrim.vlm method selects, at their own positions."""
+@dataclass(frozen=True)
+class ImageCut:
+    """One image's cut: its index in the request's images, its own tokens (N, E) as the tower made them, their M-RoPE
+    cells (N, 4) (:func:`~vitrim.vllm.compat.image_positions`), the selection and, where the method merges, the tokens
+    it wrote (N, E; None where it only drops)."""
 
-    # The processor normalizes the pixels, as transformers' does: vLLM's on-device normalization differs in the last
-    # bit, so the tower's features (and the seed "random" draws from the pixels) would not be transformers'.
-    supports_mm_device_do_normalize = False
+    image: int
+    own: Tensor
+    positions: Tensor
+    selection: ImageSelection
+    written: Tensor | None
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        options = qwen_trim_options(vllm_config.model_config.hf_config)
-        declare_image_pruning(vllm_config.model_config.multimodal_config)
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+
+class QwenImageTrimming:
+    """What a trimmed Qwen-VL class of vLLM adds to vLLM's: the options, the taps on the tower, the per-image cut
+    through vitrim.vlm's encoder seam, and the prompt's first positions. Mixed in before vLLM's class (Qwen2.5-VL's,
+    Qwen3-VL's), whose ``visual`` it reads; the class's ``embed_multimodal`` runs the tower and builds its rows."""
+
+    title: str  # the family's name in errors
+    visual: Any  # vLLM's vision tower
+    use_data_parallel: bool
+
+    def install_vitrim(self, options: TrimOptions) -> None:
+        """After vLLM's ``__init__``: refuse what the seam cannot serve, then tap the scoring block and the merger."""
         if options.method.needs_cls_attention and get_tensor_model_parallel_world_size() > 1:
             raise ValueError(
                 f"vitrim: method {options.method.name!r} reads the tower's attention over all heads; "
                 "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
             )
         if self.use_data_parallel:
-            raise ValueError("vitrim: trimmed Qwen2.5-VL runs its tower whole; drop --mm-encoder-tp-mode data")
+            raise ValueError(f"vitrim: trimmed {self.title} runs its tower whole; drop --mm-encoder-tp-mode data")
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
         method = options.method
@@ -161,24 +173,29 @@ class VitrimQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneratio
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[Tensor, int]:
         return sequential_mrope_positions(len(input_tokens))  # re-numbered from the images on (compat)
 
-    def embed_multimodal(self, **kwargs: object) -> Any:
-        inputs = self._parse_and_validate_multimodal_inputs(**kwargs)
+    def vitrim_images(self, kwargs: dict[str, object]) -> tuple[Tensor, Tensor] | None:
+        """The request's images as (grid (I, 3), pixels (P, C·t·p·p)), or None where it has none; anything else
+        refused in one line."""
+        inputs = self._parse_and_validate_multimodal_inputs(**kwargs)  # type: ignore[attr-defined]
         if not inputs:
-            return []
+            return None
         if set(inputs) != {"image"}:
-            raise ValueError("vitrim: trimmed Qwen2.5-VL serves images only")
+            raise ValueError(f"vitrim: trimmed {self.title} serves images only")
         image_input: Any = inputs["image"]
         if image_input["type"] != "pixel_values":
-            raise ValueError("vitrim: trimmed Qwen2.5-VL selects from the tower's evidence; send images, not embeds")
-        grid: Tensor = image_input["image_grid_thw"]  # (I, 3)
-        pixels: Tensor = image_input["pixel_values"]  # (P, C·t·p·p) every image's patches
-        embeds = self.visual(pixels, grid_thw=grid.tolist())  # (ΣN, E) raster order
+            raise ValueError(f"vitrim: trimmed {self.title} selects from the tower's evidence; send images, not embeds")
+        return image_input["image_grid_thw"], image_input["pixel_values"]
+
+    def cut_images(
+        self, grid: Tensor, pixels: Tensor, own: Sequence[Tensor], window_index: Tensor | None
+    ) -> Iterator[ImageCut]:
+        """After the tower ran on ``pixels``: each image's selection from the evidence the taps caught, ``own`` its
+        tokens (N_i, E) in raster order, ``window_index`` the tower's window order (None: full attention, raster
+        order); each selection recorded under the image's content seed."""
         states, self.vitrim_merger_input = self.vitrim_merger_input, None
         if states is None:
-            raise RuntimeError("vitrim: the Qwen tower ran without its merger")
+            raise RuntimeError(f"vitrim: the {self.title} tower ran without its merger")
         merge = self.visual.spatial_merge_size
-        tokens = tokens_per_image(grid, merge)
-        window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(states.device)
         evidence = image_evidence(self.vitrim_taps.take_attention(), states, grid, merge, window_index)
         seeds = image_seeds(pixels.split(grid.prod(-1).tolist()))  # (I,)
         unit = merge * merge
@@ -186,24 +203,49 @@ class VitrimQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneratio
         def project(merged: Tensor) -> Tensor:  # (k, m²C) merged patch states -> (k, E) through the merger
             return self.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states.dtype)[:, None])
 
-        out: list[Tensor] = []
-        start = 0
-        for image, (item, count) in enumerate(zip(evidence, tokens, strict=True)):
-            own = embeds[start : start + count]  # (N, E)
-            positions = image_positions(grid[image].tolist(), merge).to(own.device)  # (N, 4)
-            start += count
+        for image, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
             chosen, written = self.vitrim_hand_on.run(
                 item.features[None],
-                values=own[None],
+                values=tokens[None],
                 project=project,
                 attention=None if item.received is None else item.received[None],
                 keys=None if item.keys is None else item.keys[None],
                 seeds=seeds[image : image + 1],
-                projected=own[None],
+                projected=tokens[None],
                 grid=item.grid,
             )
-            selection = chosen[0]
-            kept = (own if written is None else written[0])[selection.kept]  # (k, E)
-            self.vitrim_record.add(int(seeds[image]), selection.kept)
-            out.append(torch.cat([kept, positions[selection.kept].to(own.dtype)], dim=1))
+            self.vitrim_record.add(int(seeds[image]), chosen[0].kept)
+            positions = image_positions(grid[image].tolist(), merge).to(tokens.device)  # (N, 4)
+            yield ImageCut(image, tokens, positions, chosen[0], None if written is None else written[0])
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    TrimmedQwen2_5_VLMultiModalProcessor, info=trimmed_qwen_info, dummy_inputs=Qwen2_5_VLDummyInputsBuilder
+)
+class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForConditionalGeneration):
+    """vLLM's Qwen2.5-VL whose images hand the LLM the tokens a vitrim.vlm method selects, at their own positions."""
+
+    title = "Qwen2.5-VL"
+    # The processor normalizes the pixels, as transformers' does: vLLM's on-device normalization differs in the last
+    # bit, so the tower's features (and the seed "random" draws from the pixels) would not be transformers'.
+    supports_mm_device_do_normalize = False
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        options = qwen_trim_options(vllm_config.model_config.hf_config)
+        declare_image_pruning(vllm_config.model_config.multimodal_config)
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.install_vitrim(options)
+
+    def embed_multimodal(self, **kwargs: object) -> Any:
+        images = self.vitrim_images(kwargs)
+        if images is None:
+            return []
+        grid, pixels = images
+        embeds = self.visual(pixels, grid_thw=grid.tolist())  # (ΣN, E) raster order
+        window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(embeds.device)
+        own = embeds.split(tokens_per_image(grid, self.visual.spatial_merge_size))
+        out = []
+        for cut in self.cut_images(grid, pixels, own, window_index):
+            kept = (cut.own if cut.written is None else cut.written)[cut.selection.kept]  # (k, E)
+            out.append(torch.cat([kept, cut.positions[cut.selection.kept].to(kept.dtype)], dim=1))
         return tuple(out)
