@@ -33,8 +33,8 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal
 
-# The cross products (what test-all adds to test) but the `exhaustive` cases, about an hour and a half of 2 cores (the
-# ONNX export of every kind on every family, the vision demo's retrain): CI runs `make test`, then this.
+# The cross products (what test-all adds to test) but the `exhaustive` cases (the ONNX export of every kind on every
+# family, the vision demo's retrain: with them this took 56 min on CI's 2 cores): CI runs `make test`, then this.
 test-full: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal -m "full and not exhaustive"
 
