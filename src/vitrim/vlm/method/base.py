@@ -116,6 +116,8 @@ class ImageSelection:
     groups: k tensors         per kept slot, the sorted raster indices it stands for (one index for a kept token,
                               several for a merged one); ``kept[i]`` is in ``groups[i]``
     merged: (k, D) | None     features to write into the kept slots before the projector (None: the slots' own)
+    projected: bool           ``merged`` holds (k, E) tokens as the LLM receives them (after the projector), written
+                              into the merged slots as they are: a video method merging the merger's output (FastVID)
     cls: bool                 the tower's [CLS] token enters the LLM too, projected by the family's own projector,
                               as one more token standing for NO patch (VisionZip as its authors run it on LLaVA):
                               the image then hands the LLM ``k + 1`` tokens, [CLS] first. It travels in the slot
@@ -131,6 +133,7 @@ class ImageSelection:
     merged: Tensor | None = None
     cls: bool = False
     order: Tensor | None = None
+    projected: bool = False
 
     def merged_slots(self) -> Tensor:
         """(m,) positions in ``kept`` of the slots standing for several tokens: the only slots whose features a

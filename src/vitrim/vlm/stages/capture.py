@@ -205,7 +205,8 @@ def write_merged(
     cls_features: Tensor | None = None,
 ) -> Tensor | None:
     """``values`` (I, N, …) with each image's merged slots (:meth:`ImageSelection.merged_slots`) set to
-    ``transform(merged features)``, and the [CLS] carrier slot of an image whose selection hands on its [CLS] set to
+    ``transform(merged features)`` (the merged tokens themselves where the selection's are ``projected``), and the
+    [CLS] carrier slot of an image whose selection hands on its [CLS] set to
     ``cls_features[image]`` ((I, …) as ``values`` holds a token): a copy, or None when nothing was written."""
     written = None
     for image, selection in enumerate(selections):
@@ -220,6 +221,7 @@ def write_merged(
         if not len(slots):
             continue
         written = values.clone() if written is None else written
-        merged = transform(selection.merged[slots.to(selection.merged.device)])
+        merged = selection.merged[slots.to(selection.merged.device)]
+        merged = merged if selection.projected else transform(merged)  # tokens after the projector go in as they are
         written[image, selection.kept[slots]] = merged.to(values.dtype)
     return written
