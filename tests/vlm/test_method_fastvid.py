@@ -15,8 +15,14 @@ import pytest
 import torch
 
 import vitrim.vlm
-from tiny_vlms.qwen import BUILDERS, MERGE, PAD
-from tiny_vlms.qwen_video import dropped_media, full_positions, media_tokens, video_batch
+from tiny_vlms.qwen import BUILDERS, MERGE
+from tiny_vlms.qwen_video import (
+    assert_batch_equals_each_alone,
+    dropped_media,
+    full_positions,
+    media_tokens,
+    video_batch,
+)
 from vitrim.vlm.method.fastvid import FastVIDOptions, fastvid_select
 
 AUTHORS = dict(retention_ratio=0.27, DySeg_c=8, DySeg_tau=0.84, DySeg_ignore=0.95, STPrune_d=0.4, DTM_p=4, DTM_beta=0.6)
@@ -337,23 +343,7 @@ def test_the_pruned_model_equals_masking_at_the_full_positions_with_the_merged_a
 @pytest.mark.parametrize("family", families("qwen2_5_vl"))
 def test_a_padded_batch_of_different_clips_equals_each_clip_alone(family: str) -> None:
     model = vitrim.vlm.apply(BUILDERS[family](), "fastvid", retention_ratio=0.5, DySeg_c=2)
-    inputs = video_batch(MIXED, qwen3=family == "qwen3_vl")
-    with torch.no_grad():
-        together = model.generate(**inputs, max_new_tokens=3, do_sample=False)
-        kept = vitrim.vlm.last_selection(model)
-        logits = model(**inputs).logits[:, -1]
-    item = 0
-    for b, prompt in enumerate(MIXED):
-        alone = video_batch([prompt], qwen3=family == "qwen3_vl")
-        count = len(media_tokens(alone))
-        with torch.no_grad():
-            tokens = model.generate(**alone, max_new_tokens=3, do_sample=False)
-            alone_logits = model(**alone).logits[:, -1]
-        assert [k.tolist() for k in vitrim.vlm.last_selection(model)] == [k.tolist() for k in kept[item : item + count]]
-        mine, theirs = tokens[0, alone["input_ids"].shape[1] :], together[b, inputs["input_ids"].shape[1] :]
-        assert torch.equal(theirs[: len(mine)], mine) and bool((theirs[len(mine) :] == PAD).all())
-        torch.testing.assert_close(alone_logits[0], logits[b], rtol=0, atol=1e-10)
-        item += count
+    assert_batch_equals_each_alone(model, MIXED, qwen3=family == "qwen3_vl")
 
 
 @pytest.mark.parametrize(
