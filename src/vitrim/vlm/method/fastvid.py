@@ -53,7 +53,7 @@ from vitrim.vlm.method.video_rate import VideoMethod, video_tokens
 
 NEIGHBOURS = 4  # the density's k nearest (the token itself among them), the authors' constant
 OPTION_RANGES: dict[str, tuple[bool, Callable[[float], bool], float | None, str]] = {  # integer?, low, high, words
-    "retention_ratio": (False, lambda v: v > 0, 1.0, "a float in (0, 1] (the share of each temporal patch kept)"),
+    "retention_ratio": (False, lambda v: v > 0, 1.0, "a float in (0, 1] (each temporal patch's budget, int(P·r))"),
     "DySeg_c": (True, lambda v: v >= 1, None, "an int >= 1 (the least number of segments)"),
     "DySeg_tau": (False, lambda v: True, None, "a float (cosine threshold between temporal patches)"),
     "DySeg_ignore": (False, lambda v: True, None, "a float (cosine threshold inside a segment)"),
