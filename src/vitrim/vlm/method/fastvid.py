@@ -10,13 +10,18 @@ not copied). Over one video's merged embeddings x (t temporal patches of P token
    temporal patch of each keeps tokens: salient split evenly over the V (the remainder to the first), context over
    ⌈V / ``DTM_p``⌉ groups (likewise) given, counting from the last sub-segment, to every ``DTM_p``-th one, at most
    ⌊P/2⌋ each; a sub-segment's salient is capped at P minus its context.
-3. **STPrune**, per such temporal patch: its ``salient`` tokens of highest tower attention, then ``context`` anchors
+3. **STPrune**, per such temporal patch: its ``salient`` tokens of highest salience, then ``context`` anchors
    among the others by density peaks (DPC): pairwise distances ‖xᵢ − xⱼ‖ / √E, density ρᵢ = exp(−mean of the
    squared distances to its 4 nearest, itself included), δᵢ = distance to the nearest token of higher density (the
    largest distance of the patch where none), anchors the top ρ·δ.
 4. **DTM**, merge: for each temporal patch with anchors, every token of its segment that is neither salient nor one
    of THIS patch's anchors is assigned to its most cosine-similar anchor; an anchor with n assigned becomes
    w·anchor + (1 − w)·mean(assigned), w = max(1 / (n + 1), ``DTM_beta``) (an anchor assigned none stays as it is).
+
+The salience, as theirs: at the tower's last block, per head, softmax over a temporal patch's tokens of its mean
+query (over all its patches) · each token's mean key (over its 2×2 patches), both after rotary, scaled by 1/√hd;
+then the mean over heads (:attr:`VisionEvidence.query_attention`,
+:func:`~vitrim.vlm.evidence.merged_tokens.mean_query_attention`).
 
 The kept tokens (salient and anchors) keep their own positions (the authors index ``position_ids`` with them, vitrim's
 video convention, docs/video.md), in raster order; the anchors' merged embeddings go to the LLM as they are (after the
@@ -25,10 +30,8 @@ which kept 24.1 % of VideoMME's video tokens there; their LLaVA-OneVision runs u
 
 Where vitrim differs from that code (docs/video.md says the same):
 
-- salience: the authors score a token by softmax(mean query of its temporal patch · mean key of its 2×2 patches) at
-  the tower's last block; vitrim by the attention it receives at that block (each query's softmax row, averaged over
-  the temporal patch's queries and summed over its patches: :class:`~vitrim.vlm.evidence.merged_tokens.TowerAttention`),
-  averaged over heads as theirs is. Both rank the tokens of a temporal patch; they are not the same numbers;
+- their salience is computed in the tower's dtype (bfloat16 in their runs) and only in their flash-attention class;
+  vitrim computes it in float32 at least, whichever attention the model runs;
 - their density gets a random 1e-6 jitter (``torch.rand``) to break ties; vitrim adds none (deterministic);
 - where their code raises (a clip of fewer than ``DySeg_c`` temporal patches, one segment without a cut, fewer than
   4 candidates for the density), vitrim takes the ``DySeg_c`` − 1 lowest of what there is, one segment, and every
@@ -48,7 +51,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from vitrim.vlm.method.base import ImageSelection, VisionEvidence, register_method
-from vitrim.vlm.method.cost import VLM, MethodCost, cls_row_macs
+from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.video_rate import VideoMethod, video_tokens
 
 NEIGHBOURS = 4  # the density's k nearest (the token itself among them), the authors' constant
@@ -144,8 +147,9 @@ def merge_into_anchors(tokens: Tensor, anchors: Tensor, others: Tensor, beta: fl
 
 
 def fastvid_select(tokens: Tensor, salience: Tensor, options: FastVIDOptions) -> ImageSelection:
-    """FastVID on one video's merged embeddings ``tokens`` (t, P, E) with ``salience`` (t, P) (the tower attention
-    each token receives): the kept raster indices, the groups they stand for and the anchors' merged embeddings."""
+    """FastVID on one video's merged embeddings ``tokens`` (t, P, E) with ``salience`` (t, P) (the head-averaged
+    mean-query attention, module docstring): the kept raster indices, the groups they stand for and the anchors'
+    merged embeddings."""
     frames, per_frame, width = tokens.shape
     if int(per_frame * options.retention_ratio) < 1:
         raise ValueError(
@@ -208,7 +212,8 @@ class FastVIDSelection(VideoMethod):
         "DTM_p": 4,
         "DTM_beta": 0.6,
     }
-    needs_cls_attention = True  # the tower's last-block attention ranks the salient tokens
+    needs_cls_attention = True  # the tower's last block (the scoring block) ranks the salient tokens,
+    needs_query_attention = True  # by its mean-query attention (VisionEvidence.query_attention)
 
     def check(self) -> None:
         for name, (integer, low, high, expected) in OPTION_RANGES.items():
@@ -220,14 +225,19 @@ class FastVIDSelection(VideoMethod):
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         tokens, frames, per_frame = video_tokens(evidence)
-        if evidence.cls_attention is None:
-            raise ValueError("fastvid reads the tower's attention (VisionEvidence.cls_attention); the family gave none")
-        salience = evidence.cls_attention[0].mean(0).reshape(frames, per_frame)  # (t, P): mean over heads
+        if evidence.query_attention is None:
+            raise ValueError(
+                "fastvid reads the tower's mean-query attention (VisionEvidence.query_attention); the family gave none"
+            )
+        salience = evidence.query_attention[0].mean(0).reshape(frames, per_frame)  # (t, P): mean over heads
         options = FastVIDOptions(**{name: self.options[name] for name in self.defaults})
         return [fastvid_select(tokens, salience, options)]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
-        """The tower's attention map at its last block, the pairwise distances of a temporal patch's tokens (DPC),
-        and each token's cosine with the anchors (at most ``keep``)."""
+        """The salience at the tower's last block (every patch's query and key, one mean query against each token's
+        mean key), the pairwise distances of a temporal patch's tokens (DPC), and each token's cosine with the anchors
+        (at most ``keep``)."""
         n, width = model.image_tokens, model.llm.width
-        return MethodCost.before_llm(keep, cls_row_macs(model.tower) + n * n * width + n * keep * width)
+        patches, tower_width = model.tower.tokens, model.tower.width
+        salience = 2 * patches * tower_width * tower_width + n * tower_width
+        return MethodCost.before_llm(keep, salience + n * n * width + n * keep * width)

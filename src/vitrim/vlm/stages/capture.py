@@ -161,6 +161,7 @@ class HandOn:
         grid: tuple[int, int] | None = None,
         cls_feature: Tensor | None = None,
         object_attention: Tensor | None = None,
+        query_attention: Tensor | None = None,
     ) -> tuple[list[ImageSelection], Tensor | None]:
         """Select among the N tokens of each of the I images of one run, then write the merged ones.
 
@@ -182,6 +183,7 @@ class HandOn:
             grid=grid,
             cls_feature=cls_feature if needs.uses_cls_token else None,
             object_attention=object_attention if needs.needs_cls_attention else None,
+            query_attention=query_attention if needs.needs_cls_attention else None,
         )
         selections = self.choose(evidence, features.shape[1])
         if values is None or project is None:
