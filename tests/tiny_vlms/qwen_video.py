@@ -136,3 +136,27 @@ def masked_decode_logits(model: torch.nn.Module, inputs: dict, dropped: torch.Te
     mask = torch.cat([mask, torch.ones_like(next_tokens)], dim=1)
     out = model(input_ids=next_tokens, attention_mask=mask, position_ids=step, **cache_kw(cache_of(prefill)))
     return out.logits
+
+
+def assert_batch_equals_each_alone(model: torch.nn.Module, prompts: list[list[Item]], *, qwen3: bool) -> None:
+    """A trimmed ``model`` on a padded batch of ``prompts`` equals each prompt alone: the same selections (reading
+    order), greedy tokens (pad after EOS) and last logits (≤ 1e-10)."""
+    import vitrim.vlm
+
+    inputs = video_batch(prompts, qwen3=qwen3)
+    with torch.no_grad():
+        together = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+        kept = vitrim.vlm.last_selection(model)
+        logits = model(**inputs).logits[:, -1]
+    item = 0
+    for b, prompt in enumerate(prompts):
+        alone = video_batch([prompt], qwen3=qwen3)
+        count = len(media_tokens(alone))
+        with torch.no_grad():
+            tokens = model.generate(**alone, max_new_tokens=4, do_sample=False)
+            alone_logits = model(**alone).logits[:, -1]
+        assert [k.tolist() for k in vitrim.vlm.last_selection(model)] == [k.tolist() for k in kept[item : item + count]]
+        mine, theirs = tokens[0, alone["input_ids"].shape[1] :], together[b, inputs["input_ids"].shape[1] :]
+        assert torch.equal(theirs[: len(mine)], mine) and bool((theirs[len(mine) :] == PAD).all())  # after EOS: pad
+        torch.testing.assert_close(alone_logits[0], logits[b], rtol=0, atol=1e-10)
+        item += count

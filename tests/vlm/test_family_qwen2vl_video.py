@@ -9,8 +9,15 @@ import pytest
 import torch
 
 import vitrim.vlm
-from tiny_vlms.qwen import BUILDERS, MERGE, PAD
-from tiny_vlms.qwen_video import dropped_media, masked_decode_logits, masked_logits, media_tokens, video_batch
+from tiny_vlms.qwen import BUILDERS, MERGE
+from tiny_vlms.qwen_video import (
+    assert_batch_equals_each_alone,
+    dropped_media,
+    masked_decode_logits,
+    masked_logits,
+    media_tokens,
+    video_batch,
+)
 from vitrim.vlm.evidence.merged_tokens import kept_per_temporal_patch
 from vitrim.vlm.method.evs import evs_keep
 from vitrim.vlm.method.vidcom2 import vidcom2_keep
@@ -124,23 +131,7 @@ def test_a_video_methods_pick_is_its_function_on_the_models_merged_embeddings(fa
 @pytest.mark.parametrize("family", cases(FAMILIES, default={("qwen2_5_vl",)}))
 def test_a_padded_batch_of_different_clips_equals_each_clip_alone(family: str) -> None:
     model = vitrim.vlm.apply(BUILDERS[family](), "evs", video_pruning_rate=0.5)
-    inputs = inputs_for(family, MIXED)
-    with torch.no_grad():
-        together = model.generate(**inputs, max_new_tokens=4, do_sample=False)
-        kept = vitrim.vlm.last_selection(model)
-        logits = model(**inputs).logits[:, -1]
-    item = 0
-    for b, prompt in enumerate(MIXED):
-        alone = inputs_for(family, [prompt])
-        count = len(media_tokens(alone))
-        with torch.no_grad():
-            tokens = model.generate(**alone, max_new_tokens=4, do_sample=False)
-            alone_logits = model(**alone).logits[:, -1]
-        assert [k.tolist() for k in vitrim.vlm.last_selection(model)] == [k.tolist() for k in kept[item : item + count]]
-        mine, theirs = tokens[0, alone["input_ids"].shape[1] :], together[b, inputs["input_ids"].shape[1] :]
-        assert torch.equal(theirs[: len(mine)], mine) and bool((theirs[len(mine) :] == PAD).all())  # after EOS: pad
-        torch.testing.assert_close(alone_logits[0], logits[b], rtol=0, atol=1e-10)
-        item += count
+    assert_batch_equals_each_alone(model, MIXED, qwen3=family == "qwen3_vl")
 
 
 @pytest.mark.parametrize("family", cases(FAMILIES, default={("qwen2_5_vl",)}))
@@ -255,4 +246,4 @@ def test_method_info_says_which_methods_reduce_videos_only() -> None:
         else:
             vitrim.vlm.remove(model)
     assert video_methods == [name for name in vitrim.vlm.methods() if vitrim.vlm.method_info(name).video]
-    assert video_methods == ["evs", "temporal_downsample", "vidcom2"]
+    assert video_methods == ["evs", "fastvid", "temporal_downsample", "vidcom2"]

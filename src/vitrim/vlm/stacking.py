@@ -286,7 +286,7 @@ def _compose(reduced: ImageSelection, picked: ImageSelection) -> ImageSelection:
     groups = tuple(
         torch.cat([reduced.groups[int(j)] for j in group]).sort().values for group in picked.groups
     )  # a merged token of the pre-LLM method stands for every patch of the tower tokens it merged
-    return ImageSelection(kept=reduced.kept[index], groups=groups, merged=picked.merged)
+    return ImageSelection(kept=reduced.kept[index], groups=groups, merged=picked.merged, projected=picked.projected)
 
 
 def _through(entered: ImageSelection, kept: Tensor) -> ImageSelection:

@@ -17,6 +17,10 @@ Conventions (owned here, for every engine that runs a Qwen2-VL / Qwen2.5-VL / Qw
 - **Features and keys.** ``features`` of a merged token are its m² patch states entering the merger, concatenated
   (m²·C), what the merger reads, so a token merged from several is their mean put through the merger. ``keys`` are
   the scoring block's keys before rotary (content, not position), averaged over the m² patches.
+- **Mean-query attention** (FastVID's salience, only for a method that asks: ``needs_query_attention``): per head and
+  temporal patch, the softmax over its tokens of the temporal patch's mean query (over all its patches) · each
+  token's mean key (over its m² patches), both after rotary, at the scoring block (:func:`mean_query_attention`);
+  per temporal patch and head the scores sum to 1.
 - **Video.** A temporal patch (``temporal_patch_size`` frames, 2 in every released checkpoint) is the unit of time:
   a video of grid (t, h, w) gives t temporal patches of (h / m)·(w / m) tokens each (:func:`temporal_patches`).
 """
@@ -35,10 +39,16 @@ class TowerAttention:
 
     received: (H, P)      per head, the attention each patch receives, summed over the queries of its segment
     keys: (P, H, hd)      the block's keys before rotary
+    group_queries: (G, H, hd) | None  the block's queries after rotary times its scaling, averaged over each row
+                          group of m² patches (G = P / m², tower order); None unless the method reads
+                          :attr:`ImageEvidence.query_attention` (an engine that serves no such method gives none)
+    group_keys: (G, H, hd) | None     its keys after rotary, averaged alike
     """
 
     received: Tensor
     keys: Tensor
+    group_queries: Tensor | None = None
+    group_keys: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class ImageEvidence:
     received: (H, N) | None   attention received at the scoring block, per head (sums to 1 over N per head)
     keys: (H, N, hd) | None   the scoring block's keys before rotary, averaged over each token's m² patches
     grid: (rows, columns)     the token grid of one temporal patch ((h / m, w / m): rows · columns · t = N)
+    query_attention: (H, N) | None  :func:`mean_query_attention` of each temporal patch (sums to 1 over its tokens
+                              per head); None unless the scoring block's ``group_queries`` were captured
     (received and keys are None when the scoring block was not captured: a method that reads no attention)
     """
 
@@ -56,6 +68,7 @@ class ImageEvidence:
     received: Tensor | None
     keys: Tensor | None
     grid: tuple[int, int]
+    query_attention: Tensor | None = None
 
 
 def merged_order(window_index: Tensor | None, num_groups: int, device: torch.device) -> Tensor:
@@ -63,6 +76,20 @@ def merged_order(window_index: Tensor | None, num_groups: int, device: torch.dev
     if window_index is None:
         return torch.arange(num_groups, device=device)
     return window_index.to(device)
+
+
+def mean_query_attention(queries: Tensor, keys: Tensor, frames: int) -> Tensor:
+    """(H, N) per head: for each of the ``frames`` temporal patches, the softmax over its N / t tokens of the mean of
+    its tokens' ``queries`` · each token's ``keys``.
+
+    queries, keys: (H, N, hd) in raster order (t temporal patches of N / t tokens), the queries already scaled; each
+    token's the mean over its m² patches, so the mean over a temporal patch's tokens is the mean over its patches.
+    """
+    heads, count, width = queries.shape
+    per_frame = count // frames
+    mean_query = queries.reshape(heads, frames, per_frame, width).mean(2, keepdim=True)  # (H, t, 1, hd)
+    logits = mean_query @ keys.reshape(heads, frames, per_frame, width).transpose(-2, -1)  # (H, t, 1, N / t)
+    return logits.softmax(-1).reshape(heads, count)
 
 
 def tokens_per_image(grid_thw: Tensor, merge_size: int) -> list[int]:
@@ -93,16 +120,22 @@ def image_evidence(
         return raster
 
     features = to_raster(tower_states.reshape(num_groups, unit * channels))  # (G, m²C)
-    received = keys = None
+    received = keys = group_queries = group_keys = None
     if attention is not None:
         num_heads = attention.received.shape[0]
         received = to_raster(attention.received.reshape(num_heads, num_groups, unit).sum(-1).T)  # (G, H)
         keys = to_raster(attention.keys.reshape(num_groups, unit, num_heads, -1).mean(1))  # (G, H, hd)
+        if attention.group_queries is not None and attention.group_keys is not None:
+            group_queries = to_raster(attention.group_queries).transpose(0, 1)  # (H, G, hd)
+            group_keys = to_raster(attention.group_keys).transpose(0, 1)
 
     evidence = []
     start = 0
-    for (_, height, width), patches in zip(grid_thw.tolist(), grid_thw.prod(-1).tolist(), strict=True):
+    for (frames, height, width), patches in zip(grid_thw.tolist(), grid_thw.prod(-1).tolist(), strict=True):
         stop = start + patches // unit
+        query_attention = None
+        if group_queries is not None and group_keys is not None:
+            query_attention = mean_query_attention(group_queries[:, start:stop], group_keys[:, start:stop], frames)
         evidence.append(
             ImageEvidence(
                 features=features[start:stop],
@@ -110,6 +143,7 @@ def image_evidence(
                 received=None if received is None else received[start:stop].T / patches,
                 keys=None if keys is None else keys[start:stop].transpose(0, 1),
                 grid=(height // merge_size, width // merge_size),
+                query_attention=query_attention,
             )
         )
         start = stop

@@ -60,7 +60,7 @@ from vitrim.vlm.evidence.attention import received_by_segment, rotate_half
 from vitrim.vlm.evidence.merged_tokens import ImageEvidence, TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import EncoderSeam, Taps, keep_all
+from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps, keep_all
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
 from vitrim.vlm.stages.sequence import DecodeState, read_short
@@ -318,10 +318,16 @@ def rope_deltas(positions: Tensor, attention_mask: Tensor | None) -> Tensor:
 
 
 def tower_attention(
-    attention: Any, hidden: Tensor, cu_seqlens: Tensor, rotary: tuple[Tensor, Tensor]
+    attention: Any,
+    hidden: Tensor,
+    cu_seqlens: Tensor,
+    rotary: tuple[Tensor, Tensor],
+    merge_unit: int | None = None,
 ) -> TowerAttention:
     """A transformers Qwen vision attention's evidence: its ``qkv`` and rotary on its input, then the attention each
-    patch receives within its segment (:func:`~vitrim.vlm.evidence.attention.received_by_segment`).
+    patch receives within its segment (:func:`~vitrim.vlm.evidence.attention.received_by_segment`), and, given
+    ``merge_unit`` (m², for a method with ``needs_query_attention``), the rotated queries (scaled) and keys averaged
+    over each row group of m² patches (``TowerAttention.group_queries`` / ``group_keys``).
 
     hidden: (P, C) the block's normed input in tower order; rotary: (cos, sin), each (P, hd), as the block gets them.
     """
@@ -334,13 +340,27 @@ def tower_attention(
     query_rot = query * cos + rotate_half(query) * sin
     key_rot = key * cos + rotate_half(key) * sin
     received = received_by_segment(query_rot, key_rot, cu_seqlens, float(attention.scaling))  # (H, P)
-    return TowerAttention(received=received, keys=key)
+    if merge_unit is None:
+        return TowerAttention(received=received, keys=key)
+
+    def by_group(rows: Tensor) -> Tensor:  # (P, H, hd) -> (G, H, hd): the mean over each merged token's patches
+        return rows.reshape(num_patches // merge_unit, merge_unit, num_heads, -1).mean(1)
+
+    return TowerAttention(
+        received=received,
+        keys=key,
+        group_queries=by_group(query_rot) * float(attention.scaling),
+        group_keys=by_group(key_rot),
+    )
 
 
-def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TowerAttention:
-    """:func:`tower_attention` of a block's attention from its forward's arguments (the taps' reader)."""
+def read_tower_attention(
+    attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any], merge_unit: int | None = None
+) -> TowerAttention:
+    """:func:`tower_attention` of a block's attention from its forward's arguments (the taps' reader; bind
+    ``merge_unit`` for a method that reads the mean-query attention)."""
     hidden = args[0] if args else kwargs["hidden_states"]
-    return tower_attention(attention, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"])
+    return tower_attention(attention, hidden, kwargs["cu_seqlens"], kwargs["position_embeddings"], merge_unit)
 
 
 class TowerSelection:
@@ -357,7 +377,10 @@ class TowerSelection:
                 f"object_layer={object_block + 1} is past this tower's {len(blocks)} blocks; expected 1 … {len(blocks)}"
             )
         probe = None if object_block is None else (blocks[object_block].attn, read_tower_attention)
-        self.taps = Taps(stage.method, scoring=(blocks[SCORING_BLOCK].attn, read_tower_attention), probe=probe)
+        scoring: Reader = read_tower_attention
+        if getattr(stage.method, "needs_query_attention", False):  # FastVID: the q/k means only where read
+            scoring = functools.partial(read_tower_attention, merge_unit=adapter.merge_size**2)
+        self.taps = Taps(stage.method, scoring=(blocks[SCORING_BLOCK].attn, scoring), probe=probe)
         stage.taps.append(self.taps)
 
     def hooks(self) -> list[Callable[[], None]]:
@@ -432,6 +455,7 @@ class TowerSelection:
             projected=own[None],
             grid=item.grid,
             object_attention=None if probed is None or probed.received is None else probed.received[None],
+            query_attention=None if item.query_attention is None else item.query_attention[None],
         )
         return chosen[0], None if written is None else written[0]
 
@@ -464,6 +488,7 @@ class TowerSelection:
                     received=None if whole.received is None else whole.received[:, cut] * frames,
                     keys=None if whole.keys is None else whole.keys[:, cut],
                     grid=whole.grid,
+                    query_attention=None if whole.query_attention is None else whole.query_attention[:, cut],
                 )
                 for whole in (item, probed)
             )

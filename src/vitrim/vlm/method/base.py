@@ -70,6 +70,9 @@ class VisionEvidence:
     object_attention: (I, H, N) | None  a second block's attention in ``cls_attention``'s convention, for a method
                                    reading two blocks (HiPrune's object block on Qwen; the family taps the block the
                                    method names in ``object_block``)
+    query_attention: (I, H, N) | None  per head, each temporal patch's mean query's softmax attention over its tokens'
+                                   mean keys at the scoring block (FastVID's salience; Qwen, for methods with
+                                   ``needs_query_attention``; ``evidence.merged_tokens.mean_query_attention``)
     question: str | None           the caller's question for the image (``texts=`` of the forward or ``generate()``,
                                    the question alone as the authors pass it), for a method reading it through a
                                    text tower of its own (CDPruner's CLIP relevance); None when the caller gave none
@@ -89,6 +92,7 @@ class VisionEvidence:
     cls_feature: Tensor | None = None
     question: str | None = None
     object_attention: Tensor | None = None
+    query_attention: Tensor | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
@@ -116,6 +120,8 @@ class ImageSelection:
     groups: k tensors         per kept slot, the sorted raster indices it stands for (one index for a kept token,
                               several for a merged one); ``kept[i]`` is in ``groups[i]``
     merged: (k, D) | None     features to write into the kept slots before the projector (None: the slots' own)
+    projected: bool           ``merged`` holds (k, E) tokens as the LLM receives them (after the projector), written
+                              into the merged slots as they are: a video method merging the merger's output (FastVID)
     cls: bool                 the tower's [CLS] token enters the LLM too, projected by the family's own projector,
                               as one more token standing for NO patch (VisionZip as its authors run it on LLaVA):
                               the image then hands the LLM ``k + 1`` tokens, [CLS] first. It travels in the slot
@@ -131,6 +137,7 @@ class ImageSelection:
     merged: Tensor | None = None
     cls: bool = False
     order: Tensor | None = None
+    projected: bool = False
 
     def merged_slots(self) -> Tensor:
         """(m,) positions in ``kept`` of the slots standing for several tokens: the only slots whose features a
@@ -228,6 +235,8 @@ class Method:
     needs_cls_attention: ClassVar[bool] = False  # pre-LLM: the family must capture VisionEvidence.cls_attention/keys
     scores_projected: ClassVar[bool] = False  # pre-LLM: select on VisionEvidence.projected (after the projector)
     needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
+    # pre-LLM, with needs_cls_attention: the family must also capture VisionEvidence.query_attention (Qwen only)
+    needs_query_attention: ClassVar[bool] = False
     reads_grid: ClassVar[bool] = False  # pre-LLM: reads the tokens' 2-D layout (VisionEvidence.token_grid)
     uses_cls_token: ClassVar[bool] = False  # pre-LLM: hand it VisionEvidence.cls_feature where the tower has a [CLS]
     # a family whose stages do not take this method's stage runs this pre-LLM form of it instead (same name, same

@@ -161,6 +161,7 @@ class HandOn:
         grid: tuple[int, int] | None = None,
         cls_feature: Tensor | None = None,
         object_attention: Tensor | None = None,
+        query_attention: Tensor | None = None,
     ) -> tuple[list[ImageSelection], Tensor | None]:
         """Select among the N tokens of each of the I images of one run, then write the merged ones.
 
@@ -182,6 +183,7 @@ class HandOn:
             grid=grid,
             cls_feature=cls_feature if needs.uses_cls_token else None,
             object_attention=object_attention if needs.needs_cls_attention else None,
+            query_attention=query_attention if needs.needs_cls_attention else None,
         )
         selections = self.choose(evidence, features.shape[1])
         if values is None or project is None:
@@ -205,7 +207,8 @@ def write_merged(
     cls_features: Tensor | None = None,
 ) -> Tensor | None:
     """``values`` (I, N, …) with each image's merged slots (:meth:`ImageSelection.merged_slots`) set to
-    ``transform(merged features)``, and the [CLS] carrier slot of an image whose selection hands on its [CLS] set to
+    ``transform(merged features)`` (the merged tokens themselves where the selection's are ``projected``), and the
+    [CLS] carrier slot of an image whose selection hands on its [CLS] set to
     ``cls_features[image]`` ((I, …) as ``values`` holds a token): a copy, or None when nothing was written."""
     written = None
     for image, selection in enumerate(selections):
@@ -220,6 +223,7 @@ def write_merged(
         if not len(slots):
             continue
         written = values.clone() if written is None else written
-        merged = transform(selection.merged[slots.to(selection.merged.device)])
+        merged = selection.merged[slots.to(selection.merged.device)]
+        merged = merged if selection.projected else transform(merged)  # tokens after the projector go in as they are
         written[image, selection.kept[slots]] = merged.to(values.dtype)
     return written
