@@ -235,6 +235,7 @@ class AfterTower:
 
     name = "tower"
     needs_cls_attention = False
+    needs_query_attention = False
     uses_cls_token = False
     reads_time = False  # a tower stage runs on families without video
 

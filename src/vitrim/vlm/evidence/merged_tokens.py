@@ -37,7 +37,8 @@ from torch import Tensor
 class TowerAttention:
     """The scoring block's attention evidence over every patch of one tower call, in tower order (P patches).
 
-    received: (H, P)      per head, the attention each patch receives, summed over the queries of its segment
+    received: (H, P) | None  per head, the attention each patch receives, summed over the queries of its segment
+                          (None where the method reads the mean-query attention instead)
     keys: (P, H, hd)      the block's keys before rotary
     group_queries: (G, H, hd) | None  the block's queries after rotary times its scaling, averaged over each row
                           group of m² patches (G = P / m², tower order); None unless the method reads
@@ -45,7 +46,7 @@ class TowerAttention:
     group_keys: (G, H, hd) | None     its keys after rotary, averaged alike
     """
 
-    received: Tensor
+    received: Tensor | None
     keys: Tensor
     group_queries: Tensor | None = None
     group_keys: Tensor | None = None
@@ -122,8 +123,9 @@ def image_evidence(
     features = to_raster(tower_states.reshape(num_groups, unit * channels))  # (G, m²C)
     received = keys = group_queries = group_keys = None
     if attention is not None:
-        num_heads = attention.received.shape[0]
-        received = to_raster(attention.received.reshape(num_heads, num_groups, unit).sum(-1).T)  # (G, H)
+        num_heads = attention.keys.shape[1]
+        if attention.received is not None:
+            received = to_raster(attention.received.reshape(num_heads, num_groups, unit).sum(-1).T)  # (G, H)
         keys = to_raster(attention.keys.reshape(num_groups, unit, num_heads, -1).mean(1))  # (G, H, hd)
         if attention.group_queries is not None and attention.group_keys is not None:
             group_queries = to_raster(attention.group_queries).transpose(0, 1)  # (H, G, hd)

@@ -325,9 +325,9 @@ def tower_attention(
     merge_unit: int | None = None,
 ) -> TowerAttention:
     """A transformers Qwen vision attention's evidence: its ``qkv`` and rotary on its input, then the attention each
-    patch receives within its segment (:func:`~vitrim.vlm.evidence.attention.received_by_segment`), and, given
-    ``merge_unit`` (m², for a method with ``needs_query_attention``), the rotated queries (scaled) and keys averaged
-    over each row group of m² patches (``TowerAttention.group_queries`` / ``group_keys``).
+    patch receives within its segment (:func:`~vitrim.vlm.evidence.attention.received_by_segment`), or, given
+    ``merge_unit`` (m², for a method with ``needs_query_attention``), in its place the rotated queries (scaled) and
+    keys averaged over each row group of m² patches (``TowerAttention.group_queries`` / ``group_keys``).
 
     hidden: (P, C) the block's normed input in tower order; rotary: (cos, sin), each (P, hd), as the block gets them.
     """
@@ -339,15 +339,15 @@ def tower_attention(
     cos, sin = (r.to(work).unsqueeze(-2) for r in rotary)  # (P, 1, hd)
     query_rot = query * cos + rotate_half(query) * sin
     key_rot = key * cos + rotate_half(key) * sin
-    received = received_by_segment(query_rot, key_rot, cu_seqlens, float(attention.scaling))  # (H, P)
     if merge_unit is None:
+        received = received_by_segment(query_rot, key_rot, cu_seqlens, float(attention.scaling))  # (H, P)
         return TowerAttention(received=received, keys=key)
 
     def by_group(rows: Tensor) -> Tensor:  # (P, H, hd) -> (G, H, hd): the mean over each merged token's patches
         return rows.reshape(num_patches // merge_unit, merge_unit, num_heads, -1).mean(1)
 
-    return TowerAttention(
-        received=received,
+    return TowerAttention(  # no received map: a method reading the mean-query attention reads nothing else of it
+        received=None,
         keys=key,
         group_queries=by_group(query_rot) * float(attention.scaling),
         group_keys=by_group(key_rot),
@@ -378,7 +378,7 @@ class TowerSelection:
             )
         probe = None if object_block is None else (blocks[object_block].attn, read_tower_attention)
         scoring: Reader = read_tower_attention
-        if getattr(stage.method, "needs_query_attention", False):  # FastVID: the q/k means only where read
+        if stage.method.needs_query_attention:  # FastVID: the q/k means in place of the received map
             scoring = functools.partial(read_tower_attention, merge_unit=adapter.merge_size**2)
         self.taps = Taps(stage.method, scoring=(blocks[SCORING_BLOCK].attn, scoring), probe=probe)
         stage.taps.append(self.taps)

@@ -183,6 +183,9 @@ class Selector(Protocol):
     def needs_cls_attention(self) -> bool: ...
 
     @property
+    def needs_query_attention(self) -> bool: ...
+
+    @property
     def scores_projected(self) -> bool: ...
 
     @property

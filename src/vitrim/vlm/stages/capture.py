@@ -172,7 +172,8 @@ class HandOn:
         Returns the selections and the written copy of ``values`` (None when nothing was written).
         """
         needs = self.selector
-        if needs.needs_cls_attention and attention is None:
+        read = query_attention if needs.needs_query_attention else attention  # what the selector's score reads
+        if needs.needs_cls_attention and read is None:
             raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
         evidence = VisionEvidence(
             features=features,
