@@ -1,23 +1,30 @@
 """vLLM's own video pruning (``video_pruning_method``, ``video_pruning_rate``: plain vLLM, its in-tree Qwen classes,
 no vitrim plugin) against transformers + ``vitrim.vlm.apply(model, method, video_pruning_rate=...)`` on the same tiny
-Qwen2.5-VL and Qwen3-VL folders and the same clips: equal greedy tokens and equal pruned prompt lengths.
+Qwen2.5-VL and Qwen3-VL folders and the same clips: equal pruned prompt lengths and equal greedy tokens, in the
+position convention docs/video.md states.
 
-One engine per (family, method) vLLM serves, three clips per engine (one request each, run together):
+One engine per (family, method) vLLM serves (three), three clips per engine (one request each, run together):
 
-- ``wide``: 4 temporal patches of 2×3 merged tokens (H′ ≤ W′), whole-second ``second_per_grid_ts`` (1.0): where
-  docs/video.md says vitrim's positions are vLLM's; pruned at 0.5;
+- ``wide``: 4 temporal patches of 2×3 merged tokens (H′ ≤ W′), whole-second ``second_per_grid_ts`` (1.0);
 - ``one``: a single temporal patch: EVS never prunes it, VidCom2 keeps half;
-- ``tall``: 3 temporal patches of 3×2 (H′ > W′): on Qwen2.5-VL vLLM's EVS path continues the text after the video
-  at start + W′ where transformers continues at start + max(H′, W′); the test asserts vLLM's tokens equal
-  transformers + vitrim's with exactly that one change made to vitrim's positions (the reference's
-  ``positions="vllm_evs"``), and that vitrim's own positions give other tokens on this clip (the difference is
-  real on this model). Qwen3-VL numbers each temporal patch as its own frame after its timestamp text and vLLM
-  continues after the video's largest position, as transformers does: the tall clip agrees there too.
+- ``tall``: 3 temporal patches of 3×2 (H′ > W′).
+
+Qwen2.5-VL (EVS): on ``wide`` and ``one`` vitrim's positions are vLLM's and the tokens are compared with vitrim as
+it is; on ``tall`` vLLM's EVS path continues the text after the video at start + W′ where transformers continues at
+start + max(H′, W′): vLLM's tokens equal transformers + vitrim's with exactly that one change made to vitrim's
+positions (the reference's ``positions="vllm_evs"``), and vitrim's own positions give other tokens there (the
+difference is real on this model). vLLM 0.32 refuses VidCom2 on Qwen2.5-VL (checked; no engine start).
+
+Qwen3-VL: vLLM 0.32 numbers a pruned video from the wrong column (its ``recompute_mrope_positions`` looks for the
+timestamps before the first vision start, which transformers >= 5.10's processor puts outside them); the tokens
+are compared with transformers + vitrim at the positions vLLM's own function gives (``positions="vllm_qwen3_evs"``).
+vLLM's class scores the merger output with its DeepStack features concatenated, vitrim the merger output: a clip on
+which the two pick other tokens (:data:`EXPECTED_OTHER_PICKS`, measured) has its prompt length checked, not its
+tokens.
 
 The text after each video is long enough that the prompt's last token holds its largest M-RoPE position (a
 Qwen2.5-VL video's temporal positions run 4 apart, ``tokens_per_second`` 4): vLLM decodes from the largest
-position + 1. vLLM 0.32 serves VidCom2 on Qwen3-VL only: on Qwen2.5-VL it refuses the engine (checked; no tokens to
-compare), while vitrim's ``vidcom2`` runs on both.
+position + 1, transformers' ``generate()`` from the last.
 """
 
 from __future__ import annotations
@@ -40,9 +47,9 @@ MAX_TOKENS = 8
 PIXELS_PER_TOKEN = 4  # 2-px patches merged 2×2
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 TAIL = " ".join(f"w{i}" for i in range(40, 52))  # 12 words after the video: the last token's position is the largest
-FAMILIES = {  # the transformers family: (its tiny folder, frames per temporal patch, vLLM's class name)
-    "qwen2_5_vl": (save_vllm_qwen2_5_vl, 1, "Qwen2_5_VLForConditionalGeneration"),
-    "qwen3_vl": (save_vllm_qwen3_vl, 2, "Qwen3VLForConditionalGeneration"),
+FAMILIES = {  # the transformers family: (its tiny folder, frames per temporal patch)
+    "qwen2_5_vl": (save_vllm_qwen2_5_vl, 1),
+    "qwen3_vl": (save_vllm_qwen3_vl, 2),
 }
 CLIPS = {"wide": (4, 2, 3), "one": (1, 2, 3), "tall": (3, 3, 2)}  # (temporal patches, H′, W′)
 IN_TREE = {"evs": evs_in_tree, "vidcom2": vidcom2_in_tree}
@@ -179,11 +186,16 @@ def test_vllms_own_video_pruning_generates_what_transformers_and_vitrim_generate
     assert other_picks == EXPECTED_OTHER_PICKS[(family, method)]  # measured on these clips; the rest compared
 
 
-def test_vllm_refuses_vidcom2_on_qwen2_5_vl(family: str, folder: Path) -> None:
+def test_vllm_refuses_vidcom2_on_qwen2_5_vl(
+    family: str, folder: Path, reference: dict[tuple[str, str], dict[str, dict[str, Any]]]
+) -> None:
     """vLLM 0.32's Qwen2.5-VL implements EVS only: VidCom2 is refused when the engine is configured (before any
-    weights load: no engine start); vitrim's vidcom2 runs on transformers' Qwen2.5-VL (the reference above)."""
+    weights load: no engine start); vitrim's vidcom2 prunes transformers' Qwen2.5-VL to vLLM's count."""
     if family != "qwen2_5_vl":
         pytest.skip("Qwen3-VL serves VidCom2 (test_vllms_own_video_pruning_...)")
     engine = dict(video_pruning_method="vidcom2", video_pruning_rate=RATE)
     with pytest.raises(ValueError, match="Video pruning method 'vidcom2' is not supported by"):
         with_engine(folder, None, lambda llm: None, **engine)
+    for name, result in reference[("vidcom2", "original")].items():
+        (t, h, w) = result["video_grids"][0]
+        assert len(result["kept"][0]) == vidcom2_in_tree.compute_retained_tokens_count(h * w, t, RATE) < t * h * w, name

@@ -7,21 +7,25 @@ runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTH
     python tests/vllm/transformers_reference.py SPECS.json OUT.json
 
 SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl" | "qwen3_vl", "method": name or null,
-"options": {...} (keep and the method's options), "positions": "original" | "contiguous" | "vllm_evs", "max_tokens",
-"requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of (T, H, W, 3) uint8, "fps"}]}]}
-("videos" optional: a clip's frames as read, every one kept: ``do_sample_frames=False``). OUT: per run, per request
-{"tokens": greedy ids, "prompt_tokens": the unpruned prompt's length, "seeds": per image the content seed of its
-pixels, "image_tokens": per image its unpruned token count, "kept": per image or video (prompt order) kept raster
-indices (null without a method), "entered": per image or video the tokens it handed the LLM (its kept patches, + 1
-for VisionZip's [CLS]; null without a method), "video_tokens": per video its unpruned token count t·(h/m)·(w/m),
-"video_grids": per video its merged grid [t, h/m, w/m]}.
+"options": {...} (keep and the method's options), "positions": "original" | "contiguous" | "vllm_evs" |
+"vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of
+(T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
+``do_sample_frames=False``). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned
+prompt's length, "seeds": per image the content seed of its pixels, "image_tokens": per image its unpruned token
+count, "kept": per image or video (prompt order) kept raster indices (null without a method), "entered": per image
+or video the tokens it handed the LLM (its kept patches, + 1 for VisionZip's [CLS]; null without a method),
+"video_tokens": per video its unpruned token count t·(h/m)·(w/m), "video_grids": per video its merged grid
+[t, h/m, w/m], "in_tree_kept": Qwen3-VL with evs / vidcom2, per video what vLLM's in-tree function keeps on the
+merger output and on it with the DeepStack features ("merger", "with_deepstack"), else null}.
 
 ``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
 language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
 ``"original"`` runs vitrim.vlm as it is (on LLaVA its default already numbers the shortened input 0, 1, 2, …).
 ``"vllm_evs"`` (Qwen2.5-VL, one video, whole-second ``second_per_grid_ts``): vitrim.vlm's positions moved to vLLM
 0.32's EVS convention (``recompute_mrope_positions``: the text after a video continues at start + W′, not
-start + max(H′, W′); decode from the largest prefill position + 1), on the same kept tokens.
+start + max(H′, W′); decode from the largest prefill position + 1), on the same kept tokens. ``"vllm_qwen3_evs"``
+(Qwen3-VL, one video): generate once with vitrim.vlm, then again on the same kept tokens at the positions vLLM 0.32's
+own ``recompute_mrope_positions`` gives the pruned prompt (:func:`vllm_qwen3_pruned_positions`).
 """
 
 from __future__ import annotations
@@ -111,7 +115,9 @@ def vllm_qwen3_pruned_positions(model: Any, inputs: Any, kept: torch.Tensor) -> 
     lumped = shown.clone()  # the placeholder vLLM's processor writes: every kept token in the first patch
     inside = lumped[region]
     tokens = int(mm[4].sum())
-    first_start = int((inside == config.vision_start_token_id).nonzero()[0])
+    first_start = int((inside == config.vision_start_token_id).nonzero()[0])  # a timestamp's tokens
+    if outer <= first_start:
+        raise ValueError(f"positions='vllm_qwen3_evs' needs more than {first_start} tokens before the video")
     rest = inside[first_start + 1 :][inside[first_start + 1 :] != config.video_token_id]
     lumped[region] = torch.cat([inside[: first_start + 1], torch.full((tokens,), config.video_token_id), rest])
     initial = torch.arange(len(shown)).expand(3, -1).clone()  # only the text before the video is read
@@ -162,7 +168,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     from vitrim.vlm.evidence.seeds import content_seed
 
     torch.manual_seed(0)
-    classes = {
+    classes: dict[str, Any] = {
         "llava": transformers.LlavaForConditionalGeneration,
         "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
