@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from PIL import Image
 
 T = TypeVar("T")
@@ -38,8 +39,9 @@ def overrides(architecture: str, method: str | None, **options: Any) -> dict[str
     return {"architectures": [architecture], "vitrim": {"method": method, **options}}
 
 
-def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callable[[Any], T]) -> T:
-    """``work(llm)`` on a ``vllm.LLM`` of ``folder`` (float32, eager), which is then shut down and freed.
+def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callable[[Any], T], **engine_args: Any) -> T:
+    """``work(llm)`` on a ``vllm.LLM`` of ``folder`` (float32, eager; ``engine_args`` over :data:`ENGINE_ARGS`),
+    which is then shut down and freed.
 
     No reference to the engine outlives this call: an engine freed while the next one runs would tear down the
     process-wide parallel groups the new one uses."""
@@ -47,7 +49,7 @@ def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callabl
 
     from vllm import LLM
 
-    llm = LLM(model=str(folder), hf_overrides=hf_overrides, **ENGINE_ARGS)
+    llm = LLM(model=str(folder), hf_overrides=hf_overrides, **(ENGINE_ARGS | engine_args))
     try:
         return work(llm)
     finally:
@@ -57,17 +59,40 @@ def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callabl
 
 
 def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[Any]:
-    """One ``generate`` over ``requests`` ({"prompt", "images": [PNG paths]}); the RequestOutputs in order."""
+    """One ``generate`` over ``requests`` ({"prompt", "images": [PNG paths], "videos": [{"frames": .npy path,
+    "fps"}]}, "videos" optional); the RequestOutputs in order."""
     from vllm import SamplingParams
 
     prompts = []
     for request in requests:
         images = [Image.open(path).convert("RGB") for path in request["images"]]
+        videos = [video_item(clip) for clip in request.get("videos", [])]
         prompt: dict[str, Any] = {"prompt": request["prompt"]}
+        data: dict[str, Any] = {}
         if images:
-            prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+            data["image"] = images if len(images) > 1 else images[0]
+        if videos:
+            data["video"] = videos if len(videos) > 1 else videos[0]
+        if data:
+            prompt["multi_modal_data"] = data
         prompts.append(prompt)
     return llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
+
+
+def video_item(clip: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+    """A clip as vLLM's Qwen processors take it: its (T, H, W, 3) uint8 frames and the metadata its video loader
+    would report, every frame kept (``do_sample_frames`` False: the processor reads the frames as given)."""
+    frames = np.load(clip["frames"])
+    count, fps = int(frames.shape[0]), float(clip["fps"])
+    metadata = dict(
+        fps=fps,
+        duration=count / fps,
+        total_num_frames=count,
+        frames_indices=list(range(count)),
+        video_backend="opencv",
+        do_sample_frames=False,
+    )
+    return frames, metadata
 
 
 def transformers_reference(specs: list[dict[str, Any]], work: Path) -> list[list[dict[str, Any]]]:

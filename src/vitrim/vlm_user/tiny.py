@@ -41,6 +41,12 @@ LLAVA_TEMPLATE = (
 QWEN_SPECIALS = ["<pad>", "<s>", "</s>"]
 QWEN_VISION_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]  # ids 90 … 93
 QWEN_PATCH, QWEN_MERGE = 2, 2
+# a clip's pixels (all frames) between these: a tiny clip is read at its own size, not resized to the released
+# checkpoints' 100k-pixel minimum (thousands of tokens)
+QWEN_VIDEO_PIXELS = {"shortest_edge": 64, "longest_edge": 64 * 64 * 16}
+# Qwen3-VL's processors normalize images and videos alike (mean = std = 0.5 per channel), and vLLM normalizes both
+# with the image processor's values (``mm_device_do_normalize``): a folder whose two differ gets other video pixels
+QWEN3_NORMALIZE: dict[str, Any] = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 QWEN_TEMPLATE = (
     "{% for message in messages %}{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|> {% else %}{{ part['text'] }} "
@@ -216,7 +222,7 @@ def save_qwen2_5_vl(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=transformers.Qwen2VLVideoProcessor(
-            patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1
+            patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, size=QWEN_VIDEO_PIXELS
         ),
         chat_template=chat_template,
     )
@@ -251,9 +257,11 @@ def save_qwen3_vl(
     tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     sizes: dict[str, Any] = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2)
     processor = transformers.Qwen3VLProcessor(
-        image_processor=transformers.Qwen2VLImageProcessor(**sizes, min_pixels=64, max_pixels=64 * 64),
+        image_processor=transformers.Qwen2VLImageProcessor(
+            **sizes, **QWEN3_NORMALIZE, min_pixels=64, max_pixels=64 * 64
+        ),
         tokenizer=tokenizer,
-        video_processor=transformers.Qwen3VLVideoProcessor(**sizes),
+        video_processor=transformers.Qwen3VLVideoProcessor(**sizes, **QWEN3_NORMALIZE, size=QWEN_VIDEO_PIXELS),
         chat_template=chat_template,
     )
     processor.save_pretrained(path)
