@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from vitrim.vlm.evidence.columns import expand_batch, gather_columns
 from vitrim.vlm.evidence.llm_layer import LayerEvidence, LayerInput, check_attention_readable
 from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
+from vitrim.vlm.stages.filler_masks import additive_with_own_key_where_blank
 from vitrim.vlm.stages.in_llm_slots import (
     DYNAMIC_CACHE_ONLY,
     Slots,
@@ -88,6 +89,7 @@ class PassState:
     drop_layers: frozenset[int] = frozenset()
     selections: list[list[Tensor]] = field(default_factory=list)
     query_columns: Tensor | None = None
+    own_key_masks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # eager prefill: _padding_rows_…
 
 
 class InLLMDrop:
@@ -205,6 +207,11 @@ class InLLMDrop:
             return None
         stage = self._stage_of_layer[index]
         changed = False
+        if state.prefill and self._eager:
+            mask = kwargs.get("attention_mask")
+            seen = self._padding_rows_see_themselves(mask)
+            if seen is not mask:
+                kwargs, changed = {**kwargs, "attention_mask": seen}, True
         if state.prefill and stage >= 0 and self.stages[stage].layer == index:
             hidden = self._drop(stage, index, hidden, kwargs)
             changed = True
@@ -221,6 +228,18 @@ class InLLMDrop:
         if not args:
             kwargs = {**kwargs, "hidden_states": hidden}
         return args, kwargs
+
+    def _padding_rows_see_themselves(self, mask: Any) -> Any:
+        """An eager layer's additive 4-D prefill mask with each row that sees no key (left padding) seeing its own
+        key (``filler_masks.with_own_key_where_blank``): in float64 such a row is NaN, the next layer carries it into
+        every real row as 0 × NaN, and a later drop stage would rank NaN (PyramidDrop's second stage, DART's
+        duplicates). One fixed mask per mask the model built, for the whole pass (layers of a kind share it)."""
+        if not isinstance(mask, Tensor) or mask.ndim != 4 or not mask.is_floating_point():
+            return mask
+        fixed = self._state().own_key_masks
+        if id(mask) not in fixed:
+            fixed[id(mask)] = (mask, additive_with_own_key_where_blank(mask))  # the original held: its id stays
+        return fixed[id(mask)][1]
 
     def _start_pass(self, hidden: Tensor, kwargs: dict) -> None:
         if hidden.is_meta:
