@@ -37,6 +37,7 @@ from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 from vitrim.vlm.stages.contract import FamilyAdapter, Prefill, Shortened
 from vitrim.vlm.stages.filler_masks import prefill_llm_mask
+from vitrim.vlm.stages.inputs import cache_of
 from vitrim.vlm.stages.sequence import (
     DecodeState,
     ShortSequence,
@@ -340,12 +341,6 @@ def questions(texts: Any) -> list[str]:
     if isinstance(texts, list | tuple) and all(isinstance(text, str) for text in texts):
         return list(texts)
     raise ValueError(f"texts={texts!r}: expected the question as a string, or a list of strings (one per prompt)")
-
-
-def cache_of(kwargs: dict[str, Any]) -> Any:
-    """The cache a forward was given (transformers >= 5.20 call it ``cache``, earlier 5.x ``past_key_values``)."""
-    cache = kwargs.get("cache")
-    return kwargs.get("past_key_values") if cache is None else cache
 
 
 def query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
