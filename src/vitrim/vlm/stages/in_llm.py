@@ -265,7 +265,9 @@ class InLLMDrop:
             self._refuse_prepared_masks()
             if getattr(cache, "is_compileable", False):  # StaticCache: one length for every layer, fixed
                 raise ValueError(DYNAMIC_CACHE_ONLY)
-            real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
+            real = (
+                self._real_columns(kwargs.get("attention_mask"), spans.is_image) if spans.real is None else spans.real
+            )
             columns = torch.arange(length, device=hidden.device).expand(batch, length)
             state.active, state.spans, state.real, state.length, state.columns = True, spans, real, length, columns
             state.drop_layers = frozenset(stage.layer for stage in self.stages)
@@ -289,7 +291,9 @@ class InLLMDrop:
     def _real_columns(self, layer_mask: Any, is_image: Tensor) -> Tensor:
         """(B, L) bool, the columns that are not padding: the user's 2-D mask; failing that (the LLM was handed a
         prepared 4-D mask) the last query row of the mask layer 0 got, which sees every real column before it (not
-        with masks per layer type: layer 0 may be a sliding one, whose last row sees its window only)."""
+        with masks per layer type: layer 0 may be a sliding one, whose last row sees its window only; not after a
+        stage that shortened the input: its spans say which columns are real, since under right padding a row's
+        last column is padding or a filler, which sees no real column)."""
         length = is_image.shape[1]
         if self._padding is not None:
             return self._padding[:, -length:]

@@ -392,7 +392,8 @@ def keep_last_positions(
 
 
 def short_spans(spans: ImageSpans, short: ShortSequence, selections: list[ImageSelection]) -> ImageSpans:
-    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image.
+    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image, and
+    ``real`` the columns of ``short`` that are neither padding nor filler.
 
     A [CLS] the method hands the LLM (``selections``, reading order, ``cls``) rides in a dropped token's slot (its
     ``cls_carrier``); it stands for no image token, so a stage after this one sees it as it sees text: never dropped,
@@ -403,7 +404,8 @@ def short_spans(spans: ImageSpans, short: ShortSequence, selections: list[ImageS
     for image, selection in enumerate(selections):
         if selection.cls:
             is_image &= ~((image_of == image) & (token_of == selection.cls_carrier()))
-    return ImageSpans(is_image, torch.where(is_image, image_of, -1), torch.where(is_image, token_of, -1))
+    image_of, token_of = torch.where(is_image, image_of, -1), torch.where(is_image, token_of, -1)
+    return ImageSpans(is_image, image_of, token_of, real=short.attention_mask.bool())
 
 
 def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
