@@ -69,16 +69,10 @@ def test_qwen2_vl_batch_keeps_what_each_prompt_alone_keeps() -> None:
     inputs = qwen.batch(prompts, seed=5)
     together = model(**inputs).logits[:, -1]
     kept_together = _kept(model)
-    first_image, first_patch = 0, 0
-    for sample, one_prompt in enumerate(prompts):
-        alone_inputs = qwen.batch([one_prompt])
-        patches = sum(h * w for h, w in one_prompt[1])
-        alone_inputs["pixel_values"] = inputs["pixel_values"][first_patch : first_patch + patches]
+    for sample, (alone_inputs, images) in enumerate(qwen.each_alone(prompts, inputs)):
         alone = model(**alone_inputs).logits[0, -1]
-        count = len(one_prompt[1])
-        assert kept_together[first_image : first_image + count] == _kept(model)
+        assert kept_together[images] == _kept(model)
         torch.testing.assert_close(together[sample], alone, rtol=0, atol=1e-10)
-        first_image, first_patch = first_image + count, first_patch + patches
 
 
 def test_llava_left_padded_batch_keeps_what_each_prompt_alone_keeps() -> None:
