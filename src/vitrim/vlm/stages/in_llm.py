@@ -11,7 +11,10 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
   SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep different counts (different
   numbers of images) are re-padded on the LEFT with filler slots that attend to themselves only and that nothing
   else attends to (a row seeing no key is NaN under eager attention), so each sample's last slots are its latest
-  tokens (what a sliding-window cache keeps).
+  tokens (what a sliding-window cache keeps). Under eager attention a left-padding row, which sees no key, sees its
+  own key at every layer of a prefill the drop acts on: in float64 it is NaN otherwise, the next layer carries the
+  NaN into every real row, and a later drop stage would rank NaN (no real row sees a padding key: nothing real
+  changes).
 - The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
   step the new tokens join every stage, and each layer ≥ K gets a mask built on the keys ITS cache returns (all its
   slots; a sliding-window layer's last ``window − 1`` of them and the new ones): causal on the original columns,
