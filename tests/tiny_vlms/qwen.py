@@ -168,3 +168,16 @@ def batch(
 def one(texts: list[list[int]] | None = None, grids: list[tuple[int, int]] | None = None, seed: int = 0) -> dict:
     """One prompt: text, a 4×6-patch image (6 merged tokens), text."""
     return batch([(texts or [[1, 5, 6], [7, 8, 9]], grids or [(4, 6)])], seed=seed)
+
+
+def each_alone(prompts: list[tuple[list[list[int]], list[tuple[int, int]]]], inputs: dict) -> list[tuple[dict, slice]]:
+    """Per prompt of ``inputs`` (``batch(prompts, ...)``): its inputs alone (unpadded, its own patches of ``inputs``)
+    and the slice of the batch's images (reading order) that are its own."""
+    alone, first_image, first_patch = [], 0, 0
+    for one_prompt in prompts:
+        one = batch([one_prompt])
+        patches = sum(h * w for h, w in one_prompt[1])
+        one["pixel_values"] = inputs["pixel_values"][first_patch : first_patch + patches]
+        alone.append((one, slice(first_image, first_image + len(one_prompt[1]))))
+        first_image, first_patch = first_image + len(one_prompt[1]), first_patch + patches
+    return alone

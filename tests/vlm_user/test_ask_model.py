@@ -288,3 +288,34 @@ def test_a_hostile_config_is_read_as_data(
     assert main(["vlm", "ask", "w10", "--model", str(tmp_path), "--image", str(folders["picture"])]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "config.json" in err and "NaN" in err
+
+
+@pytest.mark.parametrize("given", ["stage order", "in-LLM first"])
+def test_the_docs_stack_prints_and_records_the_same_in_either_order(
+    folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str
+) -> None:
+    """docs/vlm.md's stack: VisionZip hands the LLM its [CLS] and 7 image tokens, FastV keeps half of the 7 (4) and
+    never drops the [CLS] (text to it): 5 stay, counted here from what the run recorded. Given in-LLM first, the
+    run is the same stack (the model runs tower, pre-LLM, in-LLM), and so are the line and the record (issue 53:
+    it printed no count and labelled the in-LLM selection pre_llm)."""
+    argv = ["vlm", "ask", "w10", "--model", str(folders["llava"]), "--image", str(folders["picture"])]
+    visionzip = ["--method", "visionzip", "--keep", "8", "--set", "contextual=2"]
+    fastv = ["--method", "fastv", "--keep", "0.5", "--set", "layer=1"]
+    methods = [*visionzip, *fastv] if given == "stage order" else [*fastv, *visionzip]
+    assert main([*argv, *methods, "--max-new-tokens", "2", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    record = json.loads((tmp_path / "selection.json").read_text())
+    image = record["images"][0]
+    cls = [group for group in image["groups"] if not group]
+    assert len(cls) == 1 and image["cls"]  # the [CLS] went through
+    assert len(image["kept"]) == 4 and image["selected"] == 1 + len(image["kept"])
+    assert printed[1] == (
+        "visionzip+fastv: 8 of 16 image tokens entered the LLM (one of them the tower's [CLS]); 5 of them stay after "
+        "its layer (the [CLS] and 4 image tokens)"
+    )
+    assert (record["method"], record["stage"], record["options"]) == (
+        "visionzip+fastv",
+        "in_llm",
+        {"keep": 0.5, "layer": 1},
+    )
+    assert [(m["method"], m["stage"]) for m in record["stack"]] == [("visionzip", "pre_llm"), ("fastv", "in_llm")]

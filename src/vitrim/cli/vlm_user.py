@@ -197,8 +197,16 @@ def run_user_ask(args: argparse.Namespace) -> int:
             f"patch grid; all {total} image tokens entered the LLM"
         )
     elif answer.stage == "in_llm":
+        # a [CLS] handed on before the LLM (VisionZip) counts among those that entered and, never dropped, among
+        # those that stay: said in both places, so the counts add up
+        cls = bool(answer.groups and answer.groups[0] and len(answer.groups[0][0]) == 0)
         into = f"all {entered}" if entered == total else f"{entered} of {total}"
-        print(f"{answer.method}: {into} image tokens entered the LLM; {selected} of them stay after its layer")
+        print(
+            f"{answer.method}: {into} image tokens entered the LLM"
+            + (" (one of them the tower's [CLS])" * cls)
+            + f"; {selected} of them stay after its layer"
+            + (f" (the [CLS] and {selected - 1} image tokens)" * cls)
+        )
     else:
         cls = bool(answer.groups and answer.groups[0] and len(answer.groups[0][0]) == 0)
         print(
@@ -207,7 +215,8 @@ def run_user_ask(args: argparse.Namespace) -> int:
         )
     if out is not None:
         reply = answer.text if len(answer.text) <= 40 else answer.text[:39] + "…"
-        keeps = ", ".join(str(o.get("keep", "default")) for _, o in method) if isinstance(method, list) else args.keep
+        stacked = [entry["options"] for entry in answer.stack]  # stage order, as answer.method names them
+        keeps = ", ".join(str(o.get("keep", "default")) for o in stacked) if isinstance(method, list) else args.keep
         title = f'{answer.method or "no method"}, keep {keeps}: "{args.question}" -> "{reply}"'
         for path in save_answer(answer, picture, Path(out), title=title):
             print(f"wrote {path}")

@@ -43,6 +43,7 @@ from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import ImageSelection, Installation, Method, StageOptions, VisionEvidence
 from vitrim.vlm.stages import in_llm, pre_llm, tower
 from vitrim.vlm.stages.contract import FamilyAdapter
+from vitrim.vlm.stages.inputs import InputCheck
 
 STAGE_ORDER = ("tower", "pre_llm", "in_llm")
 STAGE_WORDS = {"pre_llm": "pre-LLM", "in_llm": "in-LLM", "tower": "tower"}
@@ -151,6 +152,7 @@ class Stack:
         self.parts: dict[str, Any] = {}
         self.handoff: pre_llm.PreLLMStage | None = None
         self._owned: list[Installation] = []
+        self._input_check: InputCheck | None = InputCheck(family.model)  # first: it runs before every stage's hooks
         try:
             self._install(family, plans, options)
         except BaseException:
@@ -219,7 +221,9 @@ class Stack:
     def remove(self) -> None:
         for installed in reversed(self._owned):
             installed.remove()
-        self._owned, self.parts, self.handoff = [], {}, None
+        if self._input_check is not None:
+            self._input_check.remove()
+        self._owned, self.parts, self.handoff, self._input_check = [], {}, None, None
 
 
 class AfterTower:

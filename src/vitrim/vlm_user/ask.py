@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 import vitrim.vlm
 from vitrim.viz.vlm_boxes import TokenBoxes, vlm_token_boxes
+from vitrim.vlm.stacking import STAGE_ORDER
 
 
 @dataclass
@@ -197,7 +198,10 @@ def _as_stack(
     stack = [(name, dict(named)) for name, named in method]
     if not stack:
         raise ValueError("method=[] names no method; give None for the unmodified model")
-    return stack
+    # the model runs a stack in stage order whatever the order given (vitrim.vlm.stacking): so does the answer, whose
+    # method, stage and options are the last stage's (the in-LLM one of "fastv, then visionzip")
+    stage_of = {name: vitrim.vlm.method_info(name).stage for name, _ in stack}
+    return sorted(stack, key=lambda entry: STAGE_ORDER.index(stage_of[entry[0]]))
 
 
 def save_answer(answer: Answer, image: Any, folder: Path, title: str = "") -> list[Path]:

@@ -46,7 +46,8 @@ from vitrim.vlm.evidence.pooled import pool_to_tokens
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
 from vitrim.vlm.stages.capture import EncoderSeam, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, Shortened
-from vitrim.vlm.stages.pre_llm import PREPARED_MASKS, cache_of
+from vitrim.vlm.stages.inputs import cache_of
+from vitrim.vlm.stages.pre_llm import PREPARED_MASKS
 from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
 
 

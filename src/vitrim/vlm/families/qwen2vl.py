@@ -13,7 +13,9 @@ What vitrim does (conventions of :mod:`vitrim.vlm.evidence.merged_tokens` for th
   ``position_ids`` ``generate`` passes), then sliced to the kept tokens, so dropping a token is masking its key;
 - **rope_deltas**: the LLM's cache holds ``n_dropped`` fewer tokens per sample, so after a pruned prefill the model's
   ``rope_deltas`` is set to the unmodified value + ``n_dropped`` (per sample): the model's own decode positions
-  (kept tokens seen + rope_deltas) then equal the unmodified model's;
+  (kept tokens seen + rope_deltas) then equal the unmodified model's. ``remove()`` puts back the unmodified value
+  where vitrim's still stands (what a model never touched holds after the same calls: a later decode on a cache,
+  or a call with ``inputs_embeds`` alone, reads it);
 - **decode**: the caller's attention mask (the unpruned layout, as ``generate`` grows it) is mapped onto the cache's
   layout; ``generate``'s own position ids need nothing (it counts on from the full prefill's positions). A caller
   who passes a mask and no positions gets the positions the model means (mask count + rope_deltas, this step's
@@ -113,7 +115,9 @@ class Qwen2VLAdapter(FamilyAdapter):
         super().__init__(model)
         self.visual: Any = self.inner.visual  # transformers' Qwen2VLModel / Qwen2_5_VLModel's tower
         self.merge_size = int(self.visual.spatial_merge_size)
-        self.rope_deltas_before: Any = None
+        # the last shortened prefill's rope_deltas: the value vitrim set, and the unmodified model's (for remove)
+        self.rope_deltas_set: Tensor | None = None
+        self.rope_deltas_unmodified: Tensor | None = None
         self.encoding: str | None = None  # "image" / "video" while the model's get_…_features runs, else None
         # per modality, the last tower run's grid (I, 3) and one selection per item (encode order)
         self.grids: dict[str, Tensor] = {}
@@ -198,7 +202,6 @@ class Qwen2VLAdapter(FamilyAdapter):
         return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower, {"modalities": modalities}, media)
 
     def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
-        self.rope_deltas_before = self.inner.rope_deltas
         return [*TowerSelection(self, stage).hooks(), self.watch_encoding()]
 
     def watch_encoding(self) -> Callable[[], None]:
@@ -278,7 +281,8 @@ class Qwen2VLAdapter(FamilyAdapter):
         assert self.full_positions is not None
         deltas = rope_deltas(self.full_positions, prefill.attention_mask)  # (B, 1) the unmodified model's
         dropped = (shortened.spans.is_image & ~kept).sum(1)  # (B,)
-        self.inner.rope_deltas = deltas + dropped[:, None].to(deltas.device)
+        self.rope_deltas_unmodified = deltas
+        self.rope_deltas_set = self.inner.rope_deltas = deltas + dropped[:, None].to(deltas.device)
 
     def decode_extras(self, kwargs: dict[str, Any], state: DecodeState, mask: Tensor, past: int, new: int) -> None:
         if kwargs.get("attention_mask") is None and bool(state.prefill_mask.all()):
@@ -291,7 +295,12 @@ class Qwen2VLAdapter(FamilyAdapter):
             kwargs["position_ids"] = steps[None].expand(3, -1, -1)
 
     def remove_extras(self) -> None:
-        self.inner.rope_deltas = self.rope_deltas_before
+        """The model's ``rope_deltas`` as the unmodified model would hold them after the same calls: the last
+        shortened prefill's unmodified value while vitrim's corrected one still stands (the model replaces it at
+        every prefill of its own, which is then already the unmodified value; so was it before the first)."""
+        if self.rope_deltas_set is not None and self.inner.rope_deltas is self.rope_deltas_set:
+            self.inner.rope_deltas = self.rope_deltas_unmodified
+        self.rope_deltas_set = self.rope_deltas_unmodified = None
 
     # where its image tokens lie in the user's picture
 

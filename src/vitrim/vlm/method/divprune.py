@@ -21,10 +21,20 @@ from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.fastervlm import kept_as_selection
 
 
-def divprune_keep(tokens: Tensor, keep: int) -> Tensor:
-    """(keep,) long in selection order: the greedy max-min diverse subset of ``tokens`` (N, D)."""
+def cosine_distance(tokens: Tensor) -> Tensor:
+    """(N, N) 1 − cos(x_i, x_j) of ``tokens`` (N, D), BITWISE symmetric. A matmul rounds entry (i, j) and entry
+    (j, i) in different places of its tiles, so they may differ in the last bit; two mutual nearest neighbours,
+    whose scores in the first step are the same distance, would then be told apart by that bit, and the bit by the
+    other images of the batch (the kernel a matmul picks, the tower's own rounding). Averaging with the transpose
+    is exact symmetry (a + b = b + a in floating point), so such a pair ties exactly and goes to the lower index."""
     normalized = tokens / tokens.norm(dim=-1, keepdim=True)  # (N, D)
     distance = 1.0 - normalized @ normalized.T  # (N, N)
+    return (distance + distance.T) / 2
+
+
+def divprune_keep(tokens: Tensor, keep: int) -> Tensor:
+    """(keep,) long in selection order: the greedy max-min diverse subset of ``tokens`` (N, D)."""
+    distance = cosine_distance(tokens)  # (N, N), bitwise symmetric
     num_tokens = tokens.shape[0]
     if num_tokens == 1:
         return torch.zeros(1, dtype=torch.long, device=tokens.device)

@@ -32,6 +32,24 @@ def with_filler_rows(allowed: Tensor, real: Tensor) -> Tensor:
     return torch.where(real[:, None, :, None], allowed & real[:, None, None, :], diagonal)
 
 
+def with_own_key_where_blank(allowed: Tensor) -> Tensor:
+    """(B, H|1, S, S) bool mask in which every row that sees no key (a padding row: left padding's rows come before
+    any key they may see) sees its own key: under eager attention such a row is NaN in float64 (module docstring)
+    and carries the NaN into every real row at the next layer. No real row sees a padding key, so nothing a real
+    token computes changes."""
+    diagonal = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)
+    return allowed | (diagonal & ~allowed.any(dim=-1, keepdim=True))
+
+
+def additive_with_own_key_where_blank(mask: Tensor) -> Tensor:
+    """An additive prefill mask (B|1, 1, L, L) (0 = may attend) with :func:`with_own_key_where_blank` applied;
+    ``mask`` itself when no row is blank (the model's own mask, untouched)."""
+    allowed = mask > torch.finfo(mask.dtype).min / 2
+    if bool(allowed.any(dim=-1).all()):
+        return mask
+    return torch.where(with_own_key_where_blank(allowed) & ~allowed, torch.zeros((), dtype=mask.dtype), mask)
+
+
 def prefill_llm_mask(short: ShortSequence, config: Any, dtype: torch.dtype) -> Tensor | dict[str, Tensor]:
     """What the LLM of text config ``config`` gets as ``attention_mask`` for the shortened prefill ``short``.
 

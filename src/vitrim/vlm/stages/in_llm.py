@@ -11,7 +11,10 @@ How it runs (forward pre-hooks with kwargs on the instance's own decoder layers;
   SDPA; eager attention takes its softmax in float32, ~1e-6 apart). Samples that keep different counts (different
   numbers of images) are re-padded on the LEFT with filler slots that attend to themselves only and that nothing
   else attends to (a row seeing no key is NaN under eager attention), so each sample's last slots are its latest
-  tokens (what a sliding-window cache keeps).
+  tokens (what a sliding-window cache keeps). Under eager attention a left-padding row, which sees no key, sees its
+  own key at every layer of a prefill the drop acts on: in float64 it is NaN otherwise, the next layer carries the
+  NaN into every real row, and a later drop stage would rank NaN (no real row sees a padding key: nothing real
+  changes).
 - The KV cache of layers ≥ K holds only the kept tokens, so each layer's cache has its own length. At every decode
   step the new tokens join every stage, and each layer ≥ K gets a mask built on the keys ITS cache returns (all its
   slots; a sliding-window layer's last ``window − 1`` of them and the new ones): causal on the original columns,
@@ -53,6 +56,7 @@ from torch import Tensor, nn
 from vitrim.vlm.evidence.columns import expand_batch, gather_columns
 from vitrim.vlm.evidence.llm_layer import LayerEvidence, LayerInput, check_attention_readable
 from vitrim.vlm.method.base import DropPolicy, ImageSelection, Method, StageOptions
+from vitrim.vlm.stages.filler_masks import additive_with_own_key_where_blank
 from vitrim.vlm.stages.in_llm_slots import (
     DYNAMIC_CACHE_ONLY,
     Slots,
@@ -88,6 +92,7 @@ class PassState:
     drop_layers: frozenset[int] = frozenset()
     selections: list[list[Tensor]] = field(default_factory=list)
     query_columns: Tensor | None = None
+    own_key_masks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # eager prefill: _padding_rows_…
 
 
 class InLLMDrop:
@@ -205,6 +210,11 @@ class InLLMDrop:
             return None
         stage = self._stage_of_layer[index]
         changed = False
+        if state.prefill and self._eager:
+            mask = kwargs.get("attention_mask")
+            seen = self._padding_rows_see_themselves(mask)
+            if seen is not mask:
+                kwargs, changed = {**kwargs, "attention_mask": seen}, True
         if state.prefill and stage >= 0 and self.stages[stage].layer == index:
             hidden = self._drop(stage, index, hidden, kwargs)
             changed = True
@@ -221,6 +231,18 @@ class InLLMDrop:
         if not args:
             kwargs = {**kwargs, "hidden_states": hidden}
         return args, kwargs
+
+    def _padding_rows_see_themselves(self, mask: Any) -> Any:
+        """An eager layer's additive 4-D prefill mask with each row that sees no key (left padding) seeing its own
+        key (``filler_masks.with_own_key_where_blank``): in float64 such a row is NaN, the next layer carries it into
+        every real row as 0 × NaN, and a later drop stage would rank NaN (PyramidDrop's second stage, DART's
+        duplicates). One fixed mask per mask the model built, for the whole pass (layers of a kind share it)."""
+        if not isinstance(mask, Tensor) or mask.ndim != 4 or not mask.is_floating_point():
+            return mask
+        fixed = self._state().own_key_masks
+        if id(mask) not in fixed:
+            fixed[id(mask)] = (mask, additive_with_own_key_where_blank(mask))  # the original held: its id stays
+        return fixed[id(mask)][1]
 
     def _start_pass(self, hidden: Tensor, kwargs: dict) -> None:
         if hidden.is_meta:
@@ -246,7 +268,9 @@ class InLLMDrop:
             self._refuse_prepared_masks()
             if getattr(cache, "is_compileable", False):  # StaticCache: one length for every layer, fixed
                 raise ValueError(DYNAMIC_CACHE_ONLY)
-            real = self._real_columns(kwargs.get("attention_mask"), spans.is_image)
+            real = (
+                self._real_columns(kwargs.get("attention_mask"), spans.is_image) if spans.real is None else spans.real
+            )
             columns = torch.arange(length, device=hidden.device).expand(batch, length)
             state.active, state.spans, state.real, state.length, state.columns = True, spans, real, length, columns
             state.drop_layers = frozenset(stage.layer for stage in self.stages)
@@ -270,7 +294,9 @@ class InLLMDrop:
     def _real_columns(self, layer_mask: Any, is_image: Tensor) -> Tensor:
         """(B, L) bool, the columns that are not padding: the user's 2-D mask; failing that (the LLM was handed a
         prepared 4-D mask) the last query row of the mask layer 0 got, which sees every real column before it (not
-        with masks per layer type: layer 0 may be a sliding one, whose last row sees its window only)."""
+        with masks per layer type: layer 0 may be a sliding one, whose last row sees its window only; not after a
+        stage that shortened the input: its spans say which columns are real, since under right padding a row's
+        last column is padding or a filler, which sees no real column)."""
         length = is_image.shape[1]
         if self._padding is not None:
             return self._padding[:, -length:]

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.vlm.evidence.columns import expand_batch, gather_columns
-from vitrim.vlm.stages.filler_masks import as_additive, with_filler_rows
+from vitrim.vlm.stages.filler_masks import as_additive, with_filler_rows, with_own_key_where_blank
 
 # the one refusal of a static or compiled cache, on every family (each layer's cache here has its own length)
 DYNAMIC_CACHE_ONLY = (
@@ -68,7 +68,7 @@ def prefill_mask(slots: Slots, full: Tensor | None, window: int | None, length: 
         allowed = gather_columns(rows, slots.columns, 3, 0)  # (B, 1, S, S)
         if allowed.dtype != torch.bool:
             allowed = allowed == 0  # an additive float mask: 0 = may attend
-    return with_filler_rows(allowed, slots.valid)
+    return with_own_key_where_blank(with_filler_rows(allowed, slots.valid))  # left padding's rows: their own key
 
 
 def decode_mask(slots: Slots, query_columns: Tensor, kv_length: int, real: Tensor, window: int | None) -> Tensor:

@@ -1,5 +1,6 @@
 """What a hooked forward call holds, read the same way for every family and stage: the model's layout, a call's
-``input_ids`` (a prefill's, or none for a decode step), and a refusal of inputs on the meta device (this module
+``input_ids`` (a prefill's, or none for a decode step), the cache it was given, and the refusals of inputs vitrim
+cannot read: on the meta device, an ``attention_mask`` or ``labels`` of another shape than ``input_ids`` (this module
 imports no family and no transformers).
 """
 
@@ -58,3 +59,56 @@ def prefill_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor |
     if pixel_values is None and encoded is None:
         return None
     return input_ids_of(args, kwargs)
+
+
+def cache_of(kwargs: dict[str, Any]) -> Any:
+    """The cache a forward was given (transformers >= 5.20 call it ``cache``, earlier 5.x ``past_key_values``)."""
+    cache = kwargs.get("cache")
+    return kwargs.get("past_key_values") if cache is None else cache
+
+
+def check_mask_and_labels(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``ValueError`` naming the argument, its shape and the shape expected, for an ``attention_mask`` or ``labels``
+    of a VLM's forward that does not fit its ``input_ids`` (B, L).
+
+    The stages read both column by column against ``input_ids``: the padding of each column (the in-LLM drop, the
+    shortened sequence), the label of each kept column (a pre-LLM stage that shortens the input computes the loss
+    on the kept columns). A mask one column short or a 3-D mask failed deep inside them, and labels of another
+    batch returned a loss where the unmodified model raises. Expected: ``attention_mask`` (B, past + L), the 2-D
+    padding mask (past: the tokens already in the cache; at a decode step its batch only is checked, since after a
+    shortened prefill the cache holds fewer tokens than the mask has columns), or a 4-D mask the caller built;
+    ``labels`` (B, L)."""
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    if not isinstance(input_ids, Tensor) or input_ids.ndim != 2:
+        return  # inputs_embeds: refused where the stages need input_ids
+    batch, length = input_ids.shape
+    cache = cache_of(kwargs)
+    past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, Tensor) and mask.ndim != 4:
+        fits = mask.ndim == 2 and mask.shape[0] == batch and (past > 0 or mask.shape[1] == length)
+        if not fits:
+            columns = f"{length}" if past == 0 else f"{past} cached + {length}"
+            raise ValueError(
+                f"attention_mask has shape {tuple(mask.shape)}; expected ({batch}, {past + length}): the 2-D padding "
+                f"mask of input_ids {(batch, length)}, one column per token ({columns})"
+            )
+    labels = kwargs.get("labels")
+    if isinstance(labels, Tensor) and tuple(labels.shape) != (batch, length):
+        raise ValueError(
+            f"labels has shape {tuple(labels.shape)}; expected ({batch}, {length}), one label per token of input_ids "
+            f"{(batch, length)} (-100 where no loss is taken)"
+        )
+
+
+class InputCheck:
+    """A forward pre-hook on a VLM (its outermost module) that runs :func:`check_mask_and_labels` before any stage
+    reads the call; ``remove()`` takes it off."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._handle = model.register_forward_pre_hook(
+            lambda module, args, kwargs: check_mask_and_labels(args, kwargs), with_kwargs=True
+        )
+
+    def remove(self) -> None:
+        self._handle.remove()

@@ -37,6 +37,7 @@ from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 from vitrim.vlm.stages.contract import FamilyAdapter, Prefill, Shortened
 from vitrim.vlm.stages.filler_masks import prefill_llm_mask
+from vitrim.vlm.stages.inputs import cache_of
 from vitrim.vlm.stages.sequence import (
     DecodeState,
     ShortSequence,
@@ -342,12 +343,6 @@ def questions(texts: Any) -> list[str]:
     raise ValueError(f"texts={texts!r}: expected the question as a string, or a list of strings (one per prompt)")
 
 
-def cache_of(kwargs: dict[str, Any]) -> Any:
-    """The cache a forward was given (transformers >= 5.20 call it ``cache``, earlier 5.x ``past_key_values``)."""
-    cache = kwargs.get("cache")
-    return kwargs.get("past_key_values") if cache is None else cache
-
-
 def query_length(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """Columns in this forward (its ``input_ids`` or ``inputs_embeds``)."""
     tokens = kwargs.get("input_ids", args[0] if args else None)
@@ -397,7 +392,8 @@ def keep_last_positions(
 
 
 def short_spans(spans: ImageSpans, short: ShortSequence, selections: list[ImageSelection]) -> ImageSpans:
-    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image.
+    """``spans`` (B, L) of the unmodified input read at the columns ``short`` keeps: (B, L'), fillers not image, and
+    ``real`` the columns of ``short`` that are neither padding nor filler.
 
     A [CLS] the method hands the LLM (``selections``, reading order, ``cls``) rides in a dropped token's slot (its
     ``cls_carrier``); it stands for no image token, so a stage after this one sees it as it sees text: never dropped,
@@ -408,7 +404,8 @@ def short_spans(spans: ImageSpans, short: ShortSequence, selections: list[ImageS
     for image, selection in enumerate(selections):
         if selection.cls:
             is_image &= ~((image_of == image) & (token_of == selection.cls_carrier()))
-    return ImageSpans(is_image, torch.where(is_image, image_of, -1), torch.where(is_image, token_of, -1))
+    image_of, token_of = torch.where(is_image, image_of, -1), torch.where(is_image, token_of, -1)
+    return ImageSpans(is_image, image_of, token_of, real=short.attention_mask.bool())
 
 
 def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:

@@ -23,11 +23,15 @@ class ImageSpans:
     is_image: (B, L) bool  positions of the LLM input that hold image tokens
     image_of: (B, L) long  which image (0..num_images-1 over the whole batch) a position shows, -1 else
     token_of: (B, L) long  the raster index of that image token in the UNMODIFIED model's tokens, -1 else
+    real: (B, L) bool | None  the columns that are neither padding nor filler, given by a stage that shortened the
+                           input (its LLM mask is then 4-D, where the padding of a row cannot be read whatever side
+                           it is on); None: a stage after reads it from the caller's 2-D mask
     """
 
     is_image: Tensor
     image_of: Tensor
     token_of: Tensor
+    real: Tensor | None = None
 
     @property
     def num_images(self) -> int:
