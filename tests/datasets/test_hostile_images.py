@@ -25,6 +25,15 @@ from vitrim.data.transforms import read_image_for
 from vitrim.models.data_config import DataConfig
 
 
+@pytest.fixture(autouse=True)
+def _truncated_images_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow's default, whatever an earlier test in this process imported (lmms-eval's ``api.task`` sets
+    ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` on import, and open_image honours the program's choice)."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
+
+
 def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 

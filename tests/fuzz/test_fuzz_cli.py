@@ -250,7 +250,11 @@ def test_demo_vlm_refuses_an_unknown_method_before_training(
         capsys.readouterr()
         assert main(["demo", "vlm", "--methods", "fastv,nope", "--out", str(tmp_path / "run"), *extra]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "unknown method(s) ['nope']" in err and str(list(vlm.methods())) in err, err
+        image_methods = [name for name in vlm.methods() if not vlm.method_info(name).video]
+        assert err.count("\n") == 1 and "unknown method(s) ['nope']" in err and str(image_methods) in err, err
+    assert main(["demo", "vlm", "--methods", "fastv,evs", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "method(s) ['evs'] reduce videos, and the digits VLM sees pictures" in err and err.count("\n") == 1, err
 
 
 def test_running_out_of_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

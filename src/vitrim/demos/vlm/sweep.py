@@ -78,9 +78,15 @@ def available_methods() -> list[str]:
     return [name for name in vlm.methods() if not vlm.method_info(name).video]
 
 
+def _video_methods() -> list[str]:
+    from vitrim import vlm
+
+    return [name for name in vlm.methods() if vlm.method_info(name).video]
+
+
 def check_methods(methods: list[str] | None) -> list[str]:
-    """The methods to sweep (None: every one), each a method of :mod:`vitrim.vlm`, checked before any training:
-    ``ValueError`` naming the unknown ones and the known ones."""
+    """The methods to sweep (None: every image method), each an image method of :mod:`vitrim.vlm`, checked before
+    any training: ``ValueError`` naming the unknown ones (or the video ones) and those the demo takes."""
     known = available_methods()
     if methods is None:
         return known
@@ -89,6 +95,9 @@ def check_methods(methods: list[str] | None) -> list[str]:
     if not methods:
         raise ValueError(f"methods is empty; expected one or more of {known}")
     unknown = [method for method in methods if method not in known]
+    video = [method for method in unknown if method in _video_methods()]
+    if video:
+        raise ValueError(f"method(s) {video} reduce videos, and the digits VLM sees pictures; it takes: {known}")
     if unknown:
         raise ValueError(f"unknown method(s) {unknown} of vitrim.vlm; known: {known}")
     return list(dict.fromkeys(methods))
