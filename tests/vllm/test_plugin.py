@@ -30,5 +30,6 @@ def test_register_adds_both_architectures_and_a_second_call_changes_nothing() ->
 def test_the_registered_classes_subclass_vllms_own() -> None:
     for name, served in ARCHITECTURES.items():
         cls = getattr(importlib.import_module(served.module), name)
-        parent = served.vllm_class
-        assert cls.__mro__[1].__name__ == parent and cls.__mro__[1].__module__.startswith("vllm.model_executor")
+        parent = served.vllm_class  # a direct base (the Qwen classes mix QwenImageTrimming in before it)
+        bases = [base for base in cls.__bases__ if base.__module__.startswith("vllm.model_executor")]
+        assert [base.__name__ for base in bases] == [parent], (name, cls.__bases__)
