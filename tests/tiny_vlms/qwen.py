@@ -181,3 +181,19 @@ def each_alone(prompts: list[tuple[list[list[int]], list[tuple[int, int]]]], inp
         alone.append((one, slice(first_image, first_image + len(one_prompt[1]))))
         first_image, first_patch = first_image + len(one_prompt[1]), first_patch + patches
     return alone
+
+
+def assert_batch_is_each_alone(model: torch.nn.Module, prompts: list, inputs: dict, atol: float = 1e-10) -> None:
+    """``model`` (a vitrim.vlm method applied) on the batch ``inputs`` (``batch(prompts, ...)``) keeps, per image, what
+    it keeps on each prompt alone, and gives each prompt's last-token logits (to ``atol``)."""
+    import vitrim.vlm
+
+    def kept() -> list[list[int]]:
+        return [indices.tolist() for indices in vitrim.vlm.last_selection(model)]
+
+    together = model(**inputs).logits[:, -1]
+    kept_together = kept()
+    for sample, (alone_inputs, images) in enumerate(each_alone(prompts, inputs)):
+        alone = model(**alone_inputs).logits[0, -1]
+        assert kept_together[images] == kept(), sample
+        torch.testing.assert_close(together[sample], alone, rtol=0, atol=atol)

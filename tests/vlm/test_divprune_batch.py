@@ -67,12 +67,7 @@ def test_qwen2_vl_batch_keeps_what_each_prompt_alone_keeps() -> None:
         ([[1], [7]], [(8, 6)]),
     ]
     inputs = qwen.batch(prompts, seed=5)
-    together = model(**inputs).logits[:, -1]
-    kept_together = _kept(model)
-    for sample, (alone_inputs, images) in enumerate(qwen.each_alone(prompts, inputs)):
-        alone = model(**alone_inputs).logits[0, -1]
-        assert kept_together[images] == _kept(model)
-        torch.testing.assert_close(together[sample], alone, rtol=0, atol=1e-10)
+    qwen.assert_batch_is_each_alone(model, prompts, inputs)
 
 
 def test_llava_left_padded_batch_keeps_what_each_prompt_alone_keeps() -> None:

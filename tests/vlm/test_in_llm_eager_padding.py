@@ -50,12 +50,7 @@ def test_pdrop_eager_left_padded_qwen2_vl_batch_equals_each_prompt_alone() -> No
     vitrim.vlm.apply(model, "pdrop", **PDROP)
     prompts = [([[1, 5], [7, 8, 9, 10, 11], [12]], [(4, 4), (4, 6)]), ([[1, 5, 6], [7, 8, 9]], [(4, 6)])]
     inputs = qwen.batch(prompts, seed=0, side="left")
-    together = model(**inputs).logits[:, -1]
-    kept_together = _kept(model)
-    for sample, (alone_inputs, images) in enumerate(qwen.each_alone(prompts, inputs)):
-        alone = model(**alone_inputs).logits[0, -1]
-        assert kept_together[images] == _kept(model)
-        torch.testing.assert_close(together[sample], alone, rtol=0, atol=1e-10)
+    qwen.assert_batch_is_each_alone(model, prompts, inputs)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
