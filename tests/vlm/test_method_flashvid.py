@@ -333,7 +333,7 @@ VIDEOS = [[[1], ("video", (6, 4, 6)), [7], ("video", (3, 4, 4)), [8]]]
 def still_scenes(inputs: dict) -> dict:
     """``inputs`` with the first video's temporal patches 1, 2 near copies of patch 0 and 4, 5 of patch 3 (pixels
     + 1 % noise), so its tokens join trees across temporal patches (random pixels alone make none)."""
-    t, h, w = inputs["video_grid_thw"][0].tolist()
+    _, h, w = inputs["video_grid_thw"][0].tolist()
     pixels = inputs["pixel_values_videos"].clone()
     frame = h * w  # rows per temporal patch (the tiny towers' temporal patch is one frame)
     generator = torch.Generator().manual_seed(7)
