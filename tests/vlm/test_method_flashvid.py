@@ -14,13 +14,15 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from qwen_reference import last_block_query_key, videos_in_raster
 
 import vitrim.vlm
 from tiny_vlms.qwen import BUILDERS, MERGE, VIDEO
 from tiny_vlms.qwen_video import (
     assert_batch_equals_each_alone,
+    deepstack_group_means,
     dropped_media,
-    full_positions,
+    masked_logits,
     media_tokens,
     video_batch,
 )
@@ -286,24 +288,9 @@ def authors_attention(model: torch.nn.Module, inputs: dict) -> list[torch.Tensor
     fused ``qkv`` on the block's (normed) input, the model's rotary on both; per temporal patch the full softmax of
     q·kᵀ/√hd, its mean over heads, then over queries; the mean over each 4 adjacent tower rows (one merged token);
     Qwen2.5-VL's window order undone (their ``reverse_indices``). Their code takes one video; here each in turn."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
-    from transformers.vision_utils import get_vision_window_index
-
-    visual = model.model.visual
-    seen: dict = {}
-    attention = visual.blocks[-1].attn
-
-    def grab(module, args, kwargs):
-        seen.update(hidden=args[0] if args else kwargs["hidden_states"], **kwargs)
-
+    q, k = last_block_query_key(model, inputs)
+    heads = q.shape[1]
     grid = inputs["video_grid_thw"]
-    handle = attention.register_forward_pre_hook(grab, with_kwargs=True)
-    with torch.no_grad():
-        model.model.get_video_features(inputs["pixel_values_videos"], grid)
-    handle.remove()
-    hidden, heads = seen["hidden"], attention.num_heads
-    q, k, _ = attention.qkv(hidden).reshape(len(hidden), 3, heads, -1).permute(1, 0, 2, 3).unbind(0)
-    q, k = apply_rotary_pos_emb_vision(q, k, *seen["position_embeddings"])
     scores, at = [], 0
     for t, h, w in grid.tolist():
         vq = q[at : at + t * h * w].reshape(t, h * w, heads, -1).permute(0, 2, 1, 3)  # (t, H, hw, hd)
@@ -311,18 +298,7 @@ def authors_attention(model: torch.nn.Module, inputs: dict) -> list[torch.Tensor
         weights = torch.softmax(vq @ vk.transpose(-1, -2) / vq.shape[-1] ** 0.5, dim=-1).mean(1).mean(1)  # (t, hw)
         scores.append(weights.reshape(t, h * w // 4, 4).mean(-1).reshape(-1))
         at += t * h * w
-    salience = torch.cat(scores)
-    if hasattr(visual, "fullatt_block_indexes"):
-        window_index, _ = get_vision_window_index(
-            grid, visual.spatial_merge_size, visual.window_size, visual.patch_size
-        )
-        salience = salience[torch.argsort(window_index)]
-    out, at = [], 0
-    for t, h, w in grid.tolist():
-        count = t * (h // MERGE) * (w // MERGE)
-        out.append(salience[at : at + count].reshape(t, -1))
-        at += count
-    return out
+    return videos_in_raster(model, grid, torch.cat(scores), MERGE)  # Qwen2.5-VL: their reverse_indices
 
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
@@ -361,19 +337,26 @@ def the_authors_on_the_model(model: torch.nn.Module, inputs: dict) -> list[tuple
     return found
 
 
-@pytest.mark.parametrize("family", families("qwen2_5_vl"))
-def test_on_the_model_the_llm_gets_the_authors_tokens(family: str) -> None:
-    model = BUILDERS[family]()
-    inputs = still_scenes(video_batch(VIDEOS, qwen3=family == "qwen3_vl"))
-    expected = the_authors_on_the_model(model, inputs)
-    vitrim.vlm.apply(model, "flashvid", **OPTIONS)
-    seen: dict = {}  # the LLM's input after vitrim's pre-hook shortened it (hooks run in the order they were added)
+def llm_input(model: torch.nn.Module, inputs: dict) -> dict:
+    """The keyword arguments the LLM gets on ``model(**inputs)``, after vitrim's pre-hook shortened them (hooks run in
+    the order they were added: this one after vitrim's)."""
+    seen: dict = {}
     handle = model.model.language_model.register_forward_pre_hook(
         lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True
     )
     with torch.no_grad():
         model(**inputs)
     handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("family", families("qwen2_5_vl"))
+def test_on_the_model_the_llm_gets_the_authors_tokens(family: str) -> None:
+    model = BUILDERS[family]()
+    inputs = still_scenes(video_batch(VIDEOS, qwen3=family == "qwen3_vl"))
+    expected = the_authors_on_the_model(model, inputs)
+    vitrim.vlm.apply(model, "flashvid", **OPTIONS)
+    seen = llm_input(model, inputs)
     kept = vitrim.vlm.last_selection(model)
     assert [k.tolist() for k in kept] == [k.tolist() for k, _ in expected]
     short_ids = inputs["input_ids"][0][~dropped_media(inputs, kept)[0]]
@@ -401,20 +384,13 @@ def test_the_pruned_model_equals_masking_with_the_authors_embeddings_written(fam
             start += count
         output.pooler_output = rows
         if getattr(output, "deepstack_features", None):  # Qwen3-VL: vitrim's convention, the mean of the group's
-            start, deep = 0, [d.clone() for d in output.deepstack_features]
-            for video, count in enumerate(counts):
-                for slot, group in zip(kept[video].tolist(), groups[video], strict=True):
-                    for out, source in zip(deep, output.deepstack_features, strict=True):
-                        out[start + slot] = source[start + group].mean(0)
-                start += count
-            output.deepstack_features = deep
+            output.deepstack_features = deepstack_group_means(output.deepstack_features, kept, groups, counts)
         return output
 
     dropped = dropped_media(inputs, kept)
     handle = model.model.visual.register_forward_hook(write, with_kwargs=True)
-    mask = inputs["attention_mask"] * (~dropped).long()
     with torch.no_grad():
-        reference = model(**{**inputs, "attention_mask": mask, "position_ids": full_positions(model, inputs)}).logits
+        reference = masked_logits(model, inputs, dropped)
     handle.remove()
     assert bool(dropped.any())
     torch.testing.assert_close(pruned[0], reference[0, ~dropped[0]], rtol=0, atol=1e-12)
@@ -445,13 +421,7 @@ def test_the_in_llm_stage_keeps_the_ceiling_of_the_ratio_by_the_last_tokens_atte
     model = BUILDERS["qwen2_5_vl"]()
     inputs = video_batch(VIDEOS)
     vitrim.vlm.apply(model, "flashvid", **OPTIONS)
-    seen: dict = {}
-    handle = model.model.language_model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True
-    )
-    with torch.no_grad():
-        model(**inputs)
-    handle.remove()
+    seen = llm_input(model, inputs)
     entered = vitrim.vlm.last_selection(model)
     vitrim.vlm.apply(model, "flashvid_llm", layer=1)
     with torch.no_grad():
