@@ -40,7 +40,6 @@ Where vitrim differs from that code (docs/video.md says the same):
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from torch.nn import functional as F
 from vitrim.vlm.method.base import ImageSelection, VisionEvidence, register_method
 from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.density_peaks import density_peaks
-from vitrim.vlm.method.video_rate import VideoMethod, video_tokens
+from vitrim.vlm.method.video_rate import VideoMethod, sizes_from_cuts, video_tokens
 
 NEIGHBOURS = 4  # the density's k nearest (the token itself among them), the authors' constant
 OPTION_RANGES: dict[str, tuple[bool, Callable[[float], bool], float | None, str]] = {  # integer?, low, high, words
@@ -78,12 +77,6 @@ class FastVIDOptions:
     STPrune_d: float
     DTM_p: int
     DTM_beta: float
-
-
-def sizes_from_cuts(cuts: list[int], length: int) -> list[int]:
-    """Segment sizes of ``length`` items cut after each (sorted, distinct) index in ``cuts``."""
-    bounds = [-1, *cuts, length - 1]
-    return [after - before for before, after in itertools.pairwise(bounds) if after > before]
 
 
 def dyseg(similarity: Tensor, count: int, threshold: float) -> list[int]:

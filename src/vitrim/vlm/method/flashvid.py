@@ -67,8 +67,7 @@ from torch.nn import functional as F
 from vitrim.vlm.method.base import ImageSelection, VisionEvidence, register_method
 from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.density_peaks import peak_scores, token_distances
-from vitrim.vlm.method.fastvid import sizes_from_cuts
-from vitrim.vlm.method.video_rate import VideoMethod, video_tokens
+from vitrim.vlm.method.video_rate import VideoMethod, sizes_from_cuts, video_tokens
 
 SELECTIONS = ("attn_div", "attn_div_v2", "attn", "div")  # ADTS v1, v2; attention alone; diversity alone
 ATTENTION_SCALE = 1e6  # theirs: the attention ×1e6 before it scales the distances ("to avoid numerical issues")
