@@ -60,7 +60,7 @@ def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callabl
 
 def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[Any]:
     """One ``generate`` over ``requests`` ({"prompt", "images": [PNG paths], "videos": [{"frames": .npy path,
-    "fps"}]}, "videos" optional); the RequestOutputs in order."""
+    "fps"}]}, "videos" and "mm_processor_kwargs" optional); the RequestOutputs in order."""
     from vllm import SamplingParams
 
     prompts = []
@@ -68,6 +68,8 @@ def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[An
         images = [Image.open(path).convert("RGB") for path in request["images"]]
         videos = [video_item(clip) for clip in request.get("videos", [])]
         prompt: dict[str, Any] = {"prompt": request["prompt"]}
+        if "mm_processor_kwargs" in request:  # e.g. {"vitrim": {"keep": 4}}: this request's own keep
+            prompt["mm_processor_kwargs"] = request["mm_processor_kwargs"]
         data: dict[str, Any] = {}
         if images:
             data["image"] = images if len(images) > 1 else images[0]

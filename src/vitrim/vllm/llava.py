@@ -2,8 +2,10 @@
 
 A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, at the seams vLLM gives a model:
 
-- **How many placeholders an image gets** (the processing info's ``get_num_image_tokens``): ``keep`` instead of
-  the grid's N, decided from the options alone (vLLM lays out the prompt before the tower runs);
+- **How many placeholders an image gets** (the processor's prompt updates): ``keep`` instead of the grid's N,
+  decided from the options alone (vLLM lays out the prompt before the tower runs): the engine's, or the request's own
+  (``mm_processor_kwargs={"vitrim": {"keep": …}}``, :func:`vitrim.vllm.options.request_options`), which then travels
+  to the tower beside the image's pixels (a ``vitrim_keep`` field per image);
 - **Which features fill them** (``embed_multimodal``): the tower runs as vLLM's does, and vitrim.vlm's one encoder
   seam (:mod:`vitrim.vlm.stages.capture`) taps its scoring layer (:func:`read_cls_attention`: vLLM's fused ``qkv``),
   selects, and writes merged features and VisionZip's [CLS] into their slots before the projector, as on
@@ -18,6 +20,7 @@ and is refused when the engine starts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,13 +34,16 @@ from vllm.model_executor.models.llava import (
     LlavaProcessingInfo,
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.parse import ImageProcessorItems
+from vllm.multimodal.processing import PromptReplacement
 
 from vitrim.vllm.compat import check_vllm_version
-from vitrim.vllm.options import TrimOptions, trim_options
+from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
-from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
+from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
 
@@ -94,24 +100,62 @@ def llava_trim_options(hf_config: Any) -> TrimOptions:
     return options
 
 
-class TrimmedLlavaProcessingInfo(LlavaProcessingInfo):
-    """vLLM's LLaVA processing info with ``keep`` placeholders per image."""
-
-    def get_num_image_tokens(self, *, image_width: int, image_height: int) -> int:
-        full = super().get_num_image_tokens(image_width=image_width, image_height=image_height)
-        return llava_trim_options(self.get_hf_config()).tokens(full)
+def image_tokens(hf_config: Any) -> int:
+    """N, the image tokens of a LLaVA-1.5 image (every image is resized to the tower's size)."""
+    vision = hf_config.vision_config
+    return int((vision.image_size // vision.patch_size) ** 2)
 
 
-def trimmed_llava_info(ctx: Any) -> TrimmedLlavaProcessingInfo:
-    """The processing info, its options checked first (the front end builds it when the engine starts): on the
+def trimmed_llava_info(ctx: Any) -> LlavaProcessingInfo:
+    """vLLM's processing info, the options checked first (the front end builds it when the engine starts): on the
     untyped config, so another family's checkpoint gets vitrim's line (naming its model_type) before vLLM's typed
-    getter refuses it with a ``TypeError``."""
+    getter refuses it with a ``TypeError``. Its ``get_num_image_tokens`` stays the grid's N, the most a request can
+    ask for, which vLLM's profiling and encoder budget read."""
     llava_trim_options(ctx.get_hf_config())
-    return TrimmedLlavaProcessingInfo(ctx)
+    return LlavaProcessingInfo(ctx)
+
+
+class TrimmedLlavaProcessor(LlavaMultiModalProcessor):
+    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image, and that ``keep`` handed to the
+    model beside the pixels (``vitrim_keep``, one int per image)."""
+
+    def request_keep(self, hf_kwargs: Mapping[str, object]) -> int:
+        config = self.info.get_hf_config()
+        return request_options(llava_trim_options(config), hf_kwargs).tokens(image_tokens(config))
+
+    def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> Any:
+        # the 'vitrim' entry is vitrim's, not an option of transformers' processor
+        return super()._call_hf_processor(hf_data, {k: v for k, v in hf_kwargs.items() if k != "vitrim"})
+
+    def _postprocess_hf_mm_data(
+        self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object], processed_data: Any
+    ) -> Any:
+        processed = super()._postprocess_hf_mm_data(hf_data, hf_kwargs, processed_data)
+        pixels = processed.get("pixel_values")
+        if pixels is not None:
+            processed["vitrim_keep"] = torch.full((len(pixels),), self.request_keep(hf_kwargs), dtype=torch.long)
+        return processed
+
+    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]) -> Any:
+        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
+        return fields | {"vitrim_keep": MultiModalFieldConfig.batched("image")}
+
+    def _get_prompt_updates(
+        self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, object], out_mm_kwargs: Any
+    ) -> Sequence[PromptReplacement]:
+        image_token_id = self.info.get_hf_config().image_token_index
+        keep = self.request_keep(hf_processor_mm_kwargs)
+
+        def replacement(item: int) -> list[int]:
+            if not isinstance(mm_items.get_items("image", object), ImageProcessorItems):
+                raise ValueError("vitrim: trimmed LLaVA selects from the tower's evidence; send images, not embeddings")
+            return [image_token_id] * keep
+
+        return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
 
 
 @MULTIMODAL_REGISTRY.register_processor(
-    LlavaMultiModalProcessor, info=trimmed_llava_info, dummy_inputs=LlavaDummyInputsBuilder
+    TrimmedLlavaProcessor, info=trimmed_llava_info, dummy_inputs=LlavaDummyInputsBuilder
 )
 class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
     """vLLM's LLaVA-1.5 whose images hand the LLM the ``keep`` tokens a vitrim.vlm method selects."""
@@ -121,16 +165,14 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         options = llava_trim_options(config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         vision = config.vision_config
-        self.vitrim_grid = (vision.image_size // vision.patch_size) ** 2
+        self.vitrim_grid = image_tokens(config)
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
         method = options.method
-        self.vitrim_hand_on = HandOn(
-            method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count))
-        )
         self.vitrim_taps: Taps | None = None
-        if (method.needs_cls_attention or method.uses_cls_token) and self.vitrim_keep < self.vitrim_grid:
+        # the taps run on every image: a request may ask for fewer tokens than the engine's keep
+        if method.needs_cls_attention or method.uses_cls_token:
             if get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(
                     f"vitrim: method {method.name!r} reads the tower's [CLS] attention over all heads; "
@@ -150,16 +192,20 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, N, D)
         assert isinstance(features, Tensor)
         seeds = image_seeds(pixels)  # (I,)
-        method, keep = self.vitrim_options.method, self.vitrim_keep
-        if keep == features.shape[1]:  # every token stays: the model runs as vLLM's
-            for seed in seeds.tolist():
-                self.vitrim_record.add(seed, torch.arange(keep))
-            return tuple(self.multi_modal_projector(features).unbind(0))
+        method = self.vitrim_options.method
+        asked = kwargs.get("vitrim_keep")  # each image's request's keep (the processor's), or the engine's
+        keeps = [self.vitrim_keep] * len(pixels) if asked is None else torch.as_tensor(asked).flatten().tolist()
         taps = self.vitrim_taps
         attention = None if taps is None else taps.take_attention()
+        cls_row = None if taps is None else taps.take_cls_row()
+        if all(keep == features.shape[1] for keep in keeps):  # every token stays: the model runs as vLLM's
+            for seed in seeds.tolist():
+                self.vitrim_record.add(seed, torch.arange(features.shape[1]))
+            return tuple(self.multi_modal_projector(features).unbind(0))
         cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
-        selections, written = self.vitrim_hand_on.run(
+        hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        selections, written = hand_on.run(
             features,
             values=features if projected is None else None,
             project=lambda states: states,
@@ -167,7 +213,7 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
             keys=keys,
             seeds=seeds,
             projected=projected,
-            cls_feature=None if taps is None else taps.take_cls_row(),
+            cls_feature=cls_row,
         )
         if projected is None:
             projected = self.multi_modal_projector(features if written is None else written)  # (I, N, E)

@@ -16,7 +16,7 @@ same values. Every error is one line starting ``vitrim:`` and naming the value, 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import vitrim.vlm  # noqa: F401  (registers every method)
@@ -103,3 +103,28 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: {error}") from None
     return TrimOptions(method=method, keep=spec)
+
+
+REQUEST_EXAMPLE = '{"vitrim": {"keep": 32}}'
+
+
+def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, object]) -> TrimOptions:
+    """The options of one request: the engine's, with the ``keep`` of the request's
+    ``mm_processor_kwargs={"vitrim": {"keep": …}}`` where it gives one. Only ``keep`` is taken per request: it decides
+    the request's placeholders in the front end and travels to the tower with the request's pixels; the method and
+    its other options are the engine's. ``ValueError`` (one line) for anything else, which fails that request alone."""
+    raw = mm_processor_kwargs.get("vitrim")
+    if raw is None:
+        return engine
+    if not isinstance(raw, Mapping) or set(raw) != {"keep"}:
+        raise ValueError(
+            f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' alone (e.g. {REQUEST_EXAMPLE}; the "
+            f"method and its options are the engine's), got {raw!r:.80}"
+        )
+    try:
+        spec = parse_keep(raw["keep"])
+        if spec.count is not None:
+            engine.method.check_keep(spec.count)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"vitrim: this request's {error}") from None
+    return replace(engine, keep=spec)

@@ -126,6 +126,8 @@ def _options_note(methods: list[str]) -> str:
     if "pdrop" in used:
         note += (" PyramidDrop takes no `keep`: at fraction f it gets `ratios=(2f, f, f/2)` (the authors' halving, "
                  "the middle stage at f; their default is f = 0.25).")  # fmt: skip
+    if "flashvid_llm" in used:
+        note += " FlashVID's in-LLM stage takes no `keep`: at fraction f it gets `llm_retention_ratio=f`."
     return note
 
 

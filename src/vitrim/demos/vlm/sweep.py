@@ -32,6 +32,7 @@ DEMO_OPTIONS: dict[str, dict[str, Any]] = {
     "dart": {"layer": 2},
     "pdrop": {"layers": (1, 2, 3)},  # PyramidDrop's stages at 8/16/24 of 32 layers: a quarter, half, 3/4 deep
     "hiprune": {"object_layer": 2},  # the authors' layer 9 of CLIP-L's 24: a middle layer of the tower's 4
+    "flashvid_llm": {"layer": 2},  # as FastV's K (the authors' 20 of Qwen2.5-VL's 28 would leave no layer here)
 }
 
 
@@ -50,10 +51,13 @@ def method_options(method: str, fraction: str, seed: int | None = None) -> dict[
 def demo_options(method: str, keep: float) -> dict[str, Any]:
     """The options the demo passes ``method`` asked to keep ``keep`` image tokens (a count, or a fraction of the 64 as
     a float): ``keep=`` and DEMO_OPTIONS; PyramidDrop, which takes no ``keep``, gets its geometric halving with the
-    middle stage at the kept fraction f: ``ratios=(2f, f, f/2)`` (the authors' (0.5, 0.25, 0.125) is f = 0.25)."""
+    middle stage at the kept fraction f: ``ratios=(2f, f, f/2)`` (the authors' (0.5, 0.25, 0.125) is f = 0.25), and
+    FlashVID's in-LLM stage ``llm_retention_ratio=f``."""
     if method == "pdrop":
         f = keep / IMAGE_TOKENS if isinstance(keep, int) else keep
         return {**DEMO_OPTIONS[method], "ratios": (min(1.0, 2 * f), f, f / 2)}
+    if method == "flashvid_llm":  # its count is a share of the image's tokens, ⌈N·r⌉, not keep=
+        return {**DEMO_OPTIONS[method], "llm_retention_ratio": keep / IMAGE_TOKENS if isinstance(keep, int) else keep}
     return {"keep": keep, **DEMO_OPTIONS.get(method, {})}
 
 

@@ -18,6 +18,7 @@ q/k on is :mod:`vitrim.vlm.evidence`'s.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -199,6 +200,23 @@ def select_keeping(selector: Selector, evidence: VisionEvidence, keep: int) -> l
     if keep == num_tokens:
         return [keep_all(num_tokens, evidence.features.device) for _ in range(evidence.features.shape[0])]
     return selector.select(evidence, keep)
+
+
+def select_keeping_each(selector: Selector, evidence: VisionEvidence, keeps: list[int]) -> list[ImageSelection]:
+    """Image i keeps ``keeps[i]`` tokens (an engine whose requests each ask their own ``keep``): one selection over
+    the run where every image asks the same, else image by image on its own rows of the evidence (every method
+    selects each image alone, so a batch selects what each image would alone)."""
+    if len(set(keeps)) == 1:
+        return select_keeping(selector, evidence, keeps[0])
+    selections = []
+    for image, keep in enumerate(keeps):
+        rows = {
+            field.name: value[image : image + 1]
+            for field in dataclasses.fields(evidence)
+            if isinstance(value := getattr(evidence, field.name), Tensor)
+        }
+        selections += select_keeping(selector, dataclasses.replace(evidence, **rows), keep)
+    return selections
 
 
 def write_merged(
