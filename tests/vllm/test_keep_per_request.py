@@ -66,9 +66,7 @@ def test_each_request_keeps_its_own_count_together_and_alone(work: Path, request
         assert list(again.outputs[0].token_ids) == list(alone[1].outputs[0].token_ids)
         return together, alone, kept, str(refused.value)
 
-    together, alone, kept, refusal = with_engine(
-        folder, overrides(ARCHITECTURE, "visionzip", keep=ENGINE_KEEP), run
-    )
+    together, alone, kept, refusal = with_engine(folder, overrides(ARCHITECTURE, "visionzip", keep=ENGINE_KEEP), run)
     assert "vitrim: this request's keep=0" in refusal, refusal
     specs = [
         {
