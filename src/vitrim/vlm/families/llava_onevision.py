@@ -1,0 +1,461 @@
+"""LLaVA-OneVision (transformers' ``LlavaOnevisionForConditionalGeneration``): anyres images as LLaVA-NeXT's, and
+videos of pooled frames with one newline token.
+
+The model (transformers ≥ 5): ``model.model.vision_tower`` (SigLIP, no [CLS]; ``vision_feature_layer`` −1 and the
+"full" strategy in every released checkpoint: all p×p patches, 27×27 at 384 px) → ``multi_modal_projector`` →
+
+- **images** (``pixel_values``, ``image_sizes``, ``batch_num_images``): LLaVA-NeXT's tiles and packing
+  (:mod:`vitrim.vlm.families.llava_next`: a base view, a grid of crops unpadded to the picture's aspect ratio with
+  one newline token per row; a prompt of several images gets the base view of each and one newline after it).
+  Selected per tile as there (``keep=`` per tile of N = p² tokens), mapped onto the packed tokens, newline tokens
+  always kept. A grid of more tokens than ``vision_aspect_ratio`` allows ("anyres_max_9": nine tiles' worth) is
+  shrunk bilinearly by transformers, so its tokens are no tile's: such an image keeps all its tokens or is refused
+  in one line (vitrim does not select in the shrunk grid);
+- **videos** (``pixel_values_videos`` (V, F, C, H, W)): every frame runs through the tower alone as an image, then
+  the projector, then ``apply_pooling``: a bilinear resize of its p×p grid to h′×w′ = ⌈p/2⌉×⌈p/2⌉ (14×14 = 196
+  tokens at 384 px); a video's LLM tokens are its F pooled grids in frame order, then ONE ``image_newline`` token
+  after the last frame (``get_video_features``; the processor writes F·h′·w′ + 1 video tokens). That is the video's
+  index space in ``last_selection``: ``f·P′ + row·w′ + column`` (P′ = h′·w′), then index F·P′, the newline.
+
+What vitrim does with a video (the Qwen conventions of ``docs/video.md``, where a frame is a temporal patch):
+
+- a **frame** is one sampled frame, its pooled h′×w′ grid (each frame is its own tower run: there is no temporal
+  patch). A video method (``reads_time``: ``evs``, ``vidcom2``, ``temporal_downsample``) selects over the video's
+  F·P′ pooled tokens, the LLM's own rows: ``evs`` compares a token with the same cell one frame earlier, ``vidcom2``
+  budgets per frame, ``temporal_downsample`` keeps every stride-th frame; images in the prompt keep every token;
+- an image method selects on each frame as on an image (``keep=`` per frame, counted among its P′ pooled tokens;
+  the frames' seeds from their own pixels), with evidence on the pooled grid: the attention each patch receives at
+  the tower's scoring layer (the layer that makes the feature layer; SigLIP has no [CLS], so the received
+  attention stands for [CLS]'s row, as on Gemma 3) and its keys, resized by the same bilinear interpolation
+  (:func:`~vitrim.vlm.evidence.pooled.resize_to_tokens`); its features are the pooled tokens themselves (the
+  projector runs before the pooling), so a merged token is the mean of its group's pooled tokens, written as it is;
+- the newline token is always kept and is never a frame's token: not counted by ``keep=``, not scored, not in a
+  video method's count (whose rate is of the F·P′ frame tokens);
+- the LLM has 1-D positions: a shortened prefill is just shorter (``positions="authors"``, the default: the kept
+  tokens numbered contiguously; ``"original"``: each at its unpruned position, a drop equal to masking its key).
+
+Where it taps (the capture → select → write sequence is :mod:`vitrim.vlm.stages.capture`'s; the prefill, the
+shortened LLM input and decoding are the pre-LLM stage's): the tower's pixels (seeds) and its scoring layer's
+attention input; the projector's input for image tiles (LLaVA's seam; skipped while a video is encoded); the output
+of the model's own ``get_video_features`` (an instance attribute wraps it while installed; ``generate()`` encodes
+before its first forward through the same attribute).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vitrim.vlm.evidence.pooled import resize_to_tokens
+from vitrim.vlm.families.gemma3 import read_received_attention
+from vitrim.vlm.families.llava_next import NEWLINE, LlavaNextAdapter, tiles_to_image
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.capture import EncoderSeam, Taps, keep_all
+from vitrim.vlm.stages.contract import FamilyTraits, Prefill
+from vitrim.vlm.stages.inputs import input_ids_of
+from vitrim.vlm.stages.pre_llm import repeated_images
+from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+
+MODALITIES = (("image", "pixel_values", 1), ("video", "pixel_values_videos", 3))  # name, pixels, forward position
+
+
+class LlavaOnevisionAdapter(LlavaNextAdapter):
+    """The seams of one ``LlavaOnevisionForConditionalGeneration`` instance (see the module docstring)."""
+
+    traits = FamilyTraits(
+        classes=("LlavaOnevisionForConditionalGeneration",),
+        title="LLaVA-OneVision (LlavaOnevisionForConditionalGeneration)",
+        stages=("pre_llm", "in_llm"),
+        video=True,
+    )
+    cls_to_llm = False  # SigLIP has no [CLS]
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.batch_num_images: Tensor | None = None  # of the last get_image_features call
+        self.encoding_video = False  # while the model's get_video_features runs (the projector hooks stand aside)
+        self.chosen: dict[str, list[ImageSelection]] = {}  # per modality, the last encoder run's selections
+        self.video_counts: list[int] = []  # LLM tokens per video of the last video run (F·P′ + 1)
+
+    def tile_tokens(self) -> int:
+        """Tokens of one tile (and of one frame) entering the projector: SigLIP's p² patches ("full")."""
+        vision = self.config.vision_config
+        return int((vision.image_size // vision.patch_size) ** 2)
+
+    def pooled_grid(self) -> tuple[int, int]:
+        """(h′, w′): a video frame's pooled token grid, ⌈p/2⌉ × ⌈p/2⌉ (``apply_pooling``)."""
+        vision = self.config.vision_config
+        side = math.ceil(vision.image_size // vision.patch_size / 2)
+        return side, side
+
+    # images: LLaVA-NeXT's tiles, with OneVision's multi-image rule and its shrinking of large grids
+
+    def tiles_of(self, image_sizes: Tensor, batch_num_images: Tensor | None = None) -> list[int]:
+        """Tiles per image: the anyres count, or one (the base view) for the images of a prompt of several."""
+        patched = super().tiles_of(image_sizes)
+        if batch_num_images is None:
+            return patched
+        several = [int(n) > 1 for n in batch_num_images.tolist() for _ in range(int(n))]
+        return [1 if many else count for count, many in zip(patched, several, strict=True)]
+
+    def packed_numbers(self, image_sizes: Tensor, batch_num_images: Tensor | None = None) -> list[Tensor]:
+        """Per image (T_i,) float64: transformers' own packing of the tile token numbers ``tile · N + token`` (NEWLINE
+        at the newline tokens); a value that is not a whole number is a bilinear mix of tokens (a shrunk grid)."""
+        tiles = self.tiles_of(image_sizes, batch_num_images)
+        tokens = self.tile_tokens()
+        numbers = [torch.arange(count * tokens, dtype=torch.float64).view(count, tokens, 1) for count in tiles]
+        newline = torch.tensor([float(NEWLINE)], dtype=torch.float64)
+        packed, _ = self.inner.pack_image_features(
+            numbers, image_sizes.cpu(), image_newline=newline, vision_aspect_ratio=self.config.vision_aspect_ratio
+        )
+        return [image[:, 0] for image in packed]
+
+    def token_maps(self, image_sizes: Tensor, batch_num_images: Tensor | None = None) -> list[Tensor]:
+        """Per image (T_i,) long: the tile token each LLM token shows, or NEWLINE (``ValueError`` for a shrunk grid,
+        whose tokens are no tile's)."""
+        maps = []
+        for size, numbers in zip(image_sizes.tolist(), self.packed_numbers(image_sizes, batch_num_images), strict=True):
+            if not torch.equal(numbers, numbers.round()):
+                raise ValueError(shrunk_grid(size, self.config.vision_aspect_ratio))
+            maps.append(numbers.long())
+        return maps
+
+    def see_image_sizes(self) -> Callable[[], None]:
+        """Wrap ``get_image_features`` on the instance to remember ``image_sizes`` and ``batch_num_images`` (generate()
+        hands them to it and not to the forward); returns the undo."""
+        original = self.inner.get_image_features
+
+        @functools.wraps(original)  # generate() reads its signature to pick the arguments it passes
+        def get_image_features(*args: Any, **kwargs: Any) -> Any:
+            sizes = kwargs.get("image_sizes", args[1] if len(args) > 1 else None)
+            counts = kwargs.get("batch_num_images", args[5] if len(args) > 5 else None)
+            self.image_sizes = None if sizes is None else torch.as_tensor(sizes)
+            self.batch_num_images = None if counts is None else torch.as_tensor(counts)
+            return original(*args, **kwargs)
+
+        self.inner.get_image_features = get_image_features
+
+        def undo() -> None:
+            if self.inner.__dict__.get("get_image_features") is get_image_features:
+                del self.inner.get_image_features
+
+        return undo
+
+    def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        """The in-LLM stage's spans: the images' packed tokens; a video's tokens are text to it (as on Qwen)."""
+        undo_sizes = self.see_image_sizes()
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            prefill = self.prefill_of(args, kwargs, forget=False)
+            if prefill is None:
+                return
+            is_image: Tensor = prefill.input_ids == self.config.image_token_id  # (B, L)
+            counts = self.image_counts(prefill) if "image" in prefill.extras["modalities"] else []
+            on_prefill(spans_from_mask(is_image, counts))
+
+        handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
+
+        def remove() -> None:
+            handle.remove()
+            undo_sizes()
+
+        return remove
+
+    def image_counts(self, prefill: Prefill) -> list[int]:
+        """LLM tokens of each image of ``prefill``, in the batch's reading order (beams repeat a prompt's images)."""
+        extras = prefill.extras
+        counts = [len(numbers) for numbers in self.packed_numbers(extras["image_sizes"], extras["batch_num_images"])]
+        is_image: Tensor = prefill.input_ids == self.config.image_token_id
+        return [counts[i] for i in repeated_images(counts, is_image.sum(1).tolist())]
+
+    # the pre-LLM stage's seams
+
+    def prefill_of(self, args: tuple[Any, ...], kwargs: dict[str, Any], forget: bool = True) -> Prefill | None:
+        """The prefill of a forward with images or videos (as pixels or as ``mm_encoder_outputs``); ``forget``: drop
+        the selections of an earlier run of each modality whose pixels this forward encodes anew."""
+        encoded = kwargs.get("mm_encoder_outputs") or {}
+        pixels = {name: kwargs.get(key, args[at] if len(args) > at else None) for name, key, at in MODALITIES}
+        modalities = tuple(name for name, _, _ in MODALITIES if pixels[name] is not None or name in encoded)
+        if not modalities:
+            return None
+        input_ids = input_ids_of(args, kwargs)
+        extras: dict[str, Any] = {"modalities": modalities}
+        if "image" in modalities:
+            sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
+            sizes = sizes if sizes is not None else self.image_sizes
+            if sizes is None:
+                raise ValueError("vitrim.vlm needs the image_sizes of a LLaVA-OneVision prefill with images")
+            counts = kwargs.get("batch_num_images", self.batch_num_images)
+            extras["image_sizes"] = torch.as_tensor(sizes)
+            extras["batch_num_images"] = None if counts is None else torch.as_tensor(counts)
+        if forget:
+            for name in modalities:
+                if pixels[name] is not None:
+                    self.chosen.pop(name, None)
+        media = (input_ids == self.config.image_token_id) | (input_ids == self.config.video_token_id)
+        runs_tower = any(value is not None for value in pixels.values())
+        return Prefill(input_ids, kwargs.get("attention_mask"), runs_tower, extras, media)
+
+    def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
+        method = stage.method
+        if method.needs_query_attention:
+            raise TypeError(
+                f"vlm method {method.name!r} reads Qwen's tower (the mean query of each temporal patch); vitrim.vlm "
+                "has no LLaVA-OneVision form of it (its authors' LLaVA-OneVision code budgets per frame otherwise)"
+            )
+        stage.keep_of(self.tile_tokens())  # keep counts per tile or frame: checked against a tile's tokens
+        selection = OnevisionSelection(self, stage)
+        return [*selection.hooks(), self.see_image_sizes(), self.watch_videos(selection)]
+
+    def watch_videos(self, selection: OnevisionSelection) -> Callable[[], None]:
+        """Wrap the model's ``get_video_features`` (an instance attribute, its class untouched): the projector hooks
+        stand aside while it runs, then ``selection`` selects on its pooled output; returns the undo."""
+        inner = self.inner
+        original = inner.get_video_features
+
+        @functools.wraps(original)  # its signature: generate() reads which inputs it takes
+        def get_video_features(*args: Any, **kwargs: Any) -> Any:
+            pixels = kwargs.get("pixel_values_videos", args[0] if args else None)
+            if selection.stage.method.reads_instruction():
+                raise ValueError(
+                    f"vlm method {selection.stage.method.name!r} reads the prompt; on LLaVA-OneVision vitrim.vlm runs "
+                    "it on images only (a video's newline token would be one of its candidates)"
+                )
+            self.encoding_video = True
+            try:
+                output = original(*args, **kwargs)
+            finally:
+                self.encoding_video = False
+            return selection.on_videos(pixels, output)
+
+        inner.get_video_features = get_video_features
+
+        def undo() -> None:
+            if inner.__dict__.get("get_video_features") is get_video_features:
+                del inner.get_video_features
+
+        return undo
+
+    def image_tokens(
+        self, prefill: Prefill, selections: list[ImageSelection]
+    ) -> tuple[list[ImageSelection], list[int]]:
+        """The selections and LLM token counts of the prompt's images and videos in reading order (the tower encodes
+        all images, then all videos; ``selections`` is the last run's, so each modality's are read from
+        :attr:`chosen`)."""
+        records: dict[int, tuple[list[ImageSelection], list[int]]] = {}
+        for modality in prefill.extras["modalities"]:
+            if modality not in self.chosen:
+                raise ValueError(f"vitrim.vlm saw no {modality} of this prompt encoded after vitrim.vlm.apply")
+        if "image" in prefill.extras["modalities"]:
+            records[int(self.config.image_token_id)] = self.packed_images(prefill)
+        if "video" in prefill.extras["modalities"]:
+            records[int(self.config.video_token_id)] = (self.chosen["video"], self.video_counts)
+        assert prefill.media is not None
+        return media_in_reading_order(prefill.input_ids, prefill.media, records)
+
+    def packed_images(self, prefill: Prefill) -> tuple[list[ImageSelection], list[int]]:
+        """The images' selections over their packed tokens (from their tiles') and their LLM token counts."""
+        sizes, several = prefill.extras["image_sizes"], prefill.extras["batch_num_images"]
+        tiles = self.tiles_of(sizes, several)
+        chosen = self.chosen["image"]
+        if sum(tiles) != len(chosen):
+            raise ValueError(f"the images have {sum(tiles)} tiles but vitrim.vlm selected tokens for {len(chosen)}")
+        tokens = self.tile_tokens()
+        images, counts = [], []
+        start = 0
+        for size, count, numbers in zip(sizes.tolist(), tiles, self.packed_numbers(sizes, several), strict=True):
+            own = chosen[start : start + count]
+            start += count
+            counts.append(len(numbers))
+            if torch.equal(numbers, numbers.round()):
+                images.append(tiles_to_image(own, numbers.long(), tokens))
+            elif all(len(tile.kept) == tokens and tile.merged is None for tile in own):
+                images.append(keep_all(len(numbers), own[0].kept.device))  # a shrunk grid, every token kept
+            else:
+                raise ValueError(shrunk_grid(size, self.config.vision_aspect_ratio))
+        return images, counts
+
+
+class OnevisionSelection:
+    """Where LLaVA-OneVision hands on its tokens: the projector's input for image tiles (LLaVA's seam, through the
+    projector), the pooled output of ``get_video_features`` for video frames; the taps of
+    :class:`~vitrim.vlm.stages.capture.Taps` on the tower serve both (the tower runs once per modality)."""
+
+    def __init__(self, adapter: LlavaOnevisionAdapter, stage: EncoderSeam) -> None:
+        self.adapter, self.stage = adapter, stage
+        scoring = adapter.scoring_layer()
+        reader = functools.partial(read_received_attention, 1)  # per patch: images select per tile token
+        self.taps = Taps(
+            stage.method,
+            tower=adapter.inner.vision_tower,
+            scoring=None if scoring is None else (scoring.self_attn, reader),
+        )
+        self.features: Tensor | None = None
+        stage.taps.append(self.taps)
+
+    def hooks(self) -> list[Callable[[], None]]:
+        projector = self.adapter.inner.multi_modal_projector
+        handles = [
+            projector.register_forward_pre_hook(self.on_projector),
+            projector.register_forward_hook(self.after_projector),
+        ]
+        return [handle.remove for handle in handles] + [self.taps.remove]
+
+    def captured(self) -> dict[str, Any]:
+        """What the taps saw in this tower run, as :meth:`HandOn.run`'s keyword arguments."""
+        attention = self.taps.take_attention()
+        received, keys = (None, None) if attention is None else attention
+        return {"attention": received, "keys": keys, "seeds": self.taps.seeds}
+
+    def record(self, modality: str, selections: list[ImageSelection]) -> None:
+        self.adapter.chosen[modality] = selections
+        self.stage.selected(selections)
+
+    def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if self.adapter.encoding_video:
+            return None  # the frames select after the pooling (on_videos)
+        features = args[0]  # (I, N, D) the tower features of every tile of this forward pass
+        if self.stage.method.reads_time:  # a video method leaves images whole
+            self.record("image", [keep_all(features.shape[1], features.device) for _ in range(features.shape[0])])
+            return None
+        if self.stage.method.scores_projected:
+            self.features = features
+            return None  # selected on the projector's output (after_projector)
+        selections, written = self.stage.hand_on.run(
+            features, values=features, project=lambda states: states, **self.captured()
+        )
+        self.record("image", selections)
+        return None if written is None else (written, *args[1:])
+
+    def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+        if self.features is not None and not self.adapter.encoding_video:
+            selections, _ = self.stage.hand_on.run(self.features, projected=output, **self.captured())
+            self.record("image", selections)
+        self.features = None
+
+    def on_videos(self, pixels: Tensor, output: Any) -> Any:
+        """Select on the pooled video tokens of ``get_video_features``' ``output`` (``pooler_output`` (V, F·P′ + 1, E))
+        for the videos ``pixels`` (V, F, C, H, W); returns ``output``, its merged slots written."""
+        tokens: Tensor = output.pooler_output
+        videos, frames = pixels.shape[:2]
+        rows, columns = self.adapter.pooled_grid()
+        per_frame = rows * columns
+        method = self.stage.method
+        attention = self.taps.take_attention()  # per frame, per patch (V·F, H, p²) and (V·F, H, p², hd)
+        seeds = self.taps.seeds
+        frame_tokens = tokens[:, : frames * per_frame]  # (V, F·P′, E) the newline stays out
+        with torch.no_grad():
+            received, keys = (None, None) if attention is None else attention
+            received = None if received is None else resize_to_tokens(received.transpose(1, 2), rows, columns)
+            keys = None if keys is None else resize_to_tokens(keys.transpose(1, 2), rows, columns)
+        identity: Callable[[Tensor], Tensor] = lambda states: states  # noqa: E731 (pooled tokens are the LLM's)
+        if method.reads_time:  # one video at a time, over its time axis
+            chosen, pieces, wrote = [], [], False
+            for video in range(videos):
+                own = frame_tokens[video : video + 1]  # (1, F·P′, E)
+                picked, written = self.stage.hand_on.run(
+                    own, values=own, project=identity, projected=own, grid=(rows, columns), seeds=None
+                )
+                chosen.append(with_newline(picked[0], frames * per_frame))
+                pieces.append(own if written is None else written)
+                wrote |= written is not None
+            written_all = torch.cat(pieces) if wrote else None
+        else:  # an image method: every frame as an image, all frames of the call at once
+            flat = frame_tokens.reshape(videos * frames, per_frame, -1)  # (V·F, P′, E)
+            picked, written = self.stage.hand_on.run(
+                flat,
+                values=flat,
+                project=identity,
+                projected=flat,
+                grid=(rows, columns),
+                attention=None if received is None else received.transpose(1, 2),  # (V·F, H, P′)
+                keys=None if keys is None else keys.transpose(1, 2),  # (V·F, H, P′, hd)
+                seeds=seeds,
+            )
+            chosen = [
+                with_newline(stitch_frames(picked[video * frames : (video + 1) * frames], per_frame), frames * per_frame)
+                for video in range(videos)
+            ]
+            written_all = None if written is None else written.reshape(videos, frames * per_frame, -1)
+        self.adapter.video_counts = [frames * per_frame + 1] * videos
+        self.record("video", chosen)
+        if written_all is not None:
+            output.pooler_output = torch.cat([written_all.to(tokens.dtype), tokens[:, frames * per_frame :]], 1)
+        return output
+
+
+def stitch_frames(frames: list[ImageSelection], per_frame: int) -> ImageSelection:
+    """The selections of a video's frames (each over its ``per_frame`` tokens) as one over the video's raster index
+    space (frame f's token j is f·per_frame + j), each frame's authors' order kept, frame after frame."""
+    kept: list[Tensor] = []
+    groups: list[Tensor] = []
+    orders: list[Tensor] = []
+    count = 0
+    for frame, selection in enumerate(frames):
+        offset = frame * per_frame
+        order = torch.arange(len(selection.kept)) if selection.order is None else selection.order.cpu()
+        orders.append(order + count)
+        kept.append(selection.kept + offset)
+        groups += [group + offset for group in selection.groups]
+        count += len(selection.kept)
+    ordered = any(selection.order is not None for selection in frames)
+    device = frames[0].kept.device
+    return ImageSelection(
+        kept=torch.cat(kept), groups=tuple(groups), order=torch.cat(orders).to(device) if ordered else None
+    )
+
+
+def with_newline(selection: ImageSelection, newline: int) -> ImageSelection:
+    """``selection`` over a video's frame tokens, with the video's newline token (index ``newline``, after them)
+    kept as its own slot, last in the authors' order."""
+    token = selection.kept.new_tensor([newline])
+    order = None
+    if selection.order is not None:
+        order = torch.cat([selection.order, selection.order.new_tensor([len(selection.kept)])])
+    return ImageSelection(
+        kept=torch.cat([selection.kept, token]), groups=(*selection.groups, token), order=order
+    )
+
+
+def media_in_reading_order(
+    input_ids: Tensor, media: Tensor, records: dict[int, tuple[list[ImageSelection], list[int]]]
+) -> tuple[list[ImageSelection], list[int]]:
+    """The selections and token counts of a batch's images and videos in reading order.
+
+    input_ids, media: (B, L), the media tokens' positions; records: per placeholder token id, the encoded items'
+    selections and LLM token counts in encode order. Rows ``generate()`` repeated for beams (the batch holds a whole
+    multiple of the encoded tokens) are walked once per prompt, as :func:`~vitrim.vlm.stages.pre_llm.repeated_images`
+    expands them again."""
+    given = sum(sum(counts) for _, counts in records.values())
+    total = int(media.sum())
+    repeat = total // given if given and total % given == 0 and total > given else 1
+    taken = dict.fromkeys(records, 0)
+    ordered: list[ImageSelection] = []
+    counts: list[int] = []
+    for row in range(0, input_ids.shape[0], repeat):
+        columns = media[row].nonzero()[:, 0].tolist()
+        at = 0
+        while at < len(columns):
+            token = int(input_ids[row, columns[at]])
+            chosen, sizes = records.get(token, ([], []))
+            if taken.get(token, 0) >= len(sizes):
+                raise ValueError(f"the prompt holds more media of token id {token} than the {len(sizes)} encoded")
+            ordered.append(chosen[taken[token]])
+            counts.append(sizes[taken[token]])
+            at += sizes[taken[token]]
+            taken[token] += 1
+    return ordered, counts
+
+
+def shrunk_grid(size: list[int], aspect_ratio: str) -> str:
+    """Why an image whose tile grid transformers shrinks cannot be reduced."""
+    return (
+        f"LLaVA-OneVision shrinks the tile grid of an image of image_sizes {size} bilinearly (vision_aspect_ratio="
+        f"{aspect_ratio!r}), so its tokens are no tile's and vitrim.vlm, which selects per tile, cannot reduce it; "
+        "pass a smaller image or keep every token"
+    )
