@@ -62,12 +62,13 @@ def text(count: int, seed: int) -> list[int]:
 
 
 def video_prompts(clips: list[torch.Tensor], before: list[int], after: list[int] | None = None) -> dict:
-    """One prompt per clip (``before[i]`` text tokens, the video, ``after[i]`` text tokens), left-padded to one
-    length: ``input_ids``, ``attention_mask``, ``pixel_values_videos`` (B, F, 3, 14, 14)."""
+    """One prompt per clip (``before[i]`` text tokens, the video, ``after[i]`` text tokens; the text drawn from
+    its length, so a prompt is the same alone or in a batch), left-padded to one length: ``input_ids``,
+    ``attention_mask``, ``pixel_values_videos`` (B, F, 3, 14, 14)."""
     after = after or [3] * len(clips)
     rows = [
-        text(b, 10 + i) + [VIDEO_TOKEN] * video_tokens(len(c)) + text(a, 20 + i)
-        for i, (c, b, a) in enumerate(zip(clips, before, after, strict=True))
+        text(b, 100 + b) + [VIDEO_TOKEN] * video_tokens(len(c)) + text(a, 200 + a)
+        for c, b, a in zip(clips, before, after, strict=True)
     ]
     return {**pad(rows), "pixel_values_videos": torch.stack(clips)}
 

@@ -220,7 +220,7 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
         @functools.wraps(original)  # its signature: generate() reads which inputs it takes
         def get_video_features(*args: Any, **kwargs: Any) -> Any:
-            pixels = kwargs.get("pixel_values_videos", args[0] if args else None)
+            pixels: Tensor = kwargs["pixel_values_videos"] if "pixel_values_videos" in kwargs else args[0]
             if selection.stage.method.reads_instruction():
                 raise ValueError(
                     f"vlm method {selection.stage.method.name!r} reads the prompt; on LLaVA-OneVision vitrim.vlm runs "
@@ -231,6 +231,8 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
                 output = original(*args, **kwargs)
             finally:
                 self.encoding_video = False
+            if not hasattr(output, "pooler_output"):
+                return output  # return_dict=False: a caller's own look at the features, not a forward's
             return selection.on_videos(pixels, output)
 
         inner.get_video_features = get_video_features
@@ -378,7 +380,9 @@ class OnevisionSelection:
                 seeds=seeds,
             )
             chosen = [
-                with_newline(stitch_frames(picked[video * frames : (video + 1) * frames], per_frame), frames * per_frame)
+                with_newline(
+                    stitch_frames(picked[video * frames : (video + 1) * frames], per_frame), frames * per_frame
+                )
                 for video in range(videos)
             ]
             written_all = None if written is None else written.reshape(videos, frames * per_frame, -1)
@@ -417,9 +421,7 @@ def with_newline(selection: ImageSelection, newline: int) -> ImageSelection:
     order = None
     if selection.order is not None:
         order = torch.cat([selection.order, selection.order.new_tensor([len(selection.kept)])])
-    return ImageSelection(
-        kept=torch.cat([selection.kept, token]), groups=(*selection.groups, token), order=order
-    )
+    return ImageSelection(kept=torch.cat([selection.kept, token]), groups=(*selection.groups, token), order=order)
 
 
 def media_in_reading_order(

@@ -1,0 +1,271 @@
+"""LLaVA-OneVision before the LLM: keep-all is the unmodified model bit for bit (images and videos); each video
+method's pick equals a computation written here on the unmodified model's own pooled frames (a frame is one sampled
+frame, its pooled grid; the newline token after the last frame always stays); a drop hands the LLM exactly the kept
+rows in order (the unmodified LLM fed those rows gives the same logits, and the same greedy tokens); a padded batch
+of two clips equals each clip alone; a method the family cannot take is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import vitrim.vlm
+from tiny_vlms.llava_onevision import (
+    FRAME_TOKENS,
+    IMAGE_TOKEN,
+    VIDEO_TOKEN,
+    clip,
+    mixed_prompt,
+    tiny_llava_onevision,
+    video_prompts,
+    video_tokens,
+)
+from vitrim.vlm.method.vidcom2 import vidcom2_keep
+
+TOL = 1e-12
+FRAMES = 4
+GRID = 4  # a frame's pooled 4×4 grid
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_llava_onevision()
+
+
+@pytest.fixture(autouse=True)
+def _clean(model: torch.nn.Module):
+    yield
+    if hasattr(model, "_vitrim_vlm"):
+        vitrim.vlm.remove(model)
+
+
+def one_clip(seed: int = 3, before: int = 2) -> dict:
+    """A prompt with one 4-frame clip whose frame 2 repeats frame 1 (up to noise)."""
+    return video_prompts([clip(FRAMES, seed, still=(2,))], [before])
+
+
+def frame_tokens(model: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """(V, F, P′, E): each video's pooled frame tokens from the unmodified model's own get_video_features."""
+    assert "get_video_features" not in model.model.__dict__  # the class's method, not vitrim's wrapper
+    with torch.no_grad():
+        pooled = model.model.get_video_features(pixels, return_dict=True).pooler_output  # (V, F·P′ + 1, E)
+    videos, frames = pixels.shape[:2]
+    return pooled[:, : frames * FRAME_TOKENS].reshape(videos, frames, FRAME_TOKENS, -1)
+
+
+def with_newline(kept: list[int], frames: int) -> list[int]:
+    return [*sorted(kept), frames * FRAME_TOKENS]
+
+
+def evs_by_hand(tokens: torch.Tensor, rate: float) -> list[int]:
+    """EVS on (F, P, E): score 1 − cos with the same cell one frame earlier, the first frame above every score,
+    the max(P, int(F·P·(1 − rate))) highest kept, ties to the lower raster index."""
+    frames, per_frame = tokens.shape[:2]
+    scores = {}
+    for frame in range(frames):
+        for cell in range(per_frame):
+            if frame == 0:
+                scores[cell] = 3.0  # 1 − cos is at most 2
+                continue
+            now, before = tokens[frame, cell], tokens[frame - 1, cell]
+            scores[frame * per_frame + cell] = float(1 - now @ before / (now.norm() * before.norm()))
+    count = max(per_frame, int(frames * per_frame * (1 - rate)))
+    return sorted(sorted(scores, key=lambda index: (-scores[index], index))[:count])
+
+
+def received_by_hand(model: torch.nn.Module, frames: torch.Tensor) -> torch.Tensor:
+    """(F, P′): per frame, the attention each patch receives at the tower's last layer (the softmax of its own q/k
+    on the layer's normed input, summed over the queries, mean over heads), resized bilinearly as the model pools."""
+    tower = model.model.vision_tower
+    layer = tower.encoder.layers[-1]
+    attention = layer.self_attn
+    with torch.no_grad():
+        states = tower(frames, output_hidden_states=True).hidden_states[-2]  # (F, p², C): the last layer's input
+        normed = layer.layer_norm1(states)
+        heads, width = attention.num_heads, attention.head_dim
+        query = attention.q_proj(normed).unflatten(-1, (heads, width)).transpose(1, 2)  # (F, H, p², hd)
+        key = attention.k_proj(normed).unflatten(-1, (heads, width)).transpose(1, 2)
+        received = (query @ key.transpose(-1, -2) * width**-0.5).softmax(-1).sum(-2).mean(1)  # (F, p²)
+        side = int(received.shape[-1] ** 0.5)
+        return F.interpolate(received.view(-1, 1, side, side), size=[GRID, GRID], mode="bilinear").flatten(1)
+
+
+def llm_on_rows(model: torch.nn.Module, inputs: dict, kept: list[torch.Tensor]) -> torch.Tensor:
+    """(1, L′, V): the unmodified LLM and head fed, as inputs_embeds, the rows of the unmodified model's LLM input
+    (text embeddings, image and video features scattered at their tokens) at the text and the kept media tokens
+    (``kept``: per image or video in reading order, indices among its tokens)."""
+    inner = model.model
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        embeds = inner.get_input_embeddings()(ids)[0]  # (L, E)
+        features = {}
+        if "pixel_values" in inputs:
+            images = inner.get_image_features(inputs["pixel_values"], inputs["image_sizes"], return_dict=True)
+            features[IMAGE_TOKEN] = list(images.pooler_output)
+        videos = inner.get_video_features(inputs["pixel_values_videos"], return_dict=True)
+        features[VIDEO_TOKEN] = list(videos.pooler_output)
+        keep = torch.ones(ids.shape[1], dtype=torch.bool)
+        taken = dict.fromkeys(features, 0)
+        column, item = 0, 0
+        while column < ids.shape[1]:
+            token = int(ids[0, column])
+            if token not in features:
+                column += 1
+                continue
+            rows = features[token][taken[token]]  # (T, E)
+            taken[token] += 1
+            span = slice(column, column + len(rows))
+            embeds[span] = rows
+            dropped = torch.ones(len(rows), dtype=torch.bool)
+            dropped[kept[item]] = False
+            keep[span] = ~dropped
+            column, item = column + len(rows), item + 1
+        hidden = inner.language_model(inputs_embeds=embeds[keep][None]).last_hidden_state
+        return model.lm_head(hidden)
+
+
+def test_keep_all_is_the_unmodified_model_bit_for_bit(model: torch.nn.Module) -> None:
+    """Images and a video in one prompt, a video method keeping all and an image method keeping all."""
+    inputs = mixed_prompt(model)
+    with torch.no_grad():
+        before = model(**inputs).logits
+        for method, options in (("evs", {"video_pruning_rate": 0.0}), ("random", {"keep": 1.0})):
+            vitrim.vlm.apply(model, method, **options)
+            assert torch.equal(model(**inputs).logits, before), method
+            counts = [len(kept) for kept in vitrim.vlm.last_selection(model)]
+            assert counts == [154, video_tokens(3), 259]  # the images' packed tokens, the video's with its newline
+            vitrim.vlm.remove(model)
+        assert torch.equal(model(**inputs).logits, before)
+    assert not {"get_video_features", "get_image_features"} & set(model.model.__dict__)  # the wrappers are gone
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.5])
+def test_evs_keeps_what_one_minus_cosine_with_the_frame_before_keeps(model: torch.nn.Module, rate: float) -> None:
+    inputs = one_clip()
+    tokens = frame_tokens(model, inputs["pixel_values_videos"])[0]
+    vitrim.vlm.apply(model, "evs", video_pruning_rate=rate)
+    with torch.no_grad():
+        model(**inputs)
+    (kept,) = vitrim.vlm.last_selection(model)
+    assert kept.tolist() == with_newline(evs_by_hand(tokens, rate), FRAMES)
+    assert not set(range(2 * FRAME_TOKENS, 3 * FRAME_TOKENS)) <= set(kept.tolist())  # the still frame mostly goes
+
+
+def test_vidcom2_and_temporal_downsample_pick_on_the_pooled_frames(model: torch.nn.Module) -> None:
+    """vidcom2: its function (checked against vLLM's in tests/vllm) on the unmodified model's pooled frames;
+    temporal_downsample: every stride-th frame whole."""
+    inputs = one_clip()
+    tokens = frame_tokens(model, inputs["pixel_values_videos"])[0]
+    vitrim.vlm.apply(model, "vidcom2", video_pruning_rate=0.6)
+    with torch.no_grad():
+        model(**inputs)
+    assert vitrim.vlm.last_selection(model)[0].tolist() == with_newline(vidcom2_keep(tokens, 0.6).tolist(), FRAMES)
+    vitrim.vlm.remove(model)
+    vitrim.vlm.apply(model, "temporal_downsample", stride=3)
+    with torch.no_grad():
+        model(**inputs)
+    frames_kept = [0, 3]
+    expected = [f * FRAME_TOKENS + cell for f in frames_kept for cell in range(FRAME_TOKENS)]
+    assert vitrim.vlm.last_selection(model)[0].tolist() == with_newline(expected, FRAMES)
+
+
+def test_an_image_method_selects_each_frame_by_its_pooled_received_attention(model: torch.nn.Module) -> None:
+    """fastervlm per frame: keep= counts a frame's pooled tokens; the ranking is the received attention computed
+    here from the tower's last layer, resized as the model pools the frame."""
+    inputs = one_clip()
+    scores = received_by_hand(model, inputs["pixel_values_videos"][0])  # (F, P′)
+    vitrim.vlm.apply(model, "fastervlm", keep=5)
+    with torch.no_grad():
+        model(**inputs)
+    expected = [
+        frame * FRAME_TOKENS + int(cell)
+        for frame in range(FRAMES)
+        for cell in torch.sort(scores[frame], descending=True, stable=True).indices[:5]
+    ]
+    assert vitrim.vlm.last_selection(model)[0].tolist() == with_newline(expected, FRAMES)
+
+
+@pytest.mark.parametrize(
+    "method, options, prompt",
+    [
+        ("evs", {"video_pruning_rate": 0.5}, "mixed"),
+        ("random", {"keep": 0.5, "positions": "authors"}, "mixed"),
+        ("fastervlm", {"keep": 3}, "clip"),
+    ],
+)
+def test_the_llm_sees_exactly_the_kept_rows_in_order(
+    model: torch.nn.Module, method: str, options: dict, prompt: str
+) -> None:
+    """A video method leaves the images whole; an image method reduces the images per tile and the video per
+    frame; the newline tokens stay. The LLM's logits equal the unmodified LLM's on the kept rows."""
+    inputs = mixed_prompt(model) if prompt == "mixed" else one_clip()
+    vitrim.vlm.apply(model, method, **options)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    video = kept[1] if prompt == "mixed" else kept[0]
+    frames = inputs["pixel_values_videos"].shape[1]
+    assert int(video[-1]) == frames * FRAME_TOKENS  # the newline
+    assert len(video) < video_tokens(frames)
+    reference = llm_on_rows(model, inputs, kept)
+    assert logits.shape == reference.shape
+    assert torch.allclose(logits, reference, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("method, options", [("evs", {"video_pruning_rate": 0.5}), ("random", {"keep": 0.25})])
+def test_a_padded_batch_of_two_clips_equals_each_clip_alone(model: torch.nn.Module, method: str, options: dict) -> None:
+    """Left padding, each row's positions counted from its first real token (as generate() counts them)."""
+    clips = [clip(FRAMES, 7, still=(1,)), clip(FRAMES, 8, still=(3,))]
+
+    def run(inputs: dict) -> torch.Tensor:
+        positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        return model(**inputs, position_ids=positions).logits[:, -1]
+
+    vitrim.vlm.apply(model, method, **options)
+    with torch.no_grad():
+        batch = run(video_prompts(clips, [2, 6]))
+        together = vitrim.vlm.last_selection(model)
+        alone, selections = [], []
+        for pixels, before in zip(clips, [2, 6], strict=True):
+            alone.append(run(video_prompts([pixels], [before]))[0])
+            selections += vitrim.vlm.last_selection(model)
+    assert [k.tolist() for k in together] == [k.tolist() for k in selections]
+    assert together[0].tolist() != together[1].tolist()
+    assert torch.allclose(batch, torch.stack(alone), atol=1e-10, rtol=0)
+
+
+def test_generate_greedy_gives_the_unmodified_llm_s_tokens_on_the_kept_rows(model: torch.nn.Module) -> None:
+    """keep-all: the unmodified model's tokens; evs: the tokens a greedy loop of the unmodified LLM on the kept
+    rows gives (no cache), one new token per step."""
+    inputs = one_clip()
+    steps = 3
+    with torch.no_grad():
+        unmodified = model.generate(**inputs, max_new_tokens=steps, do_sample=False)
+        vitrim.vlm.apply(model, "evs", video_pruning_rate=0.0)
+        assert torch.equal(model.generate(**inputs, max_new_tokens=steps, do_sample=False), unmodified)
+        vitrim.vlm.remove(model)
+        vitrim.vlm.apply(model, "evs", video_pruning_rate=0.5)
+        out = model.generate(**inputs, max_new_tokens=steps, do_sample=False)
+        kept = vitrim.vlm.last_selection(model)
+        vitrim.vlm.remove(model)
+        assert out.shape == (1, inputs["input_ids"].shape[1] + steps)
+        assert torch.equal(out[:, : inputs["input_ids"].shape[1]], inputs["input_ids"])
+        tokens = []
+        ids = inputs["input_ids"]
+        for _ in range(steps):  # the prompt grows by the greedy token; the LLM reads the kept rows and the text
+            prompt = {**inputs, "input_ids": torch.cat([ids, torch.tensor([tokens], dtype=ids.dtype)], 1)}
+            tokens.append(int(llm_on_rows(model, prompt, kept)[0, -1].argmax()))
+    assert out[0, -steps:].tolist() == tokens
+
+
+def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.Module) -> None:
+    with pytest.raises(TypeError, match="no LLaVA-OneVision form") as caught:
+        vitrim.vlm.apply(model, "fastvid")
+    assert "\n" not in str(caught.value)
+    assert not hasattr(model, "_vitrim_vlm")
+    assert not {"get_video_features", "get_image_features"} & set(model.model.__dict__)
+    with pytest.raises(ValueError, match="keep=") as caught:
+        vitrim.vlm.apply(model, "evs", keep=8)
+    assert "\n" not in str(caught.value)
