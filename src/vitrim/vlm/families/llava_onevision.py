@@ -53,13 +53,14 @@ from torch import Tensor, nn
 
 from vitrim.vlm.evidence.pooled import resize_to_tokens
 from vitrim.vlm.families.gemma3 import read_received_attention
+from vitrim.vlm.families.llava import ProjectorSelection
 from vitrim.vlm.families.llava_next import NEWLINE, LlavaNextAdapter, tiles_to_image
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import EncoderSeam, Taps, keep_all
+from vitrim.vlm.stages.capture import EncoderSeam, keep_all
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill
 from vitrim.vlm.stages.inputs import input_ids_of
 from vitrim.vlm.stages.pre_llm import repeated_images
-from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, spans_from_mask
 
 MODALITIES = (("image", "pixel_values", 1), ("video", "pixel_values_videos", 3))  # name, pixels, forward position
 
@@ -125,26 +126,12 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
             maps.append(numbers.long())
         return maps
 
-    def see_image_sizes(self) -> Callable[[], None]:
-        """Wrap ``get_image_features`` on the instance to remember ``image_sizes`` and ``batch_num_images`` (generate()
-        hands them to it and not to the forward); returns the undo."""
-        original = self.inner.get_image_features
-
-        @functools.wraps(original)  # generate() reads its signature to pick the arguments it passes
-        def get_image_features(*args: Any, **kwargs: Any) -> Any:
-            sizes = kwargs.get("image_sizes", args[1] if len(args) > 1 else None)
-            counts = kwargs.get("batch_num_images", args[5] if len(args) > 5 else None)
-            self.image_sizes = None if sizes is None else torch.as_tensor(sizes)
-            self.batch_num_images = None if counts is None else torch.as_tensor(counts)
-            return original(*args, **kwargs)
-
-        self.inner.get_image_features = get_image_features
-
-        def undo() -> None:
-            if self.inner.__dict__.get("get_image_features") is get_image_features:
-                del self.inner.get_image_features
-
-        return undo
+    def note_image_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Remember ``image_sizes`` and ``batch_num_images`` of a ``get_image_features`` call (generate() hands them
+        to it, not to the forward)."""
+        super().note_image_call(args, kwargs)
+        counts = kwargs.get("batch_num_images", args[5] if len(args) > 5 else None)
+        self.batch_num_images = None if counts is None else torch.as_tensor(counts)
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         """The in-LLM stage's spans: the images' packed tokens; a video's tokens are text to it (as on Qwen)."""
@@ -249,14 +236,16 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         """The selections and LLM token counts of the prompt's images and videos in reading order (the tower encodes
         all images, then all videos; ``selections`` is the last run's, so each modality's are read from
         :attr:`chosen`)."""
-        records: dict[int, tuple[list[ImageSelection], list[int]]] = {}
-        for modality in prefill.extras["modalities"]:
+        modalities = prefill.extras["modalities"]
+        for modality in modalities:
             if modality not in self.chosen:
                 raise ValueError(f"vitrim.vlm saw no {modality} of this prompt encoded after vitrim.vlm.apply")
-        if "image" in prefill.extras["modalities"]:
-            records[int(self.config.image_token_id)] = self.packed_images(prefill)
-        if "video" in prefill.extras["modalities"]:
-            records[int(self.config.video_token_id)] = (self.chosen["video"], self.video_counts)
+        images, image_counts = self.packed_images(prefill) if "image" in modalities else ([], [])
+        videos, video_counts = (self.chosen["video"], self.video_counts) if "video" in modalities else ([], [])
+        records = {
+            int(self.config.image_token_id): ("image", images, image_counts),
+            int(self.config.video_token_id): ("video", videos, video_counts),
+        }
         assert prefill.media is not None
         return media_in_reading_order(prefill.input_ids, prefill.media, records)
 
@@ -283,62 +272,31 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         return images, counts
 
 
-class OnevisionSelection:
-    """Where LLaVA-OneVision hands on its tokens: the projector's input for image tiles (LLaVA's seam, through the
-    projector), the pooled output of ``get_video_features`` for video frames; the taps of
-    :class:`~vitrim.vlm.stages.capture.Taps` on the tower serve both (the tower runs once per modality)."""
+class OnevisionSelection(ProjectorSelection):
+    """Where LLaVA-OneVision hands on its tokens: the projector's input for image tiles (LLaVA's seam, merged tokens
+    through the projector; standing aside while a video is encoded), the pooled output of ``get_video_features``
+    for video frames (:meth:`on_videos`); the taps on the tower serve both (the tower runs once per modality), its
+    scoring layer read for the attention each patch receives (SigLIP has no [CLS])."""
+
+    adapter: LlavaOnevisionAdapter
 
     def __init__(self, adapter: LlavaOnevisionAdapter, stage: EncoderSeam) -> None:
-        self.adapter, self.stage = adapter, stage
-        scoring = adapter.scoring_layer()
-        reader = functools.partial(read_received_attention, 1)  # per patch: images select per tile token
-        self.taps = Taps(
-            stage.method,
-            tower=adapter.inner.vision_tower,
-            scoring=None if scoring is None else (scoring.self_attn, reader),
-        )
-        self.features: Tensor | None = None
-        stage.taps.append(self.taps)
+        super().__init__(adapter, stage, reader=functools.partial(read_received_attention, 1))  # per patch
 
-    def hooks(self) -> list[Callable[[], None]]:
-        projector = self.adapter.inner.multi_modal_projector
-        handles = [
-            projector.register_forward_pre_hook(self.on_projector),
-            projector.register_forward_hook(self.after_projector),
-        ]
-        return [handle.remove for handle in handles] + [self.taps.remove]
-
-    def captured(self) -> dict[str, Any]:
-        """What the taps saw in this tower run, as :meth:`HandOn.run`'s keyword arguments."""
-        attention = self.taps.take_attention()
-        received, keys = (None, None) if attention is None else attention
-        return {"attention": received, "keys": keys, "seeds": self.taps.seeds}
-
-    def record(self, modality: str, selections: list[ImageSelection]) -> None:
+    def report(self, selections: list[ImageSelection], modality: str = "image") -> None:
+        """Keep the run's selections by modality (:meth:`LlavaOnevisionAdapter.image_tokens` reads both) and hand
+        them to the pre-LLM stage."""
         self.adapter.chosen[modality] = selections
-        self.stage.selected(selections)
+        super().report(selections)
 
     def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         if self.adapter.encoding_video:
             return None  # the frames select after the pooling (on_videos)
-        features = args[0]  # (I, N, D) the tower features of every tile of this forward pass
         if self.stage.method.reads_time:  # a video method leaves images whole
-            self.record("image", [keep_all(features.shape[1], features.device) for _ in range(features.shape[0])])
+            tiles, tokens = args[0].shape[:2]
+            self.report([keep_all(tokens, args[0].device) for _ in range(tiles)])
             return None
-        if self.stage.method.scores_projected:
-            self.features = features
-            return None  # selected on the projector's output (after_projector)
-        selections, written = self.stage.hand_on.run(
-            features, values=features, project=lambda states: states, **self.captured()
-        )
-        self.record("image", selections)
-        return None if written is None else (written, *args[1:])
-
-    def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
-        if self.features is not None and not self.adapter.encoding_video:
-            selections, _ = self.stage.hand_on.run(self.features, projected=output, **self.captured())
-            self.record("image", selections)
-        self.features = None
+        return super().on_projector(module, args)
 
     def on_videos(self, pixels: Tensor, output: Any) -> Any:
         """Select on the pooled video tokens of ``get_video_features``' ``output`` (``pooler_output`` (V, F·P′ + 1, E))
@@ -387,7 +345,7 @@ class OnevisionSelection:
             ]
             written_all = None if written is None else written.reshape(videos, frames * per_frame, -1)
         self.adapter.video_counts = [frames * per_frame + 1] * videos
-        self.record("video", chosen)
+        self.report(chosen, "video")
         if written_all is not None:
             output.pooler_output = torch.cat([written_all.to(tokens.dtype), tokens[:, frames * per_frame :]], 1)
         return output
@@ -422,36 +380,6 @@ def with_newline(selection: ImageSelection, newline: int) -> ImageSelection:
     if selection.order is not None:
         order = torch.cat([selection.order, selection.order.new_tensor([len(selection.kept)])])
     return ImageSelection(kept=torch.cat([selection.kept, token]), groups=(*selection.groups, token), order=order)
-
-
-def media_in_reading_order(
-    input_ids: Tensor, media: Tensor, records: dict[int, tuple[list[ImageSelection], list[int]]]
-) -> tuple[list[ImageSelection], list[int]]:
-    """The selections and token counts of a batch's images and videos in reading order.
-
-    input_ids, media: (B, L), the media tokens' positions; records: per placeholder token id, the encoded items'
-    selections and LLM token counts in encode order. Rows ``generate()`` repeated for beams (the batch holds a whole
-    multiple of the encoded tokens) are walked once per prompt, as :func:`~vitrim.vlm.stages.pre_llm.repeated_images`
-    expands them again."""
-    given = sum(sum(counts) for _, counts in records.values())
-    total = int(media.sum())
-    repeat = total // given if given and total % given == 0 and total > given else 1
-    taken = dict.fromkeys(records, 0)
-    ordered: list[ImageSelection] = []
-    counts: list[int] = []
-    for row in range(0, input_ids.shape[0], repeat):
-        columns = media[row].nonzero()[:, 0].tolist()
-        at = 0
-        while at < len(columns):
-            token = int(input_ids[row, columns[at]])
-            chosen, sizes = records.get(token, ([], []))
-            if taken.get(token, 0) >= len(sizes):
-                raise ValueError(f"the prompt holds more media of token id {token} than the {len(sizes)} encoded")
-            ordered.append(chosen[taken[token]])
-            counts.append(sizes[taken[token]])
-            at += sizes[taken[token]]
-            taken[token] += 1
-    return ordered, counts
 
 
 def shrunk_grid(size: list[int], aspect_ratio: str) -> str:
