@@ -107,3 +107,17 @@ def mixed_prompt(model: torch.nn.Module, frames: int = 3) -> dict:
         "image_sizes": SIZES,
         "pixel_values_videos": clip(frames, 5, still=(1,))[None],
     }
+
+
+def several_images_prompt() -> dict:
+    """One prompt with two images (``batch_num_images`` [2]: each its base view only, one tile, then one newline:
+    49 + 1 tokens) and no video."""
+    pixel_values = torch.randn(2, 1, 3, TILE, TILE, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ids = text(2, 4) + [IMAGE_TOKEN] * 50 + text(1, 5) + [IMAGE_TOKEN] * 50 + text(2, 6)
+    return {
+        "input_ids": torch.tensor([ids]),
+        "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+        "pixel_values": pixel_values,
+        "image_sizes": SIZES,
+        "batch_num_images": torch.tensor([2]),
+    }

@@ -16,7 +16,9 @@ from tiny_vlms.llava_onevision import (
     IMAGE_TOKEN,
     VIDEO_TOKEN,
     clip,
+    image_token_counts,
     mixed_prompt,
+    several_images_prompt,
     tiny_llava_onevision,
     video_prompts,
     video_tokens,
@@ -101,10 +103,16 @@ def llm_on_rows(model: torch.nn.Module, inputs: dict, kept: list[torch.Tensor]) 
         embeds = inner.get_input_embeddings()(ids)[0]  # (L, E)
         features = {}
         if "pixel_values" in inputs:
-            images = inner.get_image_features(inputs["pixel_values"], inputs["image_sizes"], return_dict=True)
+            images = inner.get_image_features(
+                inputs["pixel_values"],
+                inputs["image_sizes"],
+                batch_num_images=inputs.get("batch_num_images"),
+                return_dict=True,
+            )
             features[IMAGE_TOKEN] = list(images.pooler_output)
-        videos = inner.get_video_features(inputs["pixel_values_videos"], return_dict=True)
-        features[VIDEO_TOKEN] = list(videos.pooler_output)
+        if "pixel_values_videos" in inputs:
+            videos = inner.get_video_features(inputs["pixel_values_videos"], return_dict=True)
+            features[VIDEO_TOKEN] = list(videos.pooler_output)
         keep = torch.ones(ids.shape[1], dtype=torch.bool)
         taken = dict.fromkeys(features, 0)
         column, item = 0, 0
@@ -192,6 +200,7 @@ def test_an_image_method_selects_each_frame_by_its_pooled_received_attention(mod
         ("evs", {"video_pruning_rate": 0.5}, "mixed"),
         ("random", {"keep": 0.5, "positions": "authors"}, "mixed"),
         ("fastervlm", {"keep": 3}, "clip"),
+        ("random", {"keep": 25}, "images"),
     ],
 )
 def test_the_llm_sees_exactly_the_kept_rows_in_order(
@@ -199,16 +208,21 @@ def test_the_llm_sees_exactly_the_kept_rows_in_order(
 ) -> None:
     """A video method leaves the images whole; an image method reduces the images per tile and the video per
     frame; the newline tokens stay. The LLM's logits equal the unmodified LLM's on the kept rows."""
-    inputs = mixed_prompt(model) if prompt == "mixed" else one_clip()
+    inputs = {"mixed": mixed_prompt, "clip": lambda model: one_clip(), "images": lambda model: several_images_prompt()}[
+        prompt
+    ](model)
     vitrim.vlm.apply(model, method, **options)
     with torch.no_grad():
         logits = model(**inputs).logits
     kept = vitrim.vlm.last_selection(model)
     vitrim.vlm.remove(model)
-    video = kept[1] if prompt == "mixed" else kept[0]
-    frames = inputs["pixel_values_videos"].shape[1]
-    assert int(video[-1]) == frames * FRAME_TOKENS  # the newline
-    assert len(video) < video_tokens(frames)
+    if prompt != "images":
+        video = kept[1] if prompt == "mixed" else kept[0]
+        frames = inputs["pixel_values_videos"].shape[1]
+        assert int(video[-1]) == frames * FRAME_TOKENS  # the newline
+        assert len(video) < video_tokens(frames)
+    else:  # each image: its base view's 49 tokens, then its newline
+        assert [int(image[-1]) for image in kept] == [49, 49] and [len(image) for image in kept] == [26, 26]
     reference = llm_on_rows(model, inputs, kept)
     assert logits.shape == reference.shape
     assert torch.allclose(logits, reference, atol=TOL, rtol=0)
@@ -269,3 +283,46 @@ def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.
     with pytest.raises(ValueError, match="keep=") as caught:
         vitrim.vlm.apply(model, "evs", keep=8)
     assert "\n" not in str(caught.value)
+
+
+def test_generate_reads_the_image_call_of_its_own_prompt(model: torch.nn.Module) -> None:
+    """generate() encodes the images before its first forward and drops image_sizes and batch_num_images from it:
+    a prompt of several images (one tile each) and then a prompt of one tiled image each keep what a forward keeps."""
+    for inputs in (several_images_prompt(), mixed_prompt(model)):
+        vitrim.vlm.apply(model, "random", keep=10)
+        with torch.no_grad():
+            model(**inputs)
+            by_forward = [k.tolist() for k in vitrim.vlm.last_selection(model)]
+            out = model.generate(**inputs, max_new_tokens=2, do_sample=False)
+        assert [k.tolist() for k in vitrim.vlm.last_selection(model)] == by_forward
+        assert out.shape == (1, inputs["input_ids"].shape[1] + 2)
+        vitrim.vlm.remove(model)
+
+
+def test_an_image_whose_grid_transformers_shrinks_keeps_all_or_is_refused_in_one_line() -> None:
+    """A 4×4 grid of crops (16 tiles' worth, over anyres_max_9's nine) is resized bilinearly by transformers."""
+    model = tiny_llava_onevision()
+    model.config.image_grid_pinpoints = [[56, 56]]
+    pixel_values = torch.randn(1, 17, 3, 14, 14, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    sizes = torch.tensor([[50, 50]])
+    (count,) = image_token_counts(model, pixel_values, sizes)
+    inputs = {"input_ids": torch.tensor([[5] + [IMAGE_TOKEN] * count + [6]]), "pixel_values": pixel_values}
+    inputs["image_sizes"] = sizes
+    with torch.no_grad():
+        before = model(**inputs).logits
+        vitrim.vlm.apply(model, "random", keep=1.0)
+        assert torch.equal(model(**inputs).logits, before)
+        vitrim.vlm.remove(model)
+        vitrim.vlm.apply(model, "random", keep=0.5)
+        with pytest.raises(ValueError, match="shrinks the tile grid") as caught:
+            model(**inputs)
+    assert "\n" not in str(caught.value)
+
+
+def test_inside_the_llm_a_video_is_text(model: torch.nn.Module) -> None:
+    """The in-LLM stage ranks the images' tokens; a video's tokens stay, as text's do (docs/video.md)."""
+    inputs = mixed_prompt(model)
+    vitrim.vlm.apply(model, "fastv", keep=0.5, layer=1)
+    with torch.no_grad():
+        model(**inputs)
+    assert [len(kept) for kept in vitrim.vlm.last_selection(model)] == [77, 130]  # the two images only

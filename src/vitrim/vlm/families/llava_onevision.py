@@ -174,10 +174,12 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         extras: dict[str, Any] = {"modalities": modalities}
         if "image" in modalities:
             sizes = kwargs.get("image_sizes", args[2] if len(args) > 2 else None)
-            sizes = sizes if sizes is not None else self.image_sizes
+            counts = kwargs.get("batch_num_images")
+            if pixels["image"] is None:  # encoded before this forward (generate()): what that call was given
+                sizes = sizes if sizes is not None else self.image_sizes
+                counts = counts if counts is not None else self.batch_num_images
             if sizes is None:
                 raise ValueError("vitrim.vlm needs the image_sizes of a LLaVA-OneVision prefill with images")
-            counts = kwargs.get("batch_num_images", self.batch_num_images)
             extras["image_sizes"] = torch.as_tensor(sizes)
             extras["batch_num_images"] = None if counts is None else torch.as_tensor(counts)
         if forget:
