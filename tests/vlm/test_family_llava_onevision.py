@@ -93,10 +93,15 @@ def received_by_hand(model: torch.nn.Module, frames: torch.Tensor) -> torch.Tens
         return F.interpolate(received.view(-1, 1, side, side), size=[GRID, GRID], mode="bilinear").flatten(1)
 
 
-def llm_on_rows(model: torch.nn.Module, inputs: dict, kept: list[torch.Tensor]) -> torch.Tensor:
+def llm_on_rows(
+    model: torch.nn.Module, inputs: dict, kept: list[torch.Tensor], merged: list[list[torch.Tensor]] | None = None
+) -> torch.Tensor:
     """(1, L′, V): the unmodified LLM and head fed, as inputs_embeds, the rows of the unmodified model's LLM input
     (text embeddings, image and video features scattered at their tokens) at the text and the kept media tokens
-    (``kept``: per image or video in reading order, indices among its tokens)."""
+    (``kept``: per image or video in reading order, indices among its tokens), numbered 0 … L′−1.
+
+    merged: per item, the groups of ``last_selection(groups=True)``; a kept token standing for others then holds
+    VisionZip's merge (its own row + the mean of the others'), and every row keeps its unpruned position."""
     inner = model.model
     ids = inputs["input_ids"]
     with torch.no_grad():
@@ -128,8 +133,13 @@ def llm_on_rows(model: torch.nn.Module, inputs: dict, kept: list[torch.Tensor]) 
             dropped = torch.ones(len(rows), dtype=torch.bool)
             dropped[kept[item]] = False
             keep[span] = ~dropped
+            for slot, group in zip(kept[item].tolist(), [] if merged is None else merged[item], strict=False):
+                others = [index for index in group.tolist() if index != slot]
+                if others:
+                    embeds[column + slot] = rows[slot] + rows[others].mean(0)
             column, item = column + len(rows), item + 1
-        hidden = inner.language_model(inputs_embeds=embeds[keep][None]).last_hidden_state
+        positions = keep.nonzero()[:, 0][None] if merged is not None else None
+        hidden = inner.language_model(inputs_embeds=embeds[keep][None], position_ids=positions).last_hidden_state
         return model.lm_head(hidden)
 
 
@@ -225,6 +235,22 @@ def test_the_llm_sees_exactly_the_kept_rows_in_order(
         assert [int(image[-1]) for image in kept] == [49, 49] and [len(image) for image in kept] == [26, 26]
     reference = llm_on_rows(model, inputs, kept)
     assert logits.shape == reference.shape
+    assert torch.allclose(logits, reference, atol=TOL, rtol=0)
+
+
+def test_visionzip_per_frame_merges_pooled_tokens_as_its_authors_merge(model: torch.nn.Module) -> None:
+    """Per frame 4 dominant tokens and 2 contextual ones, each target + the mean of what it absorbs, written into
+    its slot; at the unpruned positions (positions="original") the LLM's logits are the unmodified LLM's on those
+    rows."""
+    inputs = one_clip()
+    vitrim.vlm.apply(model, "visionzip", keep=6, dominant=4, contextual=2, positions="original")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    kept, groups = vitrim.vlm.last_selection(model), vitrim.vlm.last_selection(model, groups=True)
+    vitrim.vlm.remove(model)
+    assert len(kept[0]) == FRAMES * 6 + 1
+    assert any(len(group) > 1 for group in groups[0])  # something was merged
+    reference = llm_on_rows(model, inputs, kept, merged=groups)
     assert torch.allclose(logits, reference, atol=TOL, rtol=0)
 
 
