@@ -352,3 +352,33 @@ def test_inside_the_llm_a_video_is_text(model: torch.nn.Module) -> None:
     with torch.no_grad():
         model(**inputs)
     assert [len(kept) for kept in vitrim.vlm.last_selection(model)] == [77, 130]  # the two images only
+
+
+def test_two_videos_in_one_prompt_are_each_picked_on_their_own_frames(model: torch.nn.Module) -> None:
+    clips = torch.stack([clip(FRAMES, 1), clip(FRAMES, 2, still=(1, 2))])
+    ids = [5, 6] + [VIDEO_TOKEN] * video_tokens(FRAMES) + [7] + [VIDEO_TOKEN] * video_tokens(FRAMES) + [8]
+    inputs = {"input_ids": torch.tensor([ids]), "pixel_values_videos": clips}
+    tokens = frame_tokens(model, clips)
+    vitrim.vlm.apply(model, "evs", video_pruning_rate=0.5)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    kept = vitrim.vlm.last_selection(model)
+    vitrim.vlm.remove(model)
+    assert [k.tolist() for k in kept] == [with_newline(evs_by_hand(tokens[v], 0.5), FRAMES) for v in range(2)]
+    assert torch.allclose(logits, llm_on_rows(model, inputs, kept), atol=TOL, rtol=0)
+
+
+@pytest.mark.full
+def test_beams_and_no_cache_keep_all_and_pruned(model: torch.nn.Module) -> None:
+    """Keep-all under beam search is the unmodified model's; a pruned greedy run gives the same tokens with and
+    without the cache."""
+    inputs = mixed_prompt(model)
+    greedy = {"max_new_tokens": 3, "do_sample": False}
+    with torch.no_grad():
+        unmodified = model.generate(**inputs, num_beams=2, **greedy)
+        vitrim.vlm.apply(model, "evs", video_pruning_rate=0.0)
+        assert torch.equal(model.generate(**inputs, num_beams=2, **greedy), unmodified)
+        vitrim.vlm.remove(model)
+        vitrim.vlm.apply(model, "visionzip", keep=6, dominant=4, contextual=2)
+        cached = model.generate(**inputs, **greedy)
+        assert torch.equal(model.generate(**inputs, use_cache=False, **greedy), cached)
