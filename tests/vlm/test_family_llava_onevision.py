@@ -309,6 +309,11 @@ def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.
     with pytest.raises(ValueError, match="keep=") as caught:
         vitrim.vlm.apply(model, "evs", keep=8)
     assert "\n" not in str(caught.value)
+    several_layers = tiny_llava_onevision()
+    several_layers.config.vision_feature_layer = [-1, -2]
+    with pytest.raises(ValueError, match="vision_feature_layer=") as caught:
+        vitrim.vlm.apply(several_layers, "fastervlm", keep=4)
+    assert "\n" not in str(caught.value) and not hasattr(several_layers, "_vitrim_vlm")
 
 
 def test_generate_reads_the_image_call_of_its_own_prompt(model: torch.nn.Module) -> None:

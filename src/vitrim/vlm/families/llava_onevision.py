@@ -197,6 +197,11 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
                 f"vlm method {method.name!r} reads Qwen's tower (the mean query of each temporal patch); vitrim.vlm "
                 "has no LLaVA-OneVision form of it (its authors' LLaVA-OneVision code budgets per frame otherwise)"
             )
+        if method.needs_cls_attention and self.scoring_layer() is None:
+            raise ValueError(
+                f"vlm method {method.name!r} scores by the attention at one tower layer; this model has "
+                f"vision_feature_layer={self.config.vision_feature_layer!r} (expected one int layer, not 0)"
+            )
         stage.keep_of(self.tile_tokens())  # keep counts per tile or frame: checked against a tile's tokens
         selection = OnevisionSelection(self, stage)
         return [*selection.hooks(), self.see_image_sizes(), self.watch_videos(selection)]
