@@ -94,14 +94,20 @@ def received_by_hand(model: torch.nn.Module, frames: torch.Tensor) -> torch.Tens
 
 
 def llm_on_rows(
-    model: torch.nn.Module, inputs: dict, kept: list[torch.Tensor], merged: list[list[torch.Tensor]] | None = None
+    model: torch.nn.Module,
+    inputs: dict,
+    kept: list[torch.Tensor],
+    merged: list[list[torch.Tensor]] | None = None,
+    *,
+    original: bool = False,
 ) -> torch.Tensor:
     """(1, L′, V): the unmodified LLM and head fed, as inputs_embeds, the rows of the unmodified model's LLM input
-    (text embeddings, image and video features scattered at their tokens) at the text and the kept media tokens
-    (``kept``: per image or video in reading order, indices among its tokens), numbered 0 … L′−1.
+    (text embeddings, image and video features scattered at their tokens) at the text and the kept media tokens,
+    numbered 0 … L′−1 (``original``: each at its unpruned position).
 
-    merged: per item, the groups of ``last_selection(groups=True)``; a kept token standing for others then holds
-    VisionZip's merge (its own row + the mean of the others'), and every row keeps its unpruned position."""
+    kept: per image or video in reading order, its kept indices among its tokens, in the order they enter the LLM;
+    merged: per item, the groups of ``last_selection(groups=True)`` (raster order of the kept indices); a kept token
+    standing for others then holds VisionZip's merge (its own row + the mean of the others')."""
     inner = model.model
     ids = inputs["input_ids"]
     with torch.no_grad():
@@ -118,28 +124,30 @@ def llm_on_rows(
         if "pixel_values_videos" in inputs:
             videos = inner.get_video_features(inputs["pixel_values_videos"], return_dict=True)
             features[VIDEO_TOKEN] = list(videos.pooler_output)
-        keep = torch.ones(ids.shape[1], dtype=torch.bool)
+        columns: list[int] = []  # the LLM input's rows, as columns of the full input, in order
         taken = dict.fromkeys(features, 0)
         column, item = 0, 0
         while column < ids.shape[1]:
             token = int(ids[0, column])
             if token not in features:
+                columns.append(column)
                 column += 1
                 continue
-            rows = features[token][taken[token]]  # (T, E)
+            rows = features[token][taken[token]].clone()  # (T, E)
             taken[token] += 1
-            span = slice(column, column + len(rows))
-            embeds[span] = rows
-            dropped = torch.ones(len(rows), dtype=torch.bool)
-            dropped[kept[item]] = False
-            keep[span] = ~dropped
-            for slot, group in zip(kept[item].tolist(), [] if merged is None else merged[item], strict=False):
+            groups = [] if merged is None else merged[item]
+            for slot, group in zip(sorted(kept[item].tolist()), groups, strict=False):
                 others = [index for index in group.tolist() if index != slot]
                 if others:
-                    embeds[column + slot] = rows[slot] + rows[others].mean(0)
+                    rows[slot] = features[token][taken[token] - 1][slot] + features[token][taken[token] - 1][
+                        others
+                    ].mean(0)
+            embeds[column : column + len(rows)] = rows
+            columns += [column + int(index) for index in kept[item]]
             column, item = column + len(rows), item + 1
-        positions = keep.nonzero()[:, 0][None] if merged is not None else None
-        hidden = inner.language_model(inputs_embeds=embeds[keep][None], position_ids=positions).last_hidden_state
+        at = torch.tensor(columns)
+        positions = at[None] if original else None
+        hidden = inner.language_model(inputs_embeds=embeds[at][None], position_ids=positions).last_hidden_state
         return model.lm_head(hidden)
 
 
@@ -250,7 +258,30 @@ def test_visionzip_per_frame_merges_pooled_tokens_as_its_authors_merge(model: to
     vitrim.vlm.remove(model)
     assert len(kept[0]) == FRAMES * 6 + 1
     assert any(len(group) > 1 for group in groups[0])  # something was merged
-    reference = llm_on_rows(model, inputs, kept, merged=groups)
+    reference = llm_on_rows(model, inputs, kept, merged=groups, original=True)
+    assert torch.allclose(logits, reference, atol=TOL, rtol=0)
+
+
+def test_visionzip_per_frame_hands_the_llm_its_authors_order(model: torch.nn.Module) -> None:
+    """positions="authors": each frame's dominant tokens (the 4 most attended, computed here) in raster order, then
+    its contextual targets in raster order, frame after frame, then the newline, numbered 0 … L′−1."""
+    inputs = one_clip()
+    scores = received_by_hand(model, inputs["pixel_values_videos"][0])  # (F, P′)
+    vitrim.vlm.apply(model, "visionzip", keep=6, dominant=4, contextual=2)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    kept, groups = vitrim.vlm.last_selection(model), vitrim.vlm.last_selection(model, groups=True)
+    vitrim.vlm.remove(model)
+    order = []
+    for frame in range(FRAMES):
+        dominant = {
+            frame * FRAME_TOKENS + int(c) for c in torch.sort(scores[frame], descending=True, stable=True)[1][:4]
+        }
+        own = [int(k) for k in kept[0] if int(k) // FRAME_TOKENS == frame]
+        assert dominant <= set(own)
+        order += sorted(dominant) + sorted(set(own) - dominant)
+    order.append(FRAMES * FRAME_TOKENS)
+    reference = llm_on_rows(model, inputs, [torch.tensor(order)], merged=groups)
     assert torch.allclose(logits, reference, atol=TOL, rtol=0)
 
 
