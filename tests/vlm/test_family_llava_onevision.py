@@ -340,6 +340,11 @@ def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.
     with pytest.raises(ValueError, match="keep=") as caught:
         vitrim.vlm.apply(model, "evs", keep=8)
     assert "\n" not in str(caught.value)
+    vitrim.vlm.apply(model, "cdpruner", keep=0.5)  # reads the prompt: images only
+    with pytest.raises(ValueError, match="on images only") as caught, torch.no_grad():
+        model(**one_clip())
+    assert "\n" not in str(caught.value)
+    vitrim.vlm.remove(model)
     several_layers = tiny_llava_onevision()
     several_layers.config.vision_feature_layer = [-1, -2]
     with pytest.raises(ValueError, match="vision_feature_layer=") as caught:
