@@ -212,6 +212,7 @@ class NoStrength(Reducer):
     example_options: ClassVar[dict[str, Any]] = {}
 
 
+@pytest.mark.full  # every reducer timed once: 7 s
 def test_every_registered_reducer_appears_or_is_skipped_with_a_reason(monkeypatch):
     monkeypatch.setattr(registry, "_REDUCERS", dict(registry._REDUCERS))  # register only for this test
     monkeypatch.setattr(NoStrength, "name", "")

@@ -73,6 +73,7 @@ def test_stable_sort_translation_keeps_ties_in_index_order(descending: bool, tmp
     assert torch.equal(torch.from_numpy(values), expected.values)
 
 
+@pytest.mark.full  # 10 s: the command end to end; the export itself is checked by default above
 def test_cli_exports_a_checkpoint_with_a_reducer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = build("dense")
     checkpoint = vitrim.save_checkpoint(model, tmp_path / "model.safetensors")

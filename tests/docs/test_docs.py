@@ -30,8 +30,20 @@ from vitrim.cli import build_parser
 
 MAX_NO_RUN = 5
 PYTHON_PAGES = [page for page, blocks in BLOCKS.items() if any(b.lang == "python" and not b.no_run for b in blocks)]
-# Pages whose blocks take the longest (about 10 s each): run by `make test-all`; the default suite runs the rest
-HEAVY_PAGES = {"README.md", "docs/checkpoints.md", "docs/dynamicvit.md"}
+# Pages whose blocks take the longest (7-18 s each on 2 cores, 2026-12-02): run by `make test-full` (so by CI) and
+# `make test-all`; the default suite runs the rest, and test_docs_commands.py parses every page's commands
+HEAVY_PAGES = {
+    "README.md",
+    "docs/checkpoints.md",
+    "docs/dynamicvit.md",
+    "docs/models.md",
+    "docs/optimize.md",
+    "docs/reducers.md",
+    "docs/vlm.md",
+    "docs/vlm-cost.md",
+    "docs/vlm-inside-the-llm.md",
+    "docs/vlm-qwen.md",
+}
 _name = page_name
 
 

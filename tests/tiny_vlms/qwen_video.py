@@ -160,3 +160,18 @@ def assert_batch_equals_each_alone(model: torch.nn.Module, prompts: list[list[It
         assert torch.equal(theirs[: len(mine)], mine) and bool((theirs[len(mine) :] == PAD).all())  # after EOS: pad
         torch.testing.assert_close(alone_logits[0], logits[b], rtol=0, atol=1e-10)
         item += count
+
+
+def deepstack_group_means(
+    features: list[torch.Tensor], kept: list[torch.Tensor], groups: list[list[torch.Tensor]], counts: list[int]
+) -> list[torch.Tensor]:
+    """Qwen3-VL's DeepStack rows of a tower call (each (ΣN, D)) with every kept slot's rows the mean of its group's
+    (vitrim's convention for a merged token): ``kept``, ``groups`` per item (``last_selection``'s), ``counts`` each
+    item's N, in the tower call's order."""
+    rows, start = [f.clone() for f in features], 0
+    for item, count in enumerate(counts):
+        for slot, group in zip(kept[item].tolist(), groups[item], strict=True):
+            for out, source in zip(rows, features, strict=True):
+                out[start + slot] = source[start + group].mean(0)
+        start += count
+    return rows

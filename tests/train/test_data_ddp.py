@@ -70,6 +70,7 @@ def _worker(rank: int, port: int, root: str) -> None:
     (r / f"rank{rank}.json").write_text(json.dumps(result))
 
 
+@pytest.mark.full  # two processes with gloo: 7-11 s on 2 cores
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_each_rank_reads_its_own_part_and_together_every_sample_once(tmp_path: Path) -> None:
     pytest.importorskip("webdataset")

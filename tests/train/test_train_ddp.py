@@ -43,6 +43,7 @@ def _last_metrics(out: Path) -> dict[str, Any]:
     return json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.full  # two processes with gloo: 7-11 s on 2 cores
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_two_processes_match_one(tmp_path: Path) -> None:
     single, ddp = tmp_path / "single", tmp_path / "ddp"

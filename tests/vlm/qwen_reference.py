@@ -107,3 +107,43 @@ def masked_decode(model: torch.nn.Module, inputs: dict, dropped: Tensor, next_to
         use_cache=True,
     )
     return out.logits
+
+
+def last_block_query_key(model: torch.nn.Module, inputs: dict) -> tuple[Tensor, Tensor]:
+    """(P, H, hd) each, in tower order: the last tower block's queries and keys for the prompt's videos, as the
+    video-pruning authors take them (FastVID, FlashVID): its fused ``qkv`` on the block's (normed) input, the model's
+    own rotary on both, read by a pre-hook while ``get_video_features`` runs."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+
+    attention = model.model.visual.blocks[-1].attn
+    seen: dict = {}
+
+    def grab(module, args, kwargs):
+        seen.update(hidden=args[0] if args else kwargs["hidden_states"], **kwargs)
+
+    handle = attention.register_forward_pre_hook(grab, with_kwargs=True)
+    with torch.no_grad():
+        model.model.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"])
+    handle.remove()
+    hidden, heads = seen["hidden"], attention.num_heads
+    q, k, _ = attention.qkv(hidden).reshape(len(hidden), 3, heads, -1).permute(1, 0, 2, 3).unbind(0)
+    return apply_rotary_pos_emb_vision(q, k, *seen["position_embeddings"])
+
+
+def videos_in_raster(model: torch.nn.Module, grid: Tensor, scores: Tensor, merge: int) -> list[Tensor]:
+    """Per video of ``grid`` (V, 3), (t, (h/m)·(w/m)): ``scores`` (G,) per merged token of the tower call in tower
+    order, Qwen2.5-VL's window order undone (the authors' ``reverse_indices``: argsort of the window index)."""
+    from transformers.vision_utils import get_vision_window_index
+
+    visual = model.model.visual
+    if hasattr(visual, "fullatt_block_indexes"):
+        window_index, _ = get_vision_window_index(
+            grid, visual.spatial_merge_size, visual.window_size, visual.patch_size
+        )
+        scores = scores[torch.argsort(window_index)]
+    out, at = [], 0
+    for t, h, w in grid.tolist():
+        count = t * (h // merge) * (w // merge)
+        out.append(scores[at : at + count].reshape(t, -1))
+        at += count
+    return out

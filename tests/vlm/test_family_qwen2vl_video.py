@@ -246,4 +246,4 @@ def test_method_info_says_which_methods_reduce_videos_only() -> None:
         else:
             vitrim.vlm.remove(model)
     assert video_methods == [name for name in vitrim.vlm.methods() if vitrim.vlm.method_info(name).video]
-    assert video_methods == ["evs", "fastvid", "temporal_downsample", "vidcom2"]
+    assert video_methods == ["evs", "fastvid", "flashvid", "temporal_downsample", "vidcom2"]

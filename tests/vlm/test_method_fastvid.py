@@ -12,13 +12,15 @@ import re
 
 import pytest
 import torch
+from qwen_reference import last_block_query_key, videos_in_raster
 
 import vitrim.vlm
 from tiny_vlms.qwen import BUILDERS, MERGE
 from tiny_vlms.qwen_video import (
     assert_batch_equals_each_alone,
+    deepstack_group_means,
     dropped_media,
-    full_positions,
+    masked_logits,
     media_tokens,
     video_batch,
 )
@@ -216,26 +218,10 @@ def authors_salience(model: torch.nn.Module, inputs: dict) -> list[torch.Tensor]
     patches (one merged token, window order); softmax over the temporal patch's tokens of mean query · mean keys /
     √hd; the mean over heads; then their ``reverse_indices`` (argsort of the window order) back to raster. Their code
     takes one video (``grid_thw[0]``); here each video's rows of the tower call in turn."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
-    from transformers.vision_utils import get_vision_window_index
-
-    visual = model.model.visual
-    seen: dict = {}
-    attention = visual.blocks[-1].attn
-
-    def grab(module, args, kwargs):
-        seen.update(hidden=args[0] if args else kwargs["hidden_states"], **kwargs)
-
-    grid = inputs["video_grid_thw"]
-    handle = attention.register_forward_pre_hook(grab, with_kwargs=True)
-    with torch.no_grad():
-        model.model.get_video_features(inputs["pixel_values_videos"], grid)
-    handle.remove()
-    hidden, heads = seen["hidden"], attention.num_heads
-    q, k, _ = attention.qkv(hidden).reshape(len(hidden), 3, heads, -1).permute(1, 0, 2, 3).unbind(0)
-    q, k = apply_rotary_pos_emb_vision(q, k, *seen["position_embeddings"])
+    q, k = last_block_query_key(model, inputs)
+    heads, head_dim = q.shape[1], q.shape[2]
     q, k = q.transpose(0, 1), k.transpose(0, 1)  # (H, P, hd)
-    head_dim = q.shape[-1]
+    grid = inputs["video_grid_thw"]
     scores, at = [], 0
     for t, h, w in grid.tolist():
         video_q, video_k = q[:, at : at + t * h * w], k[:, at : at + t * h * w]
@@ -244,18 +230,7 @@ def authors_salience(model: torch.nn.Module, inputs: dict) -> list[torch.Tensor]
         weights = torch.softmax(mean_q @ mean_k.transpose(-2, -1) / math.sqrt(head_dim), dim=-1)
         scores.append(weights.mean(2).mean(0).reshape(-1))  # (t·hw/4,) in tower order
         at += t * h * w
-    salience = torch.cat(scores)
-    if hasattr(visual, "fullatt_block_indexes"):  # Qwen2.5-VL: undo the window order as they do
-        window_index, _ = get_vision_window_index(
-            grid, visual.spatial_merge_size, visual.window_size, visual.patch_size
-        )
-        salience = salience[torch.argsort(window_index)]
-    out, at = [], 0
-    for t, h, w in grid.tolist():
-        count = t * (h // MERGE) * (w // MERGE)
-        out.append(salience[at : at + count].reshape(t, -1))
-        at += count
-    return out
+    return videos_in_raster(model, grid, torch.cat(scores), MERGE)  # Qwen2.5-VL: their reverse_indices
 
 
 def fastvid_on_the_model_and_the_authors(family: str) -> list[tuple]:
@@ -344,20 +319,16 @@ def pruned_with_merges(model: torch.nn.Module, inputs: dict, options: dict):
     def replace(module, args, kwargs, output):  # the prompts here hold videos only: every tower call is theirs
         output.pooler_output = torch.cat(written)
         if getattr(output, "deepstack_features", None):  # Qwen3-VL: a merged slot's rows the mean of its group's
-            start, rows = 0, [r.clone() for r in output.deepstack_features]
-            for video, count in enumerate(counts[first_video:]):
-                for slot, group in zip(kept[first_video + video].tolist(), groups[first_video + video], strict=True):
-                    for out, source in zip(rows, output.deepstack_features, strict=True):
-                        out[start + slot] = source[start + group].mean(0)
-                start += count
-            output.deepstack_features = rows
+            videos = slice(first_video, None)
+            output.deepstack_features = deepstack_group_means(
+                output.deepstack_features, kept[videos], groups[videos], counts[videos]
+            )
         return output
 
     dropped = dropped_media(inputs, kept)
     handle = model.model.visual.register_forward_hook(replace, with_kwargs=True)
-    mask = inputs["attention_mask"] * (~dropped).long()
     with torch.no_grad():
-        reference = model(**{**inputs, "attention_mask": mask, "position_ids": full_positions(model, inputs)}).logits
+        reference = masked_logits(model, inputs, dropped)
     handle.remove()
     return pruned, reference, dropped
 

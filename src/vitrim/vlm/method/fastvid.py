@@ -40,7 +40,6 @@ Where vitrim differs from that code (docs/video.md says the same):
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,7 +51,8 @@ from torch.nn import functional as F
 
 from vitrim.vlm.method.base import ImageSelection, VisionEvidence, register_method
 from vitrim.vlm.method.cost import VLM, MethodCost
-from vitrim.vlm.method.video_rate import VideoMethod, video_tokens
+from vitrim.vlm.method.density_peaks import density_peaks
+from vitrim.vlm.method.video_rate import VideoMethod, sizes_from_cuts, video_tokens
 
 NEIGHBOURS = 4  # the density's k nearest (the token itself among them), the authors' constant
 OPTION_RANGES: dict[str, tuple[bool, Callable[[float], bool], float | None, str]] = {  # integer?, low, high, words
@@ -77,12 +77,6 @@ class FastVIDOptions:
     STPrune_d: float
     DTM_p: int
     DTM_beta: float
-
-
-def sizes_from_cuts(cuts: list[int], length: int) -> list[int]:
-    """Segment sizes of ``length`` items cut after each (sorted, distinct) index in ``cuts``."""
-    bounds = [-1, *cuts, length - 1]
-    return [after - before for before, after in itertools.pairwise(bounds) if after > before]
 
 
 def dyseg(similarity: Tensor, count: int, threshold: float) -> list[int]:
@@ -119,17 +113,6 @@ def segment_budgets(similarity: Tensor, per_frame: int, options: FastVIDOptions)
         budgets += [(0, 0)] * (size - 1)
         budgets.append((min(salient_shares[part], per_frame - anchors), anchors))
     return budgets
-
-
-def density_peaks(tokens: Tensor, count: int) -> Tensor:
-    """Sorted (count,) indices of the DPC anchors among ``tokens`` (n, E): the top ρ·δ (module docstring, step 3)."""
-    work = torch.promote_types(tokens.dtype, torch.float32)
-    distance = torch.cdist(tokens[None].to(work), tokens[None].to(work))[0] / tokens.shape[-1] ** 0.5  # (n, n)
-    nearest = torch.topk(distance, min(NEIGHBOURS, len(tokens)), dim=-1, largest=False).values
-    density = torch.exp(-(nearest**2).mean(-1))  # (n,)
-    higher = density[None, :] > density[:, None]  # [i, j]: j is denser than i
-    parent = torch.where(higher, distance, distance.max()).min(-1).values
-    return torch.topk(parent * density, count).indices.sort().values
 
 
 def merge_into_anchors(tokens: Tensor, anchors: Tensor, others: Tensor, beta: float) -> tuple[Tensor, list[Tensor]]:
@@ -174,7 +157,9 @@ def fastvid_select(tokens: Tensor, salience: Tensor, options: FastVIDOptions) ->
             candidates = rest.nonzero()[:, 0]
             salient.append(top + frame * per_frame)
             if anchor_count:
-                anchors.append(candidates[density_peaks(tokens[frame, candidates], anchor_count)] + frame * per_frame)
+                anchors.append(
+                    candidates[density_peaks(tokens[frame, candidates], anchor_count, NEIGHBOURS)] + frame * per_frame
+                )
         segment = torch.arange(start * per_frame, (start + size) * per_frame, device=tokens.device)
         chosen = torch.cat(salient)
         for frame_anchors in anchors:

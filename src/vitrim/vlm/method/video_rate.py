@@ -1,5 +1,5 @@
-"""What the video methods share: ``video_pruning_rate`` (vLLM's name, the fraction of a video's tokens pruned) and
-the view of one video's tokens as temporal patches.
+"""What the video methods share: ``video_pruning_rate`` (vLLM's name, the fraction of a video's tokens pruned),
+the view of one video's tokens as temporal patches, and segments of them from cut points.
 
 A video method (``reads_time``) selects over a whole video: its :class:`~vitrim.vlm.method.base.VisionEvidence`
 holds ONE video (I = 1) of N = t·rows·cols merged tokens in raster order ``(t, row, column)``, ``grid`` the
@@ -9,6 +9,7 @@ prompt keep every token (the family runs video methods on videos only).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -46,3 +47,9 @@ def video_tokens(evidence: VisionEvidence) -> tuple[Tensor, int, int]:
         )
     frames = tokens.shape[0] // per_frame
     return tokens.reshape(frames, per_frame, -1), frames, per_frame
+
+
+def sizes_from_cuts(cuts: list[int], length: int) -> list[int]:
+    """Segment sizes of ``length`` items cut after each (sorted, distinct) index in ``cuts``."""
+    bounds = [-1, *cuts, length - 1]
+    return [after - before for before, after in itertools.pairwise(bounds) if after > before]
