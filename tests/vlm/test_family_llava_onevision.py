@@ -332,10 +332,11 @@ def test_generate_greedy_gives_the_unmodified_llm_s_tokens_on_the_kept_rows(mode
 
 
 def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.Module) -> None:
-    with pytest.raises(TypeError, match="no LLaVA-OneVision form") as caught:
-        vitrim.vlm.apply(model, "fastvid")
-    assert "\n" not in str(caught.value)
-    assert not hasattr(model, "_vitrim_vlm")
+    for method in ("fastvid", "flashvid"):  # video methods reading Qwen's tower attention over a whole video
+        with pytest.raises(TypeError, match="no LLaVA-OneVision form") as caught:
+            vitrim.vlm.apply(model, method)
+        assert "\n" not in str(caught.value)
+        assert not hasattr(model, "_vitrim_vlm")
     assert not {"get_video_features", "get_image_features"} & set(model.model.__dict__)
     with pytest.raises(ValueError, match="keep=") as caught:
         vitrim.vlm.apply(model, "evs", keep=8)
@@ -386,13 +387,22 @@ def test_an_image_whose_grid_transformers_shrinks_keeps_all_or_is_refused_in_one
     assert "\n" not in str(caught.value)
 
 
-def test_inside_the_llm_a_video_is_text(model: torch.nn.Module) -> None:
-    """The in-LLM stage ranks the images' tokens; a video's tokens stay, as text's do (docs/video.md)."""
+def test_inside_the_llm_a_video_is_text_unless_a_video_method_ran_before(model: torch.nn.Module) -> None:
+    """The in-LLM stage alone ranks the images' tokens, a video's staying as text's do; stacked after a pre-LLM video
+    method it ranks among the video's tokens that entered the LLM (docs/video.md)."""
     inputs = mixed_prompt(model)
     vitrim.vlm.apply(model, "fastv", keep=0.5, layer=1)
     with torch.no_grad():
         model(**inputs)
     assert [len(kept) for kept in vitrim.vlm.last_selection(model)] == [77, 130]  # the two images only
+    vitrim.vlm.remove(model)
+    vitrim.vlm.apply(model, "evs", video_pruning_rate=0.5)
+    vitrim.vlm.apply(model, "flashvid_llm", layer=1)
+    with torch.no_grad():
+        model(**inputs)
+    before, inside = vitrim.vlm.last_selection(model, stage="pre_llm"), vitrim.vlm.last_selection(model)
+    assert [len(kept) for kept in before] == [154, 24 + 1, 259]  # evs: 24 of 48 frame tokens and the newline
+    assert set(inside[1].tolist()) < set(before[1].tolist())  # the video's ranked among what evs kept
 
 
 def test_two_videos_in_one_prompt_are_each_picked_on_their_own_frames(model: torch.nn.Module) -> None:

@@ -22,7 +22,9 @@ What vitrim does with a video (the Qwen conventions of ``docs/video.md``, where 
 - a **frame** is one sampled frame, its pooled h′×w′ grid (each frame is its own tower run: there is no temporal
   patch). A video method (``reads_time``: ``evs``, ``vidcom2``, ``temporal_downsample``) selects over the video's
   F·P′ pooled tokens, the LLM's own rows: ``evs`` compares a token with the same cell one frame earlier, ``vidcom2``
-  budgets per frame, ``temporal_downsample`` keeps every stride-th frame; images in the prompt keep every token;
+  budgets per frame, ``temporal_downsample`` keeps every stride-th frame; images in the prompt keep every token. A
+  video method that reads the tower's attention over the video (``fastvid``, ``flashvid``) is refused: vitrim has
+  their Qwen forms only;
 - an image method selects on each frame as on an image (``keep=`` per frame, counted among its P′ pooled tokens;
   the frames' seeds from their own pixels), with evidence on the pooled grid: the attention each patch receives at
   the tower's scoring layer (the layer that makes the feature layer; SigLIP has no [CLS], so the received
@@ -192,10 +194,10 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
     def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         method = stage.method
-        if method.needs_query_attention:
+        if method.reads_time and method.needs_cls_attention:  # FastVID, FlashVID: Qwen's tower over a whole video
             raise TypeError(
-                f"vlm method {method.name!r} reads Qwen's tower (the mean query of each temporal patch); vitrim.vlm "
-                "has no LLaVA-OneVision form of it (its authors' LLaVA-OneVision code budgets per frame otherwise)"
+                f"vlm method {method.name!r} reads the tower's attention over a whole video; vitrim.vlm has its Qwen "
+                "form only, no LLaVA-OneVision form of it"
             )
         if method.needs_cls_attention and self.scoring_layer() is None:
             raise ValueError(
