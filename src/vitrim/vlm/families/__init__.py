@@ -16,6 +16,7 @@ from torch import nn
 from vitrim.vlm.families.gemma3 import Gemma3Adapter
 from vitrim.vlm.families.llava import LlavaAdapter
 from vitrim.vlm.families.llava_next import LlavaNextAdapter
+from vitrim.vlm.families.llava_onevision import LlavaOnevisionAdapter
 from vitrim.vlm.families.paligemma import PaliGemmaAdapter
 from vitrim.vlm.families.qwen2vl import Qwen2VLAdapter
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
@@ -23,6 +24,7 @@ from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchit
 ADAPTERS: tuple[type[FamilyAdapter], ...] = (
     LlavaAdapter,
     LlavaNextAdapter,
+    LlavaOnevisionAdapter,
     Qwen2VLAdapter,
     Gemma3Adapter,
     PaliGemmaAdapter,

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from vitrim.vlm.boxes import NO_VIEW, TokenBoxes, crop_axis, grid_boxes, resized_size, size_field
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
-from vitrim.vlm.stages.capture import EncoderSeam, Taps
+from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
 
 
@@ -103,13 +104,15 @@ class ProjectorSelection:
     """Where LLaVA hands on its tokens: the projector's input (select, write merged) or, for a method that scores
     the projector's output, its output; the taps of :class:`~vitrim.vlm.stages.capture.Taps` on the tower."""
 
-    def __init__(self, adapter: LlavaAdapter, stage: EncoderSeam) -> None:
+    def __init__(self, adapter: LlavaAdapter, stage: EncoderSeam, reader: Reader = read_cls_attention) -> None:
+        """``reader``: the scoring layer's evidence from its input (CLIP's [CLS] row; a tower without [CLS] gives
+        the attention each token receives)."""
         self.adapter, self.stage = adapter, stage
         scoring = adapter.scoring_layer()
         self.taps = Taps(
             stage.method,
             tower=adapter.inner.vision_tower,
-            scoring=None if scoring is None else (scoring.self_attn, read_cls_attention),
+            scoring=None if scoring is None else (scoring.self_attn, reader),
             cls_layer=scoring if adapter.cls_to_llm else None,
         )
         self.features: Tensor | None = None
@@ -134,6 +137,10 @@ class ProjectorSelection:
             "cls_feature": self.taps.take_cls_row(),
         }
 
+    def report(self, selections: list[ImageSelection]) -> None:
+        """Hand the pre-LLM stage the selections of this tower run's images."""
+        self.stage.selected(selections)
+
     def on_projector(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         features = args[0]  # (I, N, D) the tower features of every image of this forward pass
         self.features = features
@@ -142,13 +149,13 @@ class ProjectorSelection:
         selections, written = self.stage.hand_on.run(
             features, values=features, project=lambda states: states, **self.captured()
         )
-        self.stage.selected(selections)
+        self.report(selections)
         return None if written is None else (written, *args[1:])
 
     def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
         if self.stage.method.scores_projected and self.features is not None:
             selections, _ = self.stage.hand_on.run(self.features, projected=output, **self.captured())
-            self.stage.selected(selections)
+            self.report(selections)
         self.features = None
 
 

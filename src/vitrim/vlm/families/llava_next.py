@@ -90,8 +90,7 @@ class LlavaNextAdapter(LlavaAdapter):
 
         @functools.wraps(original)  # generate() reads its signature to pick the arguments it passes
         def get_image_features(*args: Any, **kwargs: Any) -> Any:
-            sizes = kwargs.get("image_sizes", args[1] if len(args) > 1 else None)
-            self.image_sizes = None if sizes is None else torch.as_tensor(sizes)
+            self.note_image_call(args, kwargs)
             return original(*args, **kwargs)
 
         self.inner.get_image_features = get_image_features
@@ -101,6 +100,11 @@ class LlavaNextAdapter(LlavaAdapter):
                 del self.inner.get_image_features
 
         return undo
+
+    def note_image_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Remember what a ``get_image_features`` call says about its images: ``image_sizes``."""
+        sizes = kwargs.get("image_sizes", args[1] if len(args) > 1 else None)
+        self.image_sizes = None if sizes is None else torch.as_tensor(sizes)
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
         undo_sizes = self.see_image_sizes()

@@ -66,7 +66,7 @@ from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps, keep_all
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
 from vitrim.vlm.stages.sequence import DecodeState, read_short
-from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, spans_from_mask
 
 SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
 
@@ -238,32 +238,15 @@ class Qwen2VLAdapter(FamilyAdapter):
     ) -> tuple[list[ImageSelection], list[int]]:
         """The selections and LLM token counts of the prompt's images and videos in reading order (the tower encodes
         all images, then all videos); rows ``generate()`` repeated for beams are walked once per prompt."""
-        image_id = int(self.config.image_token_id)
-        records = {}
-        for modality in prefill.extras["modalities"]:
-            if modality not in self.grids:
+        records: dict[int, tuple[str, list[ImageSelection], list[int]]] = {}
+        for modality, token in (("image", self.config.image_token_id), ("video", self.config.video_token_id)):
+            encoded = modality in prefill.extras["modalities"]
+            if encoded and modality not in self.grids:
                 raise ValueError(f"vitrim.vlm saw no {modality} of this prompt encoded after vitrim.vlm.apply")
-            records[modality] = (self.chosen[modality], self.tokens_of(self.grids[modality]))
+            chosen, counts = (self.chosen[modality], self.tokens_of(self.grids[modality])) if encoded else ([], [])
+            records[int(token)] = (modality, chosen, counts)
         assert prefill.media is not None
-        given = sum(sum(counts) for _, counts in records.values())
-        total = int(prefill.media.sum())
-        repeat = total // given if given and total % given == 0 and total > given else 1
-        taken = dict.fromkeys(records, 0)
-        ordered: list[ImageSelection] = []
-        counts: list[int] = []
-        for row in range(0, prefill.input_ids.shape[0], repeat):
-            columns = prefill.media[row].nonzero()[:, 0].tolist()
-            at = 0
-            while at < len(columns):
-                modality = "image" if int(prefill.input_ids[row, columns[at]]) == image_id else "video"
-                chosen, sizes = records.get(modality, ([], []))
-                if taken.get(modality, 0) >= len(sizes):
-                    raise ValueError(f"the prompt holds more {modality}s than the {len(sizes)} encoded")
-                ordered.append(chosen[taken[modality]])
-                counts.append(sizes[taken[modality]])
-                at += sizes[taken[modality]]
-                taken[modality] += 1
-        return ordered, counts
+        return media_in_reading_order(prefill.input_ids, prefill.media, records)
 
     def prefill_positions(self, kwargs: dict[str, Any], embeds: Tensor) -> Tensor:
         positions = kwargs.get("position_ids")  # the full sequence's (3 or 4, B, L), from the model or generate

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+Item = TypeVar("Item")  # what a family records per encoded image or video (its selection)
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,35 @@ def spans_from_mask(is_image: Tensor, tokens_per_image: Sequence[int]) -> ImageS
     token_of[flat] = rank[flat] - starts[image_of_rank]
     shape = is_image.shape
     return ImageSpans(is_image.clone(), image_of.view(shape), token_of.view(shape))
+
+
+def media_in_reading_order(
+    input_ids: Tensor, media: Tensor, records: dict[int, tuple[str, list[Item], list[int]]]
+) -> tuple[list[Item], list[int]]:
+    """A batch's images and videos in reading order, from what each modality's encoder run recorded.
+
+    input_ids, media: (B, L), ``media`` the positions of every image's and video's tokens; records: per placeholder
+    token id, (the modality's name, its encoded items' records and LLM token counts, in encode order). Returns the
+    records and counts in the batch's reading order. Rows ``generate()`` repeated for beams (the batch holds a whole
+    multiple of the encoded tokens) are walked once per prompt (the pre-LLM stage expands them again);
+    ``ValueError`` when the prompt holds more items of a modality than were encoded.
+    """
+    given = sum(sum(counts) for _, _, counts in records.values())
+    total = int(media.sum())
+    repeat = total // given if given and total % given == 0 and total > given else 1
+    taken = dict.fromkeys(records, 0)
+    ordered: list[Item] = []
+    counts: list[int] = []
+    for row in range(0, input_ids.shape[0], repeat):
+        columns = media[row].nonzero()[:, 0].tolist()
+        at = 0
+        while at < len(columns):
+            token = int(input_ids[row, columns[at]])
+            name, items, sizes = records[token]
+            if taken[token] >= len(sizes):
+                raise ValueError(f"the prompt holds more {name}s than the {len(sizes)} encoded")
+            ordered.append(items[taken[token]])
+            counts.append(sizes[taken[token]])
+            at += sizes[taken[token]]
+            taken[token] += 1
+    return ordered, counts
