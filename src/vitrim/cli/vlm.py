@@ -1,4 +1,5 @@
-"""``vitrim vlm flops``: the analytic prefill MACs of real vision-language models, with and without each method."""
+"""``vitrim vlm flops``: the analytic prefill MACs of real vision-language models, with and without each method, for
+one image or (``--video``) a clip."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import dataclasses
 import json
 
 from vitrim.cli.common import TEXT_TOKENS, check_output_file, parse_ints
+from vitrim.vlm import flops_video
 from vitrim.vlm.flops import CONFIGS, PrefillCost, cost_table, counted_methods
+from vitrim.vlm.method import method_class
 from vitrim.vlm.method import methods as registered
+
+VIDEO_SIZE = 448  # px: 16×16 merged tokens per temporal patch on Qwen2.5-VL, 14×14 on Qwen3-VL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,10 +25,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Prefill multiply-adds of one image and the text tokens, by part (tower, projector, LLM, the "
         "method's own products), counted analytically from the published configs (vitrim.vlm.flops).",
     )
-    p.add_argument("--models", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}")
-    p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
+    p.add_argument(
+        "--models", default=None, help=f"comma-separated, of: {', '.join(CONFIGS)} (with --video: "
+        f"{', '.join(flops_video.VIDEO_MODELS)}, the default then)",
+    )  # fmt: skip
+    p.add_argument("--keep", default=None, help="comma-separated image tokens kept per image (default 64,128,192)")
     counted = counted_methods()  # read from the registry now: a method registered before the parser is built counts
-    p.add_argument("--methods", default=",".join(counted), help=f"comma-separated, of: {', '.join(counted)}")
+    p.add_argument(
+        "--methods", default=None, help=f"comma-separated, of: {', '.join(counted)} (with --video also "
+        f"{', '.join(flops_video.STACKS)}; default: every one that takes the input)",
+    )  # fmt: skip
+    p.add_argument(
+        "--video", default=None, metavar="T[,T]",
+        help="count a clip of T temporal patches (two frames each) instead of one image, e.g. 16,64",
+    )  # fmt: skip
+    p.add_argument("--size", default=None, help=f"with --video: the clip's side in pixels (default {VIDEO_SIZE})")
+    p.add_argument(
+        "--share", default=None, help="with --video: comma-separated fractions of the video's tokens kept, "
+        "given to each method in its own options (default 0.5,0.25,0.125)",
+    )  # fmt: skip
     p.add_argument(
         "--text-tokens", type=TEXT_TOKENS, default=94, help="text tokens of the prompt (94: a 670-token LLaVA one)"
     )
@@ -63,17 +83,104 @@ def format_rows(rows: list[PrefillCost]) -> str:
     return "\n".join(lines)
 
 
-def run_flops(args: argparse.Namespace) -> int:
-    models = _names(args.models, "--models", list(CONFIGS))
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v <= 1 for v in values):
+        raise ValueError(f"--share must be comma-separated fractions in (0, 1], got {text!r}")
+    return values
+
+
+def _refuse_uncounted(text: str | None) -> None:
+    """A method registered but without a cost count is named as such, not as "unknown"."""
     counted = counted_methods()
-    uncounted = [n for n in (n.strip() for n in args.methods.split(",")) if n in registered() and n not in counted]
-    if uncounted:  # registered, but its file gives no cost: say that, not "unknown"
+    names = [] if text is None else [n.strip() for n in text.split(",")]
+    uncounted = [n for n in names if n in registered() and n not in counted]
+    if uncounted:
         raise ValueError(
             f"--methods: vlm method {uncounted[0]!r} has no cost count (its file defines no cost()); counted: "
             f"{', '.join(counted)}"
         )
-    methods = _names(args.methods, "--methods", counted)
-    keeps = _keeps(args.keep)
+
+
+def format_video_rows(rows: list[PrefillCost]) -> str:
+    """A Markdown table of a clip: the share asked for, the method's options it gives, GMACs by part, the ratio to
+    the unmodified clip, the video tokens entering the LLM and their mean over its layers."""
+    base = rows[0].total
+    lines = [
+        "| method | share | options (keep: per temporal patch) | tower | projector | LLM | method's own | total | "
+        "ratio | video tokens into LLM | layer-mean video tokens |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        given = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.options.items())
+        if r.keep is not None:
+            given = ", ".join(filter(None, [f"keep={r.keep}", given]))
+        lines.append(
+            f"| {r.method} | {'all' if r.share is None else f'{r.share:g}'} | {given} | {r.tower / 1e9:.0f} | "
+            f"{r.projector / 1e9:.0f} | {r.llm / 1e9:.0f} | {r.method_own / 1e9:.2f} | {r.total / 1e9:.0f} | "
+            f"{r.total / base:.3f} | {r.image_tokens_entering_llm} | {r.image_tokens_layer_mean:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_video_flops(args: argparse.Namespace) -> int:
+    """``--video``: every model of :data:`flops_video.VIDEO_MODELS` asked for, at every clip length and share."""
+    if args.keep is not None:
+        raise ValueError("--keep counts an image's tokens; with --video give --share (fractions of the video's)")
+    lengths = parse_ints(args.video, "--video")
+    size = VIDEO_SIZE if args.size is None else parse_ints(args.size, "--size")[0]
+    shares = _shares("0.5,0.25,0.125" if args.share is None else args.share)
+    models = _names(args.models or ",".join(flops_video.VIDEO_MODELS), "--models", list(flops_video.VIDEO_MODELS))
+    _refuse_uncounted(args.methods)
+    known = flops_video.video_methods()
+    methods = list(known) if args.methods is None else _names(args.methods, "--methods", (*known, *counted_methods()))
+    clips = [flops_video.clip(CONFIGS[name], t, size) for name in models for t in lengths]  # bad sizes: now
+    out = None if args.json is None else check_output_file(args.json, "--json")
+    results = {}
+    for video in clips:
+        rows = flops_video.video_cost_table(video, shares, text_tokens=args.text_tokens, methods=methods)
+        results[video.name] = [dataclasses.asdict(r) | {"total": r.total} for r in rows]
+        stamps = video.temporal_patches * video.text_per_temporal_patch
+        print(
+            f"{video.name}: {video.tower.patches} patches, {video.tokens_per_temporal_patch} video tokens per "
+            f"temporal patch, {video.image_tokens} in all + {args.text_tokens} text tokens"
+            + (f" + {stamps} timestamp tokens" if stamps else "")
+            + f" into {video.llm.name}. GMACs (multiply-adds) of one prefill:"
+        )
+        print()
+        print(format_video_rows(rows))
+        print()
+    print(
+        "share: the fraction of the video's tokens asked for, in each method's own options (evs, vidcom2: "
+        "video_pruning_rate = 1 - share; temporal_downsample: stride = 1/share; fastvid, flashvid: retention_ratio; "
+        "an image method: keep = share of each temporal patch's tokens). fastvid: at most its budget (an upper bound); "
+        "flashvid: its budget, 1.25 x the share (a lower bound), then flashvid_llm keeps 0.3 of it from layer 20."
+    )
+    if out is not None:
+        payload = {"text_tokens": args.text_tokens, "size": size, "shares": list(shares), "clips": results}
+        out.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+def run_flops(args: argparse.Namespace) -> int:
+    if args.video is not None:
+        return run_video_flops(args)
+    for option in ("size", "share"):
+        if getattr(args, option) is not None:
+            raise ValueError(f"--{option} describes a clip; give --video T too")
+    models = _names(args.models or ",".join(CONFIGS), "--models", list(CONFIGS))
+    counted = counted_methods()
+    _refuse_uncounted(args.methods)
+    videos = [n.strip() for n in (args.methods or "").split(",") if n.strip() in counted]
+    videos = [n for n in videos if method_class(n).reads_time]
+    if videos:
+        raise ValueError(f"--methods: {videos[0]!r} reduces videos and refuses images; give --video T")
+    image_methods = [n for n in counted if not method_class(n).reads_time]
+    methods = _names(args.methods or ",".join(image_methods), "--methods", counted)
+    keeps = _keeps(args.keep or "64,128,192")
     out = None if args.json is None else check_output_file(args.json, "--json")
     results = {}
     for name in models:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vitrim.vlm.method import Method, method_class, methods
 from vitrim.vlm.method.cost import VLM, LanguageModel, MethodCost, VisionTower, cut_tower_blocks
@@ -116,7 +117,29 @@ GEMMA3_4B = VLM(
     cut_before_projector=False,
 )
 
-CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, GEMMA3_4B)}
+# Qwen3-VL-8B, Qwen/Qwen3-VL-8B-Instruct config.json (its text_config as the checkpoint's config.json and its GGUF
+# metadata give it; the vision_config equals transformers' Qwen3VLVisionConfig defaults but out_hidden_size):
+# vision_config depth 27, hidden_size 1152, intermediate_size 4304 (linear_fc1, GELU-tanh, linear_fc2: not gated),
+# num_heads 16, patch_size 16, temporal_patch_size 2, spatial_merge_size 2, out_hidden_size 4096, no windows (every
+# block attends over its temporal patch), deepstack_visual_indexes [8, 16, 24]; the merger and each of the three
+# DeepStack mergers are Linear 4608->4608, GELU, Linear 4608->4096 on every LLM image token (their outputs are added
+# to the LLM's first three layers' hidden states: no products); text: hidden 4096, intermediate 12288, 36 layers,
+# 32 heads, 8 key/value heads (head 128), vocab 151936 (untied head). 768×768 px make 48×48 patches and 576 image
+# tokens, LLaVA-1.5's count. A video writes "<t seconds>" and vision start/end around each temporal patch
+# (transformers' Qwen3VLProcessor.replace_video_token): 6 tokens for a time below 10 s with Qwen's tokenizer
+# (digits one by one), and 2: 8 per temporal patch (a time of two digits is one more, not counted).
+QWEN3_VL_8B = VLM(
+    name="qwen3-vl-8b",
+    tower=VisionTower("Qwen3-VL ViT (768 px)", 768, 16, 1152, 27, 16, 4304, temporal_patch=2),
+    projector=((4608, 4608), (4608, 4096)) * 4,  # the merger and the three DeepStack mergers
+    pool=4,
+    llm=LanguageModel("Qwen3-8B", 4096, 36, 32, 8, 128, 12288, 151936),
+    cut_before_projector=False,
+    note="dynamic resolution; 768×768 px gives 576 image tokens; DeepStack: 4 mergers",
+    text_per_temporal_patch=8,
+)
+
+CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, QWEN3_VL_8B, GEMMA3_4B)}
 
 
 @dataclass(frozen=True)
@@ -135,10 +158,12 @@ class InLLMSchedule:
 
 
 def vision_block_macs(tower: VisionTower, tokens: int, *, windowed: bool, mlp_tokens: int | None = None) -> int:
-    """MACs of one tower block on ``tokens`` tokens (windowed: attention within windows of ``tower.window``); its
-    MLP on ``mlp_tokens`` (default ``tokens``) where a cut between the two leaves fewer."""
+    """MACs of one tower block on ``tokens`` tokens (windowed: attention within windows of ``tower.window``; a
+    video's temporal patches each attend alone); its MLP on ``mlp_tokens`` (default ``tokens``) where a cut between
+    the two leaves fewer."""
     d, n = tower.width, tokens
-    keys = min(n, tower.window) if windowed and tower.window else n
+    segment = n // tower.temporal_patches  # the tokens one query attends over: its temporal patch's
+    keys = min(segment, tower.window) if windowed and tower.window else segment
     mlp = (3 if tower.gated_mlp else 2) * (n if mlp_tokens is None else mlp_tokens) * d * tower.mlp_width
     return 4 * n * d * d + 2 * n * keys * d + mlp
 
@@ -210,6 +235,9 @@ class PrefillCost:
     image_tokens_entering_llm: int
     image_tokens_layer_mean: float  # image tokens averaged over the LLM's layers
     tokens_per_layer: tuple[int, ...] = field(repr=False, default=())
+    # a video's row (vitrim.vlm.flops_video): the share of its tokens asked for, and the method's options it gives
+    share: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -254,6 +282,16 @@ def prefill_cost(
         raise ValueError(f"keep must be an int in 1..{n_img} (the image tokens of {vlm.name}), got {keep!r}")
     if not isinstance(text_tokens, int) or text_tokens < 0:
         raise ValueError(f"text_tokens must be an int >= 0, got {text_tokens!r}")
+    if method != "none" and method_class(method).reads_time:
+        raise ValueError(
+            f"method {method!r} reduces videos and refuses images; count it on a clip: "
+            "vitrim.vlm.flops_video.video_prefill_cost(clip(model, temporal_patches, size), ...)"
+        )
+    if vlm.temporal_patches != 1:
+        raise ValueError(
+            f"{vlm.name} holds a video of {vlm.temporal_patches} temporal patches; count it with "
+            "vitrim.vlm.flops_video.video_prefill_cost"
+        )
     if keep is not None and method_class(method).stage == "tower" and vlm.pool != 1:
         raise ValueError(
             f"method {method!r} (in the tower) is counted for towers whose patches are the LLM's image tokens; "
@@ -293,11 +331,11 @@ def cost_table(
 ) -> list[PrefillCost]:
     """The unmodified prefill, then every method (default: every counted one, :func:`counted_methods`) at every
     ``keep`` (a tower method is skipped on a model that pools its tower's grid; a ``keep`` above the image's tokens
-    is refused)."""
+    is refused; a video method, which refuses images, is skipped)."""
     names = counted_methods() if methods is None else methods
     rows = [prefill_cost(vlm, "none", text_tokens=text_tokens)]
     for method in names:
-        if method == "none":
+        if method == "none" or method_class(method).reads_time:
             continue
         if vlm.pool != 1 and method in counted_methods("tower"):
             continue

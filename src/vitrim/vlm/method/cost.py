@@ -30,10 +30,19 @@ class VisionTower:
     window: int | None = None  # tokens per attention window, None: global attention in every block
     full_attention_layers: tuple[int, ...] = ()  # blocks that attend globally despite ``window``
     feature_layer: int = -1  # the hidden state handed on (LLaVA-1.5: -2, the output of the second-to-last block)
+    # a video's temporal patches (t; 1: an image): each is its own attention segment in Qwen's towers (transformers'
+    # ``cu_seqlens`` cut at every temporal patch), ``image_size`` the side of each
+    temporal_patches: int = 1
+
+    @property
+    def patches_per_temporal_patch(self) -> int:
+        """Patches of one temporal patch (of the image): (image_size / patch_size)²."""
+        return (self.image_size // self.patch_size) ** 2
 
     @property
     def patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        """Patches of the whole input: every temporal patch's."""
+        return self.temporal_patches * self.patches_per_temporal_patch
 
     @property
     def tokens(self) -> int:
@@ -77,11 +86,28 @@ class VLM:
     llm: LanguageModel
     cut_before_projector: bool
     note: str = ""
+    # text a video writes around each temporal patch, which no method prunes (Qwen3-VL: its timestamp, vision start
+    # and end); counted on top of ``text_tokens`` when the input is a video (``tower.temporal_patches`` > 1)
+    text_per_temporal_patch: int = 0
+    # the image tokens an earlier stage hands this one (an in-LLM method stacked after a pre-LLM one counts its part
+    # on what that one left, :mod:`vitrim.vlm.flops_video`); None: the tower's own
+    image_tokens_in: int | None = None
 
     @property
     def image_tokens(self) -> int:
-        """Image tokens per image entering the LLM unmodified."""
-        return self.tower.patches // self.pool
+        """Image tokens per image (per video: all its temporal patches') entering the LLM unmodified, or
+        ``image_tokens_in`` where an earlier stage left fewer."""
+        return self.tower.patches // self.pool if self.image_tokens_in is None else self.image_tokens_in
+
+    @property
+    def tokens_per_temporal_patch(self) -> int:
+        """LLM tokens of one temporal patch (of the image): P."""
+        return self.tower.patches_per_temporal_patch // self.pool
+
+    @property
+    def temporal_patches(self) -> int:
+        """t: the input's temporal patches (1: an image)."""
+        return self.tower.temporal_patches
 
 
 @dataclass(frozen=True)
@@ -129,11 +155,11 @@ class MethodCost:
 def cls_row_macs(tower: VisionTower) -> int:
     """The attention score a [CLS]-ranking method reads at the scoring layer, for one image: with [CLS], its query,
     every key and one q·kᵀ row; without (SigLIP, Qwen's tower), the attention each token receives: every query, key
-    and the whole q·kᵀ (see docs/vlm.md)."""
+    and the whole q·kᵀ (see docs/vlm.md), within each temporal patch of a video."""
     d, tokens = tower.width, tower.tokens
     if tower.cls_token:
         return d * d + tokens * d * d + tokens * d
-    return 2 * tokens * d * d + tokens * tokens * d
+    return 2 * tokens * d * d + tokens * (tokens // tower.temporal_patches) * d
 
 
 def cut_tower_blocks(tower: VisionTower, block: int, keep: int) -> tuple[tuple[int, int], ...]:

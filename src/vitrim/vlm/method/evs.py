@@ -52,5 +52,9 @@ class EVSSelection(VideoMethod):
         return [ImageSelection.unmerged(evs_keep(tokens, float(self.options["video_pruning_rate"])))]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
-        """One cosine per token against the token one temporal patch earlier (a dot and two norms of E)."""
-        return MethodCost.before_llm(keep, 3 * model.image_tokens * model.llm.width)
+        """One video of ``model``'s t temporal patches of P tokens: the rate decides the count (:func:`evs_count`;
+        ``keep`` is not read), and every token after the first temporal patch costs one cosine with the same cell
+        one temporal patch earlier (a dot and two norms of E)."""
+        per_frame, frames = model.tokens_per_temporal_patch, model.temporal_patches
+        count = evs_count(per_frame, frames, float(self.options["video_pruning_rate"]))
+        return MethodCost.before_llm(count, 3 * (frames - 1) * per_frame * model.llm.width)

@@ -219,10 +219,15 @@ class FastVIDSelection(VideoMethod):
         return [fastvid_select(tokens, salience, options)]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
-        """The salience at the tower's last block (every patch's query and key, one mean query against each token's
-        mean key), the pairwise distances of a temporal patch's tokens (DPC), and each token's cosine with the anchors
-        (at most ``keep``)."""
-        n, width = model.image_tokens, model.llm.width
+        """One video of ``model``'s t temporal patches of P tokens (N = t·P; ``keep`` is not read): at most
+        t·int(P·``retention_ratio``) stay (the budgets; fewer where a sub-segment's share is capped at P), an upper
+        bound. Its own work, upper bounds too: the salience at the tower's last block (every patch's query and key,
+        each temporal patch's mean query against its tokens' mean keys), the DPC distances of every temporal patch's
+        P tokens (only those holding anchors compute them), and each token's cosine with the kept tokens (only its
+        segment's anchors)."""
+        n, width, per_frame = model.image_tokens, model.llm.width, model.tokens_per_temporal_patch
+        count = model.temporal_patches * int(per_frame * float(self.options["retention_ratio"]))
         patches, tower_width = model.tower.tokens, model.tower.width
         salience = 2 * patches * tower_width * tower_width + n * tower_width
-        return MethodCost.before_llm(keep, salience + n * n * width + n * keep * width)
+        density = model.temporal_patches * per_frame * per_frame * width
+        return MethodCost.before_llm(count, salience + density + n * count * width)

@@ -341,10 +341,18 @@ class FlashVIDSelection(VideoMethod):
         return [flashvid_select(tokens, attention, options)]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
-        """The received attention at the tower's last block (its queries and keys, every patch against its temporal
-        patch's), then per temporal patch of n tokens: the pairwise cosines for ADTS and for TSTM (with the
-        temporal patch before) and the DPC distances."""
-        n, width = model.image_tokens, model.llm.width
+        """One video of ``model``'s t temporal patches of P tokens (``keep`` is not read): t·B stay, B = A + C the
+        budget (module docstring, 2; t·A where nothing is merged), a lower bound where a cluster count rounds up.
+        Its own work: the received attention at the tower's last block (its queries and keys, each patch against
+        its temporal patch's), then per temporal patch the pairwise cosines of its P tokens for ADTS, with the
+        temporal patch before for TSTM (t − 1 of them), and the DPC distances of the roots left (at most P: an upper
+        bound)."""
+        width, per_frame, frames = model.llm.width, model.tokens_per_temporal_patch, model.temporal_patches
+        options = FlashVIDOptions(**{name: self.options[name] for name in self.defaults})
+        chosen, context = options.budgets(per_frame)
+        merges = context > 0 and options.temporal_threshold < 1.0
         patches, tower_width = model.tower.tokens, model.tower.width
-        attention = 2 * patches * tower_width * tower_width + patches * patches * tower_width
-        return MethodCost.before_llm(keep, attention + 3 * n * n * width)
+        attention = 2 * patches * tower_width * tower_width + patches * (patches // frames) * tower_width
+        pairs = per_frame * per_frame * width  # one temporal patch's P × P products of E
+        own = attention + frames * pairs + ((frames - 1) * pairs + frames * pairs if merges else 0)
+        return MethodCost.before_llm(frames * (chosen + context if merges else chosen), own)

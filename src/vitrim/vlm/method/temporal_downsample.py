@@ -33,4 +33,7 @@ class TemporalDownsample(VideoMethod):
         return [ImageSelection.unmerged(kept)]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
-        return MethodCost.before_llm(keep)  # an index pattern: no products
+        """One video of ``model``'s t temporal patches of P tokens: ⌈t / stride⌉·P stay (``keep`` is not read); an
+        index pattern, no products."""
+        frames = -(-model.temporal_patches // self.options["stride"])
+        return MethodCost.before_llm(frames * model.tokens_per_temporal_patch)

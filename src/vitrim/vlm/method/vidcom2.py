@@ -86,6 +86,10 @@ class VidCom2Selection(VideoMethod):
         return [ImageSelection.unmerged(vidcom2_keep(tokens, float(self.options["video_pruning_rate"])))]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
-        """Two Gaussian similarities per token over half the channels (a distance each), and the variances."""
+        """One video of ``model``'s t temporal patches of P tokens: the rate decides the count
+        (:func:`vidcom2_count`; ``keep`` is not read); its own work: the channels' variances over the N = t·P tokens
+        (N·E) and each token's two Gaussian similarities over half the channels (a distance each)."""
         n, width = model.image_tokens, model.llm.width
-        return MethodCost.before_llm(keep, n * width + 2 * n * (width // 2))
+        count = vidcom2_count(model.tokens_per_temporal_patch, model.temporal_patches,
+                              float(self.options["video_pruning_rate"]))  # fmt: skip
+        return MethodCost.before_llm(count, n * width + 2 * n * (width // 2))

@@ -1,0 +1,192 @@
+"""Analytic prefill cost of a video clip on a Qwen VLM, with and without a token-reduction method.
+
+A clip is t temporal patches (two frames each) of size × size pixels: the tower runs on t·(size/p)² patches, each
+temporal patch its own attention segment (transformers cuts ``cu_seqlens`` at every temporal patch; Qwen2.5-VL's
+windows lie inside it), the merger on every one of the N = t·P tokens it makes, and the LLM on the tokens a method
+leaves, the text and, on Qwen3-VL, the timestamp text before each temporal patch (never pruned). The convention is
+:mod:`vitrim.vlm.flops`'s (matrix products, in multiply-adds).
+
+Which methods, and what each row asks of it: a row asks for a ``share`` of the video's N tokens, given to each
+method in its own options (:func:`share_options`):
+
+- the video methods (``vitrim.vlm.method_info(name).video``) decide their count from their options, and their file
+  counts it (``Method.cost`` reads the clip's t and P): ``evs`` and ``vidcom2`` prune 1 − share
+  (``video_pruning_rate``), ``temporal_downsample`` keeps every round(1/share)-th temporal patch, ``fastvid`` and
+  ``flashvid`` take the share as their ``retention_ratio`` (FlashVID's pre-LLM stage keeps its budget, 1.25 times
+  that, and ``flashvid+flashvid_llm``, the two stages stacked, cuts to 0.3 of it at layer 20: on Qwen2.5-VL the
+  layer mean is then the share itself);
+- an image method runs on each temporal patch as on an image (as vitrim runs it on video): round(share·P) tokens of
+  each, its own work t times its work on one temporal patch;
+- an in-LLM or tower method alone takes no video in vitrim and is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vitrim.vlm.flops import CONFIGS, PrefillCost, _stage_counts, counted_methods, llm_macs, tower_macs
+from vitrim.vlm.method import method_class
+from vitrim.vlm.method.base import StageOptions
+from vitrim.vlm.method.cost import VLM, MethodCost
+
+STACKS = {"flashvid+flashvid_llm": ("flashvid", "flashvid_llm")}  # pre-LLM stage, then in-LLM stage
+VIDEO_MODELS = ("qwen2.5-vl-7b", "qwen3-vl-8b")  # the configs whose towers take temporal patches
+MOST_TEMPORAL_PATCHES = 4096  # a clip of over an hour at Qwen's 2 fps
+
+
+def share_options(method: str, share: float) -> dict[str, Any]:
+    """The options that ask the video method ``method`` (or stack) for ``share`` of a video's tokens (module
+    docstring); ``ValueError`` for a video method with no such option."""
+    first = STACKS.get(method, (method,))[0]
+    if first in ("evs", "vidcom2"):
+        return {"video_pruning_rate": 1.0 - share}
+    if first == "temporal_downsample":
+        return {"stride": max(1, round(1.0 / share))}
+    if first in ("fastvid", "flashvid"):
+        return {"retention_ratio": share}
+    raise ValueError(f"video method {method!r} has no option asking for a share of the tokens; give its options")
+
+
+def video_methods() -> tuple[str, ...]:
+    """The video rows by default: every counted video method, the stacks, then every counted pre-LLM image method
+    (per temporal patch), read from the registry now."""
+    pre_llm = counted_methods("pre_llm")
+    videos = [name for name in pre_llm if method_class(name).reads_time]
+    return (*videos, *STACKS, *(name for name in pre_llm if not method_class(name).reads_time))
+
+
+def clip(vlm: VLM, temporal_patches: int, size: int) -> VLM:
+    """``vlm`` (one of :data:`VIDEO_MODELS`' configs) given a clip of ``temporal_patches`` temporal patches of
+    ``size`` × ``size`` pixels; ``ValueError`` naming the value where the tower takes no video, or the size is not
+    whole merged tokens (and, on Qwen2.5-VL, whole attention windows, which the count assumes)."""
+    tower = vlm.tower
+    if tower.temporal_patch < 2:
+        raise ValueError(f"{vlm.name} takes no video here; expected one of: {', '.join(VIDEO_MODELS)}")
+    if isinstance(temporal_patches, bool) or not isinstance(temporal_patches, int):
+        raise ValueError(f"temporal_patches={temporal_patches!r}: expected an int in 1..{MOST_TEMPORAL_PATCHES}")
+    if not 1 <= temporal_patches <= MOST_TEMPORAL_PATCHES:
+        raise ValueError(f"temporal_patches={temporal_patches!r}: expected an int in 1..{MOST_TEMPORAL_PATCHES}")
+    side = tower.patch_size * (tower.window or vlm.pool) ** 0.5  # one window (Qwen2.5-VL) or one merged token
+    unit = int(side)
+    if isinstance(size, bool) or not isinstance(size, int) or size < unit or size % unit or size > 8192:
+        what = "its 8×8-patch attention windows" if tower.window else "its 2×2-patch merged tokens"
+        raise ValueError(f"size={size!r} for {vlm.name}: expected a multiple of {unit} px up to 8192 ({what})")
+    frames = f"{temporal_patches} temporal patches of {size}×{size} px"
+    return dataclasses.replace(
+        vlm,
+        name=f"{vlm.name}, {frames}",
+        tower=dataclasses.replace(tower, image_size=size, temporal_patches=temporal_patches),
+    )
+
+
+def _method_cost(video: VLM, method: str, options: Mapping[str, Any], keep: int | None, text: int) -> MethodCost:
+    """What ``method`` (a video method, a stack, or an image method at ``keep`` per temporal patch) costs of the
+    clip and leaves the model; ``text``: every text token of the prompt."""
+    if method in STACKS:
+        first, second = STACKS[method]
+        before = method_class(first)(**options).cost(video, video.image_tokens, text_tokens=text)
+        entering = before.tokens_entering(video.image_tokens)
+        inside: Any = method_class(second)()  # an in-LLM method: its drop_policy says where it cuts
+        (stage,) = inside.drop_policy(StageOptions(keep=None, layer=None)).drop_stages(video.llm.layers)
+        after = inside.cost(dataclasses.replace(video, image_tokens_in=entering), stage.tokens(entering),
+                            text_tokens=text)  # fmt: skip
+        return MethodCost(own=before.own + after.own, llm_cuts=(*before.llm_cuts, *after.llm_cuts))
+    cls = method_class(method)
+    if cls.stage != "pre_llm":
+        raise ValueError(
+            f"method {method!r} ({cls.stage}) takes no video alone in vitrim; the video rows take the pre-LLM "
+            f"methods and the stacks {', '.join(STACKS)}"
+        )
+    if cls.reads_time:
+        return cls(**options).cost(video, video.image_tokens, text_tokens=text)
+    assert keep is not None
+    frame = dataclasses.replace(video, tower=dataclasses.replace(video.tower, temporal_patches=1))
+    one = cls(**options).cost(frame, keep, text_tokens=text)
+    return MethodCost(own=video.temporal_patches * one.own, llm_cuts=((0, video.temporal_patches * keep),))
+
+
+def video_prefill_cost(
+    video: VLM,
+    method: str = "none",
+    share: float | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+    text_tokens: int = 94,
+) -> PrefillCost:
+    """The prefill MACs of the clip ``video`` (:func:`clip`) and ``text_tokens`` text tokens (and, on Qwen3-VL, the
+    timestamps) under ``method`` asked for ``share`` of the video's tokens (module docstring), or given its
+    ``options`` (a video method or stack; they replace the share's). ``keep`` in the row: an image method's tokens
+    per temporal patch (None for the others)."""
+    known = ("none", *video_methods())
+    if method not in known:
+        if method in STACKS or (isinstance(method, str) and method in counted_methods()):
+            _method_cost(video, method, {}, None, 0)  # raises the method's own refusal
+        raise ValueError(f"unknown method {method!r} for a video; expected one of: {', '.join(known)}")
+    if not isinstance(text_tokens, int) or isinstance(text_tokens, bool) or text_tokens < 0:
+        raise ValueError(f"text_tokens must be an int >= 0, got {text_tokens!r}")
+    n, per_frame, frames = video.image_tokens, video.tokens_per_temporal_patch, video.temporal_patches
+    text = text_tokens + frames * video.text_per_temporal_patch
+    keep = None
+    chosen: dict[str, Any] = {}
+    cost = MethodCost(own=0)
+    if method != "none":
+        if share is not None and (isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1):
+            raise ValueError(f"share={share!r}: expected a fraction of the video's tokens in (0, 1]")
+        video_method = method in STACKS or method_class(method).reads_time
+        if options is not None and video_method:
+            chosen = dict(options)
+        elif share is None:
+            raise ValueError(f"method {method!r} on a video needs share= (the fraction of its tokens kept)")
+        else:
+            chosen = share_options(method, share) if video_method else dict(options or {})
+            keep = None if video_method else max(1, round(share * per_frame))
+        cost = _method_cost(video, method, chosen, keep, text)
+    counts = _stage_counts(n, text, video.llm.layers, cost.llm_cuts)
+    return PrefillCost(
+        model=video.name,
+        method=method,
+        keep=keep,
+        tower=tower_macs(video.tower),
+        projector=n * sum(i * o for i, o in video.projector),  # the merger runs on every token (vitrim's plumbing)
+        llm=llm_macs(video.llm, counts),
+        method_own=cost.own,
+        image_tokens_entering_llm=cost.tokens_entering(n),
+        image_tokens_layer_mean=sum(c - text for c in counts) / video.llm.layers,
+        tokens_per_layer=tuple(counts),
+        share=None if method == "none" else share,
+        options=chosen,
+    )
+
+
+def video_cost_table(
+    video: VLM, shares: Sequence[float] = (0.5, 0.25, 0.125), *, text_tokens: int = 94,
+    methods: Sequence[str] | None = None,
+) -> list[PrefillCost]:  # fmt: skip
+    """The unmodified clip, then every method (default :func:`video_methods`) at every share."""
+    names = video_methods() if methods is None else methods
+    rows = [video_prefill_cost(video, text_tokens=text_tokens)]
+    for method in names:
+        if method != "none":
+            rows.extend(video_prefill_cost(video, method, share, text_tokens=text_tokens) for share in shares)
+    return rows
+
+
+def video_config(name: str) -> VLM:
+    """The config ``name`` of :data:`VIDEO_MODELS`; ``ValueError`` naming the others."""
+    if name not in VIDEO_MODELS:
+        raise ValueError(f"model {name!r} takes no video here; expected one of: {', '.join(VIDEO_MODELS)}")
+    return CONFIGS[name]
+
+
+__all__ = [
+    "STACKS",
+    "VIDEO_MODELS",
+    "clip",
+    "share_options",
+    "video_config",
+    "video_cost_table",
+    "video_methods",
+    "video_prefill_cost",
+]
