@@ -227,7 +227,7 @@ class _Stopwatch:
         self.inside = False  # in a timed call of the method's own now
         self._start = 0.0
         inner: Any = model.model
-        tower = inner.vision_tower
+        tower = inner.visual if hasattr(inner, "visual") else inner.vision_tower  # Qwen's, or LLaVA's
         self._handles = [tower.register_forward_pre_hook(self._tower_in), tower.register_forward_hook(self._tower_out)]
 
     def _tower_in(self, *args: Any) -> None:

@@ -11,10 +11,12 @@ import sys
 import torch
 
 from vitrim.bench.allocator import pin_malloc_threshold
+from vitrim.bench.vlm_video import SIZES as VIDEO_SIZES
 from vitrim.cli.common import (
     TEXT_TOKENS,
     TIMED,
     UNTIMED,
+    Bounded,
     add_threads_argument,
     check_output_file,
     parse_ints,
@@ -22,6 +24,7 @@ from vitrim.cli.common import (
 )
 
 SET_FORM = "KEY=VALUE[,KEY=VALUE]"
+VIDEO_LENGTH = Bounded(int, 1, 4096, "temporal patches of the clip")
 SIZES = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "image_size",
          "patch_size", "llm_width", "llm_mlp", "llm_heads")  # fmt: skip
 
@@ -37,7 +40,15 @@ def register_vlm(kinds: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--methods", default="", help="comma-separated vlm methods (default: every pre-LLM method, hiprune and flowcut)"
     )
-    p.add_argument("--keep", default="64,128,192", help="comma-separated image tokens kept per image")
+    p.add_argument("--keep", default=None, help="comma-separated image tokens kept per image (default 64,128,192)")
+    p.add_argument(
+        "--video", default=None, type=VIDEO_LENGTH, metavar="T",
+        help="time a scaled-down Qwen2.5-VL-7B given a clip of T temporal patches instead (vitrim.bench.vlm_video)",
+    )  # fmt: skip
+    p.add_argument(
+        "--share", default=None, help="with --video: comma-separated fractions of the video's tokens kept (default "
+        "0.25), given to each method in its own options",
+    )  # fmt: skip
     p.add_argument("--text-tokens", type=TEXT_TOKENS, default=94, help="text tokens of the prompt")
     p.add_argument("--repeats", type=TIMED, default=3, help="timed rounds (every case once per round)")
     p.add_argument("--warmup", type=UNTIMED, default=1, help="untimed prefills per case")
@@ -47,21 +58,75 @@ def register_vlm(kinds: argparse._SubParsersAction) -> None:
         action="append",
         default=None,
         metavar=SET_FORM,
-        help=f"model sizes, of: {', '.join(SIZES)} (e.g. vision_layers=4,llm_layers=2)",
+        help=f"model sizes, of: {', '.join(SIZES)} (e.g. vision_layers=4,llm_layers=2); with --video: "
+        f"{', '.join(VIDEO_SIZES)}",
     )
     add_threads_argument(p)
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.set_defaults(func=run_vlm)
 
 
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v <= 1 for v in values):
+        raise ValueError(f"--share must be comma-separated fractions in (0, 1], got {text!r}")
+    return values
+
+
+def run_video(args: argparse.Namespace) -> int:
+    """``--video T``: the scaled Qwen2.5-VL-7B on a clip (vitrim.bench.vlm_video)."""
+    from vitrim.bench import vlm_video
+
+    if args.keep is not None:
+        raise ValueError("--keep counts an image's tokens; with --video give --share (fractions of the video's)")
+    overrides = parse_set(args.overrides, "--set", SET_FORM)
+    unknown = sorted(set(overrides) - set(VIDEO_SIZES))
+    if unknown:
+        raise ValueError(
+            f"--set {unknown[0]!r} is not a size of the video bench; expected some of: {', '.join(VIDEO_SIZES)}"
+        )
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    settings = vlm_video.VideoBenchSettings(
+        **overrides,
+        temporal_patches=args.video,
+        text_tokens=args.text_tokens,
+        shares=_shares(args.share or "0.25"),
+        methods=methods,
+        repeats=args.repeats,
+        warmup=args.warmup,
+    )
+    vlm_video.bench_methods(settings)  # a method that takes no video fails before the model is built
+    out = None if args.json is None else check_output_file(args.json, "--json")
+    pin_malloc_threshold()
+    results = vlm_video.run_bench(settings, log=lambda line: print(line, file=sys.stderr))
+    print(
+        f"vlm prefill of a video, float32, batch 1, {torch.get_num_threads()} threads, torch {torch.__version__}: "
+        f"Qwen2.5-VL-7B shapes, {settings.vision_layers} tower blocks, {settings.llm_layers} LLM layers, "
+        f"{settings.temporal_patches} temporal patches of {settings.size}x{settings.size} px = "
+        f"{settings.video_tokens} video + {settings.text_tokens} text tokens; median of {settings.repeats} rounds"
+    )
+    print()
+    print(vlm_video.markdown(results["rows"]), end="")
+    if out is not None:
+        out.write_text(json.dumps({"settings": dataclasses.asdict(settings), **results}, indent=2) + "\n")
+    return 0
+
+
 def run_vlm(args: argparse.Namespace) -> int:
     from vitrim.bench import vlm
 
+    if args.video is not None:
+        return run_video(args)
+    if args.share is not None:
+        raise ValueError("--share describes a clip; give --video T too")
     overrides = parse_set(args.overrides, "--set", SET_FORM)
     unknown = sorted(set(overrides) - set(SIZES))
     if unknown:
         raise ValueError(f"--set {unknown[0]!r} is not a model size; expected some of: {', '.join(SIZES)}")
-    keeps = parse_ints(args.keep, "--keep")
+    keeps = parse_ints(args.keep or "64,128,192", "--keep")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     settings = vlm.VLMBenchSettings(
         **overrides,

@@ -81,18 +81,21 @@ def clip(vlm: VLM, temporal_patches: int, size: int) -> VLM:
     )
 
 
-def _method_cost(video: VLM, method: str, options: Mapping[str, Any], keep: int | None, text: int) -> MethodCost:
+def _method_cost(
+    video: VLM, method: str, options: Mapping[str, Any], keep: int | None, text: int, layer: int | None = None
+) -> MethodCost:
     """What ``method`` (a video method, a stack, or an image method at ``keep`` per temporal patch) costs of the
-    clip and leaves the model; ``text``: every text token of the prompt."""
+    clip and leaves the model; ``text``: every text token of the prompt; ``layer``: a stack's in-LLM ``layer=``."""
     if method in STACKS:
         first, second = STACKS[method]
         before = method_class(first)(**options).cost(video, video.image_tokens, text_tokens=text)
         entering = before.tokens_entering(video.image_tokens)
         inside: Any = method_class(second)()  # an in-LLM method: its drop_policy says where it cuts
-        (stage,) = inside.drop_policy(StageOptions(keep=None, layer=None)).drop_stages(video.llm.layers)
-        after = inside.cost(dataclasses.replace(video, image_tokens_in=entering), stage.tokens(entering),
-                            text_tokens=text)  # fmt: skip
-        return MethodCost(own=before.own + after.own, llm_cuts=(*before.llm_cuts, *after.llm_cuts))
+        (stage,) = inside.drop_policy(StageOptions(keep=None, layer=layer)).drop_stages(video.llm.layers)
+        kept = stage.tokens(entering)
+        after = inside.cost(dataclasses.replace(video, image_tokens_in=entering), kept, text_tokens=text)
+        # the cut where the stage's own drop policy puts it (its cost counts the authors' layer, 20)
+        return MethodCost(own=before.own + after.own, llm_cuts=(*before.llm_cuts, (stage.layer, kept)))
     cls = method_class(method)
     if cls.stage != "pre_llm":
         raise ValueError(
@@ -114,11 +117,13 @@ def video_prefill_cost(
     *,
     options: Mapping[str, Any] | None = None,
     text_tokens: int = 94,
+    layer: int | None = None,
 ) -> PrefillCost:
     """The prefill MACs of the clip ``video`` (:func:`clip`) and ``text_tokens`` text tokens (and, on Qwen3-VL, the
     timestamps) under ``method`` asked for ``share`` of the video's tokens (module docstring), or given its
-    ``options`` (a video method or stack; they replace the share's). ``keep`` in the row: an image method's tokens
-    per temporal patch (None for the others)."""
+    ``options`` (a video method or stack; they replace the share's); ``layer``: a stack's in-LLM ``layer=`` (default
+    its own, FlashVID's 20). ``keep`` in the row: an image method's tokens per temporal patch (None for the
+    others)."""
     known = ("none", *video_methods())
     if method not in known:
         if method in STACKS or (isinstance(method, str) and method in counted_methods()):
@@ -142,7 +147,7 @@ def video_prefill_cost(
         else:
             chosen = share_options(method, share) if video_method else dict(options or {})
             keep = None if video_method else max(1, round(share * per_frame))
-        cost = _method_cost(video, method, chosen, keep, text)
+        cost = _method_cost(video, method, chosen, keep, text, layer)
     counts = _stage_counts(n, text, video.llm.layers, cost.llm_cuts)
     return PrefillCost(
         model=video.name,
