@@ -82,13 +82,7 @@ class VLMBenchSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, (least, most) in SETTING_RANGES.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
-                raise ValueError(f"{name} must be an int in [{least}, {most}], got {value!r}")
-        for width, heads in (("vision_width", "vision_heads"), ("llm_width", "llm_heads")):
-            if getattr(self, width) % getattr(self, heads):
-                raise ValueError(f"{width}={getattr(self, width)} is not divisible by {heads}={getattr(self, heads)}")
+        check_sizes(self, SETTING_RANGES)
         if self.image_size < self.patch_size:
             raise ValueError(f"image_size={self.image_size} is smaller than patch_size={self.patch_size}")
         patches = (self.image_size // self.patch_size) ** 2
@@ -100,6 +94,20 @@ class VLMBenchSettings:
         bad = [k for k in self.keeps if not 1 <= k <= patches]
         if not self.keeps or bad:
             raise ValueError(f"keeps must be image tokens in 1..{patches}, got {self.keeps}")
+
+
+def check_sizes(settings: Any, ranges: dict[str, tuple[int, int]]) -> None:
+    """``ValueError`` naming the setting unless each of ``ranges`` is an int in its range and each width divides
+    into its heads (the settings of :class:`VLMBenchSettings` and of the video bench's)."""
+    for name, (least, most) in ranges.items():
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+            raise ValueError(f"{name} must be an int in [{least}, {most}], got {value!r}")
+    for width, heads in (("vision_width", "vision_heads"), ("llm_width", "llm_heads")):
+        if getattr(settings, width) % getattr(settings, heads):
+            raise ValueError(
+                f"{width}={getattr(settings, width)} is not divisible by {heads}={getattr(settings, heads)}"
+            )
 
 
 @dataclass
@@ -284,13 +292,35 @@ def run_bench(
 ) -> dict[str, Any]:
     """Time every case (module doc); returns the settings, the rows and the MAC counts (JSON-ready)."""
     model = build_model(s) if model is None else model
-    inputs = bench_inputs(s)
     cases = [CaseTimes("none", None)] + [CaseTimes(m, k) for m in bench_methods(s) for k in s.keeps]
+
+    def install(case: CaseTimes) -> bool:
+        if case.keep is not None:
+            apply(model, case.method, keep=case.keep, **method_options(case.method, s))
+        return case.keep is not None
+
+    time_cases(model, bench_inputs(s), cases, install, warmup=s.warmup, repeats=s.repeats, log=log)
+    return {"rows": summarize(cases, flops_config(s), s.text_tokens), "threads": torch.get_num_threads()}
+
+
+def time_cases(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    cases: Sequence[CaseTimes],
+    install: Callable[[CaseTimes], bool],
+    *,
+    warmup: int,
+    repeats: int,
+    log: Callable[[str], None] | None = None,
+) -> None:
+    """Every case ``warmup`` times untimed, then ``repeats`` rounds of one prefill each in turns (module doc),
+    recorded into the cases; ``install(case)`` applies the case's method(s) and says whether it applied any (they
+    are removed after each prefill)."""
     watch = _Stopwatch(model)
 
     def prefill(case: CaseTimes, record: bool) -> None:
-        if case.keep is not None:
-            apply(model, case.method, keep=case.keep, **method_options(case.method, s))
+        applied = install(case)
+        if applied:
             watch.watch_method(model)
         watch.reset()
         try:
@@ -298,7 +328,7 @@ def run_bench(
             model(**inputs, logits_to_keep=1)
             elapsed = time.perf_counter() - start
         finally:
-            if case.keep is not None:
+            if applied:
                 remove(model)
         if record:
             case.prefill.append(elapsed)
@@ -308,44 +338,55 @@ def run_bench(
     try:
         with torch.inference_mode():
             for case in cases:
-                for _ in range(s.warmup):
+                for _ in range(warmup):
                     prefill(case, record=False)
-            for round_ in range(s.repeats):
+            for round_ in range(repeats):
                 for case in cases:
                     prefill(case, record=True)
                 if log is not None:
-                    log(f"round {round_ + 1}/{s.repeats} done")
+                    log(f"round {round_ + 1}/{repeats} done")
     finally:
         watch.remove()
-    return {"rows": summarize(cases, flops_config(s), s.text_tokens), "threads": torch.get_num_threads()}
+
+
+def timing_row(base: CaseTimes, case: CaseTimes, macs: int, full_macs: int) -> dict[str, float]:
+    """One case's columns against the unmodified ``base`` of the same rounds: median times, the paired speed-up, the
+    MAC speed-up (``full_macs / macs``) and the issue's two targets."""
+    speedup = statistics.median(b / t for b, t in zip(base.prefill, case.prefill, strict=True))
+    prefill_ms = statistics.median(case.prefill) * 1e3
+    own_ms = statistics.median(case.own) * 1e3
+    mac_speedup = full_macs / macs
+    return {
+        "prefill_ms": prefill_ms,
+        "tower_ms": statistics.median(case.tower) * 1e3,
+        "own_ms": own_ms,
+        "speedup": speedup,
+        "mac_speedup": mac_speedup,
+        "speedup_vs_macs": speedup / mac_speedup,  # target >= 0.6
+        "own_share": own_ms / prefill_ms,  # target <= 0.05
+        "gmacs": macs / 1e9,
+    }
+
+
+def timing_cells(row: dict[str, Any], *, targets: bool) -> str:
+    """A row's timing columns of a Markdown table (:func:`timing_row`'s), then its two targets each marked met or
+    not met (empty where ``targets`` is False: the unmodified model's row)."""
+    ratio = f"{row['speedup_vs_macs']:.2f} {'met' if row['speedup_vs_macs'] >= 0.6 else 'NOT met'}"
+    share = f"{100 * row['own_share']:.2f} % {'met' if row['own_share'] <= 0.05 else 'NOT met'}"
+    return (
+        f"{row['prefill_ms']:.0f} | {row['tower_ms']:.0f} | {row['own_ms']:.1f} | {row['speedup']:.2f} | "
+        f"{row['mac_speedup']:.2f} | " + (f"{ratio} | {share}" if targets else " | ")
+    )
 
 
 def summarize(cases: Sequence[CaseTimes], vlm: VLM, text_tokens: int) -> list[dict[str, Any]]:
     """Per case: median times, the paired speed-up, the MAC speed-up, and the issue's two targets."""
-    base = cases[0]
     full_macs = prefill_cost(vlm, text_tokens=text_tokens).total
     rows, counted = [], counted_methods()  # read now: a method registered after the import is counted too
     for case in cases:
         method = case.method if case.method in counted else "random"  # a method with no cost count: LLM cut only
         macs = prefill_cost(vlm, method, case.keep, text_tokens=text_tokens).total if case.keep else full_macs
-        speedup = statistics.median(b / t for b, t in zip(base.prefill, case.prefill))
-        prefill_ms = statistics.median(case.prefill) * 1e3
-        own_ms = statistics.median(case.own) * 1e3
-        mac_speedup = full_macs / macs
-        rows.append(
-            {
-                "method": case.method,
-                "keep": case.keep,
-                "prefill_ms": prefill_ms,
-                "tower_ms": statistics.median(case.tower) * 1e3,
-                "own_ms": own_ms,
-                "speedup": speedup,
-                "mac_speedup": mac_speedup,
-                "speedup_vs_macs": speedup / mac_speedup,  # target >= 0.6
-                "own_share": own_ms / prefill_ms,  # target <= 0.05
-                "gmacs": macs / 1e9,
-            }
-        )
+        rows.append({"method": case.method, "keep": case.keep, **timing_row(cases[0], case, macs, full_macs)})
     return rows
 
 
@@ -358,10 +399,5 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     ]
     for r in rows:
         first = r["keep"] is None
-        ratio = "" if first else f"{r['speedup_vs_macs']:.2f} {'met' if r['speedup_vs_macs'] >= 0.6 else 'NOT met'}"
-        share = "" if first else f"{100 * r['own_share']:.2f} % {'met' if r['own_share'] <= 0.05 else 'NOT met'}"
-        lines.append(
-            f"| {r['method']} | {'all' if first else r['keep']} | {r['prefill_ms']:.0f} | {r['tower_ms']:.0f} | "
-            f"{r['own_ms']:.1f} | {r['speedup']:.2f} | {r['mac_speedup']:.2f} | {ratio} | {share} |"
-        )
+        lines.append(f"| {r['method']} | {'all' if first else r['keep']} | {timing_cells(r, targets=not first)} |")
     return "\n".join(lines) + "\n"

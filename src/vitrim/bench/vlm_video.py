@@ -20,8 +20,6 @@ the unmodified model; the tower and the method's own calls (its scoring taps, it
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,10 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitrim.bench.vlm import CaseTimes, _import_torchvision_if_any, _Stopwatch
+from vitrim.bench.vlm import SETTING_RANGES as IMAGE_RANGES
+from vitrim.bench.vlm import CaseTimes, _import_torchvision_if_any, check_sizes, time_cases, timing_cells, timing_row
 from vitrim.extras import require
 from vitrim.models.config_limits import LIMITS
-from vitrim.vlm import apply, remove
+from vitrim.vlm import apply
 from vitrim.vlm.flops import QWEN25_VL_7B, VLM, LanguageModel
 from vitrim.vlm.flops_video import STACKS, clip, share_options, video_methods, video_prefill_cost
 from vitrim.vlm.method import method_class
@@ -41,23 +40,15 @@ PATCH, MERGE, WINDOW_PX = 14, 2, 112  # Qwen2.5-VL's patch, merger and attention
 TEXT_BEFORE_VIDEO = 15  # the system prompt and "<|im_start|>user\n" before the video in Qwen's chat template
 DEFAULT_METHODS = ("evs", "vidcom2", "temporal_downsample", "fastvid", "flashvid", "flashvid+flashvid_llm", "random",
                    "visionzip")  # fmt: skip
+SHARED = ("vision_layers", "llm_layers", "vision_width", "vision_mlp", "vision_heads", "llm_width", "llm_mlp",
+          "llm_heads", "repeats", "warmup", "seed")  # fmt: skip  # ranged as the image bench's
 SETTING_RANGES: dict[str, tuple[int, int]] = {
-    "vision_layers": (1, LIMITS["num_hidden_layers"]),
-    "llm_layers": (1, LIMITS["num_hidden_layers"]),
-    "vocab": (8, 2**20),
-    "vision_width": (1, LIMITS["hidden_size"]),
-    "vision_mlp": (1, LIMITS["intermediate_size"]),
-    "vision_heads": (1, LIMITS["num_attention_heads"]),
-    "llm_width": (1, LIMITS["hidden_size"]),
-    "llm_mlp": (1, LIMITS["intermediate_size"]),
-    "llm_heads": (1, LIMITS["num_attention_heads"]),
+    **{name: IMAGE_RANGES[name] for name in SHARED},
+    "vocab": (8, 2**20),  # text, and the image, video, vision start and end ids
     "llm_kv_heads": (1, LIMITS["num_attention_heads"]),
     "size": (WINDOW_PX, 8192),
     "temporal_patches": (1, 4096),
     "text_tokens": (TEXT_BEFORE_VIDEO, 2**17),
-    "repeats": (1, 100_000),
-    "warmup": (0, 100_000),
-    "seed": (0, 2**32 - 1),
 }
 SIZES = ("vision_layers", "llm_layers", "vocab", "vision_width", "vision_mlp", "vision_heads", "llm_width", "llm_mlp",
          "llm_heads", "llm_kv_heads", "size")  # fmt: skip  # what --set may change
@@ -87,13 +78,7 @@ class VideoBenchSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, (least, most) in SETTING_RANGES.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
-                raise ValueError(f"{name} must be an int in [{least}, {most}], got {value!r}")
-        for width, heads in (("vision_width", "vision_heads"), ("llm_width", "llm_heads")):
-            if getattr(self, width) % getattr(self, heads):
-                raise ValueError(f"{width}={getattr(self, width)} is not divisible by {heads}={getattr(self, heads)}")
+        check_sizes(self, SETTING_RANGES)
         if self.llm_heads % self.llm_kv_heads:
             raise ValueError(f"llm_heads={self.llm_heads} is not divisible by llm_kv_heads={self.llm_kv_heads}")
         if self.size % WINDOW_PX:
@@ -213,44 +198,19 @@ def run_bench(
 ) -> dict[str, Any]:
     """Time every case (module doc); returns the rows (JSON-ready) and the threads used."""
     model = build_model(s) if model is None else model
-    inputs = bench_inputs(s)
     cases = [VideoCase("none", None)] + [
         VideoCase(m, None, share=share, options=dict(case_options(m, share, s)[0][1]))
         for m in bench_methods(s) for share in s.shares
     ]  # fmt: skip
-    watch = _Stopwatch(model)
 
-    def prefill(case: VideoCase, record: bool) -> None:
-        applied = [] if case.share is None else case_options(case.method, case.share, s)
+    def install(case: CaseTimes) -> bool:
+        share = case.share if isinstance(case, VideoCase) else None
+        applied = [] if share is None else case_options(case.method, share, s)
         for name, options in applied:
             apply(model, name, **options)
-        if applied:
-            watch.watch_method(model)
-        watch.reset()
-        try:
-            start = time.perf_counter()
-            model(**inputs, logits_to_keep=1)
-            elapsed = time.perf_counter() - start
-        finally:
-            if applied:
-                remove(model)
-        if record:
-            case.prefill.append(elapsed)
-            case.tower.append(watch.tower)
-            case.own.append(watch.own)
+        return bool(applied)
 
-    try:
-        with torch.inference_mode():
-            for case in cases:
-                for _ in range(s.warmup):
-                    prefill(case, record=False)
-            for round_ in range(s.repeats):
-                for case in cases:
-                    prefill(case, record=True)
-                if log is not None:
-                    log(f"round {round_ + 1}/{s.repeats} done")
-    finally:
-        watch.remove()
+    time_cases(model, bench_inputs(s), cases, install, warmup=s.warmup, repeats=s.repeats, log=log)
     return {"rows": summarize(cases, s), "threads": torch.get_num_threads()}
 
 
@@ -267,31 +227,12 @@ def case_macs(case: VideoCase, s: VideoBenchSettings) -> int:
 
 def summarize(cases: Sequence[VideoCase], s: VideoBenchSettings) -> list[dict[str, Any]]:
     """Per case: median times, the paired speed-up, the MAC speed-up and the issue's two targets."""
-    base = cases[0]
-    full_macs = case_macs(base, s)
-    rows = []
-    for case in cases:
-        macs = case_macs(case, s)
-        speedup = statistics.median(b / t for b, t in zip(base.prefill, case.prefill, strict=True))
-        prefill_ms = statistics.median(case.prefill) * 1e3
-        own_ms = statistics.median(case.own) * 1e3
-        mac_speedup = full_macs / macs
-        rows.append(
-            {
-                "method": case.method,
-                "share": case.share,
-                "options": case.options or {},
-                "prefill_ms": prefill_ms,
-                "tower_ms": statistics.median(case.tower) * 1e3,
-                "own_ms": own_ms,
-                "speedup": speedup,
-                "mac_speedup": mac_speedup,
-                "speedup_vs_macs": speedup / mac_speedup,  # target >= 0.6
-                "own_share": own_ms / prefill_ms,  # target <= 0.05
-                "gmacs": macs / 1e9,
-            }
-        )
-    return rows
+    full_macs = case_macs(cases[0], s)
+    return [
+        {"method": case.method, "share": case.share, "options": case.options or {},
+         **timing_row(cases[0], case, case_macs(case, s), full_macs)}
+        for case in cases
+    ]  # fmt: skip
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -303,12 +244,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     ]
     for r in rows:
         first = r["share"] is None
-        ratio = "" if first else f"{r['speedup_vs_macs']:.2f} {'met' if r['speedup_vs_macs'] >= 0.6 else 'NOT met'}"
-        share = "" if first else f"{100 * r['own_share']:.2f} % {'met' if r['own_share'] <= 0.05 else 'NOT met'}"
         given = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["options"].items())
-        lines.append(
-            f"| {r['method']} | {'all' if first else format(r['share'], 'g')} | {given} | {r['prefill_ms']:.0f} | "
-            f"{r['tower_ms']:.0f} | {r['own_ms']:.1f} | {r['speedup']:.2f} | {r['mac_speedup']:.2f} | {ratio} | "
-            f"{share} |"
-        )
+        share = "all" if first else format(r["share"], "g")
+        lines.append(f"| {r['method']} | {share} | {given} | {timing_cells(r, targets=not first)} |")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,8 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,6 +21,7 @@ from vitrim.cli.common import (
     Bounded,
     add_threads_argument,
     check_output_file,
+    parse_fractions,
     parse_ints,
     parse_set,
 )
@@ -66,16 +69,6 @@ def register_vlm(kinds: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_vlm)
 
 
-def _shares(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or not all(0 < v <= 1 for v in values):
-        raise ValueError(f"--share must be comma-separated fractions in (0, 1], got {text!r}")
-    return values
-
-
 def run_video(args: argparse.Namespace) -> int:
     """``--video T``: the scaled Qwen2.5-VL-7B on a clip (vitrim.bench.vlm_video)."""
     from vitrim.bench import vlm_video
@@ -93,23 +86,38 @@ def run_video(args: argparse.Namespace) -> int:
         **overrides,
         temporal_patches=args.video,
         text_tokens=args.text_tokens,
-        shares=_shares(args.share or "0.25"),
+        shares=parse_fractions(args.share or "0.25", "--share"),
         methods=methods,
         repeats=args.repeats,
         warmup=args.warmup,
     )
     vlm_video.bench_methods(settings)  # a method that takes no video fails before the model is built
-    out = None if args.json is None else check_output_file(args.json, "--json")
-    pin_malloc_threshold()
-    results = vlm_video.run_bench(settings, log=lambda line: print(line, file=sys.stderr))
-    print(
-        f"vlm prefill of a video, float32, batch 1, {torch.get_num_threads()} threads, torch {torch.__version__}: "
+    shapes = (
         f"Qwen2.5-VL-7B shapes, {settings.vision_layers} tower blocks, {settings.llm_layers} LLM layers, "
         f"{settings.temporal_patches} temporal patches of {settings.size}x{settings.size} px = "
-        f"{settings.video_tokens} video + {settings.text_tokens} text tokens; median of {settings.repeats} rounds"
+        f"{settings.video_tokens} video + {settings.text_tokens} text tokens"
+    )
+    return _time_and_report(args, settings, vlm_video.run_bench, vlm_video.markdown, "vlm prefill of a video", shapes)
+
+
+def _time_and_report(
+    args: argparse.Namespace,
+    settings: Any,
+    run: Callable[..., dict[str, Any]],
+    markdown: Callable[[list[dict[str, Any]]], str],
+    what: str,
+    shapes: str,
+) -> int:
+    """Run the bench of ``settings``, print its header and table, and write ``--json`` (settings and rows)."""
+    out = None if args.json is None else check_output_file(args.json, "--json")
+    pin_malloc_threshold()
+    results = run(settings, log=lambda line: print(line, file=sys.stderr))
+    print(
+        f"{what}, float32, batch 1, {torch.get_num_threads()} threads, torch {torch.__version__}: {shapes}; median of "
+        f"{settings.repeats} rounds"
     )
     print()
-    print(vlm_video.markdown(results["rows"]), end="")
+    print(markdown(results["rows"]), end="")
     if out is not None:
         out.write_text(json.dumps({"settings": dataclasses.asdict(settings), **results}, indent=2) + "\n")
     return 0
@@ -137,17 +145,8 @@ def run_vlm(args: argparse.Namespace) -> int:
         warmup=args.warmup,
     )
     vlm.bench_methods(settings)  # an unknown method fails before the model is built
-    out = None if args.json is None else check_output_file(args.json, "--json")
-    pin_malloc_threshold()
-    results = vlm.run_bench(settings, log=lambda line: print(line, file=sys.stderr))
-    print(
-        f"vlm prefill, float32, batch 1, {torch.get_num_threads()} threads, torch {torch.__version__}: LLaVA-1.5-7B "
-        f"shapes, {settings.vision_layers} tower blocks, {settings.llm_layers} LLM layers, "
-        f"{(settings.image_size // settings.patch_size) ** 2} image + {settings.text_tokens} text tokens; "
-        f"median of {settings.repeats} rounds"
+    shapes = (
+        f"LLaVA-1.5-7B shapes, {settings.vision_layers} tower blocks, {settings.llm_layers} LLM layers, "
+        f"{(settings.image_size // settings.patch_size) ** 2} image + {settings.text_tokens} text tokens"
     )
-    print()
-    print(vlm.markdown(results["rows"]), end="")
-    if out is not None:
-        out.write_text(json.dumps({"settings": dataclasses.asdict(settings), **results}, indent=2) + "\n")
-    return 0
+    return _time_and_report(args, settings, vlm.run_bench, vlm.markdown, "vlm prefill", shapes)

@@ -121,6 +121,17 @@ def parse_ints(text: str, option: str, bound: Bounded | None = None) -> tuple[in
     return values
 
 
+def parse_fractions(text: str, option: str) -> tuple[float, ...]:
+    """``"0.5,0.25"`` -> ``(0.5, 0.25)``; ``ValueError`` naming ``option`` unless each part is a fraction in (0, 1]."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v <= 1 for v in values):
+        raise ValueError(f"{option} must be comma-separated fractions in (0, 1], got {text!r}")
+    return values
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
     """``--data``, ``--val-data``, ``--workers`` and the digits options.
 

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import json
 
-from vitrim.cli.common import TEXT_TOKENS, check_output_file, parse_ints
+from vitrim.cli.common import TEXT_TOKENS, check_output_file, parse_fractions, parse_ints
 from vitrim.vlm import flops_video
 from vitrim.vlm.flops import CONFIGS, PrefillCost, cost_table, counted_methods
 from vitrim.vlm.method import method_class
@@ -83,16 +83,6 @@ def format_rows(rows: list[PrefillCost]) -> str:
     return "\n".join(lines)
 
 
-def _shares(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values or not all(0 < v <= 1 for v in values):
-        raise ValueError(f"--share must be comma-separated fractions in (0, 1], got {text!r}")
-    return values
-
-
 def _refuse_uncounted(text: str | None) -> None:
     """A method registered but without a cost count is named as such, not as "unknown"."""
     counted = counted_methods()
@@ -132,7 +122,7 @@ def run_video_flops(args: argparse.Namespace) -> int:
         raise ValueError("--keep counts an image's tokens; with --video give --share (fractions of the video's)")
     lengths = parse_ints(args.video, "--video")
     size = VIDEO_SIZE if args.size is None else parse_ints(args.size, "--size")[0]
-    shares = _shares("0.5,0.25,0.125" if args.share is None else args.share)
+    shares = parse_fractions("0.5,0.25,0.125" if args.share is None else args.share, "--share")
     models = _names(args.models or ",".join(flops_video.VIDEO_MODELS), "--models", list(flops_video.VIDEO_MODELS))
     _refuse_uncounted(args.methods)
     known = flops_video.video_methods()
