@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kinds = parser.add_subparsers(dest="vlm_kind", required=True, metavar="KIND")
     p = kinds.add_parser(
         "flops",
-        help="analytic prefill GMACs of LLaVA-1.5-7B, Qwen2.5-VL-7B, Gemma-3-4B with and without each method",
+        help="analytic prefill GMACs of LLaVA-1.5-7B, Qwen2.5-VL-7B, Qwen3-VL-8B, Gemma-3-4B with and without each "
+        "method, for one image or (--video) a clip",
         description="Prefill multiply-adds of one image and the text tokens, by part (tower, projector, LLM, the "
         "method's own products), counted analytically from the published configs (vitrim.vlm.flops).",
     )

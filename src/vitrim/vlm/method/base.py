@@ -300,7 +300,9 @@ class Method:
         image tokens, validated by the caller) and ``text_tokens`` text tokens, under ``self.options``: its own
         multiply-adds and what it leaves the model to run (:class:`~vitrim.vlm.method.cost.MethodCost`).
         :mod:`vitrim.vlm.flops` counts the tower, projector and LLM from it; a method whose file defines this is
-        listed by ``vitrim vlm flops``.
+        listed by ``vitrim vlm flops``. A video method (``reads_time``) is counted on a clip (``model`` holds its t
+        temporal patches of P tokens, :mod:`vitrim.vlm.flops_video`): it decides its count from its options, so it
+        reads no ``keep`` (given the video's t·P) and returns its own count in the cut.
 
         There is no default count: a silent zero would show a method that scores or compares tokens as free in
         the "method's own" column, and the table exists to compare exactly that. A method that computes nothing
