@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitrim.cli import main
-from vitrim.vlm.flops import QWEN3_VL_8B, QWEN25_VL_7B, VisionTower, prefill_cost, tower_macs
+from vitrim.vlm.flops import LLAVA_15_7B, QWEN3_VL_8B, QWEN25_VL_7B, VisionTower, prefill_cost, tower_macs
 from vitrim.vlm.flops_video import clip, video_cost_table, video_methods, video_prefill_cost
 
 transformers = pytest.importorskip("transformers")
@@ -148,6 +148,7 @@ def test_every_method_reduces_a_clip_of_16_and_64() -> None:
         (lambda: video_prefill_cost(QWEN25_CLIP, "evs"), "method 'evs' on a video needs share="),
         (lambda: prefill_cost(QWEN25_VL_7B, "evs", 64), "method 'evs' reduces videos and refuses images"),
         (lambda: prefill_cost(QWEN25_CLIP, "random", 64), "holds a video of 16 temporal patches"),
+        (lambda: video_prefill_cost(LLAVA_15_7B), "llava-1.5-7b takes no video; give clip"),
     ],
 )
 def test_bad_arguments_are_one_line_naming_the_value(call, message: str) -> None:

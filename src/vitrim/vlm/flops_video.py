@@ -124,9 +124,12 @@ def video_prefill_cost(
     ``options`` (a video method or stack; they replace the share's); ``layer``: a stack's in-LLM ``layer=`` (default
     its own, FlashVID's 20). ``keep`` in the row: an image method's tokens per temporal patch (None for the
     others)."""
+    if video.tower.temporal_patch < 2:
+        raise ValueError(f"{video.name} takes no video; give clip(model, temporal_patches, size) of: "
+                         f"{', '.join(VIDEO_MODELS)}")  # fmt: skip
     known = ("none", *video_methods())
     if method not in known:
-        if method in STACKS or (isinstance(method, str) and method in counted_methods()):
+        if isinstance(method, str) and method in counted_methods():
             _method_cost(video, method, {}, None, 0)  # raises the method's own refusal
         raise ValueError(f"unknown method {method!r} for a video; expected one of: {', '.join(known)}")
     if not isinstance(text_tokens, int) or isinstance(text_tokens, bool) or text_tokens < 0:
