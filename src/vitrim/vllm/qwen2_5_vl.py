@@ -305,5 +305,5 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
         seconds = video_input.get("second_per_grid_ts")
         if seconds is None:
             raise ValueError(f"vitrim: a video reached trimmed {self.title} without second_per_grid_ts")
-        tokens_per_second = self.config.vision_config.tokens_per_second  # type: ignore[attr-defined]
+        tokens_per_second = self.config.vision_config.tokens_per_second
         return [tokens_per_second * second for second in seconds.reshape(-1)]
