@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from engines import ENGINE_ARGS
 CLI = Path(__file__).with_name("vllm_cli.py")
 SERVER_START_S = 300  # engine start on 2 busy cores: about a minute
 REQUEST_S = 60
+REFUSED_RETRY_S = 0.2  # between /health tries while the server's socket is bound but not yet listening
 
 
 def free_port() -> int:
@@ -79,20 +81,27 @@ def post(port: int, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any
         return error.code, json.loads(error.read() or b"{}")
 
 
-def healthy(port: int) -> bool:
-    """Whether the server answers /health; the request itself waits for it (a listening socket holds the
-    connection until the server's loop takes it)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
+def healthy(port: int, within_s: float = 60.0) -> bool:
+    """Whether the server answers /health within ``within_s``. vLLM binds its socket early but uvicorn starts
+    listening on it just after its "Application startup complete" line: a refused connection is tried again
+    (every REFUSED_RETRY_S) until then; a listening socket holds the request until the server's loop takes it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=within_s) as response:
+                return response.status == 200
+        except urllib.error.URLError as error:
+            if not isinstance(error.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                return False
+        except (ConnectionError, TimeoutError):
+            return False
+        time.sleep(REFUSED_RETRY_S)
 
 
-# The server's line once it takes requests. vLLM binds its socket before uvicorn starts and hands it over
+# The server's last line before it takes requests. vLLM binds its socket before uvicorn starts and hands it over
 # (``server.serve(sockets=[sock])``), and uvicorn then never logs "Uvicorn running on" (it does only for sockets it
-# binds itself): waiting for that line waited out SERVER_START_S on every start. The socket listens from the
-# start, so a request after this line is taken.
+# binds itself): waiting for that line waited out SERVER_START_S on every start. uvicorn listens right after this
+# line (:func:`healthy` tries again until it does).
 READY = "Application startup complete"
 
 
