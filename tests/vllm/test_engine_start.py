@@ -17,16 +17,21 @@ pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is 
 
 from engines import overrides, with_engine
 
-from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl
+from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 
 LLAVA = "VitrimLlavaForConditionalGeneration"
 QWEN = "VitrimQwen2_5_VLForConditionalGeneration"
+QWEN3 = "VitrimQwen3VLForConditionalGeneration"
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("refusals")
-    return {"llava": save_vllm_llava(work / "llava"), "qwen": save_vllm_qwen2_5_vl(work / "qwen")}
+    return {
+        "llava": save_vllm_llava(work / "llava"),
+        "qwen": save_vllm_qwen2_5_vl(work / "qwen"),
+        "qwen3": save_vllm_qwen3_vl(work / "qwen3"),
+    }
 
 
 REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
@@ -41,6 +46,7 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("qwen", QWEN, {"method": "fastvid"}, "vitrim: method 'fastvid' keeps a count that depends on the video's "
      "content, and vLLM writes a prompt's placeholders before the tower runs"),
     ("llava", LLAVA, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {LLAVA} serves images only"),
+    ("qwen3", QWEN3, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {QWEN3} serves images only"),
     ("qwen", QWEN, {"method": "evs", "keep": 4}, "vitrim: method 'evs' decides each video's count itself; drop 'keep'"),
     ("llava", LLAVA, {"method": "cdpruner", "keep": 4}, "vitrim: method 'cdpruner' reads the prompt"),
     ("llava", LLAVA, {"method": "random", "keep": 0}, "vitrim: keep=0 must be at least 1"),
