@@ -174,3 +174,10 @@ def assert_like_reference(
             assert len(reference_kept) <= entered <= full  # entered: + VisionZip's [CLS]
             dropped += full - entered
         assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped
+
+
+def media_of(expected: dict[str, Any]) -> list[tuple[int, int]]:
+    """(content seed, unpruned token count) of each image and video of a reference request, in prompt order."""
+    images = iter(zip(expected["seeds"], expected["image_tokens"], strict=True))
+    videos = iter(zip(expected["video_seeds"], expected["video_tokens"], strict=True))
+    return [next(images if kind == "image" else videos) for kind in expected["media"]]

@@ -33,7 +33,7 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import clip_frames, overrides, transformers_reference, trimmed_runs, with_engine
+from engines import clip_frames, media_of, overrides, transformers_reference, trimmed_runs, with_engine
 from PIL import Image
 from vllm_server import post, running_server
 
@@ -97,13 +97,6 @@ def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[
         for method, options in METHODS.items()
     ]
     return dict(zip(METHODS, transformers_reference(specs, work), strict=True))
-
-
-def media_of(expected: dict[str, Any]) -> list[tuple[int, int]]:
-    """(content seed, unpruned token count) of each image and video of a reference request, in prompt order."""
-    images = iter(zip(expected["seeds"], expected["image_tokens"], strict=True))
-    videos = iter(zip(expected["video_seeds"], expected["video_tokens"], strict=True))
-    return [next(images if kind == "image" else videos) for kind in expected["media"]]
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -175,6 +175,11 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
+    if engine.method.reads_time:
+        raise ValueError(
+            f"vitrim: method {engine.method.name!r} decides each video's count itself; a request's 'keep' is for the "
+            "image methods"
+        )
     if not isinstance(raw, Mapping) or set(raw) != {"keep"}:
         raise ValueError(
             f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' alone (e.g. {REQUEST_EXAMPLE}; the "

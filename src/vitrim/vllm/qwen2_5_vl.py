@@ -2,8 +2,9 @@
 
 A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``, for images and videos:
 
-- **Placeholders** (the processor's ``_get_prompt_updates``): an image of N tokens gets ``keep`` (an int: at most
-  N, else the request fails naming both; a fraction: of N), a video of t temporal patches of P tokens t·``keep``
+- **Placeholders** (the processor's ``_get_prompt_updates``): an image of N tokens gets ``keep`` (the engine's, or
+  the request's own: :mod:`vitrim.vllm.request_keep`; an int: at most N, else the request fails naming both; a
+  fraction: of N), a video of t temporal patches of P tokens t·``keep``
   of P (an image method) or its video method's count (:meth:`~vitrim.vllm.options.TrimOptions.video_tokens`), all
   decided from the grid before the tower runs;
 - **Features** (``embed_multimodal``): the tower runs as vLLM's does, and vitrim.vlm's one encoder seam
@@ -22,7 +23,7 @@ A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``, for images and vide
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,8 @@ from vitrim.vllm.compat import (
     tap_input,
     video_positions,
 )
-from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, trim_options
+from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
+from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
@@ -76,12 +78,32 @@ def trimmed_qwen_info(ctx: Any) -> Qwen2_5_VLProcessingInfo:
     return Qwen2_5_VLProcessingInfo(ctx)
 
 
-class TrimmedQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
+def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Tensor]:
+    """What a Qwen processor hands the model beside each item (:mod:`vitrim.vllm.request_keep`): each image's kept
+    tokens, and each video's per temporal patch under an image method (a video method decides its own count)."""
+    kept = {}
+    grids = processed.get("image_grid_thw")
+    if grids is not None:
+        kept[keep_field("image")] = torch.tensor([options.tokens(int(g.prod()) // merge**2) for g in grids])
+    grids = processed.get("video_grid_thw")
+    if grids is not None and not options.method.reads_time:
+        kept[keep_field("video")] = torch.tensor([options.tokens(int(g[1] * g[2]) // merge**2) for g in grids])
+    return kept
+
+
+class TrimmedQwen2_5_VLMultiModalProcessor(RequestKeep, Qwen2_5_VLMultiModalProcessor):
     """vLLM's Qwen2.5-VL processor whose replacements hold the kept count of placeholders: ``keep`` of an image,
-    a video's :meth:`~vitrim.vllm.options.TrimOptions.video_tokens`."""
+    a video's :meth:`~vitrim.vllm.options.TrimOptions.video_tokens`, at the request's own ``keep`` where it gives one
+    (:mod:`vitrim.vllm.request_keep`)."""
+
+    def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
+        return request_options(qwen_trim_options(self.info.get_hf_config()), hf_kwargs)
+
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+        return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
-        options = qwen_trim_options(self.info.get_hf_config())
+        options = self.request_trim(hf_processor_mm_kwargs)
         updates = super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs)
         merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
 
@@ -190,6 +212,11 @@ class QwenImageTrimming:
         self.vitrim_merger_input: Tensor | None = None
         tap_input(self.visual.merger, self.keep_merger_input)  # the merger takes no hooks (vitrim.vllm.compat)
 
+    def hand_on_keeping(self, keep: int) -> HandOn:
+        """The seam at a request's own ``keep`` (tokens of an image, of each temporal patch of a video)."""
+        method = self.vitrim_options.method
+        return HandOn(method, lambda evidence, count: select_keeping(method, evidence, keep))
+
     def keep_merger_input(self, states: Tensor) -> None:
         self.vitrim_merger_input = states.reshape(states.shape[0], -1)  # (P, 1, C) -> (P, C)
 
@@ -229,12 +256,14 @@ class QwenImageTrimming:
         own: Sequence[Tensor],
         window_index: Tensor | None,
         time_intervals: Sequence[Tensor | float] | None = None,
+        keeps: Sequence[int] | None = None,
     ) -> Iterator[ImageCut]:
         """After the tower ran on ``pixels``: each image's (or, with ``time_intervals``, each video's) selection from
         the evidence the taps caught, through vitrim.vlm's seam as on transformers (:meth:`HandOn.run_media`);
         ``own`` its tokens (N_i, E) in raster order, ``window_index`` the tower's window order (None: full attention,
         raster order), ``time_intervals`` per video ``tokens_per_second · second_per_grid_ts`` (its temporal
-        positions); each selection recorded under the item's content seed."""
+        positions), ``keeps`` each item's kept tokens as its request asked (per temporal patch of a video; None: the
+        engine's); each selection recorded under the item's content seed."""
         states, self.vitrim_merger_input = self.vitrim_merger_input, None
         if states is None:
             raise RuntimeError(f"vitrim: the {self.title} tower ran without its merger")
@@ -249,14 +278,18 @@ class QwenImageTrimming:
             return self.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states.dtype)[:, None])
 
         for index, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
-            chosen, written = self.vitrim_hand_on.run_media(item, tokens, items[index], project, video=video)
+            hand_on = self.vitrim_hand_on if keeps is None else self.hand_on_keeping(keeps[index])
+            chosen, written = hand_on.run_media(item, tokens, items[index], project, video=video)
             self.vitrim_record.add(int(seeds[index]), chosen.kept)
             cells = grid[index].tolist()
             if time_intervals is None:
                 positions = image_positions(cells, merge)  # (N, 4)
             else:
                 positions = video_positions(cells, merge, time_intervals[index])
-                placeholders = self.vitrim_options.video_tokens(cells[0], len(tokens) // cells[0])
+                per_frame = len(tokens) // cells[0]
+                placeholders = (
+                    self.vitrim_options.video_tokens(cells[0], per_frame) if keeps is None else cells[0] * keeps[index]
+                )
                 if len(chosen.kept) != placeholders:
                     raise RuntimeError(
                         f"vitrim: method {self.vitrim_options.method.name!r} kept {len(chosen.kept)} tokens of a "
@@ -294,7 +327,8 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
             window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(embeds.device)
             own = embeds.split(tokens_per_image(grid, self.visual.spatial_merge_size))
             intervals = self.time_intervals(found) if video else None
-            for cut in self.cut_media(grid, pixels, own, window_index, intervals):
+            keeps = asked_keeps(kwargs, modality)
+            for cut in self.cut_media(grid, pixels, own, window_index, intervals, keeps):
                 kept = (cut.own if cut.written is None else cut.written)[cut.selection.kept]  # (k, E)
                 out.append(torch.cat([kept, cut.positions[cut.selection.kept].to(kept.dtype)], dim=1))
         return tuple(out)

@@ -308,7 +308,7 @@ def select_keeping_each(selector: Selector, evidence: VisionEvidence, keeps: lis
         return select_keeping(selector, evidence, keeps[0])
     selections = []
     for image, keep in enumerate(keeps):
-        rows = {
+        rows: dict[str, Any] = {
             field.name: value[image : image + 1]
             for field in dataclasses.fields(evidence)
             if isinstance(value := getattr(evidence, field.name), Tensor)
