@@ -134,9 +134,10 @@ def test_each_family_answers_a_batch_as_each_sample_alone(
 
 
 def sampled(frames: int) -> list[int]:
-    """The frames read of a clip: MAX_FRAMES evenly spaced, rounded (lmms-eval's Qwen models' rule), by hand."""
+    """The frames read of a clip: MAX_FRAMES evenly spaced, rounded half to even (lmms-eval's Qwen models' rule:
+    qwen_vl_utils' ``torch.linspace(0, T - 1, n).round()``), by hand."""
     count = min(MAX_FRAMES, frames)
-    return sorted({int(np.floor(i * (frames - 1) / max(count - 1, 1) + 0.5)) for i in range(count)})
+    return sorted({round(i * (frames - 1) / max(count - 1, 1)) for i in range(count)})
 
 
 # family -> (method, options, tokens kept of a video of t temporal patches of P tokens: the method's own rule)

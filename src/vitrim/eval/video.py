@@ -11,11 +11,13 @@ VideoMME's ``.mp4``). :func:`read_clip` takes:
   rate (``fps`` unknown: sampled by count only).
 
 Frames are sampled as lmms-eval's Qwen3-VL model asks ``qwen_vl_utils`` to sample them: with no ``fps``,
-``max_num_frames`` frames evenly spaced over the clip (``round(linspace(0, T-1, k))``, ``k = min(max_num_frames,
-T)``); with ``fps``, ``int(T / clip_fps · fps)`` frames (at least 1, at most ``max_num_frames``) evenly spaced the
-same way. The processor then gets the sampled frames with their metadata (``do_sample_frames=False``): Qwen2.5-VL
-reads the sampled frame rate from it (``second_per_grid_ts``, the temporal positions), Qwen3-VL the timestamps it
-writes before each temporal patch.
+``k = min(max_num_frames, T)`` frames evenly spaced over the clip (``round(linspace(0, T-1, k))``, rounded half to
+even as ``torch.round``); with ``fps``, ``k = int(T / clip_fps · fps)`` (at least 1, at most ``max_num_frames`` and
+T; transformers' default sampler's count) spaced the same way. Two of ``qwen_vl_utils``' rules are not copied:
+it rounds k to a multiple of 2 (its ``FRAME_FACTOR``; here a Qwen processor repeats the last frame to fill a
+temporal patch of 2), and at a given ``fps`` it reads at least 4 frames. The processor then gets the sampled frames
+with their metadata (``do_sample_frames=False``): Qwen2.5-VL reads the sampled frame rate from it
+(``second_per_grid_ts``, the temporal positions), Qwen3-VL the timestamps it writes before each temporal patch.
 """
 
 from __future__ import annotations
