@@ -60,7 +60,7 @@ def counter_for(model: nn.Module) -> Counter:
 
 def llava_shapes(model: nn.Module) -> Any:
     """A LLaVA checkpoint's shapes as :mod:`vitrim.vlm.flops` counts them (its config, and the projector's matrices)."""
-    from vitrim.vlm.flops import VLM, VisionTower
+    from vitrim.vlm.flops import VLM
 
     config: Any = model.config
     vision = config.vision_config
@@ -71,21 +71,27 @@ def llava_shapes(model: nn.Module) -> Any:
     matrices = [m for m in projector_module.modules() if isinstance(m, nn.Linear)]
     return VLM(
         name=str(getattr(config, "_name_or_path", "") or "llava"),
-        tower=VisionTower(
-            "CLIP",
-            vision.image_size,
-            vision.patch_size,
-            vision.hidden_size,
-            vision.num_hidden_layers,
-            vision.num_attention_heads,
-            vision.intermediate_size,
-            cls_token=True,
-            feature_layer=layer,
-        ),
+        tower=_vit("CLIP", vision, cls_token=True, feature_layer=layer),
         projector=tuple((m.in_features, m.out_features) for m in matrices),
         pool=1,
         llm=_llm(config.text_config),
         cut_before_projector=False,
+    )
+
+
+def _vit(name: str, vision: Any, **options: Any) -> Any:
+    """A CLIP or SigLIP tower's shapes from its vision config (one size: ``image_size``)."""
+    from vitrim.vlm.flops import VisionTower
+
+    return VisionTower(
+        name,
+        vision.image_size,
+        vision.patch_size,
+        vision.hidden_size,
+        vision.num_hidden_layers,
+        vision.num_attention_heads,
+        vision.intermediate_size,
+        **options,
     )
 
 
@@ -145,7 +151,7 @@ def qwen2_5_vl_shapes(model: nn.Module, grid: Grid | None) -> Any:
 def gemma3_shapes(model: nn.Module) -> Any:
     """A Gemma 3 checkpoint's shapes: SigLIP (no [CLS]) at its one size, pooled to ``mm_tokens_per_image``, the
     projection matrix (a parameter, ``mm_input_projection_weight``: vision width × text width)."""
-    from vitrim.vlm.flops import VLM, VisionTower
+    from vitrim.vlm.flops import VLM
 
     config: Any = model.config
     vision = config.vision_config
@@ -153,15 +159,7 @@ def gemma3_shapes(model: nn.Module) -> Any:
     patches = (vision.image_size // vision.patch_size) ** 2
     return VLM(
         name=str(getattr(config, "_name_or_path", "") or "gemma3"),
-        tower=VisionTower(
-            "SigLIP",
-            vision.image_size,
-            vision.patch_size,
-            vision.hidden_size,
-            vision.num_hidden_layers,
-            vision.num_attention_heads,
-            vision.intermediate_size,
-        ),
+        tower=_vit("SigLIP", vision),
         projector=(tuple(projection.shape),),
         pool=patches // config.mm_tokens_per_image,
         llm=_llm(config.text_config),

@@ -70,6 +70,12 @@ def word_tokenizer(specials: list[str], vocab_size: int, template: str, **named:
     return tokenizer
 
 
+def qwen_tokenizer(chat_template: str) -> Any:
+    """The tiny Qwen folders' tokenizer: ids 0 … 2 specials, ``w3`` … ``w89``, the vision tokens 90 … 93."""
+    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
+    return word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
 def _spread(model: torch.nn.Module, seed: int) -> None:
     """Random init gives near-uniform attention; spread the weights so selections differ between methods."""
     torch.manual_seed(seed)
@@ -214,8 +220,7 @@ def save_qwen2_5_vl(
     model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
     _spread(model, seed)
     _save_weights(model, path, weights, QWEN_HUB_NAMES)
-    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
-    tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = qwen_tokenizer(chat_template)
     image_processor = transformers.Qwen2VLImageProcessor(
         patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, min_pixels=64, max_pixels=64 * 64
     )
@@ -245,8 +250,7 @@ def save_qwen2_vl(path: Path, seed: int = 0) -> Path:
         image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
     )  # fmt: skip
     _save_model(transformers.Qwen2VLForConditionalGeneration, config, path, seed)
-    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
-    tokenizer = word_tokenizer(specials, 96, QWEN_TEMPLATE, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = qwen_tokenizer(QWEN_TEMPLATE)
     sizes: dict[str, Any] = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1)
     processor = transformers.Qwen2VLProcessor(
         image_processor=transformers.Qwen2VLImageProcessor(**sizes, min_pixels=64, max_pixels=64 * 64),
@@ -281,8 +285,7 @@ def save_qwen3_vl(
         tie_word_embeddings=False,
     )  # fmt: skip
     _save_model(transformers.Qwen3VLForConditionalGeneration, config, path, seed)
-    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
-    tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = qwen_tokenizer(chat_template)
     sizes: dict[str, Any] = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2)
     processor = transformers.Qwen3VLProcessor(
         image_processor=transformers.Qwen2VLImageProcessor(
