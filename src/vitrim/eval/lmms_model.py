@@ -173,7 +173,8 @@ class VitrimModel(lmms):
             inputs["input_ids"], inputs.get("attention_mask"), self.image_id, self.video_id
         )
         entered = self.door.rows
-        kept = _kept(visuals, self.arguments.plan.methods and vitrim.vlm.last_selection(self.model), image, video)
+        selections = vitrim.vlm.last_selection(self.model) if self.arguments.plan.methods else None
+        kept = _kept(visuals, selections, image, video)
         image_grids = iter(_grids(inputs.get("image_grid_thw")))
         video_grids = iter(_grids(inputs.get("video_grid_thw")))
         pad = self.prompter.pad_id
@@ -255,13 +256,8 @@ def _kept(
         if mine is None:
             kept.append((None, None))
             continue
-        is_clip = [isinstance(v, Clip) for v in group]
-        kept.append(
-            (
-                sum(n for n, c in zip(mine, is_clip, strict=True) if not c),
-                sum(n for n, c in zip(mine, is_clip, strict=True) if c),
-            )
-        )
+        pictures_kept = sum(n for n, visual in zip(mine, group, strict=True) if not isinstance(visual, Clip))
+        kept.append((pictures_kept, sum(mine) - pictures_kept))
     return kept
 
 
