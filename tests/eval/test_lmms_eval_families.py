@@ -184,9 +184,11 @@ def test_a_per_frame_image_method_on_video_sampled_at_a_frame_rate(
     family_folders: dict[str, Path], task_manager: TaskManager
 ) -> None:
     """An image method on video (each temporal patch kept to ``keep``), frames sampled at 2 fps of the 4-fps clips
-    (at most 3), ``--model_args`` as the command line's string, parsed by lmms-eval's own parser: the records, and
-    the averages in the results' ``throughput``."""
-    model_args = f"pretrained={family_folders['qwen2_5_vl']},method=divprune,keep=5,fps=2,max_num_frames=3"
+    (at most 3), each frame held to 256 pixels (``video_max_pixels``; the clips' frames are 384), ``--model_args``
+    as the command line's string, parsed by lmms-eval's own parser: the records, and the averages in the results'
+    ``throughput``."""
+    folder = family_folders["qwen2_5_vl"]
+    model_args = f"pretrained={folder},method=divprune,keep=5,fps=2,max_num_frames=3,video_max_pixels=256"
     model = VitrimModel(batch_size=2, **simple_parse_args_string(model_args))
     results = evaluate(model, task_manager, [VIDEO_TASK], limit=len(CLIPS))
     records = [record for _, record in (by_doc(results, VIDEO_TASK)[doc] for doc in range(len(CLIPS)))]
@@ -195,9 +197,11 @@ def test_a_per_frame_image_method_on_video_sampled_at_a_frame_rate(
         count = max(1, min(3, frames, int(frames / CLIP_FPS * 2)))  # 2 fps of a 4-fps clip, at most 3
         [video] = record["videos"]
         assert len(video["frame_indices"]) == count
-        assert video["grid_thw"] == [count, height // 2, width // 2]  # Qwen2.5-VL's tiny tower: 1 frame per patch
+        t, h, w = video["grid_thw"]  # Qwen2.5-VL's tiny tower: a temporal patch of 1 frame, patches of 2×2 px
+        assert t == count and h * w * 2 * 2 <= 256 and (h > w) == (height > width)
         assert record["video_tokens_entering_llm"] == record["video_tokens_kept"] == 5 * count
         assert record["settings"]["video"]["fps"] == 2
+        assert record["settings"]["pixels"]["video"]["size"]["longest_edge"] == 256
         counts.append(count)
     assert results["throughput"]["avg_vitrim_video_tokens_entering_llm"] == pytest.approx(5 * np.mean(counts))
 
