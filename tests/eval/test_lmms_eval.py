@@ -29,8 +29,9 @@ from vitrim.eval.lmms_model import VitrimModel
 REPO = Path(__file__).resolve().parents[2]
 
 
-def evaluate(model: VitrimModel, folder: Path, kinds: tuple[str, ...], limit: int | None = None) -> dict[str, Any]:
-    manager = TaskManager(include_path=str(folder))
+def evaluate(
+    model: VitrimModel, manager: TaskManager, kinds: tuple[str, ...], limit: int | None = None
+) -> dict[str, Any]:
     tasks = [task_name(kind) for kind in kinds]
     return simple_evaluate(model=model, tasks=tasks, task_manager=manager, limit=limit, log_samples=True)
 
@@ -58,7 +59,7 @@ def test_lmms_eval_finds_vitrim_through_its_entry_point() -> None:
 
 
 @pytest.mark.parametrize("method", ["none", "divprune"])
-def test_digits_tasks_score_what_the_demo_scores(digits_tasks: Path, canvases: int, method: str) -> None:
+def test_digits_tasks_score_what_the_demo_scores(task_manager: TaskManager, canvases: int, method: str) -> None:
     """lmms-eval's exact match on the digits tasks equals the demo's accuracy per question type, canvas for canvas,
     answer for answer (the demo's scorer: vitrim.demos.vlm.evaluate.score on the same held-out canvases)."""
     import copy
@@ -70,7 +71,7 @@ def test_digits_tasks_score_what_the_demo_scores(digits_tasks: Path, canvases: i
 
     options = {} if method == "none" else demo_options(method, 0.25)
     model = VitrimModel(pretrained="digits", batch_size=16, method=method, **options)
-    results = evaluate(model, digits_tasks, QUESTION_TYPES)
+    results = evaluate(model, task_manager, QUESTION_TYPES)
     reference = load_demo_model()
     if method != "none":
         reference = vitrim.vlm.apply(copy.deepcopy(reference), method, **options)
@@ -89,13 +90,13 @@ def test_digits_tasks_score_what_the_demo_scores(digits_tasks: Path, canvases: i
         assert record["settings"]["method"] == method
 
 
-def test_batched_answers_equal_each_answer_alone(digits_tasks: Path, tiny_llava: Path) -> None:
+def test_batched_answers_equal_each_answer_alone(task_manager: TaskManager, tiny_llava: Path) -> None:
     """A tiny random LLaVA with VisionZip: lmms-eval's batches of 5 (left padding, mixed prompt lengths: the POPE
     and "which" questions differ in length) give each sample the answer it gets alone."""
     kinds = ("which", POPE)
     args = {"pretrained": str(tiny_llava), "method": "visionzip", "keep": 6, "max_new_tokens": 4}
-    batched = evaluate(VitrimModel(batch_size=5, **args), digits_tasks, kinds, limit=5)
-    alone = evaluate(VitrimModel(batch_size=1, **args), digits_tasks, kinds, limit=5)
+    batched = evaluate(VitrimModel(batch_size=5, **args), task_manager, kinds, limit=5)
+    alone = evaluate(VitrimModel(batch_size=1, **args), task_manager, kinds, limit=5)
     for kind in kinds:
         task = task_name(kind)
         assert answers_by_doc(batched, task) == answers_by_doc(alone, task)
@@ -105,7 +106,7 @@ def test_batched_answers_equal_each_answer_alone(digits_tasks: Path, tiny_llava:
     assert len(lengths | {r["text_tokens"] for r in records(batched, task_name("which"))}) > 1
 
 
-def test_dense_prefill_macs_match_torchs_counter(digits_tasks: Path) -> None:
+def test_dense_prefill_macs_match_torchs_counter(task_manager: TaskManager) -> None:
     """The dense prefill the results record equals torch's FLOP counter on the model's own prefill (matrix products
     and the patch convolution, halved to multiply-adds) plus the attention products torch's CPU attention does not
     report, counted by hand: 2·n²·d per layer (QKᵀ and A·V) in the tower (n with [CLS]) and in the LLM."""
@@ -114,7 +115,7 @@ def test_dense_prefill_macs_match_torchs_counter(digits_tasks: Path) -> None:
     from vitrim.demos.vlm.ask import load_demo_model
     from vitrim.eval.inputs import DigitsPrompter
 
-    results = evaluate(VitrimModel(pretrained="digits", batch_size=4), digits_tasks, ("count",), limit=2)
+    results = evaluate(VitrimModel(pretrained="digits", batch_size=4), task_manager, ("count",), limit=2)
     record = records(results, task_name("count"))[0]
     row = question_rows(1)["count"][0]
     inputs = DigitsPrompter().inputs([row["question"]], [[_canvas(row["pixels"])]])

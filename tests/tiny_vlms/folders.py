@@ -2,7 +2,9 @@
 random picture.
 
 - :func:`save_llava`, :func:`save_llava_next`, :func:`save_qwen2_5_vl`: the folders ``vitrim vlm ask --model``
-  reads in tests/vlm_user (transformers' own layout, a chat template over message parts).
+  reads in tests/vlm_user (transformers' own layout, a chat template over message parts); with
+  :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl` and :func:`save_gemma3`, one folder per family for lmms-eval
+  (tests/eval).
 - :func:`save_vllm_llava`, :func:`save_vllm_qwen2_5_vl`: the folders vLLM and transformers load alike in tests/vllm
   and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32; it has no kernel for 16),
   the weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a chat template that reads
@@ -23,6 +25,7 @@ from vitrim.vlm_user.tiny import (
     save_llava_next,
     save_paligemma,
     save_qwen2_5_vl,
+    save_qwen2_vl,
     save_qwen3_vl,
 )
 
@@ -33,6 +36,8 @@ __all__ = [
     "save_paligemma",
     "save_picture",
     "save_qwen2_5_vl",
+    "save_qwen2_vl",
+    "save_small_qwen3_vl",
     "save_vllm_llava",
     "save_vllm_qwen2_5_vl",
     "save_vllm_qwen3_vl",
@@ -112,6 +117,23 @@ def save_vllm_qwen3_vl(path: Path, seed: int = 0) -> Path:
     """A tiny Qwen3-VL for vLLM at ``path``: 3 tower blocks with DeepStack taps after blocks 0 and 1 (added to the
     LLM's layers 0 and 1), a 2-layer LLM of head size 32, temporal patches of 2 frames."""
     return save_qwen3_vl(path, seed, VLLM_QWEN3_VISION, VLLM_QWEN3_TEXT, chat_template=STRING_CONTENT_TEMPLATE)
+
+
+SMALL_QWEN3_VISION = dict(
+    depth=3, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32, num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 1],
+)  # fmt: skip
+SMALL_QWEN3_TEXT: dict[str, Any] = dict(
+    vocab_size=96, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, head_dim=8,
+    num_key_value_heads=2, max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True, "rope_theta": 1e4},
+)  # fmt: skip
+
+
+def save_small_qwen3_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3-VL for transformers at ``path``, the sizes of ``tiny_vlms.qwen.qwen3_vl`` (3 tower blocks with
+    DeepStack taps after blocks 0 and 1, a 2-layer LLM of head size 8), temporal patches of 2 frames."""
+    return save_qwen3_vl(path, seed, SMALL_QWEN3_VISION, SMALL_QWEN3_TEXT)
 
 
 def save_picture(path: Path, width: int, height: int, seed: int = 0) -> Path:

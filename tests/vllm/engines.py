@@ -21,6 +21,7 @@ REFERENCE_SCRIPT = Path(__file__).with_name("transformers_reference.py")
 # VITRIM_REFERENCE_PYTHON runs it in another (the main .venv: transformers 5.24; both gave the same results)
 REFERENCE_PYTHON = Path(os.environ.get("VITRIM_REFERENCE_PYTHON", sys.executable))
 
+PIXELS_PER_TOKEN = 4  # the tiny Qwen folders: 2-px patches merged 2×2
 ENGINE_ARGS: dict[str, Any] = dict(
     dtype="float32",
     enforce_eager=True,
@@ -97,6 +98,22 @@ def video_item(clip: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     return frames, metadata
 
 
+def clip_frames(patches: int, rows: int, columns: int, frames_per_patch: int, seed: int) -> np.ndarray:
+    """(T, H, W, 3) uint8 frames of ``patches`` temporal patches: a random first patch, then in each next one about
+    a third of the merged cells redrawn (the rest unchanged), so EVS and VidCom2 have something to rank."""
+    rng = np.random.default_rng(seed)
+    cell = PIXELS_PER_TOKEN
+    frame = rng.integers(0, 256, (rows * cell, columns * cell, 3), dtype=np.uint8)
+    frames = []
+    for patch in range(patches):
+        if patch:
+            frame = frame.copy()
+            for r, c in zip(*np.nonzero(rng.random((rows, columns)) < 0.35), strict=True):
+                frame[r * cell : (r + 1) * cell, c * cell : (c + 1) * cell] = rng.integers(0, 256, (cell, cell, 3))
+        frames += [frame] * frames_per_patch
+    return np.stack(frames)
+
+
 def transformers_reference(specs: list[dict[str, Any]], work: Path) -> list[list[dict[str, Any]]]:
     """tests/vllm/transformers_reference.py run in a fresh interpreter on ``specs``; its results per spec."""
     spec_path, out_path = work / "specs.json", work / "reference.json"
@@ -116,9 +133,16 @@ def transformers_reference(specs: list[dict[str, Any]], work: Path) -> list[list
 
 
 def trimmed_runs(
-    folder: Path, architecture: str, method: str, options: dict[str, Any], requests: list[dict[str, Any]], tokens: int
+    folder: Path,
+    architecture: str,
+    method: str,
+    options: dict[str, Any],
+    requests: list[dict[str, Any]],
+    tokens: int,
+    **engine_args: Any,
 ) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
-    """One engine of ``architecture`` with ``method``: the requests together, each alone, and what it kept."""
+    """One engine of ``architecture`` with ``method`` (``engine_args`` over :data:`ENGINE_ARGS`): the requests
+    together, each alone, and what it kept."""
 
     def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
         from vitrim.vllm.selection_record import recorded_selections
@@ -127,7 +151,7 @@ def trimmed_runs(
         alone = [greedy(llm, [request], tokens)[0] for request in requests]
         return together, alone, recorded_selections(llm)
 
-    return with_engine(folder, overrides(architecture, method, **options), run)
+    return with_engine(folder, overrides(architecture, method, **options), run, **engine_args)
 
 
 def assert_like_reference(
@@ -150,3 +174,10 @@ def assert_like_reference(
             assert len(reference_kept) <= entered <= full  # entered: + VisionZip's [CLS]
             dropped += full - entered
         assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped
+
+
+def media_of(expected: dict[str, Any]) -> list[tuple[int, int]]:
+    """(content seed, unpruned token count) of each image and video of a reference request, in prompt order."""
+    images = iter(zip(expected["seeds"], expected["image_tokens"], strict=True))
+    videos = iter(zip(expected["video_seeds"], expected["video_tokens"], strict=True))
+    return [next(images if kind == "image" else videos) for kind in expected["media"]]

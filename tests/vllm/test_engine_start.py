@@ -17,16 +17,21 @@ pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is 
 
 from engines import overrides, with_engine
 
-from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl
+from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 
 LLAVA = "VitrimLlavaForConditionalGeneration"
 QWEN = "VitrimQwen2_5_VLForConditionalGeneration"
+QWEN3 = "VitrimQwen3VLForConditionalGeneration"
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("refusals")
-    return {"llava": save_vllm_llava(work / "llava"), "qwen": save_vllm_qwen2_5_vl(work / "qwen")}
+    return {
+        "llava": save_vllm_llava(work / "llava"),
+        "qwen": save_vllm_qwen2_5_vl(work / "qwen"),
+        "qwen3": save_vllm_qwen3_vl(work / "qwen3"),
+    }
 
 
 REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
@@ -38,7 +43,11 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("qwen", QWEN, {"method": "fastv", "keep": 4}, "vitrim: method 'fastv' cuts at stage 'in_llm', and the plugin "
      "serves pre-LLM methods"),
     ("llava", LLAVA, {"method": "hiprune", "keep": 4}, "vitrim: method 'hiprune' cuts at stage 'tower'"),
-    ("qwen", QWEN, {"method": "evs"}, "vitrim: method 'evs' reduces videos, and the plugin serves images"),
+    ("qwen", QWEN, {"method": "fastvid"}, "vitrim: method 'fastvid' keeps a count that depends on the video's "
+     "content, and vLLM writes a prompt's placeholders before the tower runs"),
+    ("llava", LLAVA, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {LLAVA} serves images only"),
+    ("qwen3", QWEN3, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {QWEN3} serves images only"),
+    ("qwen", QWEN, {"method": "evs", "keep": 4}, "vitrim: method 'evs' decides each video's count itself; drop 'keep'"),
     ("llava", LLAVA, {"method": "cdpruner", "keep": 4}, "vitrim: method 'cdpruner' reads the prompt"),
     ("llava", LLAVA, {"method": "random", "keep": 0}, "vitrim: keep=0 must be at least 1"),
     ("qwen", QWEN, {"method": "random", "keep": 1.5}, "vitrim: keep=1.5 as a fraction must be in (0, 1]"),

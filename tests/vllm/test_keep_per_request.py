@@ -1,10 +1,11 @@
-"""A ``keep`` per request on vLLM's LLaVA: ``mm_processor_kwargs={"vitrim": {"keep": …}}`` (issue 51, item 3).
+"""A ``keep`` per request: ``mm_processor_kwargs={"vitrim": {"keep": …}}`` (issue 51, item 3).
 
-One engine started with VisionZip at keep 6 serves four requests together: one at the engine's keep, two with their
-own (4, and a fraction 0.5 = 8 of 16), one asking to keep every token. Each equals itself alone and transformers +
-vitrim.vlm applied at that request's keep (tokens, kept indices, the prompt's length), which the rest of tests/vllm
-shows equals an engine started at that keep. A bad per-request value fails that request alone, in one line, and the
-engine goes on.
+LLaVA: one engine started with VisionZip at keep 6 serves four requests together: one at the engine's keep, two with
+their own (4, and a fraction 0.5 = 8 of 16), one asking to keep every token. Qwen2.5-VL: one engine with DivPrune at
+keep 3 serves an image and a video (its keep is per temporal patch) at the engine's keep, at 2, and at 0.5. Each
+request equals itself alone and transformers + vitrim.vlm applied at that request's keep (tokens, kept indices, the
+prompt's length), which the rest of tests/vllm shows equals an engine started at that keep. A bad per-request value
+fails that request alone, in one line, and the engine goes on.
 """
 
 from __future__ import annotations
@@ -17,10 +18,18 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")
 
-from engines import assert_like_reference, greedy, overrides, transformers_reference, with_engine
+from engines import (
+    assert_like_reference,
+    clip_frames,
+    greedy,
+    media_of,
+    overrides,
+    transformers_reference,
+    with_engine,
+)
 from PIL import Image
 
-from tiny_vlms.folders import LLAVA_GRID
+from tiny_vlms.folders import LLAVA_GRID, save_vllm_qwen2_5_vl
 from tiny_vlms.folders import save_vllm_llava as save_llava
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
@@ -84,3 +93,64 @@ def test_each_request_keeps_its_own_count_together_and_alone(work: Path, request
     assert_like_reference(requests, (together, alone, kept), reference)
     # the prompts differ only by their placeholders: each holds exactly its own count
     assert len({len(out.prompt_token_ids) - count for out, (_, count) in zip(together, ASKED, strict=True)}) == 1
+
+
+QWEN = "VitrimQwen2_5_VLForConditionalGeneration"
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+TAIL = " ".join(f"w{i}" for i in range(40, 52))  # the last token holds the largest position (test_plugin_video.py)
+QWEN_ASKED: list[int | float | None] = [None, 2, 0.5]  # the engine's 3, then each request's own
+
+
+def test_a_qwen_request_keeps_its_own_count_of_each_image_and_temporal_patch(work: Path) -> None:
+    folder = save_vllm_qwen2_5_vl(work / "tiny-qwen")
+    rng = np.random.default_rng(2)
+    requests = []
+    for index, asked in enumerate(QWEN_ASKED):
+        image, clip = work / f"qwen_image{index}.png", work / f"qwen_clip{index}.npy"
+        Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(image)
+        np.save(clip, clip_frames(2, 2, 3, frames_per_patch=1, seed=20 + index))
+        request: dict[str, Any] = {
+            "prompt": f"w{index}0 {IMAGE} w{index}1 {VIDEO} {TAIL}",
+            "images": [str(image)],
+            "videos": [{"frames": str(clip), "fps": 2.0}],
+        }
+        if asked is not None:
+            request["mm_processor_kwargs"] = {"vitrim": {"keep": asked}}
+        requests.append(request)
+
+    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
+        from vitrim.vllm.selection_record import recorded_selections
+
+        together = greedy(llm, requests, MAX_TOKENS)
+        alone = [greedy(llm, [request], MAX_TOKENS)[0] for request in requests]
+        return together, alone, recorded_selections(llm)
+
+    together, alone, recorded = with_engine(
+        folder, overrides(QWEN, "divprune", keep=3), run, limit_mm_per_prompt={"image": 1, "video": 1}
+    )
+    specs = [
+        {
+            "folder": str(folder),
+            "family": "qwen2_5_vl",
+            "method": "divprune",
+            "options": {"keep": 3 if asked is None else asked},
+            "positions": "original",
+            "max_tokens": MAX_TOKENS,
+            "requests": [request],
+        }
+        for request, asked in zip(requests, QWEN_ASKED, strict=True)
+    ]
+    reference = [one[0] for one in transformers_reference(specs, work)]
+    kept_counts = []
+    for request, batched, single, expected in zip(requests, together, alone, reference, strict=True):
+        tokens = list(batched.outputs[0].token_ids)
+        assert tokens == list(single.outputs[0].token_ids) == expected["tokens"], request["prompt"]
+        dropped = 0
+        for (seed, full), kept in zip(media_of(expected), expected["kept"], strict=True):
+            assert recorded[seed] == kept, request["prompt"]
+            dropped += full - len(kept)
+        assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped, request["prompt"]
+        kept_counts.append([len(kept) for kept in expected["kept"]])
+    # image of 24 tokens, video of 2 temporal patches of 6: the engine's 3, the request's 2, half
+    assert kept_counts == [[3, 6], [2, 4], [12, 6]]

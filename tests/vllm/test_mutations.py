@@ -34,13 +34,15 @@ from PIL import Image
 from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-# family: (its plugin module, its tiny folder, its image placeholder, the module whose select_keeping and
+# family: (its plugin module, its tiny folder, its image placeholder, the module whose selection function and
 # image_positions its class calls: both Qwen classes cut images in vitrim.vllm.qwen2_5_vl's QwenImageTrimming)
 FAMILIES = {
     "llava": ("vitrim.vllm.llava", save_vllm_llava, "<image>", "vitrim.vllm.llava"),
     "qwen2_5_vl": ("vitrim.vllm.qwen2_5_vl", save_vllm_qwen2_5_vl, QWEN_IMAGE, "vitrim.vllm.qwen2_5_vl"),
     "qwen3_vl": ("vitrim.vllm.qwen3_vl", save_vllm_qwen3_vl, QWEN_IMAGE, "vitrim.vllm.qwen2_5_vl"),
 }
+# the selection function each calling module uses: LLaVA's images of one batch may each ask their own keep
+SELECTS = {"vitrim.vllm.llava": "select_keeping_each", "vitrim.vllm.qwen2_5_vl": "select_keeping"}
 MISTAKES = {"llava": ("misplaced", "order"), "qwen2_5_vl": ("misplaced", "cell", "order")}
 MISTAKES["qwen3_vl"] = MISTAKES["qwen2_5_vl"]
 KEEP = 6
@@ -56,12 +58,14 @@ class Mistake:
 
 
 def patch_plugin(module: Any, calls: Any, mistake: Mistake, monkeypatch: pytest.MonkeyPatch, positions: bool) -> None:
-    """Wrap the names the class of ``module`` calls from the module ``calls``: ``select_keeping`` (misplaced),
-    ``image_positions`` (cell), and the class's ``embed_multimodal`` (order)."""
-    select_keeping, model_class = calls.select_keeping, getattr(module, module.ARCHITECTURE)
+    """Wrap the names the class of ``module`` calls from the module ``calls``: its selection function (misplaced:
+    ``select_keeping``, or LLaVA's ``select_keeping_each``), ``image_positions`` (cell), and the class's
+    ``embed_multimodal`` (order)."""
+    name = SELECTS[calls.__name__]
+    select_keeping, model_class = getattr(calls, name), getattr(module, module.ARCHITECTURE)
     embed_multimodal = model_class.embed_multimodal
 
-    def select(selector: Any, evidence: Any, keep: int) -> Any:
+    def select(selector: Any, evidence: Any, keep: Any) -> Any:  # keep: an int, or LLaVA's one per image
         chosen = select_keeping(selector, evidence, keep)
         if mistake.now != "misplaced":
             return chosen
@@ -77,7 +81,7 @@ def patch_plugin(module: Any, calls: Any, mistake: Mistake, monkeypatch: pytest.
             torch.cat([rows[:, : rows.shape[1] - cells].flip(0), rows[:, rows.shape[1] - cells :]], 1) for rows in out
         )
 
-    monkeypatch.setattr(calls, "select_keeping", select)
+    monkeypatch.setattr(calls, name, select)
     monkeypatch.setattr(model_class, "embed_multimodal", embed)
     if positions:
         image_positions = calls.image_positions

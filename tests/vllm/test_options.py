@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from vitrim.vllm.compat import check_vllm_version
-from vitrim.vllm.options import pre_llm_methods, trim_options
+from vitrim.vllm.options import pre_llm_methods, refuse_vllm_video_pruning, trim_options, video_methods
 
 LLAVA = "VitrimLlavaForConditionalGeneration"
+QWEN2_5 = "VitrimQwen2_5_VLForConditionalGeneration"
+QWEN3 = "VitrimQwen3VLForConditionalGeneration"
 
 
 def config(vitrim: Any, model_type: str = "llava") -> SimpleNamespace:
@@ -64,6 +66,46 @@ def test_a_bad_override_is_one_line_naming_the_value(vitrim: Any, model_type: st
         trim_options(config(vitrim, model_type), LLAVA)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_only() -> None:
+    assert set(video_methods()) == {"evs", "vidcom2", "temporal_downsample"}
+    rate = {"video_pruning_rate": 0.5}
+    # a video of 4 temporal patches of 6 tokens: each method's count, by hand
+    assert trim_options(config({"method": "evs", **rate}, "qwen2_5_vl"), QWEN2_5).video_tokens(4, 6) == 12
+    assert trim_options(config({"method": "evs", **rate}, "qwen2_5_vl"), QWEN2_5).video_tokens(1, 6) == 6  # ≥ P
+    assert trim_options(config({"method": "vidcom2", **rate}, "qwen2_5_vl"), QWEN2_5).video_tokens(4, 6) == 12
+    downsample = trim_options(config({"method": "temporal_downsample", "stride": 2}, "qwen2_5_vl"), QWEN2_5)
+    assert downsample.video_tokens(3, 6) == 12 and downsample.tokens(24) == 24  # images stay whole
+    per_patch = trim_options(config({"method": "visionzip", "keep": 3}, "qwen2_5_vl"), QWEN2_5)
+    assert per_patch.video_tokens(4, 6) == 12 and per_patch.tokens(24) == 3
+    with pytest.raises(ValueError, match=r"^vitrim: keep=7 is more than the image's 6 tokens; expected 1 … 6 \("):
+        trim_options(config({"method": "random", "keep": 7}, "qwen2_5_vl"), QWEN2_5).video_tokens(2, 6)
+
+
+@pytest.mark.parametrize(
+    ("vitrim", "model_type", "architecture", "message"),
+    [
+        ({"method": "evs"}, "llava", LLAVA, "vitrim: method 'evs' reduces videos, and VitrimLlava"),
+        ({"method": "vidcom2"}, "qwen3_vl", QWEN3, "vitrim: method 'vidcom2' reduces videos, and VitrimQwen3VL"),
+        ({"method": "evs", "keep": 8}, "qwen2_5_vl", QWEN2_5, "vitrim: method 'evs' decides each video's count"),
+        ({"method": "fastvid"}, "qwen2_5_vl", QWEN2_5, "vitrim: method 'fastvid' keeps a count that depends on"),
+        ({"method": "evs", "video_pruning_rate": 1.0}, "qwen2_5_vl", QWEN2_5, "video_pruning_rate=1.0 must be"),
+    ],
+)
+def test_a_video_method_where_it_cannot_run_is_one_line(
+    vitrim: Any, model_type: str, architecture: str, message: str
+) -> None:
+    with pytest.raises(ValueError) as raised:
+        trim_options(config(vitrim, model_type), architecture)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_vllms_own_video_pruning_beside_a_vitrim_method_is_one_line() -> None:
+    options = trim_options(config({"method": "random", "keep": 3}, "qwen2_5_vl"), QWEN2_5)
+    refuse_vllm_video_pruning(None, options)
+    with pytest.raises(ValueError, match=r"^vitrim: vLLM's own video pruning \(video_pruning_method='evs', "):
+        refuse_vllm_video_pruning(("evs", 0.75), options)
 
 
 def test_keep_above_an_images_tokens_is_one_line_naming_both() -> None:

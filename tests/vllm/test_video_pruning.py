@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
-from engines import greedy, transformers_reference, with_engine
+from engines import clip_frames, greedy, transformers_reference, with_engine
 from vllm.multimodal.video_prune import evs as evs_in_tree
 from vllm.multimodal.video_prune import vidcom2 as vidcom2_in_tree
 
@@ -44,7 +44,6 @@ from tiny_vlms.folders import save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 
 RATE = 0.5
 MAX_TOKENS = 8
-PIXELS_PER_TOKEN = 4  # 2-px patches merged 2×2
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 TAIL = " ".join(f"w{i}" for i in range(40, 52))  # 12 words after the video: the last token's position is the largest
 FAMILIES = {  # the transformers family: (its tiny folder, frames per temporal patch)
@@ -60,22 +59,6 @@ EXPECTED_OTHER_PICKS: dict[tuple[str, str], list[str]] = {
     ("qwen3_vl", "evs"): [],
     ("qwen3_vl", "vidcom2"): ["wide", "one", "tall"],
 }
-
-
-def clip_frames(patches: int, rows: int, columns: int, frames_per_patch: int, seed: int) -> np.ndarray:
-    """(T, H, W, 3) uint8 frames of ``patches`` temporal patches: a random first patch, then in each next one about
-    a third of the merged cells redrawn (the rest unchanged), so EVS and VidCom2 have something to rank."""
-    rng = np.random.default_rng(seed)
-    cell = PIXELS_PER_TOKEN
-    frame = rng.integers(0, 256, (rows * cell, columns * cell, 3), dtype=np.uint8)
-    frames = []
-    for patch in range(patches):
-        if patch:
-            frame = frame.copy()
-            for r, c in zip(*np.nonzero(rng.random((rows, columns)) < 0.35), strict=True):
-                frame[r * cell : (r + 1) * cell, c * cell : (c + 1) * cell] = rng.integers(0, 256, (cell, cell, 3))
-        frames += [frame] * frames_per_patch
-    return np.stack(frames)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

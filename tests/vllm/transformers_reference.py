@@ -11,12 +11,13 @@ SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl" | "qwen3
 "vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of
 (T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
 ``do_sample_frames=False``). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned
-prompt's length, "seeds": per image the content seed of its pixels, "image_tokens": per image its unpruned token
-count, "kept": per image or video (prompt order) kept raster indices (null without a method), "entered": per image
-or video the tokens it handed the LLM (its kept patches, + 1 for VisionZip's [CLS]; null without a method),
-"video_tokens": per video its unpruned token count t·(h/m)·(w/m), "video_grids": per video its merged grid
-[t, h/m, w/m], "in_tree_kept": Qwen3-VL with evs / vidcom2, per video what vLLM's in-tree function keeps on the
-merger output and on it with the DeepStack features ("merger", "with_deepstack"), else null}.
+prompt's length, "seeds": per image the content seed of its pixels, "video_seeds": per video the content seed of
+its pixels, "media": Qwen2.5-VL, "image" / "video" per medium in prompt order (else null), "image_tokens": per
+image its unpruned token count, "kept": per image or video (prompt order) kept raster indices (null without a
+method), "entered": per image or video the tokens it handed the LLM (its kept patches, + 1 for VisionZip's [CLS];
+null without a method), "video_tokens": per video its unpruned token count t·(h/m)·(w/m), "video_grids": per
+video its merged grid [t, h/m, w/m], "in_tree_kept": Qwen3-VL with evs / vidcom2, per video what vLLM's in-tree
+function keeps on the merger output and on it with the DeepStack features ("merger", "with_deepstack"), else null}.
 
 ``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
 language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
@@ -217,6 +218,11 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             per_image = list(pixels)
             vision = model.config.vision_config
             image_tokens = [(vision.image_size // vision.patch_size) ** 2] * len(per_image)
+        video_seeds = []
+        if clips:
+            video_seeds = [
+                content_seed(p) for p in inputs["pixel_values_videos"].split(inputs["video_grid_thw"].prod(-1).tolist())
+            ]
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=spec["max_tokens"], do_sample=False)
             if spec["positions"] == "vllm_qwen3_evs":  # again, on the same kept tokens, at vLLM's positions
@@ -231,6 +237,8 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 "tokens": out[0, inputs["input_ids"].shape[1] :].tolist(),
                 "prompt_tokens": int(inputs["input_ids"].shape[1]),
                 "seeds": [content_seed(p) for p in per_image],
+                "video_seeds": video_seeds,
+                "media": media_order(inputs["input_ids"][0], model.config) if spec["family"] == "qwen2_5_vl" else None,
                 "image_tokens": image_tokens,
                 "kept": None if selection is None else [kept.tolist() for kept in selection],
                 "entered": None if groups is None else [len(image) for image in groups],
@@ -261,6 +269,14 @@ def in_tree_kept(model: Any, inputs: Any, spec: dict[str, Any]) -> dict[str, lis
         for name, rows in (("merger", main), ("with_deepstack", stacked)):
             out[name].append(in_tree.compute_retention_mask(rows, grid, merge, rate).nonzero()[:, 0].tolist())
     return out
+
+
+def media_order(input_ids: torch.Tensor, config: Any) -> list[str]:
+    """Qwen2.5-VL: "image" or "video" per medium of the prompt, in reading order (the token after each vision
+    start)."""
+    names = {config.image_token_id: "image", config.video_token_id: "video"}
+    starts = (input_ids == config.vision_start_token_id).nonzero()[:, 0].tolist()
+    return [names[int(input_ids[at + 1])] for at in starts]
 
 
 def video_metadata(clip: dict[str, Any]) -> Any:

@@ -1,9 +1,11 @@
-"""How many image tokens of each sample entered the LLM at prefill, measured at the LLM's door.
+"""How many image (and video) tokens of each sample entered the LLM at prefill, measured at the LLM's door.
 
 A forward pre-hook on the model's language model, installed after ``vitrim.vlm.apply`` (so it runs after the
 methods' own hooks there, on what they hand the LLM), reads the first call of each ``generate`` (the prefill): the
-sequence the LLM runs and its attention mask. Per row, the tokens that entered are the mask's ones (the whole row
-when there is no mask); less the row's text tokens, which no method drops, they are the image tokens that entered.
+sequence the LLM runs and its attention mask. Per row, the tokens that entered are the 2-D padding mask's ones (the
+whole row when there is no mask); where the LLM is handed 4-D masks instead (Gemma 3's, one per layer type, of
+which the full-attention one; a Qwen batch of videos a method shortened unevenly), the keys the last query attends.
+Less the row's text tokens, which no method drops, they are the image and video tokens that entered.
 Counted this way, a pre-LLM method's cut, a [CLS] a method hands on (VisionZip's) and a method that keeps every
 slot but masks the dropped ones (``positions="original"``) are all seen as the LLM saw them, with no knowledge of
 how the method did it.
@@ -49,10 +51,28 @@ class PrefillDoor:
         if not isinstance(embeds, Tensor) or embeds.ndim != 3:
             raise ValueError(f"{type(module).__name__}: expected inputs_embeds (B, L, D) at the LLM's prefill")
         mask = kwargs.get("attention_mask")
+        if isinstance(mask, dict):  # masks per layer type (Gemma 3): the full-attention layers' sees every token
+            mask = mask.get("full_attention")
         if isinstance(mask, Tensor) and mask.ndim == 2 and mask.shape == embeds.shape[:2]:
             self.rows = [int(n) for n in mask.to(torch.long).sum(-1)]
-        else:  # no padding mask: every position of every row runs
+        elif isinstance(mask, Tensor) and mask.ndim == 4 and mask.shape[-1] == embeds.shape[1]:
+            self.rows = [int(n) for n in _attended_by_last(mask)]
+        elif mask is None:  # no padding mask: every position of every row runs
             self.rows = [embeds.shape[1]] * embeds.shape[0]
+        else:
+            raise ValueError(
+                f"{type(module).__name__}: an attention mask of shape {tuple(mask.shape)} at the LLM's prefill; "
+                "expected (B, L) or (B, 1, L, L)"
+            )
+
+
+def _attended_by_last(mask: Tensor) -> Tensor:
+    """Per row of a (B, 1 or H, L, L) mask (True or 0.0 where attended, the masked-out float minimum elsewhere): the
+    keys the last query attends. Prompts are padded on the left, so the last position is a real token, and in a
+    full causal layer it attends every real token (a method that masks a dropped token's key drops it here too)."""
+    last = mask[:, 0, -1, :]
+    attended = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min / 2
+    return attended.to(torch.long).sum(-1)
 
 
 def image_token_id(model: nn.Module) -> int:
@@ -65,8 +85,19 @@ def image_token_id(model: nn.Module) -> int:
     raise ValueError(f"{type(model).__name__}'s config names no image token id")
 
 
-def prompt_counts(input_ids: Tensor, attention_mask: Tensor | None, image_id: int) -> tuple[list[int], list[int]]:
-    """Per row of the (B, L) prompt: its image tokens and its text tokens (padding excluded)."""
+def video_token_id(model: nn.Module) -> int | None:
+    """The id of the video placeholder token (Qwen2/2.5/3-VL's ``video_token_id``), None for a model without video."""
+    value = getattr(model.config, "video_token_id", None)
+    return value if isinstance(value, int) else None
+
+
+def prompt_counts(
+    input_ids: Tensor, attention_mask: Tensor | None, image_id: int, video_id: int | None = None
+) -> tuple[list[int], list[int], list[int]]:
+    """Per row of the (B, L) prompt: its image tokens, its video tokens and its text tokens (padding excluded; a
+    Qwen3-VL video's timestamps and vision start/end tokens are text)."""
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     image = (input_ids == image_id) & real
-    return [int(n) for n in image.sum(-1)], [int(n) for n in (real & ~image).sum(-1)]
+    video = (input_ids == video_id) & real if video_id is not None else torch.zeros_like(image)
+    text = real & ~image & ~video
+    return [int(n) for n in image.sum(-1)], [int(n) for n in video.sum(-1)], [int(n) for n in text.sum(-1)]

@@ -1,6 +1,6 @@
 """A checkpoint, its prompts and its answers: the transformers processor of a folder, or the digits VLM's words.
 
-:func:`load` returns the model and a :class:`Prompter`, which turns a batch of (question, images) into the model's
+:func:`load` returns the model and a :class:`Prompter`, which turns a batch of (question, visuals) into the model's
 inputs, left-padded as ``generate()`` wants, and generated ids back into text:
 
 - ``pretrained=digits`` (or a ``vitrim demo vlm`` run folder): the shipped digits LLaVA and its word-level
@@ -8,11 +8,15 @@ inputs, left-padded as ``generate()`` wants, and generated ids back into text:
   PIL image of mode ``"F"`` holds the ink itself, the digits tasks' ``doc_to_visual`` makes it; any other picture
   goes through :func:`vitrim.demos.vlm.ask.read_canvas`'s rule: grey, 64×64, inverted when mostly light);
 - any other folder: transformers' ``AutoProcessor`` and ``AutoModelForImageTextToText`` (:func:`vitrim.vlm_user.
-  load.load_vlm`: safetensors only, no remote code), a chat turn with one image part per picture.
+  load.load_vlm`: safetensors only, no remote code), a chat turn with one image part per picture and one video
+  part per video (a :class:`vitrim.eval.video.Clip`, in the order ``doc_to_visual`` gave them); the pictures go to
+  the processor grouped per prompt (Gemma 3's processor counts them per prompt), the videos as their sampled frames
+  with their metadata.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.eval.model_args import ModelArguments
+from vitrim.eval.video import Clip
 
 DIGITS = "digits"
 
@@ -30,7 +35,8 @@ DIGITS = "digits"
 @dataclass(frozen=True)
 class Settings:
     """What decides the image tokens besides the method, recorded beside every number: the processor's class, the
-    picture size it resizes to or its pixel bounds (Qwen's ``min_pixels`` / ``max_pixels``), the dtype."""
+    picture size it resizes to or its pixel bounds (Qwen's ``min_pixels`` / ``max_pixels``; its video processor's
+    under ``video``), the dtype."""
 
     processor: str
     pixels: dict[str, Any]
@@ -42,7 +48,8 @@ class Prompter:
 
     settings: Settings
 
-    def inputs(self, questions: Sequence[str], images: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
+    def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
+        """The batch's inputs: per question its pictures and :class:`~vitrim.eval.video.Clip` s, in order."""
         raise NotImplementedError
 
     def decode(self, ids: Tensor) -> list[str]:
@@ -61,15 +68,17 @@ class DigitsPrompter(Prompter):
 
         self.settings = Settings("vitrim.demos.vlm.words.processor", {"canvas": [CANVAS, CANVAS]}, "float32")
 
-    def inputs(self, questions: Sequence[str], images: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
+    def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
         from vitrim.demos.vlm.words import processor
 
-        for number, pictures in enumerate(images):
+        for number, pictures in enumerate(visuals):
+            if any(isinstance(picture, Clip) for picture in pictures):
+                raise ValueError(f"the digits VLM reads pictures, not videos; question {number} has a video")
             if len(pictures) != 1:
                 raise ValueError(
                     f"the digits VLM reads one picture per question; question {number} has {len(pictures)}"
                 )
-        canvases = np.stack([digits_canvas(pictures[0]) for pictures in images])
+        canvases = np.stack([digits_canvas(pictures[0]) for pictures in visuals])
         return processor(canvases, list(questions))
 
     def decode(self, ids: Tensor) -> list[str]:
@@ -95,8 +104,9 @@ def digits_canvas(picture: Any) -> np.ndarray:
 
 
 class TransformersPrompter(Prompter):
-    """A transformers processor: a chat turn (``{"type": "image"}`` per picture, then the question) when it has a
-    template, else its image token per picture before the question; padded on the left."""
+    """A transformers processor: a chat turn (``{"type": "image"}`` per picture, ``{"type": "video"}`` per video,
+    then the question) when it has a template, else its image / video token per visual before the question; padded
+    on the left."""
 
     def __init__(self, processor: Any, dtype: str) -> None:
         self.processor = processor
@@ -107,23 +117,36 @@ class TransformersPrompter(Prompter):
                 tokenizer.pad_token = tokenizer.eos_token
         self.settings = Settings(type(processor).__name__, pixel_settings(processor), dtype)
 
-    def inputs(self, questions: Sequence[str], images: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
-        texts = [self._prompt(question, len(pictures)) for question, pictures in zip(questions, images, strict=True)]
-        pictures = [_rgb(picture) for group in images for picture in group]
-        return dict(self.processor(images=pictures or None, text=texts, return_tensors="pt", padding=True))
+    def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
+        texts = [self._prompt(question, group) for question, group in zip(questions, visuals, strict=True)]
+        pictures = [[_rgb(v) for v in group if not isinstance(v, Clip)] for group in visuals]
+        clips = [v for group in visuals for v in group if isinstance(v, Clip)]
+        extra: dict[str, Any] = {}
+        if clips:
+            if getattr(self.processor, "video_processor", None) is None:
+                raise ValueError(f"{type(self.processor).__name__} takes no video (it has no video processor)")
+            extra = {
+                "videos": [clip.frames for clip in clips],
+                "video_metadata": [clip.metadata for clip in clips],
+                "do_sample_frames": False,  # sampled by vitrim.eval.video, recorded with each sample
+            }
+        images = pictures if any(pictures) else None
+        return dict(self.processor(images=images, text=texts, return_tensors="pt", padding=True, **extra))
 
-    def _prompt(self, question: str, pictures: int) -> str:
+    def _prompt(self, question: str, visuals: Sequence[Any]) -> str:
         processor = self.processor
+        kinds = ["video" if isinstance(v, Clip) else "image" for v in visuals]
         if getattr(processor, "chat_template", None):
-            content = [{"type": "image"}] * pictures + [{"type": "text", "text": question}]
+            content = [{"type": kind} for kind in kinds] + [{"type": "text", "text": question}]
             messages = [{"role": "user", "content": content}]
             return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        image_token = getattr(processor, "image_token", None)
-        if not image_token:
+        tokens = {kind: getattr(processor, f"{kind}_token", None) for kind in set(kinds) | {"image"}}
+        missing = [kind for kind, token in tokens.items() if not token]
+        if missing:
             raise ValueError(
-                f"{type(processor).__name__} has neither a chat template nor an image token to prompt with"
+                f"{type(processor).__name__} has neither a chat template nor a {missing[0]} token to prompt with"
             )
-        return image_token * pictures + "\n" + question
+        return "".join(str(tokens[kind]) for kind in kinds) + "\n" + question
 
     def decode(self, ids: Tensor) -> list[str]:
         return [text.strip() for text in self.processor.batch_decode(ids, skip_special_tokens=True)]
@@ -134,15 +157,28 @@ class TransformersPrompter(Prompter):
         return None if tokenizer is None else tokenizer.pad_token_id
 
 
+PIXEL_SETTINGS = ("size", "crop_size", "min_pixels", "max_pixels", "patch_size", "merge_size", "do_resize", "do_pad")
+VIDEO_SETTINGS = ("temporal_patch_size", "fps", "num_frames", "min_frames", "max_frames", "cap_pixels_per_frame")
+
+
 def pixel_settings(processor: Any) -> dict[str, Any]:
-    """The image processor's settings that decide how many image tokens a picture makes."""
-    image_processor = getattr(processor, "image_processor", None)
-    names = ("size", "crop_size", "min_pixels", "max_pixels", "patch_size", "merge_size", "do_resize", "do_pad")
-    found = {name: getattr(image_processor, name, None) for name in names}
+    """The image processor's settings that decide how many image tokens a picture makes (and, under ``video``, the
+    video processor's: pixel bounds, temporal patch, its own frame sampling, which vitrim's sampling replaces)."""
+    found = _settings(getattr(processor, "image_processor", None), PIXEL_SETTINGS)
+    video_processor = getattr(processor, "video_processor", None)
+    if video_processor is not None:
+        found["video"] = _settings(video_processor, PIXEL_SETTINGS + VIDEO_SETTINGS)
+    return found
+
+
+def _settings(processor: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    found = {name: getattr(processor, name, None) for name in names}
     return {name: _plain(value) for name, value in found.items() if value is not None}
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # transformers 5's SizeDict
+        value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -171,22 +207,36 @@ def load(arguments: ModelArguments) -> tuple[nn.Module, Prompter]:
     from vitrim.vlm_user.load import load_vlm
 
     model, processor = load_vlm(arguments.pretrained, arguments.device)
-    image_processor = getattr(processor, "image_processor", None)
-    for name in ("min_pixels", "max_pixels"):
-        value = getattr(arguments, name)
-        if value is None:
-            continue
-        size = getattr(image_processor, "size", None)
-        key = "shortest_edge" if name == "min_pixels" else "longest_edge"
-        if isinstance(size, dict) and key in size:
-            size[key] = value
-        elif getattr(size, key, None) is not None:  # transformers 5's Qwen processors: pixel bounds in a SizeDict
-            setattr(size, key, value)
-        elif image_processor is not None and hasattr(image_processor, name):
-            setattr(image_processor, name, value)
-        else:
-            raise ValueError(f"model_args {name}={value}: {type(processor).__name__} has no {name} setting")
+    for argument, part in PIXEL_BOUNDS.items():
+        value = getattr(arguments, argument)
+        if value is not None:
+            _set_pixel_bound(processor, part, argument.removeprefix("video_"), value, argument)
     return model.to(dtype=dtype).eval(), TransformersPrompter(processor, arguments.dtype)
+
+
+# model_args -> the processor part whose bound it sets
+PIXEL_BOUNDS = {
+    "min_pixels": "image_processor",
+    "max_pixels": "image_processor",
+    "video_min_pixels": "video_processor",
+    "video_max_pixels": "video_processor",
+}
+
+
+def _set_pixel_bound(processor: Any, part: str, name: str, value: int, argument: str) -> None:
+    """Qwen's ``min_pixels`` / ``max_pixels`` (``name``) of the processor's ``part``, wherever that version keeps
+    them (the ``size`` dict's shortest/longest edge, a SizeDict's, or an attribute)."""
+    target = getattr(processor, part, None)
+    size = getattr(target, "size", None)
+    key = "shortest_edge" if name == "min_pixels" else "longest_edge"
+    if isinstance(size, dict) and key in size:
+        size[key] = value
+    elif getattr(size, key, None) is not None:  # transformers 5's Qwen processors: pixel bounds in a SizeDict
+        setattr(size, key, value)
+    elif target is not None and hasattr(target, name):
+        setattr(target, name, value)
+    else:
+        raise ValueError(f"model_args {argument}={value}: {type(processor).__name__} has no {part} {name} setting")
 
 
 def _is_digits_run(pretrained: str) -> bool:

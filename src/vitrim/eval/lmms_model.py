@@ -10,12 +10,12 @@ Beside every answer the model reports, in lmms-eval's own places:
 - per sample, in the samples log (``--log_samples``), its ``token_counts``: ``input_tokens`` / ``output_tokens``
   (the prompt's tokens, the answer's) and under ``vitrim`` the sample's image tokens in the prompt, those that
   entered the LLM (measured at the LLM's door, :mod:`vitrim.eval.image_tokens`), those the last stage kept
-  (``vitrim.vlm.last_selection``), the prefill multiply-adds with the methods and without
+  (``vitrim.vlm.last_selection``), the same three for its videos, each video's frames, frame rates and size
+  (:mod:`vitrim.eval.video`) and its tokens, the prefill multiply-adds with the methods and without
   (:mod:`vitrim.eval.prefill_cost`), and the run's settings (methods, every option with its default filled in,
-  the positions convention, the processor's pixel settings, dtype);
-- on average, in the results file's ``throughput`` (lmms-eval's ``log_metrics``): ``avg_vitrim_image_tokens``,
-  ``avg_vitrim_image_tokens_entering_llm``, ``avg_vitrim_image_tokens_kept``, ``avg_vitrim_prefill_macs``,
-  ``avg_vitrim_dense_prefill_macs`` and ``avg_vitrim_prefill_macs_ratio`` (means over the samples).
+  the positions convention, the processor's pixel settings, the frame sampling, dtype);
+- on average, in the results file's ``throughput`` (lmms-eval's ``log_metrics``): ``avg_vitrim_<name>`` for each
+  name of :data:`AVERAGED` and ``prefill_macs_ratio`` (means over the samples).
 
 This module imports lmms-eval; ``import vitrim`` never imports it.
 """
@@ -34,13 +34,18 @@ from lmms_eval.api.model import lmms
 from lmms_eval.models.model_utils.gen_metrics import log_metrics
 
 import vitrim.vlm
-from vitrim.eval.image_tokens import PrefillDoor, image_token_id, prompt_counts
+from vitrim.eval.image_tokens import PrefillDoor, image_token_id, prompt_counts, video_token_id
 from vitrim.eval.inputs import load
 from vitrim.eval.model_args import parse_model_args
 from vitrim.eval.prefill_cost import counter_for, sample_macs
+from vitrim.eval.video import DECODER, Clip, is_video, read_clip
 
 DEFAULT_MAX_NEW_TOKENS = 128
-AVERAGED = ("image_tokens", "image_tokens_entering_llm", "image_tokens_kept", "prefill_macs", "dense_prefill_macs")
+AVERAGED = (
+    "image_tokens", "image_tokens_entering_llm", "image_tokens_kept",
+    "video_tokens", "video_tokens_entering_llm", "video_tokens_kept",
+    "prefill_macs", "dense_prefill_macs",
+)  # fmt: skip
 
 
 @dataclass
@@ -73,6 +78,7 @@ class VitrimModel(lmms):
             raise
         self.door = PrefillDoor(self.model)
         self.image_id = image_token_id(self.model)
+        self.video_id = video_token_id(self.model)
         self.counter = counter_for(self.model)
         self.settings = self._settings()
         self.batch_size = self.arguments.batch_size
@@ -80,7 +86,8 @@ class VitrimModel(lmms):
 
     def _settings(self) -> dict[str, Any]:
         """The run's settings recorded with every sample: methods with all their options (defaults filled in),
-        the positions convention of each pre-LLM method, the processor's pixel settings, the dtype."""
+        the positions convention of each pre-LLM method, the processor's pixel settings, a video's frame sampling
+        (models that take video), the dtype."""
         described = self.arguments.plan.described()
         options = {}
         for name, given in self.arguments.plan.methods:
@@ -88,6 +95,7 @@ class VitrimModel(lmms):
             options[name] = {"stage": info.stage, **_jsonable({**info.defaults, **given})}
         positions = {name: o["positions"] for name, o in options.items() if "positions" in o}
         prompter = self.prompter.settings
+        video = {"max_num_frames": self.arguments.max_num_frames, "fps": self.arguments.fps, "decoder": DECODER}
         return {
             "model": self.arguments.pretrained,
             "method": described["method"],
@@ -95,6 +103,7 @@ class VitrimModel(lmms):
             "positions": positions,
             "processor": prompter.processor,
             "pixels": prompter.pixels,
+            **({"video": video} if self.video_id is not None else {}),
             "dtype": prompter.dtype,
             "prefill_macs_counted": self.counter.shapes is not None,
         }
@@ -111,22 +120,35 @@ class VitrimModel(lmms):
         answers: list[GenerationResult] = []
         for chunk in collator.get_batched(n=self.batch_size, batch_fn=None):
             contexts, all_settings, to_visuals, doc_ids, tasks, splits = zip(*chunk, strict=True)
-            pictures = [
-                _as_list(to_visual(self.task_dict[task][split][doc_id]))
+            visuals = [
+                self._visuals(to_visual(self.task_dict[task][split][doc_id]))
                 for to_visual, doc_id, task, split in zip(to_visuals, doc_ids, tasks, splits, strict=True)
             ]
-            answers.extend(self._answer(list(contexts), pictures, dict(all_settings[0])))
+            answers.extend(self._answer(list(contexts), visuals, dict(all_settings[0])))
         ordered = collator.get_original(answers)
         self._log_averages(ordered, time.perf_counter() - start)
         return ordered
 
+    def _visuals(self, visuals: Any) -> list[Any]:
+        """A request's visuals: pictures as they are, each video as its sampled :class:`~vitrim.eval.video.Clip`."""
+        read = []
+        for visual in _as_list(visuals):
+            if is_video(visual):
+                if self.video_id is None:
+                    raise ValueError(
+                        f"{type(self.model).__name__} takes no video; the task hands it one ({visual!r:.80})"
+                    )
+                visual = read_clip(visual, self.arguments.max_num_frames, self.arguments.fps)
+            read.append(visual)
+        return read
+
     @torch.inference_mode()
     def _answer(
-        self, questions: list[str], pictures: list[list[Any]], settings: dict[str, Any]
+        self, questions: list[str], visuals: list[list[Any]], settings: dict[str, Any]
     ) -> list[GenerationResult]:
         inputs = {
             k: v.to(self.device) if isinstance(v, torch.Tensor) else v
-            for k, v in self.prompter.inputs(questions, pictures).items()
+            for k, v in self.prompter.inputs(questions, visuals).items()
         }
         until = settings.pop("until", None)
         until = [until] if isinstance(until, str) else list(until or [])
@@ -143,29 +165,44 @@ class VitrimModel(lmms):
         texts = [_cut(text, until) for text in self.prompter.decode(new)]
         return [
             GenerationResult(text, counts)
-            for text, counts in zip(texts, self._records(inputs, new, pictures), strict=True)
+            for text, counts in zip(texts, self._records(inputs, new, visuals), strict=True)
         ]
 
-    def _records(self, inputs: dict[str, Any], new: torch.Tensor, pictures: list[list[Any]]) -> list[SampleCounts]:
-        image, text = prompt_counts(inputs["input_ids"], inputs.get("attention_mask"), self.image_id)
+    def _records(self, inputs: dict[str, Any], new: torch.Tensor, visuals: list[list[Any]]) -> list[SampleCounts]:
+        image, video, text = prompt_counts(
+            inputs["input_ids"], inputs.get("attention_mask"), self.image_id, self.video_id
+        )
         entered = self.door.rows
-        kept: list[int | None] = list(image)
-        if self.arguments.plan.methods:
-            per_image = [len(selection) for selection in vitrim.vlm.last_selection(self.model)]
-            kept, at = [], 0
-            for group in pictures:
-                kept.append(sum(per_image[at : at + len(group)]) if at + len(group) <= len(per_image) else None)
-                at += len(group)
+        selections = vitrim.vlm.last_selection(self.model) if self.arguments.plan.methods else None
+        kept = _kept(visuals, selections, image, video)
+        image_grids = iter(_grids(inputs.get("image_grid_thw")))
+        video_grids = iter(_grids(inputs.get("video_grid_thw")))
         pad = self.prompter.pad_id
         records = []
-        for row in range(len(pictures)):
+        for row, group in enumerate(visuals):
             answer = new[row]
             output = int((answer != pad).sum()) if pad is not None else int(answer.numel())
-            macs = sample_macs(self.counter, self.arguments.plan, len(pictures[row]), text[row])
+            clips = [v for v in group if isinstance(v, Clip)]
+            pictures = len(group) - len(clips)
+            grids = [next(image_grids, None) for _ in range(pictures)]
+            clip_grids = [next(video_grids, None) for _ in clips]
+            macs = sample_macs(
+                self.counter, self.arguments.plan, pictures, len(clips), grids[0] if grids else None, text[row]
+            )
+            # the door sees the image and video tokens together; each kind is known where the sample holds one
+            entering = None if entered is None else entered[row] - text[row]
             record = {
                 "image_tokens": image[row],
-                "image_tokens_entering_llm": None if entered is None else entered[row] - text[row],
-                "image_tokens_kept": kept[row],
+                "image_tokens_entering_llm": 0 if not pictures else entering if not clips else None,
+                "image_tokens_kept": kept[row][0],
+                "video_tokens": video[row],
+                "video_tokens_entering_llm": 0 if not clips else entering if not pictures else None,
+                "video_tokens_kept": kept[row][1],
+                **(
+                    {"videos": [{**c.record(), "grid_thw": g} for c, g in zip(clips, clip_grids, strict=True)]}
+                    if clips
+                    else {}
+                ),
                 "text_tokens": text[row],
                 "prefill_macs": macs["method"],
                 "dense_prefill_macs": macs["dense"],
@@ -196,6 +233,32 @@ class VitrimModel(lmms):
 
 def _as_list(visuals: Any) -> list[Any]:
     return list(visuals) if isinstance(visuals, (list, tuple)) else [visuals]
+
+
+def _grids(grid_thw: torch.Tensor | None) -> list[list[int]]:
+    """The [t, h, w] patch grid of each picture (or video) of the batch, in order (Qwen's processors)."""
+    return [] if grid_thw is None else [[int(n) for n in row] for row in grid_thw.tolist()]
+
+
+def _kept(
+    visuals: list[list[Any]], selections: Any, image: list[int], video: list[int]
+) -> list[tuple[int | None, int | None]]:
+    """Per sample, the (image, video) tokens the last stage kept: ``vitrim.vlm.last_selection``'s entries (one per
+    picture or video, in the batch's order) summed per kind; every token where no method is applied."""
+    if not selections:
+        return list(zip(image, video, strict=True))
+    sizes = [len(selection) for selection in selections]
+    kept: list[tuple[int | None, int | None]] = []
+    at = 0
+    for group in visuals:
+        mine = sizes[at : at + len(group)] if at + len(group) <= len(sizes) else None
+        at += len(group)
+        if mine is None:
+            kept.append((None, None))
+            continue
+        pictures_kept = sum(n for n, visual in zip(mine, group, strict=True) if not isinstance(visual, Clip))
+        kept.append((pictures_kept, sum(mine) - pictures_kept))
+    return kept
 
 
 def _cut(text: str, until: list[str]) -> str:

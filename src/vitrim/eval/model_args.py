@@ -43,7 +43,10 @@ class MethodPlan:
 class ModelArguments:
     """The model's own arguments: ``pretrained`` (a folder, a hub name the cache holds, or ``digits`` for the
     shipped digits VLM), ``batch_size``, ``device``, ``dtype``, ``max_new_tokens`` (a cap on top of a task's
-    ``generation_kwargs``), pixel settings for Qwen's processors (``min_pixels``, ``max_pixels``)."""
+    ``generation_kwargs``), pixel settings for Qwen's processors (``min_pixels``, ``max_pixels``; a video's frames:
+    ``video_min_pixels``, ``video_max_pixels``), a video's frame sampling (:mod:`vitrim.eval.video`:
+    ``max_num_frames``, default 32 as lmms-eval's Qwen models; ``fps``, default None: ``max_num_frames`` evenly
+    spaced)."""
 
     pretrained: str
     batch_size: int = 1
@@ -52,10 +55,15 @@ class ModelArguments:
     max_new_tokens: int | None = None
     min_pixels: int | None = None
     max_pixels: int | None = None
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+    max_num_frames: int = 32
+    fps: float | None = None
     plan: MethodPlan = field(default_factory=MethodPlan)
 
 
-MODEL_ARGUMENTS = ("pretrained", "batch_size", "device", "dtype", "max_new_tokens", "min_pixels", "max_pixels")
+COUNTS = ("max_new_tokens", "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "max_num_frames")
+MODEL_ARGUMENTS = ("pretrained", "batch_size", "device", "dtype", "fps", *COUNTS)
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
@@ -78,16 +86,22 @@ def parse_model_args(arguments: dict[str, Any]) -> ModelArguments:
     if dtype not in DTYPES:
         raise ValueError(f"model_args dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     counts = {}
-    for name in ("max_new_tokens", "min_pixels", "max_pixels"):
+    for name in COUNTS:
         value = own.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"model_args {name}={value!r}: expected an int >= 1")
         counts[name] = value
+    frames = counts.pop("max_num_frames") or ModelArguments.max_num_frames
+    fps = own.get("fps")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0):
+        raise ValueError(f"model_args fps={fps!r}: expected a number > 0 (frames sampled per second of video)")
     return ModelArguments(
         pretrained=pretrained,
         batch_size=batch_size,
         device=str(own.get("device", "cpu")),
         dtype=dtype,
+        max_num_frames=frames,
+        fps=None if fps is None else float(fps),
         plan=method_plan(rest),
         **counts,
     )

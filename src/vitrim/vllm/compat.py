@@ -6,11 +6,11 @@ placeholder count, the seams vLLM offers an out-of-tree model. Beyond them:
 - **The vLLM version.** Those seams, and the ones below, are vLLM internals that change between releases without
   notice; vitrim.vllm was run and tested on :data:`TESTED` only. :func:`check_vllm_version` fails in one line on
   any other release (``VITRIM_VLLM_UNTESTED=1`` lets a user try anyway, at their own risk).
-- **M-RoPE of pruned images** (Qwen2.5-VL): vLLM re-numbers a prompt whose media were pruned only for video
-  pruning (:func:`declare_image_pruning`), continues the text after an image by the grid's width rather than its
-  largest side (:func:`image_positions`), lays out a prompt's first positions as if no image were pruned
-  (:func:`sequential_mrope_positions`), and its CPU runner never turns the re-numbering on
-  (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
+- **M-RoPE of pruned media** (Qwen2.5-VL): vLLM re-numbers a prompt whose media were pruned only for video
+  pruning (:func:`declare_image_pruning`), continues the text after an image or video by the grid's width rather
+  than its largest side and truncates a video's seconds per temporal patch (:func:`video_positions`), lays out a
+  prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), and its CPU runner
+  never turns the re-numbering on (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
 - **Modules that take no hooks** (:func:`tap_input`): vLLM's ``support_torch_compile`` wrapper (Qwen2.5-VL's
   vision blocks and merger) calls ``forward`` directly, so forward hooks never run.
 """
@@ -56,18 +56,29 @@ def declare_image_pruning(multimodal_config: Any) -> None:
 
 def image_positions(grid_thw: list[int], merge_size: int) -> Tensor:
     """(N, 4) long: per merged token of an image (raster order) its M-RoPE (t, h, w) counted from the image's first
-    position, and in the last column the span the image takes, where the text after it continues.
+    position, and in the last column the span the image takes, where the text after it continues: transformers'
+    (and vitrim.vlm's) max(h, w) of the merged grid, where vLLM's ``compute_mrope_for_media`` writes the width (the
+    two differ for an image taller than wide; :func:`video_positions` with one temporal patch)."""
+    return video_positions(grid_thw, merge_size, 1.0)
 
-    The layout of vLLM's ``compute_mrope_for_media`` (which vLLM's ``recompute_mrope_positions`` reads), except the
-    last column: vLLM writes the grid's width there, transformers' ``get_rope_index`` (and vitrim.vlm) continue the
-    text after the image's largest coordinate + 1, i.e. max(t, h, w) for an image; the two differ for an image
-    taller than wide. Removed when upstream continues the text after the largest coordinate.
+
+def video_positions(grid_thw: list[int], merge_size: int, time_interval: Tensor | float) -> Tensor:
+    """(N, 4) long: per merged token of a video or image of ``grid_thw`` (t, h, w patches; raster order) its M-RoPE
+    cell counted from its first position, as the unmodified transformers model numbers it (``get_rope_index``):
+    temporal patch τ at ``int(τ · time_interval)`` (a float product, then truncated; ``time_interval`` =
+    ``tokens_per_second · second_per_grid_ts``), row and column as they are; and in the last column the span where
+    the text after it continues, max(h, w) of the merged grid whatever the temporal extent.
+
+    The layout of vLLM's ``compute_mrope_for_media`` (which vLLM's ``recompute_mrope_positions`` reads), except
+    where vLLM's differs from transformers: vLLM truncates ``second_per_grid_ts`` to an integer before multiplying
+    and writes the grid's width in the last column. Removed when upstream numbers media as transformers does.
     """
     t, h, w = grid_thw[0], grid_thw[1] // merge_size, grid_thw[2] // merge_size
-    coords = torch.stack(
-        torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), dim=-1
-    ).reshape(-1, 3)
-    span = torch.full((coords.shape[0], 1), max(t, h, w), dtype=torch.long)
+    temporal = (torch.arange(t) * time_interval).long()
+    coords = torch.stack(torch.meshgrid(temporal, torch.arange(h), torch.arange(w), indexing="ij"), dim=-1).reshape(
+        -1, 3
+    )
+    span = torch.full((coords.shape[0], 1), max(h, w), dtype=torch.long)
     return torch.cat([coords, span], dim=1)
 
 

@@ -4,8 +4,8 @@ A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, 
 
 - **How many placeholders an image gets** (the processor's prompt updates): ``keep`` instead of the grid's N,
   decided from the options alone (vLLM lays out the prompt before the tower runs): the engine's, or the request's own
-  (``mm_processor_kwargs={"vitrim": {"keep": …}}``, :func:`vitrim.vllm.options.request_options`), which then travels
-  to the tower beside the image's pixels (a ``vitrim_keep`` field per image);
+  (``mm_processor_kwargs={"vitrim": {"keep": …}}``, :mod:`vitrim.vllm.request_keep`), which then travels to the
+  tower beside the image's pixels;
 - **Which features fill them** (``embed_multimodal``): the tower runs as vLLM's does, and vitrim.vlm's one encoder
   seam (:mod:`vitrim.vlm.stages.capture`) taps its scoring layer (:func:`read_cls_attention`: vLLM's fused ``qkv``),
   selects, and writes merged features and VisionZip's [CLS] into their slots before the projector, as on
@@ -34,12 +34,12 @@ from vllm.model_executor.models.llava import (
     LlavaProcessingInfo,
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import ImageProcessorItems
 from vllm.multimodal.processing import PromptReplacement
 
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
+from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
@@ -115,36 +115,26 @@ def trimmed_llava_info(ctx: Any) -> LlavaProcessingInfo:
     return LlavaProcessingInfo(ctx)
 
 
-class TrimmedLlavaProcessor(LlavaMultiModalProcessor):
+class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
     """vLLM's LLaVA processor with each request's ``keep`` placeholders per image, and that ``keep`` handed to the
-    model beside the pixels (``vitrim_keep``, one int per image)."""
+    model beside the pixels (:mod:`vitrim.vllm.request_keep`)."""
 
-    def request_keep(self, hf_kwargs: Mapping[str, object]) -> int:
-        config = self.info.get_hf_config()
-        return request_options(llava_trim_options(config), hf_kwargs).tokens(image_tokens(config))
+    def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
+        return request_options(llava_trim_options(self.info.get_hf_config()), hf_kwargs)
 
-    def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> Any:
-        # the 'vitrim' entry is vitrim's, not an option of transformers' processor
-        return super()._call_hf_processor(hf_data, {k: v for k, v in hf_kwargs.items() if k != "vitrim"})
-
-    def _postprocess_hf_mm_data(
-        self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object], processed_data: Any
-    ) -> Any:
-        processed = super()._postprocess_hf_mm_data(hf_data, hf_kwargs, processed_data)
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
         pixels = processed.get("pixel_values")
-        if pixels is not None:
-            processed["vitrim_keep"] = torch.full((len(pixels),), self.request_keep(hf_kwargs), dtype=torch.long)
-        return processed
-
-    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]) -> Any:
-        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
-        return fields | {"vitrim_keep": MultiModalFieldConfig.batched("image")}
+        if pixels is None:
+            return {}
+        keep = options.tokens(image_tokens(self.info.get_hf_config()))
+        return {keep_field("image"): torch.full((len(pixels),), keep, dtype=torch.long)}
 
     def _get_prompt_updates(
         self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, object], out_mm_kwargs: Any
     ) -> Sequence[PromptReplacement]:
-        image_token_id = self.info.get_hf_config().image_token_index
-        keep = self.request_keep(hf_processor_mm_kwargs)
+        config = self.info.get_hf_config()
+        image_token_id = config.image_token_index
+        keep = self.request_trim(hf_processor_mm_kwargs).tokens(image_tokens(config))
 
         def replacement(item: int) -> list[int]:
             if not isinstance(mm_items.get_items("image", object), ImageProcessorItems):
@@ -193,8 +183,7 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         assert isinstance(features, Tensor)
         seeds = image_seeds(pixels)  # (I,)
         method = self.vitrim_options.method
-        asked = kwargs.get("vitrim_keep")  # each image's request's keep (the processor's), or the engine's
-        keeps = [self.vitrim_keep] * len(pixels) if asked is None else torch.as_tensor(asked).flatten().tolist()
+        keeps = asked_keeps(kwargs, "image") or [self.vitrim_keep] * len(pixels)  # each image's request's keep
         taps = self.vitrim_taps
         attention = None if taps is None else taps.take_attention()
         cls_row = None if taps is None else taps.take_cls_row()

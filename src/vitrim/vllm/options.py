@@ -5,17 +5,22 @@ It comes from ``--hf-overrides`` (``LLM(hf_overrides=...)`` in Python), beside t
     {"architectures": ["VitrimLlavaForConditionalGeneration"],
      "vitrim": {"method": "visionzip", "keep": 64, "dominant": 54}}
 
-``method`` is a pre-LLM method of vitrim.vlm; ``keep`` an int (image tokens per image) or a float in (0, 1] (a
-fraction of each image's tokens), as in ``vitrim.vlm.apply``; every other key is an option of the method under its
-authors' name (``dominant`` above). Why this form: ``--hf-overrides`` is vLLM's own way to change a checkpoint's
-config, ``architectures`` is how vLLM picks the model class, and the options live in the config the engine hands
-every process, so the front end (which counts each image's placeholders) and the workers (which select) read the
-same values. Every error is one line starting ``vitrim:`` and naming the value, raised when the engine starts.
+``method`` is a pre-LLM method of vitrim.vlm; ``keep`` an int (image tokens per image, and per temporal patch of a
+video) or a float in (0, 1] (a fraction of each), as in ``vitrim.vlm.apply``; every other key is an option of the
+method under its authors' name (``dominant`` above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``)
+takes no ``keep``: it decides each video's count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an
+architecture that serves videos (:data:`VIDEO_ARCHITECTURES`).
+
+Why this form: ``--hf-overrides`` is vLLM's own way to change a checkpoint's config, ``architectures`` is how vLLM
+picks the model class, and the options live in the config the engine hands every process, so the front end (which
+counts each image's and video's placeholders) and the workers (which select) read the same values. Every error is
+one line starting ``vitrim:`` and naming the value, raised when the engine starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,32 +28,57 @@ import vitrim.vlm  # noqa: F401  (registers every method)
 from vitrim.vlm.families import served_architectures
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
+from vitrim.vlm.method.evs import evs_count
+from vitrim.vlm.method.vidcom2 import vidcom2_count
 from vitrim.vlm.stages.contract import ServedArchitecture
 
 # the one table of served architectures, read from the families' files (their traits' ``served``)
 ARCHITECTURES: dict[str, ServedArchitecture] = served_architectures()
 EXAMPLE = '{"architectures": ["VitrimLlavaForConditionalGeneration"], "vitrim": {"method": "visionzip", "keep": 64}}'
+# the architectures whose videos the plugin trims (the others take images only)
+VIDEO_ARCHITECTURES = ("VitrimQwen2_5_VLForConditionalGeneration",)
+# per served video method: the tokens it keeps of a video of t temporal patches of P tokens, from the grid alone
+# (vLLM writes a prompt's placeholders before the tower runs); the method's own selection keeps exactly as many
+VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {
+    "evs": lambda method, frames, per_frame: evs_count(per_frame, frames, method.options["video_pruning_rate"]),
+    "vidcom2": lambda method, frames, per_frame: vidcom2_count(per_frame, frames, method.options["video_pruning_rate"]),
+    "temporal_downsample": lambda method, frames, per_frame: math.ceil(frames / method.options["stride"]) * per_frame,
+}
 
 
 def refused(method: Method) -> str | None:
     """Why vLLM serving cannot run ``method`` (a method with its options; None: it can). A served model runs
     vitrim.vlm's one encoder seam (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every
-    pre-LLM method that selects from the images alone is served. Refused: the other stages (the tower's and the
-    LLM's are not hooked in vLLM; its paged attention hands a model no attention rows), a video method (the plugin
-    trims images; vLLM serves EVS and VidCom2 itself), and a method that reads the prompt (CDPruner unless
-    ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    pre-LLM method that selects from the images alone is served, and every video method whose count the grid fixes.
+    Refused: the other stages (the tower's and the LLM's are not hooked in vLLM; its paged attention hands a model no
+    attention rows), a video method whose count depends on the video's content (FastVID's segments: vLLM writes the
+    placeholders before the tower runs), and a method that reads the prompt (CDPruner unless ``theta=0``: vLLM
+    encodes the images before the text reaches the model)."""
     if method.stage != "pre_llm":
         return f"cuts at stage {method.stage!r}, and the plugin serves pre-LLM methods"
-    if method.reads_time:
-        return "reduces videos, and the plugin serves images (vLLM's own --video-pruning-method serves EVS and VidCom2)"
+    if method.reads_time and method.name not in VIDEO_COUNTS:
+        return (
+            "keeps a count that depends on the video's content, and vLLM writes a prompt's placeholders before the "
+            "tower runs"
+        )
     if method.reads_instruction():
         return "reads the prompt, which vLLM has not handed the model when it encodes the images"
     return None
 
 
 def pre_llm_methods() -> list[str]:
-    """The methods vLLM serving offers: every pre-LLM method that selects from the images alone (:func:`refused`)."""
-    return [name for name in methods(stage="pre_llm") if refused(method_class(name)()) is None]
+    """The image methods vLLM serving offers: every pre-LLM method that selects from the images alone
+    (:func:`refused`); each also trims a video per temporal patch where the architecture serves videos."""
+    return [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+
+
+def video_methods() -> list[str]:
+    """The video methods vLLM serving offers (on :data:`VIDEO_ARCHITECTURES`): those whose count the grid fixes."""
+    return [name for name in methods(stage="pre_llm") if method_class(name).reads_time and served(name)]
+
+
+def served(name: str) -> bool:
+    return refused(method_class(name)()) is None
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,33 @@ class TrimOptions:
             return self.keep.tokens(num_tokens)
         except ValueError as error:
             raise ValueError(f"vitrim: {error}") from None
+
+    def video_tokens(self, frames: int, per_frame: int) -> int:
+        """Tokens kept of a video of ``frames`` temporal patches of ``per_frame`` tokens: a video method's own
+        count (:data:`VIDEO_COUNTS`), an image method's ``keep`` of each temporal patch."""
+        count = VIDEO_COUNTS.get(self.method.name)
+        if self.method.reads_time and count is not None:
+            return count(self.method, frames, per_frame)
+        try:
+            return frames * self.keep.tokens(per_frame)
+        except ValueError as error:
+            raise ValueError(f"vitrim: {error} (each temporal patch of a video of {frames})") from None
+
+
+def refuse_vllm_video_pruning(pruning: tuple[str, float] | None, options: TrimOptions) -> None:
+    """``ValueError`` (one line) where vLLM's own video pruning is on (``pruning``: its ``MultiModalConfig``'s
+    ``get_video_pruning_spec()``, (method, rate) or None) beside a vitrim method: on a Qwen architecture of vitrim a
+    video is trimmed by vitrim's method (a video method, or an image method per temporal patch), and two prunings
+    of one video are not a configuration anyone means. vitrim's ``evs`` is EVS on the same merger output, at
+    vitrim's positions (docs/video.md)."""
+    if pruning is None:
+        return
+    method, rate = pruning
+    raise ValueError(
+        f"vitrim: vLLM's own video pruning (video_pruning_method={method!r}, video_pruning_rate={rate}) and vitrim's "
+        f"method {options.method.name!r} would both trim the videos; drop --video-pruning-rate (vitrim's method "
+        "'evs' with 'video_pruning_rate' is EVS, at vitrim's positions)"
+    )
 
 
 def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
@@ -91,8 +148,10 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
         method = method_class(name)(**options)
         why = refused(method)
         if why is not None:
-            offered = ", ".join(pre_llm_methods())
+            offered = ", ".join(pre_llm_methods() + video_methods())
             raise ValueError(f"method {name!r} {why}; vLLM serving offers: {offered}")
+        if method.reads_time:
+            return video_options(method, keep, architecture)
         if keep is None:
             keep = method.default_keep()
         if keep is None:
@@ -116,6 +175,11 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
+    if engine.method.reads_time:
+        raise ValueError(
+            f"vitrim: method {engine.method.name!r} decides each video's count itself; a request's 'keep' is for the "
+            "image methods"
+        )
     if not isinstance(raw, Mapping) or set(raw) != {"keep"}:
         raise ValueError(
             f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' alone (e.g. {REQUEST_EXAMPLE}; the "
@@ -128,3 +192,16 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: this request's {error}") from None
     return replace(engine, keep=spec)
+
+
+def video_options(method: Method, keep: Any, architecture: str) -> TrimOptions:
+    """A video method's options: served on :data:`VIDEO_ARCHITECTURES`, without ``keep`` (its count is its own;
+    images keep every token, as ``vitrim.vlm.apply`` leaves them)."""
+    if architecture not in VIDEO_ARCHITECTURES:
+        raise ValueError(
+            f"method {method.name!r} reduces videos, and {architecture} serves images only (videos: "
+            f"{', '.join(VIDEO_ARCHITECTURES)})"
+        )
+    if keep is not None:
+        raise ValueError(f"method {method.name!r} decides each video's count itself; drop 'keep' (got {keep!r})")
+    return TrimOptions(method=method, keep=parse_keep(1.0))

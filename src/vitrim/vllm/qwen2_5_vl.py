@@ -1,23 +1,29 @@
 """Qwen2.5-VL in vLLM with a vitrim.vlm pre-LLM method: ``VitrimQwen2_5_VLForConditionalGeneration``.
 
-A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``:
+A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``, for images and videos:
 
-- **Placeholders** (the processor's ``_get_prompt_updates``): an image of N tokens gets ``keep`` (an int: at most
-  N, else the request fails naming both; a fraction: of N), decided from its grid before the tower runs;
+- **Placeholders** (the processor's ``_get_prompt_updates``): an image of N tokens gets ``keep`` (the engine's, or
+  the request's own: :mod:`vitrim.vllm.request_keep`; an int: at most N, else the request fails naming both; a
+  fraction: of N), a video of t temporal patches of P tokens t·``keep``
+  of P (an image method) or its video method's count (:meth:`~vitrim.vllm.options.TrimOptions.video_tokens`), all
+  decided from the grid before the tower runs;
 - **Features** (``embed_multimodal``): the tower runs as vLLM's does, and vitrim.vlm's one encoder seam
-  (:mod:`vitrim.vlm.stages.capture`) selects per image from the evidence of :mod:`vitrim.vlm.evidence.merged_tokens`
+  (:mod:`vitrim.vlm.stages.capture`, :meth:`~vitrim.vlm.stages.capture.HandOn.run_media`, the same call as
+  transformers' family) selects per image or video from the evidence of :mod:`vitrim.vlm.evidence.merged_tokens`
   (the scoring block read by :func:`read_tower_attention` with vLLM's fused ``qkv`` and rotary op; the token grid
-  included), merged tokens go through the merger as on transformers, and each image hands the LLM its kept tokens
-  in raster order;
-- **Positions**: each kept token keeps its ORIGINAL M-RoPE position (t, h, w of the full grid) and the text after an
-  image continues where it would after the full image, as vitrim.vlm does in transformers. vLLM does this through
-  the machinery of its video pruning (EVS): the embeddings carry their positions, the runner re-numbers the prompt
-  (vitrim.vllm.compat says what that needs). Videos are not served by this architecture (its video limit is 0).
+  included): a video method over a whole video (images kept whole), an image method on each temporal patch as on an
+  image. Merged tokens go through the merger as on transformers, and each item hands the LLM its kept tokens in
+  raster order;
+- **Positions**: each kept token keeps its ORIGINAL M-RoPE position (t, h, w of the full grid, a video's temporal
+  patch at ``int(τ · tokens_per_second · second_per_grid_ts)``) and the text after an image or video continues where
+  it would after the full one, as the unmodified transformers model and vitrim.vlm number them. vLLM does this
+  through the machinery of its video pruning (EVS): the embeddings carry their positions, the runner re-numbers the
+  prompt (vitrim.vllm.compat says what that needs and where vLLM's own EVS numbers otherwise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +46,10 @@ from vitrim.vllm.compat import (
     image_positions,
     sequential_mrope_positions,
     tap_input,
+    video_positions,
 )
-from vitrim.vllm.options import TrimOptions, trim_options
+from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
+from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
@@ -61,26 +69,49 @@ def qwen_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimO
     return options
 
 
-class TrimmedQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
-    """vLLM's Qwen2.5-VL processing info, images only."""
-
-    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
-        return {"image": None, "video": 0}
-
-
-def trimmed_qwen_info(ctx: Any) -> TrimmedQwen2_5_VLProcessingInfo:
-    """The processing info, its options checked first: on the untyped config, so another family's checkpoint gets
-    vitrim's line (naming its model_type) before vLLM's typed getter refuses it with a ``TypeError``."""
-    qwen_trim_options(ctx.get_hf_config())
-    return TrimmedQwen2_5_VLProcessingInfo(ctx)
+def trimmed_qwen_info(ctx: Any) -> Qwen2_5_VLProcessingInfo:
+    """The processing info (images and videos), its options checked first: on the untyped config, so another
+    family's checkpoint gets vitrim's line (naming its model_type) before vLLM's typed getter refuses it with a
+    ``TypeError``; and vLLM's own video pruning refused beside them."""
+    options = qwen_trim_options(ctx.get_hf_config())
+    refuse_vllm_video_pruning(ctx.get_mm_config().get_video_pruning_spec(), options)
+    return Qwen2_5_VLProcessingInfo(ctx)
 
 
-class TrimmedQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
-    """vLLM's Qwen2.5-VL processor whose image replacements hold ``keep`` placeholders."""
+def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Tensor]:
+    """What a Qwen processor hands the model beside each item (:mod:`vitrim.vllm.request_keep`): each image's kept
+    tokens, and each video's per temporal patch under an image method (a video method decides its own count)."""
+    kept = {}
+    grids = processed.get("image_grid_thw")
+    if grids is not None:
+        kept[keep_field("image")] = torch.tensor([options.tokens(int(g.prod()) // merge**2) for g in grids])
+    grids = processed.get("video_grid_thw")
+    if grids is not None and not options.method.reads_time:
+        kept[keep_field("video")] = torch.tensor([options.tokens(int(g[1] * g[2]) // merge**2) for g in grids])
+    return kept
+
+
+class TrimmedQwen2_5_VLMultiModalProcessor(RequestKeep, Qwen2_5_VLMultiModalProcessor):
+    """vLLM's Qwen2.5-VL processor whose replacements hold the kept count of placeholders: ``keep`` of an image,
+    a video's :meth:`~vitrim.vllm.options.TrimOptions.video_tokens`, at the request's own ``keep`` where it gives one
+    (:mod:`vitrim.vllm.request_keep`)."""
+
+    def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
+        return request_options(qwen_trim_options(self.info.get_hf_config()), hf_kwargs)
+
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+        return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
-        options = qwen_trim_options(self.info.get_hf_config())
-        return shortened_images(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs), options)
+        options = self.request_trim(hf_processor_mm_kwargs)
+        updates = super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs)
+        merge = int(self.info.get_hf_config().vision_config.spatial_merge_size)
+
+        def video_grid(item: int) -> tuple[int, int]:  # (t, P) of the request's video ``item``
+            t, h, w = (int(v) for v in out_mm_kwargs["video"][item]["video_grid_thw"].data)
+            return t, (h // merge) * (w // merge)
+
+        return shortened_images(updates, options, video_grid)
 
 
 def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TowerAttention:
@@ -105,31 +136,41 @@ def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str
     return TowerAttention(received=received, keys=key.to(work))
 
 
-def shortened_images(updates: Sequence[Any], options: TrimOptions) -> list[Any]:
-    """A Qwen processor's prompt updates with each image's replacement :func:`shortened` (videos untouched)."""
-    return [
-        PromptReplacement(modality="image", target=update.target, replacement=shortened(update.replacement, options))
-        if update.modality == "image"
-        else update
-        for update in updates
-    ]
+def shortened_images(
+    updates: Sequence[Any], options: TrimOptions, video_grid: Callable[[int], tuple[int, int]] | None = None
+) -> list[Any]:
+    """A Qwen processor's prompt updates with each image's replacement :func:`shortened`, and each video's where
+    ``video_grid`` (a video's index -> its temporal patches t and tokens per temporal patch P) is given (None: videos
+    untouched, an architecture that takes none)."""
+    out = []
+    for update in updates:
+        if update.modality == "image":
+            replacement = shortened(update.replacement, lambda item, count: options.tokens(count))
+        elif update.modality == "video" and video_grid is not None:
+            replacement = shortened(update.replacement, lambda item, count: options.video_tokens(*video_grid(item)))
+        else:
+            out.append(update)
+            continue
+        out.append(PromptReplacement(modality=update.modality, target=update.target, replacement=replacement))
+    return out
 
 
-def shortened(replacement: Any, options: TrimOptions) -> Any:
-    """The replacement of an image with ``options.tokens(N)`` of its N placeholders."""
+def shortened(replacement: Any, kept: Callable[[int, int], int]) -> Any:
+    """The replacement of item ``item`` of N placeholders with its first ``kept(item, N)`` (all alike: Qwen2.5-VL
+    writes one placeholder token per merged token)."""
 
     def replace(item: int) -> list[int]:
         full = replacement(item)
-        return full[: options.tokens(len(full))]
+        return full[: kept(item, len(full))]
 
     return replace
 
 
 @dataclass(frozen=True)
 class ImageCut:
-    """One image's cut: its index in the request's images, its own tokens (N, E) as the tower made them, their M-RoPE
-    cells (N, 4) (:func:`~vitrim.vllm.compat.image_positions`), the selection and, where the method merges, the tokens
-    it wrote (N, E; None where it only drops)."""
+    """One image's or video's cut: its index in the request's images (videos), its own tokens (N, E) as the tower
+    made them, their M-RoPE cells (N, 4) (:func:`~vitrim.vllm.compat.video_positions`), the selection and, where
+    the method merges, the tokens it wrote (N, E; None where it only drops)."""
 
     image: int
     own: Tensor
@@ -144,6 +185,7 @@ class QwenImageTrimming:
     Qwen3-VL's), whose ``visual`` it reads; the class's ``embed_multimodal`` runs the tower and builds its rows."""
 
     title: str  # the family's name in errors
+    vitrim_modalities: tuple[str, ...] = ("image",)  # what the class trims (a video limit of 0 keeps videos out)
     visual: Any  # vLLM's vision tower
     use_data_parallel: bool
 
@@ -159,13 +201,21 @@ class QwenImageTrimming:
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
         method = options.method
-        self.vitrim_hand_on = HandOn(
-            method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count))
-        )
+        if method.reads_time:  # a video method decides its count (a video's; images stay whole: run_media)
+            self.vitrim_hand_on = HandOn(method, method.select)
+        else:  # an image method keeps ``keep`` of an image, of each temporal patch of a video
+            self.vitrim_hand_on = HandOn(
+                method, lambda evidence, count: select_keeping(method, evidence, options.tokens(count))
+            )
         last: Any = self.visual.blocks[-1]
         self.vitrim_taps = Taps(method, scoring=(last.attn, read_tower_attention))
         self.vitrim_merger_input: Tensor | None = None
         tap_input(self.visual.merger, self.keep_merger_input)  # the merger takes no hooks (vitrim.vllm.compat)
+
+    def hand_on_keeping(self, keep: int) -> HandOn:
+        """The seam at a request's own ``keep`` (tokens of an image, of each temporal patch of a video)."""
+        method = self.vitrim_options.method
+        return HandOn(method, lambda evidence, count: select_keeping(method, evidence, keep))
 
     def keep_merger_input(self, states: Tensor) -> None:
         self.vitrim_merger_input = states.reshape(states.shape[0], -1)  # (P, 1, C) -> (P, C)
@@ -173,50 +223,79 @@ class QwenImageTrimming:
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[Tensor, int]:
         return sequential_mrope_positions(len(input_tokens))  # re-numbered from the images on (compat)
 
-    def vitrim_images(self, kwargs: dict[str, object]) -> tuple[Tensor, Tensor] | None:
-        """The request's images as (grid (I, 3), pixels (P, C·t·p·p)), or None where it has none; anything else
-        refused in one line."""
+    def vitrim_media(self, kwargs: dict[str, object]) -> list[tuple[str, Any]]:
+        """(modality, vLLM's parsed input) for each modality the request holds, in vLLM's order; embeddings refused
+        in one line, and videos where the class serves none (``vitrim_modalities``)."""
         inputs = self._parse_and_validate_multimodal_inputs(**kwargs)  # type: ignore[attr-defined]
-        if not inputs:
+        media = []
+        for modality, found in inputs.items():
+            if found is None:
+                continue
+            if modality not in self.vitrim_modalities:
+                raise ValueError(f"vitrim: trimmed {self.title} serves {' and '.join(self.vitrim_modalities)} only")
+            if found["type"] not in ("pixel_values", "pixel_values_videos"):
+                raise ValueError(
+                    f"vitrim: trimmed {self.title} selects from the tower's evidence; send pixels, not embeds"
+                )
+            media.append((modality, found))
+        return media
+
+    def vitrim_images(self, kwargs: dict[str, object]) -> tuple[Tensor, Tensor] | None:
+        """The request's images as (grid (I, 3), pixels (P, C·t·p·p)), or None where it has none (a class that
+        serves images only)."""
+        media = self.vitrim_media(kwargs)
+        if not media:
             return None
-        if set(inputs) != {"image"}:
-            raise ValueError(f"vitrim: trimmed {self.title} serves images only")
-        image_input: Any = inputs["image"]
-        if image_input["type"] != "pixel_values":
-            raise ValueError(f"vitrim: trimmed {self.title} selects from the tower's evidence; send images, not embeds")
+        ((_, image_input),) = media
         return image_input["image_grid_thw"], image_input["pixel_values"]
 
-    def cut_images(
-        self, grid: Tensor, pixels: Tensor, own: Sequence[Tensor], window_index: Tensor | None
+    def cut_media(
+        self,
+        grid: Tensor,
+        pixels: Tensor,
+        own: Sequence[Tensor],
+        window_index: Tensor | None,
+        time_intervals: Sequence[Tensor | float] | None = None,
+        keeps: Sequence[int] | None = None,
     ) -> Iterator[ImageCut]:
-        """After the tower ran on ``pixels``: each image's selection from the evidence the taps caught, ``own`` its
-        tokens (N_i, E) in raster order, ``window_index`` the tower's window order (None: full attention, raster
-        order); each selection recorded under the image's content seed."""
+        """After the tower ran on ``pixels``: each image's (or, with ``time_intervals``, each video's) selection from
+        the evidence the taps caught, through vitrim.vlm's seam as on transformers (:meth:`HandOn.run_media`);
+        ``own`` its tokens (N_i, E) in raster order, ``window_index`` the tower's window order (None: full attention,
+        raster order), ``time_intervals`` per video ``tokens_per_second · second_per_grid_ts`` (its temporal
+        positions), ``keeps`` each item's kept tokens as its request asked (per temporal patch of a video; None: the
+        engine's); each selection recorded under the item's content seed."""
         states, self.vitrim_merger_input = self.vitrim_merger_input, None
         if states is None:
             raise RuntimeError(f"vitrim: the {self.title} tower ran without its merger")
         merge = self.visual.spatial_merge_size
         evidence = image_evidence(self.vitrim_taps.take_attention(), states, grid, merge, window_index)
-        seeds = image_seeds(pixels.split(grid.prod(-1).tolist()))  # (I,)
+        items = pixels.split(grid.prod(-1).tolist())
+        seeds = image_seeds(items)  # (I,)
         unit = merge * merge
+        video = time_intervals is not None
 
         def project(merged: Tensor) -> Tensor:  # (k, m²C) merged patch states -> (k, E) through the merger
             return self.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states.dtype)[:, None])
 
-        for image, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
-            chosen, written = self.vitrim_hand_on.run(
-                item.features[None],
-                values=tokens[None],
-                project=project,
-                attention=None if item.received is None else item.received[None],
-                keys=None if item.keys is None else item.keys[None],
-                seeds=seeds[image : image + 1],
-                projected=tokens[None],
-                grid=item.grid,
-            )
-            self.vitrim_record.add(int(seeds[image]), chosen[0].kept)
-            positions = image_positions(grid[image].tolist(), merge).to(tokens.device)  # (N, 4)
-            yield ImageCut(image, tokens, positions, chosen[0], None if written is None else written[0])
+        for index, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
+            hand_on = self.vitrim_hand_on if keeps is None else self.hand_on_keeping(keeps[index])
+            chosen, written = hand_on.run_media(item, tokens, items[index], project, video=video)
+            self.vitrim_record.add(int(seeds[index]), chosen.kept)
+            cells = grid[index].tolist()
+            if time_intervals is None:
+                positions = image_positions(cells, merge)  # (N, 4)
+            else:
+                positions = video_positions(cells, merge, time_intervals[index])
+                per_frame = len(tokens) // cells[0]
+                placeholders = (
+                    self.vitrim_options.video_tokens(cells[0], per_frame) if keeps is None else cells[0] * keeps[index]
+                )
+                if len(chosen.kept) != placeholders:
+                    raise RuntimeError(
+                        f"vitrim: method {self.vitrim_options.method.name!r} kept {len(chosen.kept)} tokens of a "
+                        f"video whose prompt holds {placeholders} placeholders"
+                    )
+            yield ImageCut(index, tokens, positions.to(tokens.device), chosen, written)
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -226,26 +305,39 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
     """vLLM's Qwen2.5-VL whose images hand the LLM the tokens a vitrim.vlm method selects, at their own positions."""
 
     title = "Qwen2.5-VL"
+    vitrim_modalities = ("image", "video")
     # The processor normalizes the pixels, as transformers' does: vLLM's on-device normalization differs in the last
     # bit, so the tower's features (and the seed "random" draws from the pixels) would not be transformers'.
     supports_mm_device_do_normalize = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         options = qwen_trim_options(vllm_config.model_config.hf_config)
+        refuse_vllm_video_pruning(vllm_config.model_config.multimodal_config.get_video_pruning_spec(), options)
         declare_image_pruning(vllm_config.model_config.multimodal_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.install_vitrim(options)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
-        images = self.vitrim_images(kwargs)
-        if images is None:
-            return []
-        grid, pixels = images
-        embeds = self.visual(pixels, grid_thw=grid.tolist())  # (ΣN, E) raster order
-        window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(embeds.device)
-        own = embeds.split(tokens_per_image(grid, self.visual.spatial_merge_size))
         out = []
-        for cut in self.cut_images(grid, pixels, own, window_index):
-            kept = (cut.own if cut.written is None else cut.written)[cut.selection.kept]  # (k, E)
-            out.append(torch.cat([kept, cut.positions[cut.selection.kept].to(kept.dtype)], dim=1))
+        for modality, found in self.vitrim_media(kwargs):
+            video = modality == "video"
+            grid = found["video_grid_thw" if video else "image_grid_thw"]
+            pixels = found["pixel_values_videos" if video else "pixel_values"]
+            embeds = self.visual(pixels, grid_thw=grid.tolist())  # (ΣN, E) raster order
+            window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(embeds.device)
+            own = embeds.split(tokens_per_image(grid, self.visual.spatial_merge_size))
+            intervals = self.time_intervals(found) if video else None
+            keeps = asked_keeps(kwargs, modality)
+            for cut in self.cut_media(grid, pixels, own, window_index, intervals, keeps):
+                kept = (cut.own if cut.written is None else cut.written)[cut.selection.kept]  # (k, E)
+                out.append(torch.cat([kept, cut.positions[cut.selection.kept].to(kept.dtype)], dim=1))
         return tuple(out)
+
+    def time_intervals(self, video_input: Any) -> list[Tensor]:
+        """Per video, transformers' temporal step ``tokens_per_second · second_per_grid_ts`` (a 0-d tensor in the
+        processor's dtype, as ``get_rope_index`` multiplies it)."""
+        seconds = video_input.get("second_per_grid_ts")
+        if seconds is None:
+            raise ValueError(f"vitrim: a video reached trimmed {self.title} without second_per_grid_ts")
+        tokens_per_second = self.config.vision_config.tokens_per_second
+        return [tokens_per_second * second for second in seconds.reshape(-1)]

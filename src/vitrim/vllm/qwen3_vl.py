@@ -23,7 +23,9 @@ What vLLM's class allowed without copying it: the processor's replacement, the t
 and its injection into the LLM, and the position re-numbering (Qwen2.5-VL's) are vLLM's own; vitrim replaces
 ``embed_multimodal`` (the tower call and the per-image cut) and the prompt's first positions
 (:func:`~vitrim.vllm.compat.sequential_mrope_positions`: vLLM's lays out a full grid per image). Videos are not
-served by this architecture (its video limit is 0).
+served by this architecture yet (its video limit is 0; a video method is refused at engine start): a Qwen3-VL video
+interleaves a timestamp text with its temporal patches, whose placeholders a video method's content-dependent
+per-patch counts would have to lay out before the tower runs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from vllm.model_executor.models.qwen3_vl import (
@@ -43,7 +46,14 @@ from vllm.model_executor.models.qwen3_vl import (
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from vitrim.vllm.compat import declare_image_pruning
-from vitrim.vllm.qwen2_5_vl import QwenImageTrimming, qwen_trim_options, shortened_images
+from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options
+from vitrim.vllm.qwen2_5_vl import (
+    QwenImageTrimming,
+    kept_per_qwen_item,
+    qwen_trim_options,
+    shortened_images,
+)
+from vitrim.vllm.request_keep import RequestKeep, asked_keeps
 from vitrim.vlm.evidence.merged_tokens import tokens_per_image
 from vitrim.vlm.families.qwen2vl import merge_deepstack
 
@@ -60,15 +70,23 @@ class TrimmedQwen3VLProcessingInfo(Qwen3VLProcessingInfo):
 def trimmed_qwen3_info(ctx: Any) -> TrimmedQwen3VLProcessingInfo:
     """The processing info, its options checked first, on the untyped config (vitrim's line, not vLLM's
     ``TypeError``, for another family's checkpoint)."""
-    qwen_trim_options(ctx.get_hf_config(), ARCHITECTURE)
+    options = qwen_trim_options(ctx.get_hf_config(), ARCHITECTURE)
+    refuse_vllm_video_pruning(ctx.get_mm_config().get_video_pruning_spec(), options)
     return TrimmedQwen3VLProcessingInfo(ctx)
 
 
-class TrimmedQwen3VLMultiModalProcessor(Qwen3VLMultiModalProcessor):
-    """vLLM's Qwen3-VL processor whose image replacements hold ``keep`` placeholders."""
+class TrimmedQwen3VLMultiModalProcessor(RequestKeep, Qwen3VLMultiModalProcessor):
+    """vLLM's Qwen3-VL processor whose image replacements hold ``keep`` placeholders (the engine's, or the
+    request's own: :mod:`vitrim.vllm.request_keep`)."""
+
+    def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
+        return request_options(qwen_trim_options(self.info.get_hf_config(), ARCHITECTURE), hf_kwargs)
+
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+        return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
-        options = qwen_trim_options(self.info.get_hf_config(), ARCHITECTURE)
+        options = self.request_trim(hf_processor_mm_kwargs)
         return shortened_images(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs), options)
 
 
@@ -85,6 +103,7 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "model") -> None:
         options = qwen_trim_options(vllm_config.model_config.hf_config, ARCHITECTURE)
+        refuse_vllm_video_pruning(vllm_config.model_config.multimodal_config.get_video_pruning_spec(), options)
         declare_image_pruning(vllm_config.model_config.multimodal_config)  # before vLLM's class reads it
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.install_vitrim(options)
@@ -103,7 +122,8 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
         counts = tokens_per_image(grid, self.visual.spatial_merge_size)
         stacks = deepstack.split(counts)
         out = []
-        for cut in self.cut_images(grid, pixels, own.split(counts), None):  # full attention: raster order
+        keeps = asked_keeps(kwargs, "image")
+        for cut in self.cut_media(grid, pixels, own.split(counts), None, keeps=keeps):  # full attention: raster order
             main = cut.own if cut.written is None else cut.written  # (N, E)
             levels = merge_deepstack(list(stacks[cut.image].split(width, dim=1)), [cut.selection], [len(main)])
             out.append(torch.cat([main, *levels, cut.positions.to(main.dtype)], dim=1)[cut.selection.kept])

@@ -49,7 +49,8 @@ QWEN_VIDEO_PIXELS = {"shortest_edge": 64, "longest_edge": 64 * 64 * 16}
 QWEN3_NORMALIZE: dict[str, Any] = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 QWEN_TEMPLATE = (
     "{% for message in messages %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|> {% else %}{{ part['text'] }} "
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|> "
+    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|> {% else %}{{ part['text'] }} "
     "{% endif %}{% endfor %}{% endfor %}"
 )
 
@@ -67,6 +68,12 @@ def word_tokenizer(specials: list[str], vocab_size: int, template: str, **named:
     tokenizer.add_special_tokens({"additional_special_tokens": [s for s in specials if s not in named.values()]})
     tokenizer.chat_template = template
     return tokenizer
+
+
+def qwen_tokenizer(chat_template: str) -> Any:
+    """The tiny Qwen folders' tokenizer: ids 0 … 2 specials, ``w3`` … ``w89``, the vision tokens 90 … 93."""
+    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
+    return word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
 def _spread(model: torch.nn.Module, seed: int) -> None:
@@ -213,8 +220,7 @@ def save_qwen2_5_vl(
     model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
     _spread(model, seed)
     _save_weights(model, path, weights, QWEN_HUB_NAMES)
-    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
-    tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = qwen_tokenizer(chat_template)
     image_processor = transformers.Qwen2VLImageProcessor(
         patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, min_pixels=64, max_pixels=64 * 64
     )
@@ -225,6 +231,32 @@ def save_qwen2_5_vl(
             patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, size=QWEN_VIDEO_PIXELS
         ),
         chat_template=chat_template,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
+def save_qwen2_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2-VL (a 2-block tower of width 16 attending globally, a plain MLP merger; the 2-layer LLM of
+    :func:`save_qwen2_5_vl`) and its processor at ``path``; tokens and pixel bounds as :func:`save_qwen2_5_vl`'s."""
+    import transformers
+
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(**QWEN_TEXT, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(
+            depth=2, embed_dim=16, hidden_size=QWEN_TEXT["hidden_size"], num_heads=2, mlp_ratio=2,
+            patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=1, in_channels=3,
+        ),
+        image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
+    )  # fmt: skip
+    _save_model(transformers.Qwen2VLForConditionalGeneration, config, path, seed)
+    tokenizer = qwen_tokenizer(QWEN_TEMPLATE)
+    sizes: dict[str, Any] = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1)
+    processor = transformers.Qwen2VLProcessor(
+        image_processor=transformers.Qwen2VLImageProcessor(**sizes, min_pixels=64, max_pixels=64 * 64),
+        tokenizer=tokenizer,
+        video_processor=transformers.Qwen2VLVideoProcessor(**sizes, size=QWEN_VIDEO_PIXELS),
+        chat_template=QWEN_TEMPLATE,
     )
     processor.save_pretrained(path)
     return path
@@ -253,8 +285,7 @@ def save_qwen3_vl(
         tie_word_embeddings=False,
     )  # fmt: skip
     _save_model(transformers.Qwen3VLForConditionalGeneration, config, path, seed)
-    specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 90)] + QWEN_VISION_TOKENS
-    tokenizer = word_tokenizer(specials, 96, chat_template, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer = qwen_tokenizer(chat_template)
     sizes: dict[str, Any] = dict(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2)
     processor = transformers.Qwen3VLProcessor(
         image_processor=transformers.Qwen2VLImageProcessor(

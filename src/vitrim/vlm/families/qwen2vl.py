@@ -59,10 +59,9 @@ from torch import Tensor, nn
 
 from vitrim.vlm.boxes import Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.evidence.attention import received_by_segment, rotate_half
-from vitrim.vlm.evidence.merged_tokens import ImageEvidence, TowerAttention, image_evidence, tokens_per_image
-from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps, keep_all
+from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
 from vitrim.vlm.stages.sequence import DecodeState, read_short
@@ -406,13 +405,9 @@ class TowerSelection:
             probed_item = None if objects is None else objects[index]  # a second block's (HiPrune's object layer)
             count = item.features.shape[0]
             own = output.pooler_output[start : start + count]  # (N, E) the merger's (raster) output
-            if self.stage.method.reads_time and modality == "image":
-                chosen, written = keep_all(count, own.device), None  # a video method leaves images whole
-            elif self.stage.method.reads_time:
-                chosen, written = self.hand_on(item, own, item_pixels, project, probed_item)  # one video, its time axis
-            else:  # an image method: each temporal patch as an image (an image has one)
-                frames = count // (item.grid[0] * item.grid[1])
-                chosen, written = self.per_temporal_patch(item, own, item_pixels, frames, project, probed_item)
+            chosen, written = self.stage.hand_on.run_media(
+                item, own, item_pixels, project, video=modality == "video", probed=probed_item
+            )
             selections.append(chosen)
             wrote |= written is not None
             pieces.append(own if written is None else written)
@@ -425,79 +420,6 @@ class TowerSelection:
         if getattr(output, "deepstack_features", None):
             output.deepstack_features = merge_deepstack(output.deepstack_features, selections, tokens)
         return output
-
-    def hand_on(
-        self,
-        item: ImageEvidence,
-        own: Tensor,
-        pixels: Tensor,
-        project: Callable[[Tensor], Tensor],
-        probed: ImageEvidence | None = None,
-    ) -> tuple[ImageSelection, Tensor | None]:
-        """One item's selection (an image, a temporal patch, or a whole video for a video method) and its merger
-        output with merged slots written (None: nothing written). own: (N, E); pixels: its rows of the tower input;
-        probed: the same item's evidence at a second block, for a method that reads one (HiPrune's object layer)."""
-        chosen, written = self.stage.hand_on.run(
-            item.features[None],
-            values=own[None],
-            project=project,
-            attention=None if item.received is None else item.received[None],
-            keys=None if item.keys is None else item.keys[None],
-            seeds=image_seeds([pixels]),
-            projected=own[None],
-            grid=item.grid,
-            object_attention=None if probed is None or probed.received is None else probed.received[None],
-            query_attention=None if item.query_attention is None else item.query_attention[None],
-        )
-        return chosen[0], None if written is None else written[0]
-
-    def per_temporal_patch(
-        self,
-        item: ImageEvidence,
-        own: Tensor,
-        pixels: Tensor,
-        frames: int,
-        project: Callable[[Tensor], Tensor],
-        probed: ImageEvidence | None = None,
-    ) -> tuple[ImageSelection, Tensor | None]:
-        """An image method on each of a video's ``frames`` temporal patches as an image, stitched into one selection
-        in the video's raster index space. Each temporal patch is its own attention segment in the tower, so its
-        received attention (a share of the video's queries) times ``frames`` is the mean over its own queries."""
-        if frames == 1:
-            return self.hand_on(item, own, pixels, project, probed)
-        per_frame = own.shape[0] // frames
-        kept: list[Tensor] = []
-        groups: list[Tensor] = []
-        orders: list[Tensor] = []
-        written: list[Tensor | None] = []
-        for frame, frame_pixels in enumerate(pixels.chunk(frames)):
-            cut = slice(frame * per_frame, (frame + 1) * per_frame)
-            frame_item, frame_probed = (
-                None
-                if whole is None
-                else ImageEvidence(
-                    features=whole.features[cut],
-                    received=None if whole.received is None else whole.received[:, cut] * frames,
-                    keys=None if whole.keys is None else whole.keys[:, cut],
-                    grid=whole.grid,
-                    query_attention=None if whole.query_attention is None else whole.query_attention[:, cut],
-                )
-                for whole in (item, probed)
-            )
-            assert frame_item is not None
-            chosen, frame_written = self.hand_on(frame_item, own[cut], frame_pixels, project, frame_probed)
-            offset = frame * per_frame
-            order = torch.arange(len(chosen.kept)) if chosen.order is None else chosen.order.cpu()
-            orders.append(order + sum(len(k) for k in kept))
-            kept.append(chosen.kept + offset)
-            groups += [group + offset for group in chosen.groups]
-            written.append(frame_written)
-        stitched = ImageSelection(kept=torch.cat(kept), groups=tuple(groups), order=torch.cat(orders).to(own.device))
-        if all(w is None for w in written):
-            return stitched, None
-        return stitched, torch.cat(
-            [own[i * per_frame : (i + 1) * per_frame] if w is None else w for i, w in enumerate(written)]
-        )
 
     def window_index(self, grid: Tensor) -> Tensor | None:
         """Qwen2.5's window order of the tower's row groups (None for Qwen2-VL, which keeps raster order)."""

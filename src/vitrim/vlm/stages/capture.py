@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from vitrim.vlm.evidence.merged_tokens import ImageEvidence
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
 
@@ -192,6 +193,103 @@ class HandOn:
             return selections, None
         return selections, write_merged(values, selections, project, evidence.cls_feature)
 
+    def run_media(
+        self,
+        item: ImageEvidence,
+        own: Tensor,
+        pixels: Tensor,
+        project: Callable[[Tensor], Tensor],
+        *,
+        video: bool,
+        probed: ImageEvidence | None = None,
+    ) -> tuple[ImageSelection, Tensor | None]:
+        """One Qwen image's or video's selection and its tokens with merged slots written (None: nothing written),
+        the same in every engine: a video method (``reads_time``) selects over a whole video and leaves an image
+        whole; an image method selects on each temporal patch as on an image (an image has one).
+
+        item: the image's or video's evidence (N merged tokens, raster order); own: (N, E) its merger output;
+        pixels: its rows of the tower input (each temporal patch's seed comes from its own rows); probed: its
+        evidence at a second block, for a method that reads one (HiPrune's object layer)."""
+        count = item.features.shape[0]
+        if self.selector.reads_time and not video:
+            return keep_all(count, own.device), None
+        if self.selector.reads_time:
+            return self.run_item(item, own, pixels, project, probed)
+        frames = count // (item.grid[0] * item.grid[1])
+        return self.per_temporal_patch(item, own, pixels, frames, project, probed)
+
+    def run_item(
+        self,
+        item: ImageEvidence,
+        own: Tensor,
+        pixels: Tensor,
+        project: Callable[[Tensor], Tensor],
+        probed: ImageEvidence | None = None,
+    ) -> tuple[ImageSelection, Tensor | None]:
+        """:meth:`run` on one item (an image, a temporal patch, or a whole video for a video method) of Qwen's
+        :class:`ImageEvidence`; own: (N, E) its merger output, also what a merge writes into."""
+        chosen, written = self.run(
+            item.features[None],
+            values=own[None],
+            project=project,
+            attention=None if item.received is None else item.received[None],
+            keys=None if item.keys is None else item.keys[None],
+            seeds=image_seeds([pixels]),
+            projected=own[None],
+            grid=item.grid,
+            object_attention=None if probed is None or probed.received is None else probed.received[None],
+            query_attention=None if item.query_attention is None else item.query_attention[None],
+        )
+        return chosen[0], None if written is None else written[0]
+
+    def per_temporal_patch(
+        self,
+        item: ImageEvidence,
+        own: Tensor,
+        pixels: Tensor,
+        frames: int,
+        project: Callable[[Tensor], Tensor],
+        probed: ImageEvidence | None = None,
+    ) -> tuple[ImageSelection, Tensor | None]:
+        """An image method on each of a video's ``frames`` temporal patches as an image, stitched into one selection
+        in the video's raster index space. Each temporal patch is its own attention segment in the tower, so its
+        received attention (a share of the video's queries) times ``frames`` is the mean over its own queries."""
+        if frames == 1:
+            return self.run_item(item, own, pixels, project, probed)
+        per_frame = own.shape[0] // frames
+        kept: list[Tensor] = []
+        groups: list[Tensor] = []
+        orders: list[Tensor] = []
+        written: list[Tensor | None] = []
+        for frame, frame_pixels in enumerate(pixels.chunk(frames)):
+            cut = slice(frame * per_frame, (frame + 1) * per_frame)
+            frame_item, frame_probed = (
+                None
+                if whole is None
+                else ImageEvidence(
+                    features=whole.features[cut],
+                    received=None if whole.received is None else whole.received[:, cut] * frames,
+                    keys=None if whole.keys is None else whole.keys[:, cut],
+                    grid=whole.grid,
+                    query_attention=None if whole.query_attention is None else whole.query_attention[:, cut],
+                )
+                for whole in (item, probed)
+            )
+            assert frame_item is not None
+            chosen, frame_written = self.run_item(frame_item, own[cut], frame_pixels, project, frame_probed)
+            offset = frame * per_frame
+            order = torch.arange(len(chosen.kept)) if chosen.order is None else chosen.order.cpu()
+            orders.append(order + sum(len(k) for k in kept))
+            kept.append(chosen.kept + offset)
+            groups += [group + offset for group in chosen.groups]
+            written.append(frame_written)
+        stitched = ImageSelection(kept=torch.cat(kept), groups=tuple(groups), order=torch.cat(orders).to(own.device))
+        if all(w is None for w in written):
+            return stitched, None
+        return stitched, torch.cat(
+            [own[i * per_frame : (i + 1) * per_frame] if w is None else w for i, w in enumerate(written)]
+        )
+
 
 def select_keeping(selector: Selector, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
     """``keep`` tokens per image by ``selector``; at keep = N every token stays, each its own slot, as the
@@ -210,7 +308,7 @@ def select_keeping_each(selector: Selector, evidence: VisionEvidence, keeps: lis
         return select_keeping(selector, evidence, keeps[0])
     selections = []
     for image, keep in enumerate(keeps):
-        rows = {
+        rows: dict[str, Any] = {
             field.name: value[image : image + 1]
             for field in dataclasses.fields(evidence)
             if isinstance(value := getattr(evidence, field.name), Tensor)
