@@ -31,6 +31,10 @@ class HeldOut:
     questions: list[Question]
     clips: list[Clip]
 
+    def first(self, clips: int) -> HeldOut:
+        """The first ``clips`` clips and their questions (the same as ``held_out(clips)``)."""
+        return HeldOut(self.frames[:clips], [q for q in self.questions if q.clip < clips], self.clips[:clips])
+
 
 def held_out(clips: int, seed: int = 0) -> HeldOut:
     """The first ``clips`` held-out clips (held-out glyphs only) and their questions."""
