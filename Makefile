@@ -107,7 +107,7 @@ demo-translate: $(STAMP)
 	$(VENV)/bin/vitrim demo translate
 
 # The digits Qwen2-VL on clips and every video method of vitrim.vlm (docs/video.md): not in `make demo`, which it
-# would take past five minutes on 2 cores (its sweep alone takes several).
+# would take past five minutes on 2 cores (alone it took 13 minutes on the shipped weights, 781 s of evaluation).
 demo-video: $(STAMP)
 	$(VENV)/bin/vitrim demo video
 
