@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-full test-vlm-lowest test-vllm test-eval demo demo-translate demo-weights docs lint bench clean
+.PHONY: test test-all test-full test-vlm-lowest test-vllm test-eval demo demo-translate demo-video demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -106,11 +106,17 @@ demo: $(STAMP)
 demo-translate: $(STAMP)
 	$(VENV)/bin/vitrim demo translate
 
+# The digits Qwen2-VL on clips and every video method of vitrim.vlm (docs/video.md): not in `make demo`, which it
+# would take past five minutes on 2 cores (alone it took 13 minutes on the shipped weights, 781 s of evaluation).
+demo-video: $(STAMP)
+	$(VENV)/bin/vitrim demo video
+
 # After a recipe changes: retrain the demos and ship what they made (tests/train/test_demo_shipped.py checks it).
 demo-weights: $(STAMP)
 	$(VENV)/bin/vitrim demo --retrain --ship-to src/vitrim/data/demo/vision
 	$(VENV)/bin/vitrim demo translate --retrain --ship-to src/vitrim/data/demo/translate
 	$(VENV)/bin/vitrim demo vlm --retrain --ship-to src/vitrim/data/demo/vlm
+	$(VENV)/bin/vitrim demo video --retrain --ship-to src/vitrim/data/demo/video
 
 # The documentation site (mkdocs.yml): guides from docs/, the API reference from the docstrings. --strict: a broken
 # link or a missing reference fails the build. NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner.

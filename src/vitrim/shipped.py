@@ -12,6 +12,7 @@ Layout (``src/vitrim/data/demo/``), the same as the run folders, so that shippin
     vision/<model>/last.safetensors, run.json one per demo model (dense, dynamicvit, dense_reg, dynamicvit_reg, cnn)
     translate/model.safetensors, vocab.json, summary.json
     vlm/model.safetensors, config.json, summary.json, details.json   the digits LLaVA (vitrim.demos.vlm)
+    video/model.safetensors, config.json, summary.json, details.json the digits Qwen2-VL (vitrim.demos.video)
 
 Only safetensors and JSON are shipped: nothing in them can run code (:mod:`vitrim.weights.checkpoint`). Weights are
 stored as float16 (3 MB instead of 6; the demos' top-1 and exact match are the same as with the float32 weights they
@@ -35,9 +36,10 @@ SHIPPED = Path(__file__).resolve().parent / "data" / "demo"
 
 
 def shipped_run(kind: str) -> Path:
-    """The folder of a shipped run: ``kind`` is ``"vision"`` (``vitrim demo``), ``"translate"`` or ``"vlm"``."""
-    if kind not in ("vision", "translate", "vlm"):
-        raise ValueError(f"kind must be 'vision', 'translate' or 'vlm', got {kind!r}")
+    """The folder of a shipped run: ``kind`` is ``"vision"`` (``vitrim demo``), ``"translate"``, ``"vlm"`` or
+    ``"video"``."""
+    if kind not in ("vision", "translate", "vlm", "video"):
+        raise ValueError(f"kind must be 'vision', 'translate', 'vlm' or 'video', got {kind!r}")
     folder = SHIPPED / kind
     if not (folder / "summary.json").is_file():
         raise FileNotFoundError(

@@ -19,7 +19,21 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from vitrim.cli import bench, demo, eval, explain, export, models, train, translate, viz, vlm, vlm_demo, vlm_methods
+from vitrim.cli import (
+    bench,
+    demo,
+    eval,
+    explain,
+    export,
+    models,
+    train,
+    translate,
+    video_demo,
+    viz,
+    vlm,
+    vlm_demo,
+    vlm_methods,
+)
 from vitrim.cli.common import apply_threads, in_flags
 from vitrim.extras import missing_extra_message
 
@@ -36,7 +50,8 @@ COMMANDS = {
     "translate": translate,  # after demo and explain: it adds `vitrim demo translate` and `vitrim explain --cross`
 }
 # Modules that add modes to the commands above rather than a command of their own (registered after them).
-EXTENSIONS = (vlm_demo, vlm_methods)  # `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`, `vitrim vlm methods`
+# `vitrim demo vlm`, `vitrim viz vlm`, `vitrim vlm ask`, `vitrim vlm methods`, `vitrim demo video`
+EXTENSIONS = (vlm_demo, vlm_methods, video_demo)
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError)  # OSError: missing, unreadable or unwritable paths
 OUT_OF_MEMORY = "the sizes asked for need more memory than this machine has; ask for smaller ones"
 # The extra to name when a command misses an optional library that several extras install (vitrim.extras).

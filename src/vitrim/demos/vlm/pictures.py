@@ -112,21 +112,24 @@ def plot_attention(pixels: np.ndarray, weights: Tensor, *, title: str) -> Figure
     return fig
 
 
-def plot_accuracy_vs_kept(summary: dict[str, Any]) -> Figure:
+def plot_accuracy_vs_kept(
+    summary: dict[str, Any], *, kinds: Sequence[str] = QUESTION_TYPES, tokens: int = IMAGE_TOKENS, unit: str = "image"
+) -> Figure:
     """A panel per question type: accuracy against image tokens kept, a line per method, the full model at 64 tokens
     as a grey line. The line says where the method cuts (solid: before the LLM; dash-dot: inside it; dotted: inside
     the tower); the seeded baselines are dashed (black: before the LLM, grey: in the tower): their mean over seeds,
-    the range of the seeds shaded."""
+    the range of the seeds shaded. ``kinds``, ``tokens``, ``unit``: the video demo's question types, its 64 video
+    tokens and their name."""
     from matplotlib import colormaps
 
     from vitrim.viz.maps import new_figure
 
     fig = new_figure((12.0, 3.6))
-    axes = fig.subplots(1, len(QUESTION_TYPES), sharey=True)
-    kept = [round(float(f) * IMAGE_TOKENS) for f in KEPT_FRACTIONS]
+    axes = fig.subplots(1, len(kinds), sharey=True)
+    kept = [round(float(f) * tokens) for f in KEPT_FRACTIONS]
     colours = colormaps["tab20"]
-    for ax, kind in zip(axes, QUESTION_TYPES):
-        ax.axhline(100 * summary["full"][kind], color="grey", lw=1, label="full model (64)")
+    for ax, kind in zip(axes, kinds):
+        ax.axhline(100 * summary["full"][kind], color="grey", lw=1, label=f"full model ({tokens})")
         for index, (method, rows) in enumerate(summary["methods"].items()):
             values = [100 * rows[f]["accuracy"][kind] for f in KEPT_FRACTIONS]
             style = _line_style(method, colours(index % 20))
@@ -138,7 +141,7 @@ def plot_accuracy_vs_kept(summary: dict[str, Any]) -> Figure:
                 )
         ax.set_xscale("log", base=2)
         ax.set_xticks(kept, [str(k) for k in kept])
-        ax.set_xlabel("image tokens kept (of 64)")
+        ax.set_xlabel(f"{unit} tokens kept (of {tokens})")
         ax.set_title(f'"{kind}" questions', fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("exact match (%)")
