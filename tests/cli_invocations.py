@@ -83,6 +83,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "demo translate": ["demo", "translate", "--quick", "--steps", "1", "--out", str(tmp / "translate"), "--quiet"],
         "translate": ["translate", "twenty-one", "--run", str(tmp / "translate")],
         "demo vlm": ["demo", "vlm", "--quick", "--methods", "random", "--out", str(tmp / "vlm"), "--quiet"],
+        "demo video": ["demo", "video", "--quick", "--methods", "random", "--out", str(tmp / "video"), "--quiet"],
         "vlm ask": ["vlm", "ask", "which digit ?", "--image", str(blank_png(tmp)), "--run", str(tmp / "vlm")],
         "viz vlm": ["viz", "vlm", "--run", str(tmp / "vlm"), "--method", "random", "--out", str(tmp / "vlm.png")],
         "viz attention": ["viz", "attention", "--checkpoint", ckpt, "--digits", "0", "--out", str(tmp / "attn.png")],

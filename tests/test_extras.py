@@ -35,6 +35,7 @@ WITHOUT_EXTRAS = {
     "demo translate": "translate",
     "translate": USER_ERROR,
     "demo vlm": "vlm",
+    "demo video": "vlm",
     "vlm ask": "vlm",
     "viz vlm": "viz",
     "viz attention": "viz",
