@@ -30,15 +30,24 @@ from vitrim.cli import build_parser
 
 MAX_NO_RUN = 5
 PYTHON_PAGES = [page for page, blocks in BLOCKS.items() if any(b.lang == "python" and not b.no_run for b in blocks)]
-# Pages whose blocks take the longest (7-18 s each on 2 cores, 2026-12-02): run by `make test-full` (so by CI) and
-# `make test-all`; the default suite runs the rest, and test_docs_commands.py parses every page's commands
+# Pages whose blocks take 5 s or more on 2 cores (measured 2026-12-02, fresh clones: 5.6-18 s each): run by
+# `make test-full` (so by CI) and `make test-all`; the default suite runs the rest (getting-started.md, the first page
+# a reader runs, and those under 5 s), and
+# test_docs_commands.py parses every page's commands
 HEAVY_PAGES = {
     "README.md",
+    "docs/benchmarking.md",
     "docs/checkpoints.md",
+    "docs/data.md",
+    "docs/deployment.md",
     "docs/dynamicvit.md",
     "docs/models.md",
     "docs/optimize.md",
     "docs/reducers.md",
+    "docs/training.md",
+    "docs/translate.md",
+    "docs/video.md",
+    "docs/visualisation.md",
     "docs/vlm.md",
     "docs/vlm-cost.md",
     "docs/vlm-inside-the-llm.md",
