@@ -31,6 +31,7 @@ def test_bench_attention_rejects_bad_lengths(capsys):
     assert "--lengths must be comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.full  # the attention benchmark's demo end to end: 5-6 s on 2 cores
 def test_demo_runs(capsys, tmp_path):
     # the demo trains models now (the attention walkthrough moved to `vitrim explain`); --quick checks the plumbing
     assert main(["demo", "--quick", "--quiet", "--out", str(tmp_path)]) == 0

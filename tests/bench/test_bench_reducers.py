@@ -165,6 +165,7 @@ def test_bisection_on_a_step_function_picks_the_closer_side_and_the_weaker_on_a_
     assert match_flops(lambda v: 100.0 * v, falling, 68.0).value == 0.7
 
 
+@pytest.mark.full  # every reducer's declared strengths built and run: 5-6 s on 2 cores
 def test_declared_strengths_are_valid_options_whose_weakest_value_is_dense():
     """Every reducer that declares a strength: the option exists, its weakest value leaves the FLOPs dense, and a
     stronger value lowers them (a future reducer's declaration is checked here without editing this test)."""

@@ -84,6 +84,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.full  # a fresh interpreter loading a method file: 7-8 s on 2 cores
 def test_a_method_in_its_own_file_is_listed_counted_and_applied(tmp_path: Path) -> None:
     (tmp_path / "keep_last.py").write_text(METHOD_FILE)
     path = os.pathsep.join(str(p) for p in (tmp_path, SOURCE, TESTS))
