@@ -81,10 +81,12 @@ def post(port: int, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any
         return error.code, json.loads(error.read() or b"{}")
 
 
-def healthy(port: int, within_s: float = 60.0) -> bool:
+def healthy(port: int, process: subprocess.Popen[str], within_s: float = 60.0) -> bool:
     """Whether the server answers /health within ``within_s``. vLLM binds its socket early but uvicorn starts
-    listening on it just after its "Application startup complete" line: a refused connection is tried again
-    (every REFUSED_RETRY_S) until then; a listening socket holds the request until the server's loop takes it."""
+    listening on it just after its "Application startup complete" line, and signals nothing when it does (no line
+    for a socket it was handed): a refused connection is tried again once the server process has not exited within
+    REFUSED_RETRY_S (its exit ends the wait at once and fails the check); a listening socket holds the request until
+    the server's loop takes it."""
     deadline = time.monotonic() + within_s
     while True:
         try:
@@ -95,7 +97,11 @@ def healthy(port: int, within_s: float = 60.0) -> bool:
                 return False
         except (ConnectionError, TimeoutError):
             return False
-        time.sleep(REFUSED_RETRY_S)
+        try:
+            process.wait(timeout=REFUSED_RETRY_S)  # the server's exit, the one event that ends the wait early
+            return False
+        except subprocess.TimeoutExpired:
+            continue
 
 
 # The server's last line before it takes requests. vLLM binds its socket before uvicorn starts and hands it over
@@ -136,7 +142,7 @@ def running_server(
     reader.start()
     try:
         ready.wait(timeout=SERVER_START_S)  # the startup line, the process's exit, or the deadline
-        if process.poll() is not None or not healthy(port):
+        if process.poll() is not None or not healthy(port, process):
             raise RuntimeError(f"vllm serve did not come up (exit {process.poll()}):\n{log.read_text()[-4000:]}")
         yield port
     finally:
