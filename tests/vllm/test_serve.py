@@ -1,9 +1,10 @@
 """``vllm serve`` with the plugin, on 127.0.0.1, as a user runs it; an OpenAI-style client talks to it.
 
 One server (tiny LLaVA, VisionZip keeping 6 of 16 tokens per image) answers chat requests with an image exactly as
-the offline ``LLM`` does (text and vLLM's usage numbers); a bad request gets an HTTP error and the server goes on
-serving; a bad ``vitrim`` override stops ``vllm serve`` at engine start with the one line naming the value. Every
-wait is bounded (vllm_server.py) and the server is stopped at the end of the module.
+the offline ``LLM`` does (text and vLLM's usage numbers), also a request that asks its own ``keep`` through the chat
+request's ``mm_processor_kwargs``; a bad request gets an HTTP error and the server goes on serving; a bad ``vitrim``
+override stops ``vllm serve`` at engine start with the one line naming the value. Every wait is bounded
+(vllm_server.py) and the server is stopped at the end of the module.
 """
 
 from __future__ import annotations
@@ -47,15 +48,17 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[i
     """A ``vllm serve`` process of the tiny LLaVA with :data:`OVERRIDES`; its port. Stopped at the end."""
     log = tmp_path_factory.mktemp("server") / "server.log"
     try:
-        with running_server(folder, OVERRIDES, log) as port:
+        # vLLM's server refuses every request's mm_processor_kwargs unless told its clients are trusted
+        with running_server(folder, OVERRIDES, log, extra_args=("--trust-request-mm-kwargs",)) as port:
             yield port
     except RuntimeError as error:
         pytest.fail(str(error))
 
 
-def chat(text: str, png: bytes) -> dict[str, Any]:
+def chat(text: str, png: bytes, keep: int | None = None) -> dict[str, Any]:
+    """An OpenAI-style chat request of one image and ``text``; ``keep`` asks this request's own keep."""
     url = "data:image/png;base64," + base64.b64encode(png).decode()
-    return {
+    request: dict[str, Any] = {
         "model": "tiny",
         "messages": [
             {
@@ -66,17 +69,26 @@ def chat(text: str, png: bytes) -> dict[str, Any]:
         "temperature": 0.0,
         "max_tokens": MAX_TOKENS,
     }
+    if keep is not None:
+        request["mm_processor_kwargs"] = {"vitrim": {"keep": keep}}
+    return request
 
 
-def offline_chat(folder: Path, texts: list[str], png: bytes) -> list[tuple[str, int]]:
-    """The same chats through an offline ``LLM`` with the same overrides: (text, prompt tokens) each."""
+def offline_chat(folder: Path, asked: list[tuple[str, int | None]], png: bytes) -> list[tuple[str, int]]:
+    """The same chats (text, keep asked or None) through an offline ``LLM`` with the same overrides: (text, prompt
+    tokens) each."""
     from vllm import SamplingParams
 
     def run(llm: Any) -> list[tuple[str, int]]:
         answers = []
-        for text in texts:
-            messages = chat(text, png)["messages"]
-            out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)[0]
+        for text, keep in asked:
+            request = chat(text, png, keep)
+            out = llm.chat(
+                request["messages"],
+                SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+                use_tqdm=False,
+                mm_processor_kwargs=request.get("mm_processor_kwargs"),
+            )[0]
             answers.append((out.outputs[0].text, len(out.prompt_token_ids)))
         return answers
 
@@ -86,19 +98,27 @@ def offline_chat(folder: Path, texts: list[str], png: bytes) -> list[tuple[str, 
 def test_chat_answers_equal_the_offline_engine_and_a_bad_request_leaves_it_serving(
     server: int, folder: Path, image_png: bytes
 ) -> None:
-    texts = ["w10 w11 w12", "w40 w41"]
+    asked: list[tuple[str, int | None]] = [("w10 w11 w12", None), ("w40 w41", None), ("w10 w11 w12", 3)]
     answers = []
-    for text in texts:
-        status, body = post(server, "/v1/chat/completions", chat(text, image_png))
+    for text, keep in asked:
+        status, body = post(server, "/v1/chat/completions", chat(text, image_png, keep))
         assert status == 200, body
         answers.append((body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens"]))
-    assert answers == offline_chat(folder, texts, image_png)
+    assert answers == offline_chat(folder, asked, image_png)
     assert answers[0][1] == 6 + 3  # the image's 6 kept placeholders and 3 words (16 + 3 unpruned)
+    assert answers[2][1] == 3 + 3  # this request's own keep: 3 placeholders
+
+    for keep, refusal in (
+        (0, "vitrim: this request's keep=0 must be at least 1"),
+        (17, "vitrim: keep=17 is more than the image's 16 tokens"),
+    ):
+        status, body = post(server, "/v1/chat/completions", chat("w10", image_png, keep))
+        assert 400 <= status < 500 and refusal in body["error"]["message"], body
 
     broken = chat("w10", b"not an image")
     status, body = post(server, "/v1/chat/completions", broken)
     assert 400 <= status < 500, body
-    status, body = post(server, "/v1/chat/completions", chat(texts[0], image_png))
+    status, body = post(server, "/v1/chat/completions", chat(asked[0][0], image_png))
     assert status == 200 and (body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens"]) == answers[0]
 
 

@@ -33,10 +33,14 @@ def free_port() -> int:
 
 
 def serve_command(
-    folder: Path, port: int, hf_overrides: dict[str, Any], limit_mm_per_prompt: dict[str, int] | None = None
+    folder: Path,
+    port: int,
+    hf_overrides: dict[str, Any],
+    limit_mm_per_prompt: dict[str, int] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> list[str]:
     """``vllm serve`` of ``folder`` on 127.0.0.1:``port`` as tests/vllm's engines run (float32, eager, the CPU's
-    KV-cache size), the model named "tiny"."""
+    KV-cache size), the model named "tiny"; ``extra_args`` appended."""
     return [
         sys.executable,
         str(CLI),
@@ -62,6 +66,7 @@ def serve_command(
         "--no-enable-prefix-caching",
         "--hf-overrides",
         json.dumps(hf_overrides),
+        *extra_args,
     ]
 
 
@@ -123,7 +128,11 @@ def copy_until_ready(stream: Any, sink: Any, ready: threading.Event) -> None:
 
 @contextmanager
 def running_server(
-    folder: Path, hf_overrides: dict[str, Any], log: Path, limit_mm_per_prompt: dict[str, int] | None = None
+    folder: Path,
+    hf_overrides: dict[str, Any],
+    log: Path,
+    limit_mm_per_prompt: dict[str, int] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[int]:
     """A ``vllm serve`` process of ``folder`` on a free port of 127.0.0.1 (its output in ``log``); its port, once it
     says it accepts requests (``RuntimeError`` with the log's tail where it does not). Stopped (SIGINT, then killed)
@@ -131,7 +140,7 @@ def running_server(
     port = free_port()
     sink = log.open("w")
     process = subprocess.Popen(
-        serve_command(folder, port, hf_overrides, limit_mm_per_prompt),
+        serve_command(folder, port, hf_overrides, limit_mm_per_prompt, extra_args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
