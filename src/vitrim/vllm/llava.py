@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from torch import Tensor
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.models.llava import (
     LlavaDummyInputsBuilder,
     LlavaForConditionalGeneration,
@@ -41,6 +40,7 @@ from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
@@ -64,7 +64,7 @@ def scoring_layer_index(feature_layer: int, num_layers: int) -> int:
 
 def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor]:
     """A vLLM ``CLIPAttention``'s [CLS] row (I, H, N) and keys (I, H, N, hd) on its input (I, 1 + N, D): the q and
-    k thirds of its fused ``qkv_proj``, for the heads of this tensor-parallel rank."""
+    k thirds of its fused ``qkv_proj``, computed for this tensor-parallel rank's heads and gathered over all ranks."""
     hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
     images, length, _ = hidden.shape
     heads, head_dim = int(attention.num_heads_per_partition), int(attention.head_dim)
@@ -72,7 +72,8 @@ def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, 
     keys = attention.qkv_proj(hidden)[0].chunk(3, dim=-1)[1]  # (I, 1 + N, H·hd)
     query = query.view(images, 1, heads, head_dim).transpose(1, 2)
     keys = keys.view(images, length, heads, head_dim).transpose(1, 2)
-    return cls_attention_and_keys(query, keys, float(attention.scale))
+    attention_row, keys = cls_attention_and_keys(query, keys, float(attention.scale))
+    return all_heads(attention_row, dim=1), all_heads(keys, dim=1)
 
 
 def llava_trim_options(hf_config: Any) -> TrimOptions:
@@ -163,11 +164,6 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_taps: Taps | None = None
         # the taps run on every image: a request may ask for fewer tokens than the engine's keep
         if method.needs_cls_attention or method.uses_cls_token:
-            if get_tensor_model_parallel_world_size() > 1:
-                raise ValueError(
-                    f"vitrim: method {method.name!r} reads the tower's [CLS] attention over all heads; "
-                    "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
-                )
             index = scoring_layer_index(config.vision_feature_layer, vision.num_hidden_layers)
             layer = self.vision_tower.vision_model.encoder.layers[index]
             self.vitrim_taps = Taps(method, scoring=(layer.self_attn, read_cls_attention), cls_layer=layer)

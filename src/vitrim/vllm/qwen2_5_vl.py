@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import Tensor
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.models.qwen2_5_vl import (
     Qwen2_5_VLDummyInputsBuilder,
     Qwen2_5_VLForConditionalGeneration,
@@ -51,6 +50,7 @@ from vitrim.vllm.compat import (
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
@@ -118,7 +118,8 @@ def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str
     """A vLLM ``Qwen2_5_VisionAttention``'s evidence: the attention each patch receives within its segment (H, P)
     and its keys before rotary (P, H, hd), from its fused ``qkv`` and vLLM's own rotary op, as vLLM's block computes
     them. args/kwargs: the block's call, its normed input (P, 1, C) in tower (window) order, ``cu_seqlens`` and
-    ``rotary_pos_emb_cos`` / ``rotary_pos_emb_sin``."""
+    ``rotary_pos_emb_cos`` / ``rotary_pos_emb_sin``. Under tensor parallelism each rank computes its own heads and
+    gathers the others' (:func:`~vitrim.vllm.tensor_parallel.all_heads`)."""
     hidden: Tensor = args[0] if args else kwargs["x"]
     heads = int(attention.num_attention_heads_per_partition)
     head_dim = int(attention.hidden_size_per_attention_head)
@@ -133,7 +134,7 @@ def read_tower_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str
     ).view(2, patches, heads, head_dim)
     work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower's map is scored in float32
     received = received_by_segment(rotated[0].to(work), rotated[1].to(work), kwargs["cu_seqlens"], head_dim**-0.5)
-    return TowerAttention(received=received, keys=key.to(work))
+    return TowerAttention(received=all_heads(received, dim=0), keys=all_heads(key.to(work), dim=1))
 
 
 def shortened_images(
@@ -191,11 +192,6 @@ class QwenImageTrimming:
 
     def install_vitrim(self, options: TrimOptions) -> None:
         """After vLLM's ``__init__``: refuse what the seam cannot serve, then tap the scoring block and the merger."""
-        if options.method.needs_cls_attention and get_tensor_model_parallel_world_size() > 1:
-            raise ValueError(
-                f"vitrim: method {options.method.name!r} reads the tower's attention over all heads; "
-                "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
-            )
         if self.use_data_parallel:
             raise ValueError(f"vitrim: trimmed {self.title} runs its tower whole; drop --mm-encoder-tp-mode data")
         self.vitrim_options = options

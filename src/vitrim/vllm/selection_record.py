@@ -31,9 +31,19 @@ class SelectionRecord:
         return dict(self.kept)
 
 
+def record_of(model: Any) -> dict[int, list[int]]:
+    """One worker's record (a module-level function: ``apply_model`` pickles it to worker processes)."""
+    return dict(model.vitrim_record.as_dict())
+
+
+def records_per_worker(llm: Any) -> list[dict[int, list[int]]]:
+    """Each worker's record, in rank order (one per tensor-parallel rank)."""
+    return list(llm.apply_model(record_of))
+
+
 def recorded_selections(llm: Any) -> dict[int, list[int]]:
     """The kept indices per image seed that the workers of ``llm`` (a ``vllm.LLM`` of a vitrim architecture) hold."""
     merged: dict[int, list[int]] = {}
-    for record in llm.apply_model(lambda model: model.vitrim_record.as_dict()):
+    for record in records_per_worker(llm):
         merged.update(record)
     return merged
