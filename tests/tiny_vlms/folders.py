@@ -5,9 +5,10 @@ random picture.
   reads in tests/vlm_user (transformers' own layout, a chat template over message parts); with
   :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl` and :func:`save_gemma3`, one folder per family for lmms-eval
   (tests/eval).
-- :func:`save_vllm_llava`, :func:`save_vllm_qwen2_5_vl`: the folders vLLM and transformers load alike in tests/vllm
-  and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32; it has no kernel for 16),
-  the weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a chat template that reads
+- :func:`save_vllm_llava`, :func:`save_vllm_qwen2_5_vl` (the library's, what ``save_tiny_vlm(..., for_vllm=True)``
+  writes) and :func:`save_vllm_qwen3_vl`: the folders vLLM and transformers load alike in tests/vllm and
+  benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32; it has no kernel for 16), the
+  weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a chat template that reads
   OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it), untied embeddings. Words
   are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per word.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from vitrim.vlm_user.tiny import (
+    STRING_CONTENT_TEMPLATE,
     save_gemma3,
     save_llava,
     save_llava_next,
@@ -27,6 +29,8 @@ from vitrim.vlm_user.tiny import (
     save_qwen2_5_vl,
     save_qwen2_vl,
     save_qwen3_vl,
+    save_vllm_llava,
+    save_vllm_qwen2_5_vl,
 )
 
 __all__ = [
@@ -43,60 +47,7 @@ __all__ = [
     "save_vllm_qwen3_vl",
 ]
 
-STRING_CONTENT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
-UNTIED = {"tie_word_embeddings": False}
-
 LLAVA_GRID = 4  # 16 px images, 4 px patches: 16 image tokens
-VLLM_LLAVA_VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4)
-VLLM_LLAVA_TEXT = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
-    num_key_value_heads=1,
-)  # fmt: skip
-VLLM_QWEN_TEXT: dict[str, Any] = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=2,  # head size 32; M-RoPE's sections sum to 32 / 2
-    num_key_value_heads=1, max_position_embeddings=512,
-    # θ = 10: a token moved to its neighbour's cell changes the logits (at 10000 the h, w sections barely turn)
-    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10.0},
-    **UNTIED,
-)  # fmt: skip
-VLLM_QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
-
-
-def save_vllm_llava(
-    path: Path,
-    seed: int = 0,
-    image_size: int = 16,
-    patch_size: int = 4,
-    vision: dict[str, int] = VLLM_LLAVA_VISION,
-    text: dict[str, int] = VLLM_LLAVA_TEXT,
-) -> Path:
-    """A LLaVA-1.5 for vLLM at ``path``: tiny by default (3 tower layers, 16 px images of 16 tokens, a 2-layer LLM),
-    larger sizes for benchmarks/vllm_bench.py."""
-    return save_llava(
-        path,
-        seed,
-        image_size,
-        patch_size,
-        vision,
-        {"max_position_embeddings": 2048, **text},
-        options=UNTIED,
-        chat_template=STRING_CONTENT_TEMPLATE,
-        weights="hub",
-    )
-
-
-def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
-    """A tiny Qwen2.5-VL for vLLM at ``path`` (tower: block 0 windowed, block 1 full; a 2-layer LLM)."""
-    return save_qwen2_5_vl(
-        path,
-        seed,
-        VLLM_QWEN_VISION,
-        VLLM_QWEN_TEXT,
-        options=UNTIED,
-        chat_template=STRING_CONTENT_TEMPLATE,
-        weights="hub",
-    )
 
 
 VLLM_QWEN3_TEXT: dict[str, Any] = dict(

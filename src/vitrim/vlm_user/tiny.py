@@ -12,10 +12,10 @@ token per 4×4 px of the smart-resized picture), between 64 and 64·64 pixels. G
 patches, a 16×16 patch grid pooled 4×4 to 16 tokens (the real checkpoints' pooling, at 1/28 the size), pan-and-scan
 off as in the hub's configs. PaliGemma: 16-px images of 4-px patches, one token per patch (16).
 
-The same builders make the folders vitrim's vLLM tests and benchmark serve (``tests/tiny_vlms/folders.py``): other
-sizes (``vision=``, ``text=``, ``options=``: merged into the configs' arguments), a chat template whose message
-content is a string (``chat_template=``) and the weights under the hub's module names (``weights="hub"``), which
-transformers reads too but vLLM needs.
+The same builders make the folders vLLM serves (``save_tiny_vlm(..., for_vllm=True)``, vitrim's vLLM tests and
+benchmark): other sizes (``vision=``, ``text=``, ``options=``: merged into the configs' arguments), a chat template
+whose message content is a string (``chat_template=``) and the weights under the hub's module names
+(``weights="hub"``), which transformers reads too but vLLM needs.
 """
 
 from __future__ import annotations
@@ -421,12 +421,75 @@ TINY = {
     "paligemma": save_paligemma,
 }
 
+# Servable by vLLM (``for_vllm=True``): vLLM's CPU attention has no kernel for head size 8 or 16 (the LLMs here are
+# widened to head size 32), vLLM 0.32 reads the hub's module names, not transformers 5's, and its chat front end
+# hands the template each message's content as a string (the image placeholder already in it).
+STRING_CONTENT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+UNTIED = {"tie_word_embeddings": False}
+VLLM_LLAVA_VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4)
+VLLM_LLAVA_TEXT = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1,
+)  # fmt: skip
+VLLM_QWEN_TEXT: dict[str, Any] = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=2,  # head size 32; M-RoPE's sections sum to 32 / 2
+    num_key_value_heads=1, max_position_embeddings=512,
+    # θ = 10: a token moved to its neighbour's cell changes the logits (at 10000 the h, w sections barely turn)
+    rope_parameters={"rope_type": "default", "mrope_section": [8, 4, 4], "rope_theta": 10.0},
+    **UNTIED,
+)  # fmt: skip
+VLLM_QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
 
-def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0) -> Path:
-    """A tiny random ``family`` (one of :data:`TINY`) checkpoint folder at ``path``; returns the path."""
+
+def save_vllm_llava(
+    path: Path,
+    seed: int = 0,
+    image_size: int = LLAVA_CROP,
+    patch_size: int = LLAVA_PATCH,
+    vision: dict[str, Any] = VLLM_LLAVA_VISION,
+    text: dict[str, Any] = VLLM_LLAVA_TEXT,
+) -> Path:
+    """A LLaVA-1.5 that vLLM serves on a CPU, at ``path``: tiny by default (3 tower layers, 16 px images of 16
+    tokens, a 2-layer LLM of head size 32), other sizes for a benchmark."""
+    return save_llava(
+        path,
+        seed,
+        image_size,
+        patch_size,
+        vision,
+        {"max_position_embeddings": 2048, **text},
+        options=UNTIED,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        weights="hub",
+    )
+
+
+def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL that vLLM serves on a CPU, at ``path`` (tower: block 0 windowed, block 1 full; a 2-layer LLM
+    of head size 32)."""
+    return save_qwen2_5_vl(
+        path,
+        seed,
+        VLLM_QWEN_VISION,
+        VLLM_QWEN_TEXT,
+        options=UNTIED,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        weights="hub",
+    )
+
+
+TINY_FOR_VLLM = {"llava": save_vllm_llava, "qwen2_5_vl": save_vllm_qwen2_5_vl}
+
+
+def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0, for_vllm: bool = False) -> Path:
+    """A tiny random ``family`` (one of :data:`TINY`) checkpoint folder at ``path``; returns the path. ``for_vllm``:
+    one that vLLM serves on a CPU as well as transformers loads it (:data:`TINY_FOR_VLLM`: LLaVA-1.5, Qwen2.5-VL)."""
     require("transformers", feature="vitrim.vlm_user's tiny checkpoints")
-    if family not in TINY:
-        raise ValueError(f"family must be one of {', '.join(TINY)}, got {family!r}")
+    builders = TINY_FOR_VLLM if for_vllm else TINY
+    if family not in builders:
+        what = "family (for_vllm=True)" if for_vllm else "family"
+        raise ValueError(f"{what} must be one of {', '.join(builders)}, got {family!r}")
     from vitrim.vlm_user.load import import_vision_backend
 
     import_vision_backend()
@@ -436,7 +499,7 @@ def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0) -> Pat
     # torchvision, a full disk) leaves no half folder for `vlm ask --model` to misread
     building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        TINY[family](building, seed)
+        builders[family](building, seed)
         path.mkdir(exist_ok=True)
         for file in sorted(building.iterdir()):
             os.replace(file, path / file.name)
