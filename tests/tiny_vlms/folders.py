@@ -5,11 +5,12 @@ random picture.
   reads in tests/vlm_user (transformers' own layout, a chat template over message parts); with
   :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl` and :func:`save_gemma3`, one folder per family for lmms-eval
   (tests/eval).
-- :func:`save_vllm_llava`, :func:`save_vllm_qwen2_5_vl`: the folders vLLM and transformers load alike in tests/vllm
-  and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32; it has no kernel for 16),
-  the weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a chat template that reads
-  OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it), untied embeddings. Words
-  are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per word.
+- :func:`save_vllm_llava`, :func:`save_vllm_llava_next`, :func:`save_vllm_qwen2_5_vl`: the folders vLLM and
+  transformers load alike in tests/vllm and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it
+  (head size 32; it has no kernel for 16), the weights under the hub's module names (vLLM 0.32 does not read
+  transformers 5's), a chat template that reads OpenAI-style messages whose content is a string (vLLM puts the
+  image placeholder in it), untied embeddings. Words are ``w5 … w<vocab-1>``; any prompt made of them tokenizes
+  to one id per word.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "save_qwen2_vl",
     "save_small_qwen3_vl",
     "save_vllm_llava",
+    "save_vllm_llava_next",
     "save_vllm_qwen2_5_vl",
     "save_vllm_qwen3_vl",
 ]
@@ -80,6 +82,20 @@ def save_vllm_llava(
         patch_size,
         vision,
         {"max_position_embeddings": 2048, **text},
+        options=UNTIED,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        weights="hub",
+    )
+
+
+def save_vllm_llava_next(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-NeXT for vLLM at ``path``: LLaVA's widened sizes (a 3-layer CLIP on 16-px tiles of 16 tokens, a
+    2-layer LLM of head size 32), anyres pinpoints 16×32, 32×16, 32×32, the hub's names (``image_newline`` too)."""
+    return save_llava_next(
+        path,
+        seed,
+        VLLM_LLAVA_VISION,
+        {"max_position_embeddings": 2048, **VLLM_LLAVA_TEXT},
         options=UNTIED,
         chat_template=STRING_CONTENT_TEMPLATE,
         weights="hub",

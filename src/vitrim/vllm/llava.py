@@ -75,15 +75,16 @@ def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return cls_attention_and_keys(query, keys, float(attention.scale))
 
 
-def llava_trim_options(hf_config: Any) -> TrimOptions:
-    """The validated ``vitrim`` options of a LLaVA-1.5 config (a CLIP tower, one feature layer, [CLS] dropped)."""
+def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimOptions:
+    """The validated ``vitrim`` options of a LLaVA-1.5 config (a CLIP tower, one feature layer, [CLS] dropped), or
+    of another ``architecture`` whose tiles are LLaVA-1.5 images (LLaVA-NeXT's: ``keep`` counts a tile's tokens)."""
     check_vllm_version()
-    options = trim_options(hf_config, ARCHITECTURE)
+    options = trim_options(hf_config, architecture)
     vision = hf_config.vision_config
     strategy, layer = hf_config.vision_feature_select_strategy, hf_config.vision_feature_layer
     if vision.model_type != "clip_vision_model" or strategy != "default" or not isinstance(layer, int):
         raise ValueError(
-            f"vitrim: {ARCHITECTURE} runs LLaVA-1.5 (a CLIP tower, an int vision_feature_layer, strategy 'default'); "
+            f"vitrim: {architecture} runs a CLIP tower, an int vision_feature_layer, strategy 'default'; "
             f"this checkpoint has a {vision.model_type!r} tower, vision_feature_layer={layer!r}, "
             f"vision_feature_select_strategy={strategy!r}"
         )

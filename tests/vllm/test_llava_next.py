@@ -1,0 +1,165 @@
+"""VitrimLlavaNextForConditionalGeneration on vLLM's CPU backend against transformers + vitrim.vlm on the same folder.
+
+One engine (VisionZip, 6 tokens per tile: the tower's attention, merged tokens written before the projector) runs
+five requests in one ``generate`` call, then each alone: images of four aspect ratios (1×2, 2×2 and 2×1 tile grids),
+two of them in one prompt, one request at its own ``keep``, and one whose image the unpadding cuts through a tile
+at ``keep`` = 16 (every token). Each request's greedy tokens equal transformers + vitrim.vlm's, its kept packed
+positions (newlines included) equal ``vitrim.vlm.last_selection``'s, and its prompt is shorter than the unpruned one
+by exactly the dropped tokens. The cut image at the engine's keep is refused in one line, and the engine goes on.
+Every other pre-LLM method: the same check under ``-m full`` (an engine each).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
+
+from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
+from PIL import Image
+
+from tiny_vlms.folders import save_vllm_llava_next
+from vitrim.vllm.options import pre_llm_methods
+
+ARCHITECTURE = "VitrimLlavaNextForConditionalGeneration"
+TILE = 16  # tokens of one 16-px tile of 4-px patches
+KEEP = 6
+OWN_KEEP = 3
+MAX_TOKENS = 8
+METHOD = "visionzip"
+# (height, width): 1×2, 2×2, 2×1, 2×2, 2×1 tile grids the unpadding leaves whole (22, 38, 26, 38, 26 tokens at
+# keep 6); then a 2×2 grid whose 8 token rows it unpads to 6, cutting a row off each of the 4 tiles
+SIZES = [(20, 40), (30, 30), (40, 20), (24, 24), (36, 18), (20, 30)]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llava_next")
+
+
+@pytest.fixture(scope="module")
+def folder(work: Path) -> Path:
+    return save_vllm_llava_next(work / "tiny-llava-next")
+
+
+@pytest.fixture(scope="module")
+def images(work: Path) -> list[str]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for index, (height, width) in enumerate(SIZES):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def at_keep(keep: int) -> dict[str, Any]:
+    return {"mm_processor_kwargs": {"vitrim": {"keep": keep}}}
+
+
+@pytest.fixture(scope="module")
+def requests(images: list[str]) -> list[dict[str, Any]]:
+    """Five prompts; the engine's keep for the first three, their own for the last two (the last: every token)."""
+    return [
+        {"prompt": "w10 w11 <image> w12 w13", "images": [images[0]]},
+        {"prompt": "w20 <image> w21 w22 w23 w24 w25 w26", "images": [images[1]]},
+        {"prompt": "w30 w31 <image> w32 <image> w33", "images": [images[2], images[3]]},
+        {"prompt": "w40 <image> w41 w42", "images": [images[4]], **at_keep(OWN_KEEP)},
+        {"prompt": "w50 w51 <image> w52", "images": [images[5]], **at_keep(TILE)},
+    ]
+
+
+def reference_runs(work: Path, folder: Path, method: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """transformers + vitrim.vlm on each request at its keep (one process), in request order."""
+    keeps = [request.get("mm_processor_kwargs", {}).get("vitrim", {}).get("keep", KEEP) for request in requests]
+    specs = [
+        {
+            "folder": str(folder),
+            "family": "llava_next",
+            "method": method,
+            "options": {"keep": keep},
+            "positions": "original",  # vitrim.vlm as it is (its default: the authors' contiguous sequence)
+            "max_tokens": MAX_TOKENS,
+            "requests": [request for request, asked in zip(requests, keeps, strict=True) if asked == keep],
+        }
+        for keep in sorted(set(keeps))
+    ]
+    by_keep = {spec["options"]["keep"]: iter(out) for spec, out in zip(specs, transformers_reference(specs, work))}
+    return [next(by_keep[keep]) for keep in keeps]
+
+
+@pytest.fixture(scope="module")
+def served(folder: Path, requests: list[dict[str, Any]], images: list[str]) -> dict[str, Any]:
+    """The one engine: the requests together and alone, what it kept, a cut image's refusal, and a request after."""
+
+    def run(llm: Any) -> dict[str, Any]:
+        from vitrim.vllm.selection_record import recorded_selections
+
+        together = greedy(llm, requests, MAX_TOKENS)
+        alone = [greedy(llm, [request], MAX_TOKENS)[0] for request in requests]
+        kept = recorded_selections(llm)
+        with pytest.raises(ValueError) as refused:
+            greedy(llm, [{"prompt": "w60 <image> w61", "images": [images[5]]}], MAX_TOKENS)
+        after = greedy(llm, requests[:1], MAX_TOKENS)
+        return {"runs": (together, alone, kept), "refused": str(refused.value), "after": after}
+
+    return with_engine(folder, overrides(ARCHITECTURE, METHOD, keep=KEEP), run)
+
+
+def test_every_request_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
+    work: Path, folder: Path, requests: list[dict[str, Any]], served: dict[str, Any]
+) -> None:
+    reference = reference_runs(work, folder, METHOD, requests)
+    assert_like_reference(requests, served["runs"], reference)
+    together = served["runs"][0]
+    # newlines and every kept token entered: 3 tiles · 6 + 4 rows, … ; the cut image at keep 16: all of its tokens
+    assert [len(out.prompt_token_ids) for out in together] == [len(out.prompt_token_ids) for out in served["runs"][1]]
+    assert reference[4]["kept"][0] == list(range(reference[4]["image_tokens"][0]))
+
+
+def test_the_sizes_are_what_the_test_says(folder: Path) -> None:
+    """Five images whose grid the unpadding leaves whole, the last one cut: what the requests rely on."""
+    from transformers import AutoConfig
+
+    from vitrim.vllm.llava_next import entered_tokens
+
+    config = AutoConfig.from_pretrained(folder)
+    for height, width in SIZES[:5]:
+        entered_tokens(config, height, width, KEEP)
+    with pytest.raises(ValueError, match="through 4 of its 4 tiles"):
+        entered_tokens(config, *SIZES[5], KEEP)
+
+
+def test_an_image_the_unpadding_cuts_is_refused_at_a_smaller_keep_and_the_engine_goes_on(
+    served: dict[str, Any],
+) -> None:
+    assert served["refused"].startswith("vitrim: a 30×20 image's anyres grid is unpadded to its aspect ratio")
+    assert "keep every token (keep=16)" in served["refused"]
+    assert served["after"][0].outputs[0].token_ids == served["runs"][0][0].outputs[0].token_ids
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("method", [name for name in pre_llm_methods() if name != METHOD])
+def test_every_other_method_keeps_what_vitrim_vlm_keeps(
+    method: str, work: Path, folder: Path, requests: list[dict[str, Any]]
+) -> None:
+    runs = trimmed_runs(folder, ARCHITECTURE, method, {"keep": KEEP}, requests, MAX_TOKENS)
+    assert_like_reference(requests, runs, reference_runs(work, folder, method, requests))
+
+
+@pytest.mark.full
+def test_keeping_every_token_is_vllms_unmodified_llava_next(
+    work: Path, folder: Path, requests: list[dict[str, Any]]
+) -> None:
+    plain = [{key: value for key, value in request.items() if key != "mm_processor_kwargs"} for request in requests]
+    dense = with_engine(folder, None, lambda llm: greedy(llm, plain, MAX_TOKENS))
+    kept_all = with_engine(
+        folder, overrides(ARCHITECTURE, METHOD, keep=TILE), lambda llm: greedy(llm, plain, MAX_TOKENS)
+    )
+    for unmodified, trimmed in zip(dense, kept_all, strict=True):
+        assert list(trimmed.outputs[0].token_ids) == list(unmodified.outputs[0].token_ids)
+        assert trimmed.prompt_token_ids == unmodified.prompt_token_ids
