@@ -11,6 +11,7 @@ Every other pre-LLM method: the same check under ``-m full`` (an engine each).
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ KEEP = 6
 OWN_KEEP = 3
 MAX_TOKENS = 8
 METHOD = "visionzip"
+# mistakes put into the plugin on purpose (make_mistake): each must change some request's tokens
+MISTAKES = ("misplaced", "newline", "order")
 # (height, width): 1×2, 2×2, 2×1, 2×2, 2×1 tile grids the unpadding leaves whole (22, 38, 26, 38, 26 tokens at
 # keep 6); then a 2×2 grid whose 8 token rows it unpads to 6, cutting a row off each of the 4 tiles
 SIZES = [(20, 40), (30, 30), (40, 20), (24, 24), (36, 18), (20, 30)]
@@ -105,9 +108,36 @@ def served(folder: Path, requests: list[dict[str, Any]], images: list[str]) -> d
         with pytest.raises(ValueError) as refused:
             greedy(llm, [{"prompt": "w60 <image> w61", "images": [images[5]]}], MAX_TOKENS)
         after = greedy(llm, requests[:1], MAX_TOKENS)
-        return {"runs": (together, alone, kept), "refused": str(refused.value), "after": after}
+        mistaken = {}
+        for name in MISTAKES:
+            with pytest.MonkeyPatch.context() as patch:
+                make_mistake(name, patch)
+                named = [request | {"uuids": [f"{name}{i}-{j}" for j in range(len(request["images"]))]}
+                         for i, request in enumerate(requests)]  # fmt: skip
+                mistaken[name] = greedy(llm, named, MAX_TOKENS)
+        return {"runs": (together, alone, kept), "refused": str(refused.value), "after": after, "mistaken": mistaken}
 
     return with_engine(folder, overrides(ARCHITECTURE, METHOD, keep=KEEP), run)
+
+
+def make_mistake(name: str, patch: pytest.MonkeyPatch) -> None:
+    """Put one mistake into the plugin (its module's names, in this process, where the engine runs the model)."""
+    plugin = importlib.import_module("vitrim.vllm.llava_next")
+    model_class = plugin.VitrimLlavaNextForConditionalGeneration
+    if name == "misplaced":  # each tile hands on its neighbouring tokens (every kept index + 1)
+        select = plugin.select_keeping_each
+
+        def shifted(selector: Any, evidence: Any, keeps: list[int]) -> Any:
+            count = evidence.features.shape[1]
+            return [type(s).unmerged(((s.kept + 1) % count).sort().values) for s in select(selector, evidence, keeps)]
+
+        patch.setattr(plugin, "select_keeping_each", shifted)
+    elif name == "newline":  # the packing without its newline tokens (in the placeholders and the features alike)
+        packed = plugin.packed_token_map
+        patch.setattr(plugin, "packed_token_map", lambda *args: (m := packed(*args))[m != plugin.NEWLINE])
+    else:  # each image's kept tokens in reverse order
+        embed = model_class.embed_multimodal
+        patch.setattr(model_class, "embed_multimodal", lambda self, **kw: tuple(r.flip(0) for r in embed(self, **kw)))
 
 
 def test_every_request_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
@@ -142,6 +172,12 @@ def test_an_image_the_unpadding_cuts_is_refused_at_a_smaller_keep_and_the_engine
     assert served["after"][0].outputs[0].token_ids == served["runs"][0][0].outputs[0].token_ids
 
 
+@pytest.mark.parametrize("name", MISTAKES)
+def test_each_mistake_put_into_the_plugin_changes_the_tokens(name: str, served: dict[str, Any]) -> None:
+    right = [list(out.outputs[0].token_ids) for out in served["runs"][0]]
+    assert [list(out.outputs[0].token_ids) for out in served["mistaken"][name]] != right
+
+
 @pytest.mark.full
 @pytest.mark.parametrize("method", [name for name in pre_llm_methods() if name != METHOD])
 def test_every_other_method_keeps_what_vitrim_vlm_keeps(
@@ -163,3 +199,31 @@ def test_keeping_every_token_is_vllms_unmodified_llava_next(
     for unmodified, trimmed in zip(dense, kept_all, strict=True):
         assert list(trimmed.outputs[0].token_ids) == list(unmodified.outputs[0].token_ids)
         assert trimmed.prompt_token_ids == unmodified.prompt_token_ids
+
+
+REFUSALS: list[tuple[str, str, dict[str, Any], str]] = [
+    ("llava_next", ARCHITECTURE, {"method": "random", "keep": 17},
+     "vitrim: keep=17 is more than the image's 16 tokens"),
+    ("llava_next", ARCHITECTURE, {"method": "fastervlm", "keep": 4, "positions": "original"},
+     "vitrim: positions='original'"),
+    ("llava", ARCHITECTURE, {"method": "random", "keep": 4},
+     f"vitrim: architecture {ARCHITECTURE} runs 'llava_next' checkpoints; this one has model_type 'llava'"),
+    ("llava_next", "VitrimLlavaForConditionalGeneration", {"method": "random", "keep": 4},
+     "vitrim: architecture VitrimLlavaForConditionalGeneration runs 'llava' checkpoints; this one has model_type "
+     "'llava_next'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("checkpoint", "architecture", "entry", "message"), REFUSALS)
+def test_a_bad_override_stops_the_engine_with_vitrims_one_line(
+    checkpoint: str, architecture: str, entry: dict[str, Any], message: str, work: Path, folder: Path
+) -> None:
+    from tiny_vlms.folders import save_vllm_llava
+
+    path = folder if checkpoint == "llava_next" else work / "tiny-llava"
+    if not path.exists():
+        save_vllm_llava(path)
+    with pytest.raises(ValueError) as raised:
+        with_engine(path, {"architectures": [architecture], "vitrim": entry}, lambda llm: None)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
