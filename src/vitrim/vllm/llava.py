@@ -21,7 +21,7 @@ and is refused when the engine starts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -116,12 +116,16 @@ def trimmed_llava_info(ctx: Any) -> LlavaProcessingInfo:
     return LlavaProcessingInfo(ctx)
 
 
-class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
-    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image, and that ``keep`` handed to the
-    model beside the pixels (:mod:`vitrim.vllm.request_keep`)."""
+class LlavaPlaceholders(RequestKeep):
+    """The processor seams of both LLaVA classes, mixed in before vLLM's processor: each request's options (the
+    engine's of ``architecture``, with the request's ``keep``), that ``keep`` handed to the model beside each image's
+    pixels (:mod:`vitrim.vllm.request_keep`; LLaVA-NeXT: per tile), and :meth:`image_placeholders` per image."""
+
+    architecture: ClassVar[str] = ARCHITECTURE
+    info: Any
 
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
-        return request_options(llava_trim_options(self.info.get_hf_config()), hf_kwargs)
+        return request_options(llava_trim_options(self.info.get_hf_config(), self.architecture), hf_kwargs)
 
     def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
         pixels = processed.get("pixel_values")
@@ -129,6 +133,10 @@ class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
             return {}
         keep = options.tokens(image_tokens(self.info.get_hf_config()))
         return {keep_field("image"): torch.full((len(pixels),), keep, dtype=torch.long)}
+
+    def image_placeholders(self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int) -> int:
+        """The placeholders of image ``item`` at ``keep`` (LLaVA-1.5: ``keep``, every image is one tower image)."""
+        return keep
 
     def _get_prompt_updates(
         self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, object], out_mm_kwargs: Any
@@ -138,11 +146,18 @@ class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
         keep = self.request_trim(hf_processor_mm_kwargs).tokens(image_tokens(config))
 
         def replacement(item: int) -> list[int]:
-            if not isinstance(mm_items.get_items("image", object), ImageProcessorItems):
-                raise ValueError("vitrim: trimmed LLaVA selects from the tower's evidence; send images, not embeddings")
-            return [image_token_id] * keep
+            images = mm_items.get_items("image", object)
+            if not isinstance(images, ImageProcessorItems):
+                raise ValueError(
+                    f"vitrim: {self.architecture} selects from the tower's evidence; send images, not embeddings"
+                )
+            return [image_token_id] * self.image_placeholders(config, images, item, keep)
 
         return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
+
+
+class TrimmedLlavaProcessor(LlavaPlaceholders, LlavaMultiModalProcessor):
+    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image (:class:`LlavaPlaceholders`)."""
 
 
 @MULTIMODAL_REGISTRY.register_processor(

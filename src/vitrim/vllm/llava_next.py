@@ -25,7 +25,6 @@ default; ``positions="original"`` is refused when the engine starts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,11 +40,16 @@ from vllm.model_executor.models.llava_next import (
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.parse import ImageProcessorItems
-from vllm.multimodal.processing import PromptReplacement
 
-from vitrim.vllm.llava import image_tokens, llava_trim_options, read_cls_attention, scoring_layer_index
-from vitrim.vllm.options import TrimOptions, request_options
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
+from vitrim.vllm.llava import (
+    LlavaPlaceholders,
+    image_tokens,
+    llava_trim_options,
+    read_cls_attention,
+    scoring_layer_index,
+)
+from vitrim.vllm.options import TrimOptions
+from vitrim.vllm.request_keep import asked_keeps
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.seeds import content_seed, image_seeds
 from vitrim.vlm.families.llava_next import NEWLINE, tiles_to_image
@@ -114,37 +118,16 @@ def trimmed_llava_next_info(ctx: Any) -> LlavaNextProcessingInfo:
     return LlavaNextProcessingInfo(ctx)
 
 
-class TrimmedLlavaNextProcessor(RequestKeep, LlavaNextMultiModalProcessor):
+class TrimmedLlavaNextProcessor(LlavaPlaceholders, LlavaNextMultiModalProcessor):
     """vLLM's LLaVA-NeXT processor with each image's :func:`entered_tokens` placeholders at its request's ``keep``,
-    and that ``keep`` (per tile) handed to the model beside the pixels (:mod:`vitrim.vllm.request_keep`)."""
+    and that ``keep`` (per tile) handed to the model beside the pixels (:class:`vitrim.vllm.llava.LlavaPlaceholders`).
+    """
 
-    def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
-        return request_options(llava_next_trim_options(self.info.get_hf_config()), hf_kwargs)
+    architecture = ARCHITECTURE
 
-    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
-        pixels = processed.get("pixel_values")
-        if pixels is None:
-            return {}
-        keep = options.tokens(image_tokens(self.info.get_hf_config()))
-        return {keep_field("image"): torch.full((len(pixels),), keep, dtype=torch.long)}
-
-    def _get_prompt_updates(
-        self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, object], out_mm_kwargs: Any
-    ) -> Sequence[PromptReplacement]:
-        config = self.info.get_hf_config()
-        image_token_id = config.image_token_index
-        keep = self.request_trim(hf_processor_mm_kwargs).tokens(image_tokens(config))
-
-        def replacement(item: int) -> list[int]:
-            images = mm_items.get_items("image", object)
-            if not isinstance(images, ImageProcessorItems):
-                raise ValueError(
-                    "vitrim: trimmed LLaVA-NeXT selects from the tower's evidence; send images, not embeddings"
-                )
-            size = images.get_image_size(item)
-            return [image_token_id] * entered_tokens(config, size.height, size.width, keep)
-
-        return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
+    def image_placeholders(self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int) -> int:
+        size = images.get_image_size(item)
+        return entered_tokens(hf_config, size.height, size.width, keep)
 
 
 @MULTIMODAL_REGISTRY.register_processor(
