@@ -43,6 +43,7 @@ from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.method.base import Selector
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
@@ -73,6 +74,23 @@ def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, 
     query = query.view(images, 1, heads, head_dim).transpose(1, 2)
     keys = keys.view(images, length, heads, head_dim).transpose(1, 2)
     return cls_attention_and_keys(query, keys, float(attention.scale))
+
+
+def clip_taps(vision_tower: Any, hf_config: Any, method: Selector, *, cls_row: bool) -> Taps | None:
+    """The taps a LLaVA class puts on vLLM's CLIP ``vision_tower`` for ``method``: the scoring layer's [CLS]
+    attention (:func:`read_cls_attention`) and, where the class hands a [CLS] to the LLM (``cls_row``), that layer's
+    [CLS] row; None when the method reads neither. They run on every image: a request may ask for fewer tokens than
+    the engine's keep. ``ValueError`` (one line) under tensor parallelism, whose ranks each hold some heads."""
+    if not (method.needs_cls_attention or (cls_row and method.uses_cls_token)):
+        return None
+    if get_tensor_model_parallel_world_size() > 1:
+        raise ValueError(
+            f"vitrim: method {method.name!r} reads the tower's [CLS] attention over all heads; "
+            "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
+        )
+    index = scoring_layer_index(hf_config.vision_feature_layer, hf_config.vision_config.num_hidden_layers)
+    layer = vision_tower.vision_model.encoder.layers[index]
+    return Taps(method, scoring=(layer.self_attn, read_cls_attention), cls_layer=layer if cls_row else None)
 
 
 def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimOptions:
@@ -170,23 +188,11 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         config = vllm_config.model_config.hf_config
         options = llava_trim_options(config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        vision = config.vision_config
         self.vitrim_grid = image_tokens(config)
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
-        method = options.method
-        self.vitrim_taps: Taps | None = None
-        # the taps run on every image: a request may ask for fewer tokens than the engine's keep
-        if method.needs_cls_attention or method.uses_cls_token:
-            if get_tensor_model_parallel_world_size() > 1:
-                raise ValueError(
-                    f"vitrim: method {method.name!r} reads the tower's [CLS] attention over all heads; "
-                    "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
-                )
-            index = scoring_layer_index(config.vision_feature_layer, vision.num_hidden_layers)
-            layer = self.vision_tower.vision_model.encoder.layers[index]
-            self.vitrim_taps = Taps(method, scoring=(layer.self_attn, read_cls_attention), cls_layer=layer)
+        self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=True)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)

@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.models.llava import LlavaDummyInputsBuilder
 from vllm.model_executor.models.llava_next import (
     LlavaNextForConditionalGeneration,
@@ -43,17 +42,16 @@ from vllm.multimodal.parse import ImageProcessorItems
 
 from vitrim.vllm.llava import (
     LlavaPlaceholders,
+    clip_taps,
     image_tokens,
     llava_trim_options,
-    read_cls_attention,
-    scoring_layer_index,
 )
 from vitrim.vllm.options import TrimOptions
 from vitrim.vllm.request_keep import asked_keeps
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.seeds import content_seed, image_seeds
 from vitrim.vlm.families.llava_next import NEWLINE, tiles_to_image
-from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
+from vitrim.vlm.stages.capture import HandOn, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaNextForConditionalGeneration"
 
@@ -144,18 +142,8 @@ class VitrimLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneration)
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_tile)
         self.vitrim_record = SelectionRecord()
-        method = options.method
-        self.vitrim_taps: Taps | None = None
-        # no [CLS] carrier: a packed LLaVA-NeXT image has no place for a tile's [CLS] (vitrim.vlm's cls_to_llm)
-        if method.needs_cls_attention:
-            if get_tensor_model_parallel_world_size() > 1:
-                raise ValueError(
-                    f"vitrim: method {method.name!r} reads the tower's [CLS] attention over all heads; "
-                    "serve it with --tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
-                )
-            index = scoring_layer_index(config.vision_feature_layer, config.vision_config.num_hidden_layers)
-            layer = self.vision_tower.vision_model.encoder.layers[index]
-            self.vitrim_taps = Taps(method, scoring=(layer.self_attn, read_cls_attention))
+        # no [CLS] row: a packed LLaVA-NeXT image has no place for a tile's [CLS] (vitrim.vlm's cls_to_llm)
+        self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=False)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
