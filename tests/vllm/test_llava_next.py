@@ -5,8 +5,11 @@ five requests in one ``generate`` call, then each alone: images of four aspect r
 two of them in one prompt, one request at its own ``keep``, and one whose image the unpadding cuts through a tile
 at ``keep`` = 16 (every token). Each request's greedy tokens equal transformers + vitrim.vlm's, its kept packed
 positions (newlines included) equal ``vitrim.vlm.last_selection``'s, and its prompt is shorter than the unpruned one
-by exactly the dropped tokens. The cut image at the engine's keep is refused in one line, and the engine goes on.
-Every other pre-LLM method: the same check under ``-m full`` (an engine each).
+by exactly the dropped tokens (and each image's placeholders are the count by hand). The cut image at the engine's
+keep is refused in one line, and the engine goes on. Three mistakes put into the plugin on purpose (a misplaced
+kept token, the packing without its newline tokens, the kept tokens in reverse order) each change the tokens of the
+same engine. The engine-start refusals, on real starts. Every other pre-LLM method, and keep = 16 against vLLM's
+unmodified class: under ``-m full`` (an engine each).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from vitrim.vllm.options import pre_llm_methods
 
 ARCHITECTURE = "VitrimLlavaNextForConditionalGeneration"
 TILE = 16  # tokens of one 16-px tile of 4-px patches
+IMAGE_TOKEN = 3  # the tiny folders' <image>
 KEEP = 6
 OWN_KEEP = 3
 MAX_TOKENS = 8
@@ -145,9 +149,11 @@ def test_every_request_keeps_what_vitrim_vlm_keeps_and_generates_what_transforme
 ) -> None:
     reference = reference_runs(work, folder, METHOD, requests)
     assert_like_reference(requests, served["runs"], reference)
-    together = served["runs"][0]
-    # newlines and every kept token entered: 3 tiles · 6 + 4 rows, … ; the cut image at keep 16: all of its tokens
-    assert [len(out.prompt_token_ids) for out in together] == [len(out.prompt_token_ids) for out in served["runs"][1]]
+    # by hand: keep per tile + a newline per grid row (1×2: 3 tiles, 4 rows; 2×2: 5, 8; 2×1: 3, 8); the cut image at
+    # keep 16: the base tile's 16 + 6 unpadded rows of 8 and a newline
+    by_hand = [[3 * 6 + 4], [5 * 6 + 8], [3 * 6 + 8, 5 * 6 + 8], [3 * OWN_KEEP + 8], [16 + 6 * 9]]
+    for out, counts in zip(served["runs"][0], by_hand, strict=True):
+        assert out.prompt_token_ids.count(IMAGE_TOKEN) == sum(counts)
     assert reference[4]["kept"][0] == list(range(reference[4]["image_tokens"][0]))
 
 
