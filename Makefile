@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-full test-vlm-lowest test-vllm test-eval demo demo-translate demo-video demo-weights docs lint bench clean
+.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval demo demo-translate demo-video demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -68,8 +68,12 @@ $(VLLM_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	$(VLLM_PY) -m vitrim.vllm.cpu_companions
 	touch $(VLLM_STAMP)
 
-# The vLLM plugin's tests (tests/vllm): engine starts of tiny models on vLLM's CPU backend, and one `vllm serve`.
+# The vLLM plugin's tests (tests/vllm): engine starts of tiny models on vLLM's CPU backend, and `vllm serve`.
+# CI runs test-vllm; the sweeps marked `full` (every method on LLaVA-NeXT, one engine start each) run in test-vllm-all.
 test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider -m "not full"
+
+test-vllm-all: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider
 
 # lmms-eval lives in its own environment: it pulls some eighty packages (datasets, openai, wandb, pycocoevalcap, ...)

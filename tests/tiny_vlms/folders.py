@@ -5,12 +5,12 @@ random picture.
   reads in tests/vlm_user (transformers' own layout, a chat template over message parts); with
   :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl` and :func:`save_gemma3`, one folder per family for lmms-eval
   (tests/eval).
-- :func:`save_vllm_llava`, :func:`save_vllm_qwen2_5_vl` (the library's, what ``save_tiny_vlm(..., for_vllm=True)``
-  writes) and :func:`save_vllm_qwen3_vl`: the folders vLLM and transformers load alike in tests/vllm and
-  benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32; it has no kernel for 16), the
-  weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a chat template that reads
-  OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it), untied embeddings. Words
-  are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per word.
+- :func:`save_vllm_llava`, :func:`save_vllm_llava_next`, :func:`save_vllm_qwen2_5_vl` (the library's, what
+  ``save_tiny_vlm(..., for_vllm=True)`` writes) and :func:`save_vllm_qwen3_vl`: the folders vLLM and transformers
+  load alike in tests/vllm and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32;
+  it has no kernel for 16), the weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a
+  chat template that reads OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it),
+  untied embeddings. Words are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per word.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from vitrim.vlm_user.tiny import (
     save_qwen2_vl,
     save_qwen3_vl,
     save_vllm_llava,
+    save_vllm_llava_next,
     save_vllm_qwen2_5_vl,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "save_qwen2_vl",
     "save_small_qwen3_vl",
     "save_vllm_llava",
+    "save_vllm_llava_next",
     "save_vllm_qwen2_5_vl",
     "save_vllm_qwen3_vl",
 ]

@@ -61,7 +61,7 @@ def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callabl
 
 def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[Any]:
     """One ``generate`` over ``requests`` ({"prompt", "images": [PNG paths], "videos": [{"frames": .npy path,
-    "fps"}]}, "videos" and "mm_processor_kwargs" optional); the RequestOutputs in order."""
+    "fps"}]}, "videos", "mm_processor_kwargs" and "uuids" optional); the RequestOutputs in order."""
     from vllm import SamplingParams
 
     prompts = []
@@ -71,6 +71,8 @@ def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[An
         prompt: dict[str, Any] = {"prompt": request["prompt"]}
         if "mm_processor_kwargs" in request:  # e.g. {"vitrim": {"keep": 4}}: this request's own keep
             prompt["mm_processor_kwargs"] = request["mm_processor_kwargs"]
+        if "uuids" in request:  # the images' names: fresh ones keep vLLM's caches from handing on earlier features
+            prompt["multi_modal_uuids"] = {"image": request["uuids"]}
         data: dict[str, Any] = {}
         if images:
             data["image"] = images if len(images) > 1 else images[0]

@@ -6,18 +6,19 @@ runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTH
 
     python tests/vllm/transformers_reference.py SPECS.json OUT.json
 
-SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl" | "qwen3_vl", "method": name or null,
-"options": {...} (keep and the method's options), "positions": "original" | "contiguous" | "vllm_evs" |
-"vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of
-(T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
-``do_sample_frames=False``). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned
-prompt's length, "seeds": per image the content seed of its pixels, "video_seeds": per video the content seed of
-its pixels, "media": Qwen2.5-VL, "image" / "video" per medium in prompt order (else null), "image_tokens": per
-image its unpruned token count, "kept": per image or video (prompt order) kept raster indices (null without a
-method), "entered": per image or video the tokens it handed the LLM (its kept patches, + 1 for VisionZip's [CLS];
-null without a method), "video_tokens": per video its unpruned token count t·(h/m)·(w/m), "video_grids": per
-video its merged grid [t, h/m, w/m], "in_tree_kept": Qwen3-VL with evs / vidcom2, per video what vLLM's in-tree
-function keeps on the merger output and on it with the DeepStack features ("merger", "with_deepstack"), else null}.
+SPECS: a list of runs, each {"folder", "family": "llava" | "llava_next" | "qwen2_5_vl" | "qwen3_vl", "method": name or
+null, "options": {...} (keep and the method's options), "positions": "original" | "contiguous" | "vllm_evs" |
+"vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of (T, H,
+W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept: ``do_sample_frames=False``). OUT:
+per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's length, "seeds": per image the
+content seed of its pixels (LLaVA-NeXT: of its own tiles), "video_seeds": per video the content seed of its pixels,
+"media": Qwen2.5-VL, "image" / "video" per medium in prompt order (else null), "image_tokens": per image its unpruned
+token count, "kept": per image or video (prompt order) kept raster indices (LLaVA-NeXT: packed positions, newlines
+included; null without a method), "entered": per image or video the tokens it handed the LLM (its kept patches, + 1 for
+VisionZip's [CLS]; null without a method), "video_tokens": per video its unpruned token count t·(h/m)·(w/m),
+"video_grids": per video its merged grid [t, h/m, w/m], "in_tree_kept": Qwen3-VL with evs / vidcom2, per video what
+vLLM's in-tree function keeps on the merger output and on it with the DeepStack features ("merger", "with_deepstack"),
+else null}.
 
 ``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
 language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
@@ -171,6 +172,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     classes: dict[str, Any] = {
         "llava": transformers.LlavaForConditionalGeneration,
+        "llava_next": transformers.LlavaNextForConditionalGeneration,
         "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
     }
@@ -214,6 +216,8 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             grid = inputs["image_grid_thw"]
             per_image = pixels.split(grid.prod(-1).tolist())
             image_tokens = (grid.prod(-1) // model.config.vision_config.spatial_merge_size**2).tolist()
+        elif spec["family"] == "llava_next":  # an image's own tiles (the processor pads to the most), packed count
+            per_image, image_tokens = llava_next_images(model.config, inputs)
         else:
             per_image = list(pixels)
             vision = model.config.vision_config
@@ -248,6 +252,22 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return results
+
+
+def llava_next_images(config: Any, inputs: Any) -> tuple[list[torch.Tensor], list[int]]:
+    """LLaVA-NeXT: per image its own tiles (the processor pads every image to the most tiles) and the image tokens
+    the processor wrote for it (a run of image tokens; the requests separate their images by text)."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    vision = config.vision_config
+    tiles = [
+        int(image_size_to_num_patches(size, config.image_grid_pinpoints, vision.image_size))
+        for size in inputs["image_sizes"]
+    ]
+    is_image = (inputs["input_ids"][0] == config.image_token_id).long()
+    edges = torch.diff(torch.cat([torch.zeros(1, dtype=torch.long), is_image, torch.zeros(1, dtype=torch.long)]))
+    runs = ((edges == -1).nonzero()[:, 0] - (edges == 1).nonzero()[:, 0]).tolist()
+    return [pixels[:count] for pixels, count in zip(inputs["pixel_values"], tiles, strict=True)], runs
 
 
 def in_tree_kept(model: Any, inputs: Any, spec: dict[str, Any]) -> dict[str, list[list[int]]]:

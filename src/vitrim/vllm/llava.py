@@ -21,7 +21,7 @@ and is refused when the engine starts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -43,6 +43,7 @@ from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.method.base import Selector
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
@@ -76,15 +77,28 @@ def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return all_heads(attention_row, dim=1), all_heads(keys, dim=1)
 
 
-def llava_trim_options(hf_config: Any) -> TrimOptions:
-    """The validated ``vitrim`` options of a LLaVA-1.5 config (a CLIP tower, one feature layer, [CLS] dropped)."""
+def clip_taps(vision_tower: Any, hf_config: Any, method: Selector, *, cls_row: bool) -> Taps | None:
+    """The taps a LLaVA class puts on vLLM's CLIP ``vision_tower`` for ``method``: the scoring layer's [CLS]
+    attention (:func:`read_cls_attention`) and, where the class hands a [CLS] to the LLM (``cls_row``), that layer's
+    [CLS] row; None when the method reads neither. They run on every image: a request may ask for fewer tokens than
+    the engine's keep. Under tensor parallelism each rank gathers every rank's heads (:func:`read_cls_attention`)."""
+    if not (method.needs_cls_attention or (cls_row and method.uses_cls_token)):
+        return None
+    index = scoring_layer_index(hf_config.vision_feature_layer, hf_config.vision_config.num_hidden_layers)
+    layer = vision_tower.vision_model.encoder.layers[index]
+    return Taps(method, scoring=(layer.self_attn, read_cls_attention), cls_layer=layer if cls_row else None)
+
+
+def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimOptions:
+    """The validated ``vitrim`` options of a LLaVA-1.5 config (a CLIP tower, one feature layer, [CLS] dropped), or
+    of another ``architecture`` whose tiles are LLaVA-1.5 images (LLaVA-NeXT's: ``keep`` counts a tile's tokens)."""
     check_vllm_version()
-    options = trim_options(hf_config, ARCHITECTURE)
+    options = trim_options(hf_config, architecture)
     vision = hf_config.vision_config
     strategy, layer = hf_config.vision_feature_select_strategy, hf_config.vision_feature_layer
     if vision.model_type != "clip_vision_model" or strategy != "default" or not isinstance(layer, int):
         raise ValueError(
-            f"vitrim: {ARCHITECTURE} runs LLaVA-1.5 (a CLIP tower, an int vision_feature_layer, strategy 'default'); "
+            f"vitrim: {architecture} runs a CLIP tower, an int vision_feature_layer, strategy 'default'; "
             f"this checkpoint has a {vision.model_type!r} tower, vision_feature_layer={layer!r}, "
             f"vision_feature_select_strategy={strategy!r}"
         )
@@ -116,12 +130,16 @@ def trimmed_llava_info(ctx: Any) -> LlavaProcessingInfo:
     return LlavaProcessingInfo(ctx)
 
 
-class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
-    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image, and that ``keep`` handed to the
-    model beside the pixels (:mod:`vitrim.vllm.request_keep`)."""
+class LlavaPlaceholders(RequestKeep):
+    """The processor seams of both LLaVA classes, mixed in before vLLM's processor: each request's options (the
+    engine's of ``architecture``, with the request's ``keep``), that ``keep`` handed to the model beside each image's
+    pixels (:mod:`vitrim.vllm.request_keep`; LLaVA-NeXT: per tile), and :meth:`image_placeholders` per image."""
+
+    architecture: ClassVar[str] = ARCHITECTURE
+    info: Any
 
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
-        return request_options(llava_trim_options(self.info.get_hf_config()), hf_kwargs)
+        return request_options(llava_trim_options(self.info.get_hf_config(), self.architecture), hf_kwargs)
 
     def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
         pixels = processed.get("pixel_values")
@@ -129,6 +147,10 @@ class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
             return {}
         keep = options.tokens(image_tokens(self.info.get_hf_config()))
         return {keep_field("image"): torch.full((len(pixels),), keep, dtype=torch.long)}
+
+    def image_placeholders(self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int) -> int:
+        """The placeholders of image ``item`` at ``keep`` (LLaVA-1.5: ``keep``, every image is one tower image)."""
+        return keep
 
     def _get_prompt_updates(
         self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, object], out_mm_kwargs: Any
@@ -138,11 +160,18 @@ class TrimmedLlavaProcessor(RequestKeep, LlavaMultiModalProcessor):
         keep = self.request_trim(hf_processor_mm_kwargs).tokens(image_tokens(config))
 
         def replacement(item: int) -> list[int]:
-            if not isinstance(mm_items.get_items("image", object), ImageProcessorItems):
-                raise ValueError("vitrim: trimmed LLaVA selects from the tower's evidence; send images, not embeddings")
-            return [image_token_id] * keep
+            images = mm_items.get_items("image", object)
+            if not isinstance(images, ImageProcessorItems):
+                raise ValueError(
+                    f"vitrim: {self.architecture} selects from the tower's evidence; send images, not embeddings"
+                )
+            return [image_token_id] * self.image_placeholders(config, images, item, keep)
 
         return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
+
+
+class TrimmedLlavaProcessor(LlavaPlaceholders, LlavaMultiModalProcessor):
+    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image (:class:`LlavaPlaceholders`)."""
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -155,18 +184,11 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         config = vllm_config.model_config.hf_config
         options = llava_trim_options(config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        vision = config.vision_config
         self.vitrim_grid = image_tokens(config)
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
-        method = options.method
-        self.vitrim_taps: Taps | None = None
-        # the taps run on every image: a request may ask for fewer tokens than the engine's keep
-        if method.needs_cls_attention or method.uses_cls_token:
-            index = scoring_layer_index(config.vision_feature_layer, vision.num_hidden_layers)
-            layer = self.vision_tower.vision_model.encoder.layers[index]
-            self.vitrim_taps = Taps(method, scoring=(layer.self_attn, read_cls_attention), cls_layer=layer)
+        self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=True)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,6 +101,7 @@ LLAVA_HUB_NAMES = {
     "model.multi_modal_projector.": "multi_modal_projector.",
     "lm_head.": "language_model.lm_head.",
 }
+LLAVA_NEXT_HUB_NAMES = LLAVA_HUB_NAMES | {"model.image_newline": "image_newline"}
 QWEN_HUB_NAMES = {"model.visual.": "visual.", "model.language_model.": "model.", "lm_head.": "lm_head."}
 
 
@@ -299,29 +301,43 @@ def save_qwen3_vl(
     return path
 
 
-def save_llava_next(path: Path, seed: int = 0) -> Path:
-    """A tiny LLaVA-NeXT (anyres: 16-px tiles of 16 tokens, pinpoints 16×32, 32×16, 32×32) and its processor."""
+def save_llava_next(
+    path: Path,
+    seed: int = 0,
+    vision: dict[str, Any] = LLAVA_VISION,
+    text: dict[str, Any] = LLAVA_TEXT,
+    options: dict[str, Any] | None = None,
+    chat_template: str = LLAVA_TEMPLATE,
+    weights: Weights = "transformers",
+) -> Path:
+    """A tiny LLaVA-NeXT (anyres: 16-px tiles of 16 tokens, pinpoints 16×32, 32×16, 32×32) and its processor;
+    ``vision``, ``text``, ``options``, ``chat_template`` and ``weights`` as :func:`save_llava`'s."""
     import transformers
 
     pinpoints = [[16, 32], [32, 16], [32, 32]]
     config = transformers.LlavaNextConfig(
         vision_config=dict(
-            model_type="clip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=3,
-            num_attention_heads=4, image_size=LLAVA_CROP, patch_size=LLAVA_PATCH,
+            model_type="clip_vision_model", **vision, image_size=LLAVA_CROP, patch_size=LLAVA_PATCH,
         ),
-        text_config=dict(
-            model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1,
-            bos_token_id=4, eos_token_id=2,
-        ),
+        text_config=dict(model_type="llama", **text, pad_token_id=1, bos_token_id=4, eos_token_id=2),
         **LLAVA_IMAGE_TOKEN,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
         image_grid_pinpoints=pinpoints,
+        **(options or {}),
     )  # fmt: skip
-    _save_model(transformers.LlavaNextForConditionalGeneration, config, path, seed)
+    torch.manual_seed(seed)
+    model = transformers.LlavaNextForConditionalGeneration(config).eval()
+    _spread(model, seed)
+    _save_weights(model, path, weights, LLAVA_NEXT_HUB_NAMES)
     tokenizer = word_tokenizer(
-        LLAVA_SPECIALS, 99, LLAVA_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>", image_token="<image>"
+        LLAVA_SPECIALS,
+        text["vocab_size"],
+        chat_template,
+        pad_token="<pad>",
+        eos_token="</s>",
+        bos_token="<s>",
+        image_token="<image>",
     )
     image_processor = transformers.LlavaNextImageProcessor(
         size={"shortest_edge": LLAVA_CROP},
@@ -335,7 +351,7 @@ def save_llava_next(path: Path, seed: int = 0) -> Path:
         vision_feature_select_strategy="default",
         image_token="<image>",
         num_additional_image_tokens=1,
-        chat_template=LLAVA_TEMPLATE,
+        chat_template=chat_template,
     )
     processor.save_pretrained(path)
     return path
@@ -413,7 +429,7 @@ def save_paligemma(path: Path, seed: int = 0) -> Path:
     return path
 
 
-TINY = {
+TINY: dict[str, Callable[[Path, int], Path]] = {
     "llava": save_llava,
     "llava_next": save_llava_next,
     "qwen2_5_vl": save_qwen2_5_vl,
@@ -465,6 +481,21 @@ def save_vllm_llava(
     )
 
 
+def save_vllm_llava_next(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-NeXT that vLLM serves on a CPU, at ``path``: LLaVA's widened sizes (a 3-layer CLIP on 16-px tiles
+    of 16 tokens, a 2-layer LLM of head size 32), anyres pinpoints 16×32, 32×16, 32×32, the hub's names
+    (``image_newline`` too)."""
+    return save_llava_next(
+        path,
+        seed,
+        VLLM_LLAVA_VISION,
+        {"max_position_embeddings": 2048, **VLLM_LLAVA_TEXT},
+        options=UNTIED,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        weights="hub",
+    )
+
+
 def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
     """A tiny Qwen2.5-VL that vLLM serves on a CPU, at ``path`` (tower: block 0 windowed, block 1 full; a 2-layer LLM
     of head size 32)."""
@@ -479,12 +510,13 @@ def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
     )
 
 
-TINY_FOR_VLLM = {"llava": save_vllm_llava, "qwen2_5_vl": save_vllm_qwen2_5_vl}
+TINY_FOR_VLLM = {"llava": save_vllm_llava, "llava_next": save_vllm_llava_next, "qwen2_5_vl": save_vllm_qwen2_5_vl}
 
 
 def save_tiny_vlm(path: str | Path, family: str = "llava", seed: int = 0, for_vllm: bool = False) -> Path:
     """A tiny random ``family`` (one of :data:`TINY`) checkpoint folder at ``path``; returns the path. ``for_vllm``:
-    one that vLLM serves on a CPU as well as transformers loads it (:data:`TINY_FOR_VLLM`: LLaVA-1.5, Qwen2.5-VL)."""
+    one that vLLM serves on a CPU as well as transformers loads it (:data:`TINY_FOR_VLLM`: LLaVA-1.5, LLaVA-NeXT,
+    Qwen2.5-VL)."""
     require("transformers", feature="vitrim.vlm_user's tiny checkpoints")
     builders = TINY_FOR_VLLM if for_vllm else TINY
     if family not in builders:

@@ -33,7 +33,7 @@ from vitrim.vlm.boxes import NO_VIEW, Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.families.llava import LlavaAdapter
 from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.capture import EncoderSeam
-from vitrim.vlm.stages.contract import FamilyTraits, Prefill
+from vitrim.vlm.stages.contract import FamilyTraits, Prefill, ServedArchitecture
 from vitrim.vlm.stages.inputs import prefill_input_ids
 from vitrim.vlm.stages.pre_llm import repeated_images
 from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
@@ -48,6 +48,14 @@ class LlavaNextAdapter(LlavaAdapter):
         classes=("LlavaNextForConditionalGeneration",),
         title="LLaVA-NeXT (LlavaNextForConditionalGeneration)",
         stages=("pre_llm", "in_llm"),
+        served=(
+            ServedArchitecture(
+                "VitrimLlavaNextForConditionalGeneration",
+                "vitrim.vllm.llava_next",
+                "LlavaNextForConditionalGeneration",
+                "llava_next",
+            ),
+        ),
     )
     cls_to_llm = False  # every tile has a [CLS]; the packed image has no place for them (VisionZip: one more patch)
 
