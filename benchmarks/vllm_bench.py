@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -234,22 +235,25 @@ def run_family(family: str, folder: Path, work: Path, args: argparse.Namespace) 
 
 
 def summary(name: str, rounds: dict[int, dict[str, list[dict[str, float]]]]) -> list[str]:
-    """Markdown rows of one workload: per concurrency, the medians of dense and trimmed, and the median [min–max]
-    of the per-repeat ratios trimmed / dense."""
+    """Markdown rows of one workload, one per concurrency: the prompt's tokens, then requests/s and the time to first
+    token, each as the medians over repeats of dense and trimmed and the median [min–max] of the per-repeat ratios
+    trimmed / dense (generated tokens/s is MAX_TOKENS × requests/s: every request generates MAX_TOKENS)."""
     workload = next(w for w in WORKLOADS if w.name == name)
     lines = [
-        f"| {name} (MAC ratio {mac_ratio(workload):.3f}) | dense | trimmed | trimmed / dense, median [range] |",
-        "|---|---|---|---|",
+        f"| {name}: MAC ratio {mac_ratio(workload):.3f} | prompt tokens | requests/s dense | trimmed | ratio "
+        "| TTFT ms dense | trimmed | ratio |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for count, sides in rounds.items():
         dense, trimmed = sides["dense"], sides["trimmed"]
-        prompt = f"{dense[0]['prompt_tokens']:.0f} → {trimmed[0]['prompt_tokens']:.0f} prompt tokens"
-        for key, label in (("requests_per_s", "requests/s"), ("tokens_per_s", "tokens/s"), ("ttft_ms", "TTFT ms")):
+        cells = [f"{count} concurrent", f"{dense[0]['prompt_tokens']:.0f} → {trimmed[0]['prompt_tokens']:.0f}"]
+        for key in ("requests_per_s", "ttft_ms"):
             ratios = [t[key] / d[key] for d, t in zip(dense, trimmed, strict=True)]
-            cell = f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}]"
             d, t = statistics.median(x[key] for x in dense), statistics.median(x[key] for x in trimmed)
-            where = f"{count} concurrent, {label}" + (f" ({prompt})" if key == "requests_per_s" else "")
-            lines.append(f"| {where} | {d:.2f} | {t:.2f} | {cell} |")
+            digits = 2 if key == "requests_per_s" else 0
+            cells += [f"{d:.{digits}f}", f"{t:.{digits}f}"]
+            cells.append(f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}]")
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -277,9 +281,12 @@ def main() -> None:
             results |= run_family(family, folders[family](), work, args)
     for name, rounds in results.items():
         print("\n" + "\n".join(summary(name, rounds)))
-    print(f"\n{args.repeats} repeats, {time.perf_counter() - started:.0f} s in all")
+    print(f"generated tokens/s = {MAX_TOKENS} × requests/s")
+    load = os.getloadavg()[2]  # the machine's 15-minute load average: other jobs on the same cores
+    print(f"\n{args.repeats} repeats, {time.perf_counter() - started:.0f} s in all, load average {load:.1f} at the end")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rounds": results}, indent=1))
+        record = {"args": vars(args) | {"json": str(args.json)}, "load": load, "rounds": results}
+        args.json.write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
