@@ -181,19 +181,29 @@ def bodies(workload: Workload, count: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-async def one_round(port: int, requests: list[dict[str, Any]]) -> tuple[float, list[Answer]]:
-    """All ``requests`` sent at once; the wall time to the last answer, and the answers."""
+def server_cpu_s(port: int) -> float:
+    """CPU seconds (user + system) spent so far by the server listening on ``port`` and its processes (the API
+    server, vLLM's engine core): what a round costs the machine, whoever else runs on it."""
+    import psutil
+
+    (pid,) = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == "LISTEN"}
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in (root, *root.children(recursive=True)))
+
+
+async def one_round(port: int, requests: list[dict[str, Any]]) -> tuple[float, float, list[Answer]]:
+    """All ``requests`` sent at once; the wall time to the last answer, the server's CPU seconds, the answers."""
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        start = time.perf_counter()
+        cpu, start = server_cpu_s(port), time.perf_counter()
         answers = await asyncio.gather(*(stream_chat(session, port, body) for body in requests))
-        return time.perf_counter() - start, list(answers)
+        return time.perf_counter() - start, server_cpu_s(port) - cpu, list(answers)
 
 
-def round_numbers(wall: float, answers: list[Answer]) -> dict[str, float]:
-    """requests/s, generated tokens/s and the median time to first token (ms) of one round; SystemExit naming the
-    first failed request (a benchmark of failures measures nothing)."""
+def round_numbers(wall: float, cpu: float, answers: list[Answer]) -> dict[str, float]:
+    """requests/s, generated tokens/s, the median time to first token (ms) and the server's CPU ms per request of
+    one round; SystemExit naming the first failed request (a benchmark of failures measures nothing)."""
     for answer in answers:
         if answer.status != 200 or answer.error or answer.ttft_s is None or answer.completion_tokens != MAX_TOKENS:
             raise SystemExit(f"a request failed: {answer}")
@@ -201,6 +211,7 @@ def round_numbers(wall: float, answers: list[Answer]) -> dict[str, float]:
         "requests_per_s": len(answers) / wall,
         "tokens_per_s": sum(a.completion_tokens or 0 for a in answers) / wall,
         "ttft_ms": 1000 * statistics.median(a.ttft_s or 0.0 for a in answers),
+        "cpu_ms_per_request": 1000 * cpu / len(answers),
         "prompt_tokens": float(answers[0].prompt_tokens or 0),
     }
 
@@ -237,17 +248,18 @@ def run_family(family: str, folder: Path, work: Path, args: argparse.Namespace) 
 def summary(name: str, rounds: dict[int, dict[str, list[dict[str, float]]]]) -> list[str]:
     """Markdown rows of one workload, one per concurrency: the prompt's tokens, then requests/s and the time to first
     token, each as the medians over repeats of dense and trimmed and the median [min–max] of the per-repeat ratios
-    trimmed / dense (generated tokens/s is MAX_TOKENS × requests/s: every request generates MAX_TOKENS)."""
+    trimmed / dense (generated tokens/s is MAX_TOKENS × requests/s: every request generates MAX_TOKENS); then the
+    server's CPU per request, which other jobs on the machine disturb less than the wall clock."""
     workload = next(w for w in WORKLOADS if w.name == name)
     lines = [
         f"| {name}: MAC ratio {mac_ratio(workload):.3f} | prompt tokens | requests/s dense | trimmed | ratio "
-        "| TTFT ms dense | trimmed | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| TTFT ms dense | trimmed | ratio | server CPU ms / request dense | trimmed | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for count, sides in rounds.items():
         dense, trimmed = sides["dense"], sides["trimmed"]
         cells = [f"{count} concurrent", f"{dense[0]['prompt_tokens']:.0f} → {trimmed[0]['prompt_tokens']:.0f}"]
-        for key in ("requests_per_s", "ttft_ms"):
+        for key in ("requests_per_s", "ttft_ms", "cpu_ms_per_request"):
             ratios = [t[key] / d[key] for d, t in zip(dense, trimmed, strict=True)]
             d, t = statistics.median(x[key] for x in dense), statistics.median(x[key] for x in trimmed)
             digits = 2 if key == "requests_per_s" else 0
