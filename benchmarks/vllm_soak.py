@@ -5,8 +5,10 @@ the offline engine's for the same request, every bad one is refused alone, and t
     PYTHONPATH=$PWD/src .venv-vllm/bin/python benchmarks/vllm_soak.py --requests 20   # a smoke
 
 The server is tests/vllm's (``running_server``: the tiny LLaVA of 16 image tokens, VisionZip keeping 6, float32,
-``--kv-cache-memory-bytes``), with ``--max-num-seqs 16``. The requests, in a seeded shuffle (:data:`MIX`, scaled to
-``--requests``), each a streamed chat (benchmarks/vllm_stream.py) with its own picture:
+``--kv-cache-memory-bytes``), with ``--max-num-seqs 16`` and ``--trust-request-mm-kwargs`` (without it vLLM answers
+any request with ``mm_processor_kwargs`` 400, "Per-request mm_processor_kwargs are disabled by default"). The
+requests, in a seeded shuffle (:data:`MIX`, scaled to ``--requests``), each a streamed chat
+(benchmarks/vllm_stream.py) with its own picture:
 
 - ``good``: a picture and words, the engine's keep; ``good_keep``: the same with a valid keep of its own
   (``mm_processor_kwargs={"vitrim": {"keep": 4 | 8 | 0.5}}``); ``oversized``: a 2048 × 2048 picture (the
@@ -53,6 +55,8 @@ MIX = {  # kind -> count of 500
     "good": 250, "good_keep": 50, "oversized": 40, "broken_image": 40, "bad_keep": 40, "too_many_images": 20,
     "too_long": 20, "cancelled": 40,
 }  # fmt: skip
+# vLLM's server refuses a request's mm_processor_kwargs (a keep of its own) unless started with this flag
+SERVER_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--trust-request-mm-kwargs"]
 ANSWERED = ("good", "good_keep", "oversized")
 SHOW_SPECIALS = {"skip_special_tokens": False}
 GOOD_KEEPS: tuple[Any, ...] = (4, 8, 0.5)
@@ -195,7 +199,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_vllm_llava(Path(tmp) / "tiny-llava")
         log = Path(tmp) / "server.log"
-        with running_server(folder, OVERRIDES, log, extra=["--max-num-seqs", str(MAX_NUM_SEQS)]) as port:
+        with running_server(folder, OVERRIDES, log, extra=SERVER_ARGS) as port:
             start = time.perf_counter()
             answers = asyncio.run(send_all(port, requests))
             soak_s = time.perf_counter() - start
