@@ -1,7 +1,7 @@
 """vLLM serving dense and vitrim-trimmed VLMs under load: requests/s, time to first token and generated tokens/s at
 1, 8 and 32 concurrent requests, in one run, each ratio beside the analytic prefill MAC ratio.
 
-    PYTHONPATH=$PWD/src .venv-vllm/bin/python benchmarks/vllm_bench.py            # about 25 min on 2 busy cores
+    PYTHONPATH=$PWD/src .venv-vllm/bin/python benchmarks/vllm_bench.py            # 12-14 min on 2 busy cores
 
 Concurrency as a server sees it: each family's engines run as ``vllm serve`` processes side by side (tests/vllm's
 ``running_server``: float32, eager, ``--max-num-seqs 32``, a 1 GiB KV cache, no prefix caching), and a client

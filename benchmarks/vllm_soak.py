@@ -1,7 +1,7 @@
 """A soak of one ``vllm serve`` of a trimmed tiny LLaVA: 500 mixed requests, 16 in flight; every good answer equals
 the offline engine's for the same request, every bad one is refused alone, and the server answers at the end.
 
-    PYTHONPATH=$PWD/src .venv-vllm/bin/python benchmarks/vllm_soak.py                 # about 4 min on 2 busy cores
+    PYTHONPATH=$PWD/src .venv-vllm/bin/python benchmarks/vllm_soak.py                 # about 5 min on 2 busy cores
     PYTHONPATH=$PWD/src .venv-vllm/bin/python benchmarks/vllm_soak.py --requests 20   # a smoke
 
 The server is tests/vllm's (``running_server``: the tiny LLaVA of 16 image tokens, VisionZip keeping 6, float32,
