@@ -132,14 +132,18 @@ async def send_all(port: int, requests: list[dict[str, Any]]) -> list[Answer]:
 
 
 def running_requests(port: int) -> float:
-    """vLLM's running + waiting requests, from its Prometheus ``/metrics``."""
+    """vLLM's running + waiting requests, from its Prometheus ``/metrics``; ``RuntimeError`` where it reports
+    neither (a renamed metric must not read as zero)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
         text = response.read().decode()
-    total = 0.0
+    found = {}
     for line in text.splitlines():
-        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    if len(found) != 2:
+        raise RuntimeError(f"vLLM's /metrics reports {sorted(found)} of its running and waiting requests")
+    return sum(found.values())
 
 
 def offline_answers(folder: Path, requests: list[dict[str, Any]]) -> dict[int, tuple[str, int]]:
