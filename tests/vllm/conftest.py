@@ -12,3 +12,4 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VITRIM_VLLM_RECORD", "1")  # the engines' kept indices, by image (vitrim.vllm.selection_record)

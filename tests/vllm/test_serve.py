@@ -49,7 +49,7 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[i
     log = tmp_path_factory.mktemp("server") / "server.log"
     try:
         # vLLM's server refuses every request's mm_processor_kwargs unless told its clients are trusted
-        with running_server(folder, OVERRIDES, log, extra_args=("--trust-request-mm-kwargs",)) as port:
+        with running_server(folder, OVERRIDES, log, extra=("--trust-request-mm-kwargs",)) as port:
             yield port
     except RuntimeError as error:
         pytest.fail(str(error))

@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,12 +35,13 @@ def free_port() -> int:
 def serve_command(
     folder: Path,
     port: int,
-    hf_overrides: dict[str, Any],
+    hf_overrides: dict[str, Any] | None,
     limit_mm_per_prompt: dict[str, int] | None = None,
-    extra_args: tuple[str, ...] = (),
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """``vllm serve`` of ``folder`` on 127.0.0.1:``port`` as tests/vllm's engines run (float32, eager, the CPU's
-    KV-cache size), the model named "tiny"; ``extra_args`` appended."""
+    KV-cache size), the model named "tiny"; ``hf_overrides`` None: vLLM's own model; ``extra``: more arguments,
+    after these (vLLM takes an option's last value: ``["--max-num-seqs", "32"]`` replaces the 4 here)."""
     return [
         sys.executable,
         str(CLI),
@@ -64,9 +65,8 @@ def serve_command(
         "--limit-mm-per-prompt",
         json.dumps(limit_mm_per_prompt or {"image": 2}),
         "--no-enable-prefix-caching",
-        "--hf-overrides",
-        json.dumps(hf_overrides),
-        *extra_args,
+        *(["--hf-overrides", json.dumps(hf_overrides)] if hf_overrides is not None else []),
+        *extra,
     ]
 
 
@@ -129,18 +129,18 @@ def copy_until_ready(stream: Any, sink: Any, ready: threading.Event) -> None:
 @contextmanager
 def running_server(
     folder: Path,
-    hf_overrides: dict[str, Any],
+    hf_overrides: dict[str, Any] | None,
     log: Path,
     limit_mm_per_prompt: dict[str, int] | None = None,
-    extra_args: tuple[str, ...] = (),
+    extra: Sequence[str] = (),
 ) -> Iterator[int]:
-    """A ``vllm serve`` process of ``folder`` on a free port of 127.0.0.1 (its output in ``log``); its port, once it
-    says it accepts requests (``RuntimeError`` with the log's tail where it does not). Stopped (SIGINT, then killed)
-    at the end."""
+    """A ``vllm serve`` process of ``folder`` on a free port of 127.0.0.1 (its output in ``log``; ``extra``: as in
+    :func:`serve_command`); its port, once it says it accepts requests (``RuntimeError`` with the log's tail where
+    it does not). Stopped (SIGINT, then killed) at the end."""
     port = free_port()
     sink = log.open("w")
     process = subprocess.Popen(
-        serve_command(folder, port, hf_overrides, limit_mm_per_prompt, extra_args),
+        serve_command(folder, port, hf_overrides, limit_mm_per_prompt, extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

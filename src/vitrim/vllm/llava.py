@@ -39,7 +39,7 @@ from vllm.multimodal.processing import PromptReplacement
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
-from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
@@ -199,15 +199,16 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         pixels: Tensor = image_input["pixel_values"]  # (I, 3, H, W)
         features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, N, D)
         assert isinstance(features, Tensor)
-        seeds = image_seeds(pixels)  # (I,)
         method = self.vitrim_options.method
+        # each image's content seed: read by a seeded method, and the key of the test's record (selection_record)
+        seeds = image_seeds(pixels) if method.needs_seeds or recording() else None  # (I,)
+        record = seeds if recording() else None
         keeps = asked_keeps(kwargs, "image") or [self.vitrim_keep] * len(pixels)  # each image's request's keep
         taps = self.vitrim_taps
         attention = None if taps is None else taps.take_attention()
         cls_row = None if taps is None else taps.take_cls_row()
         if all(keep == features.shape[1] for keep in keeps):  # every token stays: the model runs as vLLM's
-            for seed in seeds.tolist():
-                self.vitrim_record.add(seed, torch.arange(features.shape[1]))
+            self.vitrim_record.add_all(record, [torch.arange(features.shape[1])] * len(pixels))
             return tuple(self.multi_modal_projector(features).unbind(0))
         cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
@@ -224,7 +225,6 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         )
         if projected is None:
             projected = self.multi_modal_projector(features if written is None else written)  # (I, N, E)
-        for seed, selection in zip(seeds.tolist(), selections, strict=True):
-            self.vitrim_record.add(seed, selection.kept)
+        self.vitrim_record.add_all(record, [selection.kept for selection in selections])
         # vLLM numbers the prompt contiguously: the authors' sequence, each image's tokens in their order
         return tuple(projected[image, selection.llm_slots()] for image, selection in enumerate(selections))

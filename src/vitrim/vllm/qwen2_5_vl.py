@@ -49,7 +49,7 @@ from vitrim.vllm.compat import (
 )
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
-from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
@@ -266,7 +266,7 @@ class QwenImageTrimming:
         merge = self.visual.spatial_merge_size
         evidence = image_evidence(self.vitrim_taps.take_attention(), states, grid, merge, window_index)
         items = pixels.split(grid.prod(-1).tolist())
-        seeds = image_seeds(items)  # (I,)
+        seeds = image_seeds(items) if recording() else None  # (I,) the record's keys (selection_record)
         unit = merge * merge
         video = time_intervals is not None
 
@@ -276,7 +276,7 @@ class QwenImageTrimming:
         for index, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
             hand_on = self.vitrim_hand_on if keeps is None else self.hand_on_keeping(keeps[index])
             chosen, written = hand_on.run_media(item, tokens, items[index], project, video=video)
-            self.vitrim_record.add(int(seeds[index]), chosen.kept)
+            self.vitrim_record.add_all(None if seeds is None else seeds[index : index + 1], [chosen.kept])
             cells = grid[index].tolist()
             if time_intervals is None:
                 positions = image_positions(cells, merge)  # (N, 4)

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -195,6 +196,20 @@ QWEN_TEXT: dict[str, Any] = dict(
 QWEN_VISION = dict(depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=32)
 
 
+@dataclass(frozen=True)
+class QwenGeometry:
+    """How a Qwen2.5-VL folder cuts pixels into tokens (tower and processors). The default is the tiny folders'
+    (2-px patches, one frame per temporal patch, windows of 2×2 merged tokens, block 1 attending globally, at most
+    64·64 image pixels); benchmarks/vllm_bench.py asks for the released checkpoints' layout at a smaller width."""
+
+    patch: int = QWEN_PATCH
+    temporal_patch: int = 1
+    window: int = 2 * QWEN_MERGE * QWEN_PATCH  # px (the released checkpoints: 112, 8×8 patches of 14 px)
+    full_attention_blocks: tuple[int, ...] = (1,)
+    max_pixels: int = 64 * 64  # of one image, after smart resizing
+    video_pixels: tuple[int, int] = (QWEN_VIDEO_PIXELS["shortest_edge"], QWEN_VIDEO_PIXELS["longest_edge"])
+
+
 def save_qwen2_5_vl(
     path: Path,
     seed: int = 0,
@@ -203,17 +218,20 @@ def save_qwen2_5_vl(
     options: dict[str, Any] | None = None,
     chat_template: str = QWEN_TEMPLATE,
     weights: Weights = "transformers",
+    geometry: QwenGeometry = QwenGeometry(),
 ) -> Path:
     """A tiny Qwen2.5-VL (tower: block 0 windowed, block 1 full; a 2-layer LLM) and its processor at ``path``.
     ``vision``, ``text``: the sizes of the tower and the LLM (its vocabulary is 96: the vision tokens are 90 … 93);
-    ``options``: more arguments of ``Qwen2_5_VLConfig``; the rest as in the module docstring."""
+    ``options``: more arguments of ``Qwen2_5_VLConfig``; ``geometry``: patches, windows and pixel bounds; the rest
+    as in the module docstring."""
     import transformers
 
+    g = geometry
     config = transformers.Qwen2_5_VLConfig(
         text_config=dict(**text, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         vision_config=dict(
-            **vision, patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=1, in_channels=3,
-            window_size=2 * QWEN_MERGE * QWEN_PATCH, fullatt_block_indexes=[1],
+            **vision, patch_size=g.patch, spatial_merge_size=QWEN_MERGE, temporal_patch_size=g.temporal_patch,
+            in_channels=3, window_size=g.window, fullatt_block_indexes=list(g.full_attention_blocks),
         ),
         image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
         **(options or {}),
@@ -223,14 +241,14 @@ def save_qwen2_5_vl(
     _spread(model, seed)
     _save_weights(model, path, weights, QWEN_HUB_NAMES)
     tokenizer = qwen_tokenizer(chat_template)
-    image_processor = transformers.Qwen2VLImageProcessor(
-        patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, min_pixels=64, max_pixels=64 * 64
-    )
+    sizes: dict[str, Any] = dict(patch_size=g.patch, merge_size=QWEN_MERGE, temporal_patch_size=g.temporal_patch)
+    image_processor = transformers.Qwen2VLImageProcessor(**sizes, min_pixels=64, max_pixels=g.max_pixels)
+    shortest, longest = g.video_pixels
     processor = transformers.Qwen2_5_VLProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=transformers.Qwen2VLVideoProcessor(
-            patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=1, size=QWEN_VIDEO_PIXELS
+            **sizes, size={"shortest_edge": shortest, "longest_edge": longest}
         ),
         chat_template=chat_template,
     )

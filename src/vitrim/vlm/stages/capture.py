@@ -234,7 +234,7 @@ class HandOn:
             project=project,
             attention=None if item.received is None else item.received[None],
             keys=None if item.keys is None else item.keys[None],
-            seeds=image_seeds([pixels]),
+            seeds=image_seeds([pixels]) if self.selector.needs_seeds else None,  # hashing costs a tower block
             projected=own[None],
             grid=item.grid,
             object_attention=None if probed is None or probed.received is None else probed.received[None],
