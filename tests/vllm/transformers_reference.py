@@ -6,7 +6,7 @@ runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTH
 
     python tests/vllm/transformers_reference.py SPECS.json OUT.json
 
-SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl" | "qwen3_vl", "method": name or null,
+SPECS: a list of runs, each {"folder", "family": "llava" | "qwen2_5_vl" | "qwen3_vl" | "gemma3", "method": name or null,
 "options": {...} (keep and the method's options), "positions": "original" | "contiguous" | "vllm_evs" |
 "vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of
 (T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
@@ -173,6 +173,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         "llava": transformers.LlavaForConditionalGeneration,
         "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
+        "gemma3": transformers.Gemma3ForConditionalGeneration,
     }
     model = classes[spec["family"]].from_pretrained(spec["folder"], dtype=torch.float32).eval()
     plain = None  # an unmodified copy, for what vLLM's in-tree video functions pick on its features
@@ -214,6 +215,9 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             grid = inputs["image_grid_thw"]
             per_image = pixels.split(grid.prod(-1).tolist())
             image_tokens = (grid.prod(-1) // model.config.vision_config.spatial_merge_size**2).tolist()
+        elif spec["family"] == "gemma3":  # the projector's pooled grid
+            per_image = list(pixels)
+            image_tokens = [int(model.config.mm_tokens_per_image)] * len(per_image)
         else:
             per_image = list(pixels)
             vision = model.config.vision_config
