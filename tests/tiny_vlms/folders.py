@@ -139,12 +139,12 @@ def save_small_qwen3_vl(path: Path, seed: int = 0) -> Path:
 
 
 VLLM_GEMMA3_VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
-VLLM_GEMMA3_WINDOW = 64  # the sliding layers' window (the real checkpoints': 1024 of 131072 positions)
+VLLM_GEMMA3_WINDOW = 8  # shorter than the prompts, so the window binds (the checkpoints: 1024 of 131072 positions)
 VLLM_GEMMA3_TEXT: dict[str, Any] = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-    head_dim=32,
-    query_pre_attn_scalar=32, max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
-    sliding_window=VLLM_GEMMA3_WINDOW, layer_types=["sliding_attention", "full_attention"],
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, max_position_embeddings=512, pad_token_id=0,
+    eos_token_id=1, bos_token_id=2, sliding_window=VLLM_GEMMA3_WINDOW,
+    layer_types=["sliding_attention", "full_attention"],
     # small θ, so a token moved by one position changes the logits (the checkpoints: 10^4 local, 10^6 global)
     rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},

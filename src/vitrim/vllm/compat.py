@@ -172,4 +172,4 @@ def declare_gemma3_mrope() -> None:
     a model without M-RoPE give its prompt's positions."""
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    MODELS_CONFIG_MAP.setdefault(GEMMA3_ARCHITECTURE, Gemma3MRoPE)  # type: ignore[arg-type]
+    MODELS_CONFIG_MAP.setdefault(GEMMA3_ARCHITECTURE, Gemma3MRoPE)

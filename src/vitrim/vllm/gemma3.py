@@ -38,6 +38,7 @@ from vllm.model_executor.models.interfaces import SupportsMRoPE, SupportsMultiMo
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import PromptReplacement, PromptUpdateDetails
 from vllm.platforms import current_platform
+from vllm.transformers_utils.processor import cached_image_processor_from_config
 
 from vitrim.vllm.compat import check_vllm_version, declare_image_pruning
 from vitrim.vllm.gemma3_attention import OriginalMaskAttention, StepPositions
@@ -72,10 +73,29 @@ def pan_and_scan_on(info: Gemma3ProcessingInfo, mm_kwargs: Mapping[str, object])
     return bool(asked.get("do_pan_and_scan", processor.image_processor.do_pan_and_scan))
 
 
+def refuse_unserved(model_config: Any) -> None:
+    """What trimmed Gemma 3 cannot serve in this release, refused in one line when the engine starts: a platform
+    other than vLLM's CPU (the attention rule keeps its copy of the KV cache in the CPU runner's slots:
+    :mod:`vitrim.vllm.gemma3_attention`), and a compiled LLM (the rule runs in Python around vLLM's kernel)."""
+    if not current_platform.is_cpu():
+        raise ValueError(
+            "vitrim: trimmed Gemma 3 is served on vLLM's CPU backend in this release (its image-block and "
+            "sliding-window rule runs beside the CPU attention: vitrim.vllm.gemma3_attention)"
+        )
+    if not model_config.enforce_eager:
+        raise ValueError(
+            "vitrim: trimmed Gemma 3 applies its LLM's attention rule in Python around vLLM's kernel; start the "
+            "engine with --enforce-eager"
+        )
+
+
 def trimmed_gemma3_info(ctx: Any) -> Gemma3ProcessingInfo:
     """vLLM's processing info, the options checked first on the untyped config (another family's checkpoint gets
-    vitrim's line naming its model_type), and pan-and-scan refused, both when the engine starts."""
+    vitrim's line naming its model_type), then what this release does not serve and pan-and-scan. vLLM's config
+    reads a ``ValueError`` here as "no multimodal processor" and goes on text-only, so the class checks the same
+    again when it loads, where the line stops the engine."""
     gemma3_trim_options(ctx.get_hf_config())
+    refuse_unserved(ctx.model_config)
     info = Gemma3ProcessingInfo(ctx)
     if pan_and_scan_on(info, {}):
         raise ValueError(PAN_AND_SCAN)
@@ -132,16 +152,9 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
         options = gemma3_trim_options(config)
-        if not current_platform.is_cpu():
-            raise ValueError(
-                "vitrim: trimmed Gemma 3 is served on vLLM's CPU backend in this release (its image-block and "
-                "sliding-window rule reads the CPU KV cache: vitrim.vllm.gemma3_attention)"
-            )
-        if not vllm_config.model_config.enforce_eager:
-            raise ValueError(
-                "vitrim: trimmed Gemma 3 applies its LLM's attention rule in Python around vLLM's kernel; start the "
-                "engine with --enforce-eager"
-            )
+        refuse_unserved(vllm_config.model_config)
+        if cached_image_processor_from_config(vllm_config.model_config).do_pan_and_scan:  # the engine's, the folder's
+            raise ValueError(PAN_AND_SCAN)
         if options.method.needs_cls_attention and get_tensor_model_parallel_world_size() > 1:
             raise ValueError(
                 f"vitrim: method {options.method.name!r} reads the tower's attention over all heads; serve it with "
@@ -149,15 +162,10 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
             )
         declare_image_pruning(vllm_config.model_config.multimodal_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.vitrim_options = options
         self.vitrim_tokens = int(config.mm_tokens_per_image)
-        self.vitrim_keep = options.tokens(self.vitrim_tokens)
         self.vitrim_record = SelectionRecord()
-        kernel = int(self.multi_modal_projector.kernel_size)
-        last = self.vision_tower.vision_model.encoder.layers[-1]
-        self.vitrim_taps = Taps(
-            options.method, scoring=(last.self_attn, lambda a, args, kw: read_received_attention(kernel, a, args, kw))
-        )
+        self.vitrim_taps: Taps | None = None
+        self.use_trim(options)
         self.vitrim_step = StepPositions()
         text = config.text_config
         self.vitrim_attention = [
@@ -166,6 +174,19 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
             )
             for layer in self.language_model.model.layers
         ]
+
+    def use_trim(self, options: TrimOptions) -> None:
+        """Select by ``options`` from now on: the engine's (``__init__``), or another method at the engine's keep
+        (tests switch methods on one engine; the front end counts placeholders by the engine's keep)."""
+        if self.vitrim_taps is not None:
+            self.vitrim_taps.remove()
+        self.vitrim_options = options
+        self.vitrim_keep = options.tokens(self.vitrim_tokens)
+        kernel = int(self.multi_modal_projector.kernel_size)
+        last = self.vision_tower.vision_model.encoder.layers[-1]
+        self.vitrim_taps = Taps(
+            options.method, scoring=(last.self_attn, lambda a, args, kw: read_received_attention(kernel, a, args, kw))
+        )
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
@@ -176,6 +197,7 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         projected = self.multi_modal_projector(features)  # (I, N, E)
         seeds = image_seeds(pixels)  # (I,)
         keeps = asked_keeps(kwargs, "image") or [self.vitrim_keep] * len(pixels)  # each image's request's keep
+        assert self.vitrim_taps is not None
         attention = self.vitrim_taps.take_attention()
         method = self.vitrim_options.method
         projector = self.multi_modal_projector

@@ -97,7 +97,9 @@ class OriginalMaskAttention:
         sequence = past + torch.arange(len(positions), device=positions.device)  # (q,) rows in the shortened prompt
         return bool(((positions >= self.window) & (positions > sequence)).any())
 
-    def attend(self, query: Tensor, block_size: int, block_table: Tensor, length: int, rows: slice, past: int) -> Tensor:
+    def attend(
+        self, query: Tensor, block_size: int, block_table: Tensor, length: int, rows: slice, past: int
+    ) -> Tensor:
         """(q, H, hd): the request's rows ``rows`` of ``query`` over its ``length`` cached keys, by the rule."""
         assert self.slot_position is not None and self.slot_block is not None
         assert self.slot_key is not None and self.slot_value is not None
