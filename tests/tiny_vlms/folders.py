@@ -158,8 +158,9 @@ GEMMA3_NEWLINES = ["\n", "\n\n", "\n\n\n", "\n\n\n\n"]
 
 def save_vllm_gemma3(path: Path, seed: int = 0) -> Path:
     """A tiny Gemma 3 for vLLM at ``path``: a 2-layer SigLIP on 32-px images (16×16 patches pooled 4×4 to 16
-    tokens, the checkpoints' pooling), a 2-layer LLM of head size 32 (one sliding-window layer, one full), the
-    newline tokens Gemma 3's processors write around an image (ids 124 … 127)."""
+    tokens, the checkpoints' pooling), a 2-layer LLM of head size 32 (one sliding-window layer of window 8, one
+    full), the newline tokens Gemma 3's processors write around an image (ids 124 … 127); the weights under the
+    hub's names, the embeddings untied (tied, the tiny LLM repeats its prompt's last token whatever it sees)."""
     words = [f"w{i}" for i in range(len(GEMMA_SPECIALS), 124)]
     return save_gemma3(
         path,

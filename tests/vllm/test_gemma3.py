@@ -12,7 +12,8 @@ tiny LLM's window (8) is shorter than the prompts, so it binds.
 The same engine: a request keeping all 16 (its own ``keep``) equals unmodified transformers (the image block both
 ways: vLLM's own CPU Gemma 3 attends causally there, docs/vllm.md); and each mistake put into the plugin on purpose
 (a misplaced kept token, tokens in another order, a token at its neighbour's position, the image block or the
-window left to vLLM's kernel) changes some request's tokens.
+window left to vLLM's kernel) changes some request's tokens. A request asking pan-and-scan fails alone; an engine
+asking it, or compiled, stops at start in one line.
 """
 
 from __future__ import annotations
@@ -205,6 +206,16 @@ def test_each_mistake_in_the_plugin_changes_the_tokens(
         found[name] = tokens_of(generate(llm, requests, f"mistake {name}"))
     for name in MISTAKES:
         assert found[name] != found[None], f"the plugin with its {name} mistake gave the same tokens"
+
+
+def test_a_request_asking_pan_and_scan_fails_alone(llm: Any, requests: list[dict[str, Any]]) -> None:
+    from vllm import SamplingParams
+
+    image = Image.open(requests[0]["images"][0]).convert("RGB")
+    asked = {"prompt": requests[0]["prompt"], "multi_modal_data": {"image": image}}
+    with pytest.raises(ValueError, match=r"^vitrim: trimmed Gemma 3 serves images without pan-and-scan[^\n]*$"):
+        llm.generate([{**asked, "mm_processor_kwargs": {"do_pan_and_scan": True}}], SamplingParams(max_tokens=2))
+    assert len(generate(llm, requests[:1], "after pan-and-scan")[0].outputs[0].token_ids) == MAX_TOKENS
 
 
 @pytest.mark.parametrize(
