@@ -6,11 +6,12 @@ random picture.
   :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl` and :func:`save_gemma3`, one folder per family for lmms-eval
   (tests/eval).
 - :func:`save_vllm_llava`, :func:`save_vllm_llava_next`, :func:`save_vllm_qwen2_5_vl` (the library's, what
-  ``save_tiny_vlm(..., for_vllm=True)`` writes) and :func:`save_vllm_qwen3_vl`: the folders vLLM and transformers
-  load alike in tests/vllm and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs it (head size 32;
-  it has no kernel for 16), the weights under the hub's module names (vLLM 0.32 does not read transformers 5's), a
-  chat template that reads OpenAI-style messages whose content is a string (vLLM puts the image placeholder in it),
-  untied embeddings. Words are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per word.
+  ``save_tiny_vlm(..., for_vllm=True)`` writes), :func:`save_vllm_qwen3_vl` and :func:`save_vllm_gemma3`: the folders
+  vLLM and transformers load alike in tests/vllm and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs
+  it (head size 32; it has no kernel for 16), the weights under the hub's module names (vLLM 0.32 does not read
+  transformers 5's), a chat template that reads OpenAI-style messages whose content is a string (vLLM puts the image
+  placeholder in it), untied embeddings. Words are ``w5 … w<vocab-1>``; any prompt made of them tokenizes to one id per
+  word.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 import torch
 
 from vitrim.vlm_user.tiny import (
+    GEMMA_SPECIALS,
     STRING_CONTENT_TEMPLATE,
+    UNTIED,
     save_gemma3,
     save_llava,
     save_llava_next,
@@ -43,6 +46,7 @@ __all__ = [
     "save_qwen2_5_vl",
     "save_qwen2_vl",
     "save_small_qwen3_vl",
+    "save_vllm_gemma3",
     "save_vllm_llava",
     "save_vllm_llava_next",
     "save_vllm_qwen2_5_vl",
@@ -87,6 +91,42 @@ def save_small_qwen3_vl(path: Path, seed: int = 0) -> Path:
     """A tiny Qwen3-VL for transformers at ``path``, the sizes of ``tiny_vlms.qwen.qwen3_vl`` (3 tower blocks with
     DeepStack taps after blocks 0 and 1, a 2-layer LLM of head size 8), temporal patches of 2 frames."""
     return save_qwen3_vl(path, seed, SMALL_QWEN3_VISION, SMALL_QWEN3_TEXT)
+
+
+VLLM_GEMMA3_VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+VLLM_GEMMA3_WINDOW = 8  # shorter than the prompts, so the window binds (the checkpoints: 1024 of 131072 positions)
+VLLM_GEMMA3_TEXT: dict[str, Any] = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, max_position_embeddings=512, pad_token_id=0,
+    eos_token_id=1, bos_token_id=2, sliding_window=VLLM_GEMMA3_WINDOW,
+    layer_types=["sliding_attention", "full_attention"],
+    # small θ, so a token moved by one position changes the logits (the checkpoints: 10^4 local, 10^6 global)
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+    **UNTIED,
+)  # fmt: skip
+# Gemma 3's processor writes "\n\n" around each image, and vLLM's Gemma 3 processor merges newline runs by their ids
+GEMMA3_NEWLINES = ["\n", "\n\n", "\n\n\n", "\n\n\n\n"]
+
+
+def save_vllm_gemma3(path: Path, seed: int = 0) -> Path:
+    """A tiny Gemma 3 for vLLM at ``path``: a 2-layer SigLIP on 32-px images (16×16 patches pooled 4×4 to 16
+    tokens, the checkpoints' pooling), a 2-layer LLM of head size 32 (one sliding-window layer of window 8, one
+    full), the newline tokens Gemma 3's processors write around an image (ids 124 … 127); the weights under the
+    hub's names, the embeddings untied (tied, the tiny LLM repeats its prompt's last token whatever it sees)."""
+    words = [f"w{i}" for i in range(len(GEMMA_SPECIALS), 124)]
+    return save_gemma3(
+        path,
+        seed,
+        VLLM_GEMMA3_VISION,
+        VLLM_GEMMA3_TEXT,
+        specials=GEMMA_SPECIALS + words + GEMMA3_NEWLINES,
+        chat_template=STRING_CONTENT_TEMPLATE,
+        options=UNTIED,
+        weights="hub",
+    )
 
 
 def save_picture(path: Path, width: int, height: int, seed: int = 0) -> Path:

@@ -6,19 +6,19 @@ runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTH
 
     python tests/vllm/transformers_reference.py SPECS.json OUT.json
 
-SPECS: a list of runs, each {"folder", "family": "llava" | "llava_next" | "qwen2_5_vl" | "qwen3_vl", "method": name or
-null, "options": {...} (keep and the method's options), "positions": "original" | "contiguous" | "vllm_evs" |
-"vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy path of (T, H,
-W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept: ``do_sample_frames=False``). OUT:
-per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's length, "seeds": per image the
-content seed of its pixels (LLaVA-NeXT: of its own tiles), "video_seeds": per video the content seed of its pixels,
-"media": Qwen2.5-VL, "image" / "video" per medium in prompt order (else null), "image_tokens": per image its unpruned
-token count, "kept": per image or video (prompt order) kept raster indices (LLaVA-NeXT: packed positions, newlines
-included; null without a method), "entered": per image or video the tokens it handed the LLM (its kept patches, + 1 for
-VisionZip's [CLS]; null without a method), "video_tokens": per video its unpruned token count t·(h/m)·(w/m),
-"video_grids": per video its merged grid [t, h/m, w/m], "in_tree_kept": Qwen3-VL with evs / vidcom2, per video what
-vLLM's in-tree function keeps on the merger output and on it with the DeepStack features ("merger", "with_deepstack"),
-else null}.
+SPECS: a list of runs, each {"folder", "family": "llava" | "llava_next" | "qwen2_5_vl" | "qwen3_vl" | "gemma3",
+"method": name or null, "options": {...} (keep and the method's options), "positions": "original" | "contiguous" |
+"vllm_evs" | "vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy
+path of (T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
+``do_sample_frames=False``). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
+length, "seeds": per image the content seed of its pixels (LLaVA-NeXT: of its own tiles), "video_seeds": per video the
+content seed of its pixels, "media": Qwen2.5-VL, "image" / "video" per medium in prompt order (else null),
+"image_tokens": per image its unpruned token count, "kept": per image or video (prompt order) kept raster indices
+(LLaVA-NeXT: packed positions, newlines included; null without a method), "entered": per image or video the tokens it
+handed the LLM (its kept patches, + 1 for VisionZip's [CLS]; null without a method), "video_tokens": per video its
+unpruned token count t·(h/m)·(w/m), "video_grids": per video its merged grid [t, h/m, w/m], "in_tree_kept": Qwen3-VL
+with evs / vidcom2, per video what vLLM's in-tree function keeps on the merger output and on it with the DeepStack
+features ("merger", "with_deepstack"), else null}.
 
 ``positions="contiguous"`` numbers the LLM input 0, 1, 2, … whatever vitrim.vlm does: a forward pre-hook on the
 language model, after vitrim.vlm's, sets ``position_ids`` to the cache length + 0 … q−1 at every step;
@@ -175,6 +175,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
         "llava_next": transformers.LlavaNextForConditionalGeneration,
         "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
+        "gemma3": transformers.Gemma3ForConditionalGeneration,
     }
     model = classes[spec["family"]].from_pretrained(spec["folder"], dtype=torch.float32).eval()
     plain = None  # an unmodified copy, for what vLLM's in-tree video functions pick on its features
@@ -218,6 +219,9 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             image_tokens = (grid.prod(-1) // model.config.vision_config.spatial_merge_size**2).tolist()
         elif spec["family"] == "llava_next":  # an image's own tiles (the processor pads to the most), packed count
             per_image, image_tokens = llava_next_images(model.config, inputs)
+        elif spec["family"] == "gemma3":  # the projector's pooled grid
+            per_image = list(pixels)
+            image_tokens = [int(model.config.mm_tokens_per_image)] * len(per_image)
         else:
             per_image = list(pixels)
             vision = model.config.vision_config

@@ -11,6 +11,9 @@ placeholder count, the seams vLLM offers an out-of-tree model. Beyond them:
   than its largest side and truncates a video's seconds per temporal patch (:func:`video_positions`), lays out a
   prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), and its CPU runner
   never turns the re-numbering on (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
+- **Positions of a model without M-RoPE** (Gemma 3): vLLM numbers a prompt 0, 1, 2, … unless the config declares
+  M-RoPE, so vitrim's Gemma 3 architecture declares it (:func:`declare_gemma3_mrope`) to number its shortened
+  prompts at their original positions.
 - **Modules that take no hooks** (:func:`tap_input`): vLLM's ``support_torch_compile`` wrapper (Qwen2.5-VL's
   vision blocks and merger) calls ``forward`` directly, so forward hooks never run.
 """
@@ -142,3 +145,31 @@ def sequential_mrope_positions(num_tokens: int) -> tuple[Tensor, int]:
     its placeholder count (``mm_position.length``), as pruned media need.
     """
     return torch.arange(num_tokens).expand(3, num_tokens).clone(), 0
+
+
+GEMMA3_ARCHITECTURE = "VitrimGemma3ForConditionalGeneration"
+
+
+class Gemma3MRoPE:
+    """vLLM's per-architecture config hook (``MODELS_CONFIG_MAP``) for vitrim's Gemma 3: the config declares a
+    three-row M-RoPE (``mrope_section`` on the outer config only: the LLM's own rotary, built from the text config,
+    stays one-dimensional), so vLLM asks the model for each request's positions
+    (:mod:`vitrim.vllm.gemma3_positions`); and an image is never split between two steps
+    (``disable_chunked_mm_input``), so its tokens see each other in the step that computes them."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config: Any) -> None:
+        model_config.hf_config.mrope_section = [1, 1, 1]
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: Any) -> None:
+        vllm_config.scheduler_config.disable_chunked_mm_input = True
+
+
+def declare_gemma3_mrope() -> None:
+    """Register :class:`Gemma3MRoPE` for vitrim's Gemma 3 architecture (only that name: every other model is
+    untouched). Called by the plugin's ``register`` before vLLM builds a model's config. Removed when upstream lets
+    a model without M-RoPE give its prompt's positions."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    MODELS_CONFIG_MAP.setdefault(GEMMA3_ARCHITECTURE, Gemma3MRoPE)

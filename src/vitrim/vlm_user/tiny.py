@@ -103,6 +103,12 @@ LLAVA_HUB_NAMES = {
     "lm_head.": "language_model.lm_head.",
 }
 LLAVA_NEXT_HUB_NAMES = LLAVA_HUB_NAMES | {"model.image_newline": "image_newline"}
+GEMMA3_HUB_NAMES = {
+    "model.vision_tower.": "vision_tower.vision_model.",
+    "model.language_model.": "language_model.model.",
+    "model.multi_modal_projector.": "multi_modal_projector.",
+    "lm_head.": "language_model.lm_head.",
+}
 QWEN_HUB_NAMES = {"model.visual.": "visual.", "model.language_model.": "model.", "lm_head.": "lm_head."}
 
 
@@ -118,7 +124,11 @@ def _save_weights(model: Any, path: Path, weights: Weights, hub_names: dict[str,
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(path)
     tensors = {}
+    saved = set()
     for name, value in model.state_dict().items():
+        if value.data_ptr() in saved:  # a tied weight (Gemma 3's lm_head is its embeddings): once, as the hub has it
+            continue
+        saved.add(value.data_ptr())
         prefix = next(p for p in hub_names if name.startswith(p))
         tensors[hub_names[prefix] + name[len(prefix) :]] = value.detach().contiguous()
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -391,32 +401,48 @@ GEMMA_TEXT: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-def save_gemma3(path: Path, seed: int = 0) -> Path:
-    """A tiny Gemma 3 (``Gemma3ForConditionalGeneration``: SigLIP pooled 4×4, a 2-layer LLM) and its processor."""
+GEMMA3_VISION: dict[str, Any] = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4)
+GEMMA3_LLM: dict[str, Any] = dict(GEMMA_TEXT, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+
+
+def save_gemma3(
+    path: Path,
+    seed: int = 0,
+    vision: dict[str, Any] = GEMMA3_VISION,
+    text: dict[str, Any] = GEMMA3_LLM,
+    specials: list[str] = GEMMA_SPECIALS,
+    chat_template: str = GEMMA3_TEMPLATE,
+    options: dict[str, Any] | None = None,
+    weights: Weights = "transformers",
+) -> Path:
+    """A tiny Gemma 3 (``Gemma3ForConditionalGeneration``: SigLIP pooled 4×4, a 2-layer LLM) and its processor at
+    ``path``. ``vision`` and ``text``: the sizes of the tower and the LLM; ``specials``: the tokenizer's first ids
+    (:data:`GEMMA_SPECIALS` first, then any other whole tokens it must know); ``options``: more arguments of
+    ``Gemma3Config``; the rest as in the module docstring."""
     import transformers
 
     config = transformers.Gemma3Config(
         vision_config=dict(
-            model_type="siglip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-            num_attention_heads=4, image_size=GEMMA3_SIZE, patch_size=GEMMA3_PATCH, vision_use_head=False,
+            model_type="siglip_vision_model", **vision, image_size=GEMMA3_SIZE, patch_size=GEMMA3_PATCH,
+            vision_use_head=False,
         ),
-        text_config=dict(
-            model_type="gemma3_text", **GEMMA_TEXT, sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"],
-        ),
+        text_config=dict(model_type="gemma3_text", **text),
         mm_tokens_per_image=GEMMA3_TOKENS, image_token_index=GEMMA_IMAGE["image"], boi_token_index=GEMMA_IMAGE["boi"],
-        eoi_token_index=GEMMA_IMAGE["eoi"],
+        eoi_token_index=GEMMA_IMAGE["eoi"], **(options or {}),
     )  # fmt: skip
-    _save_model(transformers.Gemma3ForConditionalGeneration, config, path, seed)
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    _spread(model, seed)
+    _save_weights(model, path, weights, GEMMA3_HUB_NAMES)
     tokenizer = word_tokenizer(
-        GEMMA_SPECIALS, 99, GEMMA3_TEMPLATE, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+        specials, text["vocab_size"], chat_template, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
         boi_token="<start_of_image>", eoi_token="<end_of_image>", image_token="<image_soft_token>",
     )  # fmt: skip
     image_processor = transformers.Gemma3ImageProcessor(
         size={"height": GEMMA3_SIZE, "width": GEMMA3_SIZE}, do_pan_and_scan=False
     )
     processor = transformers.Gemma3Processor(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=GEMMA3_TEMPLATE,
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template,
         image_seq_length=GEMMA3_TOKENS,
     )  # fmt: skip
     processor.save_pretrained(path)

@@ -45,7 +45,7 @@ from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.pooled import pool_to_tokens
 from vitrim.vlm.families.gemma3_masks import decode_masks, gather_masks
 from vitrim.vlm.stages.capture import EncoderSeam, Taps
-from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, Shortened
+from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import cache_of
 from vitrim.vlm.stages.pre_llm import PREPARED_MASKS
 from vitrim.vlm.stages.sequence import DecodeState, decode_position_ids
@@ -59,6 +59,14 @@ class Gemma3Adapter(FamilyAdapter):
         title="Gemma 3 (Gemma3ForConditionalGeneration)",
         stages=("pre_llm", "in_llm", "tower"),
         tower_grid_only="its projector average-pools the whole patch grid",
+        served=(
+            ServedArchitecture(
+                "VitrimGemma3ForConditionalGeneration",
+                "vitrim.vllm.gemma3",
+                "Gemma3ForConditionalGeneration",
+                "gemma3",
+            ),
+        ),
     )
     # no author of these methods released Gemma 3 code; its LLM's sliding-window and bidirectional-image masks are
     # the model's own, built for the full prompt and gathered at the kept columns, so they count ORIGINAL distance.
@@ -143,13 +151,20 @@ def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], 
     """A SigLIP attention's evidence per pooled token of ``kernel``×``kernel`` patches: the attention each receives
     (I, H, N) and its mean keys (I, H, N, hd), from the layer's own q/k projections on its input (I, P, D)."""
     hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    images, patches, _ = hidden.shape
-    heads, head_dim = attention.num_heads, attention.head_dim
-    work = torch.promote_types(hidden.dtype, torch.float32)  # a half-precision tower is scored in float32
-    query = attention.q_proj(hidden).reshape(images * patches, heads, head_dim).to(work)  # (I·P, H, hd)
-    key = attention.k_proj(hidden).reshape(images * patches, heads, head_dim).to(work)
+    query, key = attention.q_proj(hidden), attention.k_proj(hidden)  # (I, P, H·hd)
+    return pooled_received(query, key, attention.num_heads, float(attention.scale), kernel)
+
+
+def pooled_received(query: Tensor, key: Tensor, heads: int, scale: float, kernel: int) -> tuple[Tensor, Tensor]:
+    """The evidence of :func:`read_received_attention` from a SigLIP layer's queries and keys (I, P, H·hd), however
+    the engine's layer makes them (transformers' ``q_proj``/``k_proj``, vLLM's fused ``qkv_proj``)."""
+    images, patches, _ = query.shape
+    head_dim = query.shape[-1] // heads
+    work = torch.promote_types(query.dtype, torch.float32)  # a half-precision tower is scored in float32
+    query = query.reshape(images * patches, heads, head_dim).to(work)  # (I·P, H, hd)
+    key = key.reshape(images * patches, heads, head_dim).to(work)
     bounds = torch.arange(images + 1) * patches  # each image attends within itself
-    received = received_by_segment(query, key, bounds, float(attention.scale)) / patches  # (H, I·P)
+    received = received_by_segment(query, key, bounds, scale) / patches  # (H, I·P)
     received = received.reshape(heads, images, patches).permute(1, 2, 0)  # (I, P, H)
     keys = key.reshape(images, patches, heads, head_dim)
     pooled_received = pool_to_tokens(received, kernel, "sum").transpose(1, 2)  # (I, H, N)
@@ -179,7 +194,7 @@ class ProjectorSelection:
         attention = self.taps.take_attention()
         received, keys = (None, None) if attention is None else attention
         with torch.no_grad():
-            pooled = _projector_pool(module, tower_states)  # (I, N, C), what the projector's norm reads
+            pooled = projector_pool(module, tower_states)  # (I, N, C), what the projector's norm reads
 
         def project(states: Tensor) -> Tensor:  # (k, C) merged pooled states -> the LLM's width
             return module.mm_soft_emb_norm(states.to(tower_states.dtype)) @ module.mm_input_projection_weight
@@ -197,7 +212,7 @@ class ProjectorSelection:
         return written
 
 
-def _projector_pool(projector: Any, tower_states: Tensor) -> Tensor:
+def projector_pool(projector: Any, tower_states: Tensor) -> Tensor:
     """(I, P, C) -> (I, N, C): the projector's own average pool (so a token kept as it is stays bit for bit)."""
     images, _, channels = tower_states.shape
     side = int(projector.patches_per_image)
