@@ -155,10 +155,10 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         refuse_unserved(vllm_config.model_config)
         if cached_image_processor_from_config(vllm_config.model_config).do_pan_and_scan:  # the engine's, the folder's
             raise ValueError(PAN_AND_SCAN)
-        if options.method.needs_cls_attention and get_tensor_model_parallel_world_size() > 1:
+        if get_tensor_model_parallel_world_size() > 1:  # its LLM attention rule is written for one rank's heads
             raise ValueError(
-                f"vitrim: method {options.method.name!r} reads the tower's attention over all heads; serve it with "
-                "--tensor-parallel-size 1 (replicas scale it out: --data-parallel-size)"
+                "vitrim: the trimmed Gemma 3 is served at --tensor-parallel-size 1 only (its attention rule and the "
+                "tower's evidence are not gathered across ranks); replicas scale it out: --data-parallel-size"
             )
         declare_image_pruning(vllm_config.model_config.multimodal_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
