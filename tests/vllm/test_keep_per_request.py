@@ -3,7 +3,8 @@
 LLaVA: one engine started with VisionZip at keep 6 serves four requests together: one at the engine's keep, two with
 their own (4, and a fraction 0.5 = 8 of 16), one asking to keep every token. Qwen2.5-VL and Qwen3-VL (its videos'
 timestamps, its DeepStack rows): one engine each with DivPrune at keep 3 serves an image and a video (its keep is per
-temporal patch) at the engine's keep, at 2, and at 0.5. Each
+temporal patch) at the engine's keep, at 2, and at 0.5, in prefill chunks of 16 tokens (each image and video
+split across chunks). Each
 request equals itself alone and transformers + vitrim.vlm applied at that request's keep (tokens, kept indices, the
 prompt's length), which the rest of tests/vllm shows equals an engine started at that keep. A bad per-request value
 fails that request alone, in one line, and the engine goes on.
@@ -104,6 +105,8 @@ QWEN_FAMILIES = {  # the transformers reference's family: (the served architectu
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 TAIL = " ".join(f"w{i}" for i in range(40, 52))  # the last token holds the largest position (test_plugin_video.py)
+# prefill chunks of 16 tokens: every image and video is split across chunks, each chunk re-numbered on its own
+CHUNKS = {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}
 QWEN_ASKED: list[int | float | None] = [None, 2, 0.5]  # the engine's 3, then each request's own
 
 
@@ -118,9 +121,9 @@ def test_a_qwen_request_keeps_its_own_count_of_each_image_and_temporal_patch(wor
         Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(image)
         np.save(clip, clip_frames(2, 2, 3, frames_per_patch=frames_per_patch, seed=20 + index))
         request: dict[str, Any] = {
-            # one word before the image: vLLM 0.32's re-numbering places the video over the image when the text
-            # before the image has at least as many tokens as the image keeps (docs/vllm.md, Versions and limits)
-            "prompt": f"w{index + 1}0 {IMAGE} w{index + 1}1 {VIDEO} {TAIL}",
+            # Qwen3-VL's tokenizer here reads "w00" as 3 tokens: as many before the image as it keeps (the case
+            # vLLM 0.32's own re-numbering misplaces the video in: vitrim.vllm.compat.renumber_media)
+            "prompt": f"w{index}0 {IMAGE} w{index}1 {VIDEO} {TAIL}",
             "images": [str(image)],
             "videos": [{"frames": str(clip), "fps": 2.0}],
         }
@@ -136,7 +139,7 @@ def test_a_qwen_request_keeps_its_own_count_of_each_image_and_temporal_patch(wor
         return together, alone, recorded_selections(llm)
 
     together, alone, recorded = with_engine(
-        folder, overrides(architecture, "divprune", keep=3), run, limit_mm_per_prompt={"image": 1, "video": 1}
+        folder, overrides(architecture, "divprune", keep=3), run, limit_mm_per_prompt={"image": 1, "video": 1}, **CHUNKS
     )
     specs = [
         {

@@ -44,6 +44,7 @@ from vitrim.vllm.compat import (
     check_vllm_version,
     declare_image_pruning,
     image_positions,
+    renumber_media,
     sequential_mrope_positions,
     tap_input,
     video_positions,
@@ -222,6 +223,20 @@ class QwenImageTrimming:
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[Tensor, int]:
         return sequential_mrope_positions(len(input_tokens))  # re-numbered from the images on (compat)
+
+    def recompute_mrope_positions(
+        self,
+        input_ids: list[int] | Tensor,
+        multimodal_embeddings: Sequence[Tensor],
+        mrope_positions: Tensor,
+        num_computed_tokens: int,
+    ) -> tuple[Sequence[Tensor], Tensor, int]:
+        """vLLM's runner hook, each medium's rows (E + 4 columns) of this prefill chunk -> the rows without their
+        4 position columns, the prompt's positions and delta (:func:`~vitrim.vllm.compat.renumber_media`)."""
+        ids = input_ids.tolist() if isinstance(input_ids, Tensor) else list(input_ids)
+        cells = [rows[:, -4:].T.long() for rows in multimodal_embeddings]
+        positions, delta = renumber_media(ids, cells, mrope_positions, num_computed_tokens, self.config)  # type: ignore[attr-defined]
+        return [rows[:, :-4] for rows in multimodal_embeddings], positions, delta
 
     def vitrim_media(self, kwargs: dict[str, object]) -> list[tuple[str, Any]]:
         """(modality, vLLM's parsed input) for each modality the request holds, in vLLM's order; embeddings refused

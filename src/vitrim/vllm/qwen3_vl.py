@@ -50,7 +50,6 @@ from typing import Any
 import torch
 from torch import Tensor
 from vllm.config import VllmConfig
-from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from vllm.model_executor.models.qwen3_vl import (
     Qwen3VLDummyInputsBuilder,
     Qwen3VLForConditionalGeneration,
@@ -180,9 +179,6 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
         declare_image_pruning(vllm_config.model_config.multimodal_config)  # before vLLM's class reads it
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.install_vitrim(options)
-
-    # an item's 4 position columns, placed from the token after its vision start (the module docstring: Positions)
-    recompute_mrope_positions = Qwen2_5_VLForConditionalGeneration.recompute_mrope_positions
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         out = []
