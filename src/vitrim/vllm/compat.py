@@ -9,8 +9,9 @@ placeholder count, the seams vLLM offers an out-of-tree model. Beyond them:
 - **M-RoPE of pruned media** (Qwen2.5-VL): vLLM re-numbers a prompt whose media were pruned only for video
   pruning (:func:`declare_image_pruning`), continues the text after an image or video by the grid's width rather
   than its largest side and truncates a video's seconds per temporal patch (:func:`video_positions`), lays out a
-  prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), and its CPU runner
-  never turns the re-numbering on (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
+  prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), its re-numbering
+  misplaces some media (:func:`renumber_media` replaces it), and its CPU runner never turns the re-numbering on
+  (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
 - **Modules that take no hooks** (:func:`tap_input`): vLLM's ``support_torch_compile`` wrapper (Qwen2.5-VL's
   vision blocks and merger) calls ``forward`` directly, so forward hooks never run.
 """

@@ -28,17 +28,17 @@ A subclass of vLLM's ``Qwen3VLForConditionalGeneration`` with :class:`~vitrim.vl
 - **Positions**: each kept token keeps its original M-RoPE cell and every text token (the timestamps too) its
   original position, the text after an image or video continuing where it would after the full one: transformers'
   ``get_rope_index``, which numbers each temporal patch as a one-frame grid after its vision start and continues
-  after it at max(H′, W′). The re-numbering is Qwen2.5-VL's ``recompute_mrope_positions`` (4 columns: t, h, w and
-  where the text after continues, :func:`~vitrim.vllm.compat.image_positions`), which places an item's rows from
-  the token after its vision start: an image's first token, a video's first timestamp token (transformers ≥ 5.10
-  writes the video inside an outer vision start / end, the text vLLM's processor replaces). Qwen3-VL's own
-  (5 columns) counts a video's timestamp back from that outer vision start, too early, and continues the text after
-  an image at its largest KEPT cell + 1 (docs/video.md).
+  after it at max(H′, W′). The re-numbering is vitrim's (:func:`~vitrim.vllm.compat.renumber_media`, 4 columns:
+  t, h, w and where the text after continues, :func:`~vitrim.vllm.compat.image_positions`), which places each
+  medium's rows from the token after its own vision start: an image's first token, a video's first timestamp token
+  (transformers ≥ 5.10 writes the video inside an outer vision start / end, the text vLLM's processor replaces).
+  Qwen3-VL's own (5 columns) counts a video's timestamp back from that outer vision start, too early, and continues
+  the text after an image at its largest KEPT cell + 1 (docs/video.md).
 
 What vLLM's class allowed without copying it: the processor's replacement text (``get_video_repl``, the timestamps
-it computes), the tower, the merger, DeepStack's split and its injection into the LLM, and the position
-re-numbering (Qwen2.5-VL's) are vLLM's own; vitrim replaces ``embed_multimodal`` (the tower call, the per-item cut,
-a video's span) and the prompt's first positions (:func:`~vitrim.vllm.compat.sequential_mrope_positions`).
+it computes), the tower, the merger, DeepStack's split and its injection into the LLM are vLLM's own; vitrim replaces
+``embed_multimodal`` (the tower call, the per-item cut, a video's span), the prompt's first positions
+(:func:`~vitrim.vllm.compat.sequential_mrope_positions`) and their re-numbering.
 """
 
 from __future__ import annotations
