@@ -23,6 +23,8 @@ import torch
 
 from vitrim.vlm_user.tiny import (
     GEMMA_SPECIALS,
+    QWEN_SPECIALS,
+    QWEN_VISION_TOKENS,
     STRING_CONTENT_TEMPLATE,
     UNTIED,
     save_gemma3,
@@ -35,6 +37,7 @@ from vitrim.vlm_user.tiny import (
     save_vllm_llava,
     save_vllm_llava_next,
     save_vllm_qwen2_5_vl,
+    word_tokenizer,
 )
 
 __all__ = [
@@ -70,10 +73,20 @@ VLLM_QWEN3_VISION = dict(
 )  # fmt: skip
 
 
-def save_vllm_qwen3_vl(path: Path, seed: int = 0) -> Path:
+def save_vllm_qwen3_vl(path: Path, seed: int = 0, timestamps: bool = False) -> Path:
     """A tiny Qwen3-VL for vLLM at ``path``: 3 tower blocks with DeepStack taps after blocks 0 and 1 (added to the
-    LLM's layers 0 and 1), a 2-layer LLM of head size 32, temporal patches of 2 frames."""
-    return save_qwen3_vl(path, seed, VLLM_QWEN3_VISION, VLLM_QWEN3_TEXT, chat_template=STRING_CONTENT_TEMPLATE)
+    LLM's layers 0 and 1), a 2-layer LLM of head size 32, temporal patches of 2 frames.
+
+    timestamps: the tokenizer reads the digits 0 … 9 (ids 80 … 89, in place of ``w80`` … ``w89``), so each temporal
+    patch's timestamp text (``<2.5 seconds>``) reaches the LLM as its own ids; otherwise every timestamp is the same
+    two unknown words (the rest of one stays unknown either way)."""
+    folder = save_qwen3_vl(path, seed, VLLM_QWEN3_VISION, VLLM_QWEN3_TEXT, chat_template=STRING_CONTENT_TEMPLATE)
+    if timestamps:
+        specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 80)] + [str(d) for d in range(10)] + QWEN_VISION_TOKENS
+        word_tokenizer(
+            specials, 96, STRING_CONTENT_TEMPLATE, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+        ).save_pretrained(folder)
+    return folder
 
 
 SMALL_QWEN3_VISION = dict(

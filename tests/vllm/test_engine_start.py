@@ -46,7 +46,7 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("qwen", QWEN, {"method": "fastvid"}, "vitrim: method 'fastvid' keeps a count that depends on the video's "
      "content, and vLLM writes a prompt's placeholders before the tower runs"),
     ("llava", LLAVA, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {LLAVA} serves images only"),
-    ("qwen3", QWEN3, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {QWEN3} serves images only"),
+    ("qwen3", QWEN3, {"method": "vidcom2", "keep": 4}, "vitrim: method 'vidcom2' decides each video's count itself"),
     ("qwen", QWEN, {"method": "evs", "keep": 4}, "vitrim: method 'evs' decides each video's count itself; drop 'keep'"),
     ("llava", LLAVA, {"method": "cdpruner", "keep": 4}, "vitrim: method 'cdpruner' reads the prompt"),
     ("llava", LLAVA, {"method": "random", "keep": 0}, "vitrim: keep=0 must be at least 1"),

@@ -87,7 +87,7 @@ def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_o
     ("vitrim", "model_type", "architecture", "message"),
     [
         ({"method": "evs"}, "llava", LLAVA, "vitrim: method 'evs' reduces videos, and VitrimLlava"),
-        ({"method": "vidcom2"}, "qwen3_vl", QWEN3, "vitrim: method 'vidcom2' reduces videos, and VitrimQwen3VL"),
+        ({"method": "vidcom2", "keep": 8}, "qwen3_vl", QWEN3, "vitrim: method 'vidcom2' decides each video's count"),
         ({"method": "evs", "keep": 8}, "qwen2_5_vl", QWEN2_5, "vitrim: method 'evs' decides each video's count"),
         ({"method": "fastvid"}, "qwen2_5_vl", QWEN2_5, "vitrim: method 'fastvid' keeps a count that depends on"),
         ({"method": "evs", "video_pruning_rate": 1.0}, "qwen2_5_vl", QWEN2_5, "video_pruning_rate=1.0 must be"),

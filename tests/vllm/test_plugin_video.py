@@ -24,6 +24,7 @@ vLLM's offline form) as the offline engine does and as transformers + vitrim.vlm
 from __future__ import annotations
 
 import base64
+import functools
 import io
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,14 @@ from engines import clip_frames, media_of, overrides, transformers_reference, tr
 from PIL import Image
 from vllm_server import post, running_server
 
-from tiny_vlms.folders import save_vllm_qwen2_5_vl
+from tiny_vlms.folders import save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
+FAMILIES = {  # the transformers reference's family: (the served architecture, its tiny folder, frames per patch)
+    "qwen2_5_vl": (ARCHITECTURE, save_vllm_qwen2_5_vl, 1),
+    # its tokenizer reads the timestamps' digits: a wrong timestamp changes what the LLM reads
+    "qwen3_vl": ("VitrimQwen3VLForConditionalGeneration", functools.partial(save_vllm_qwen3_vl, timestamps=True), 2),
+}
 MAX_TOKENS = 8
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -56,22 +62,27 @@ METHODS = {  # vitrim options: the image methods keep 3 of each temporal patch's
 VIDEO_LIMITS = {"limit_mm_per_prompt": {"image": 1, "video": 1}}
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("plugin_video")
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def folder(work: Path) -> Path:
-    return save_vllm_qwen2_5_vl(work / "tiny")
+def work(tmp_path_factory: pytest.TempPathFactory, family: str) -> Path:
+    return tmp_path_factory.mktemp(f"plugin_video_{family}")
 
 
 @pytest.fixture(scope="module")
-def requests(work: Path) -> list[dict[str, Any]]:
+def folder(work: Path, family: str) -> Path:
+    return FAMILIES[family][1](work / "tiny")
+
+
+@pytest.fixture(scope="module")
+def requests(work: Path, family: str) -> list[dict[str, Any]]:
     out = []
     for index, (name, (shape, fps)) in enumerate(CLIPS.items()):
         path = work / f"{name}.npy"
-        np.save(path, clip_frames(*shape, frames_per_patch=1, seed=index))
+        np.save(path, clip_frames(*shape, frames_per_patch=FAMILIES[family][2], seed=index))
         clip = {"frames": str(path), "fps": fps}
         if name == "mixed":
             image = work / "image.png"
@@ -83,11 +94,11 @@ def requests(work: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def reference(work: Path, folder: Path, family: str, requests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     specs = [
         {
             "folder": str(folder),
-            "family": "qwen2_5_vl",
+            "family": family,
             "method": method,
             "options": options,
             "positions": "original",
@@ -101,10 +112,14 @@ def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_a_served_video_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
-    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+    method: str,
+    family: str,
+    folder: Path,
+    requests: list[dict[str, Any]],
+    reference: dict[str, list[dict[str, Any]]],
 ) -> None:
     together, alone, recorded = trimmed_runs(
-        folder, ARCHITECTURE, method, METHODS[method], requests, MAX_TOKENS, **VIDEO_LIMITS
+        folder, FAMILIES[family][0], method, METHODS[method], requests, MAX_TOKENS, **VIDEO_LIMITS
     )
     pruned = 0
     for request, batched, single, expected in zip(requests, together, alone, reference[method], strict=True):
@@ -122,11 +137,11 @@ def test_a_served_video_keeps_what_vitrim_vlm_keeps_and_generates_what_transform
     assert pruned > 0
 
 
-def test_vllms_own_video_pruning_beside_a_vitrim_method_stops_the_engine_at_start(folder: Path) -> None:
+def test_vllms_own_video_pruning_beside_a_vitrim_method_stops_the_engine_at_start(folder: Path, family: str) -> None:
     with pytest.raises(ValueError) as raised:
         with_engine(
             folder,
-            overrides(ARCHITECTURE, "evs", video_pruning_rate=0.5),
+            overrides(FAMILIES[family][0], "evs", video_pruning_rate=0.5),
             lambda llm: None,
             video_pruning_rate=0.5,
             **VIDEO_LIMITS,
@@ -164,7 +179,11 @@ def video_chat(text: str, jpegs: list[bytes]) -> dict[str, Any]:
     }
 
 
-def test_vllm_serve_answers_a_video_chat_as_the_offline_engine_and_transformers_do(folder: Path, work: Path) -> None:
+def test_vllm_serve_answers_a_video_chat_as_the_offline_engine_and_transformers_do(
+    folder: Path, work: Path, family: str
+) -> None:
+    if family != "qwen2_5_vl":
+        pytest.skip("one served family: the server's path is the offline engine's, checked on every family above")
     from vllm import SamplingParams
 
     vitrim = overrides(ARCHITECTURE, "evs", video_pruning_rate=0.5)

@@ -12,7 +12,7 @@ SPECS: a list of runs, each {"folder", "family": "llava" | "llava_next" | "qwen2
 path of (T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
 ``do_sample_frames=False``). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
 length, "seeds": per image the content seed of its pixels (LLaVA-NeXT: of its own tiles), "video_seeds": per video the
-content seed of its pixels, "media": Qwen2.5-VL, "image" / "video" per medium in prompt order (else null),
+content seed of its pixels, "media": Qwen, "image" / "video" per medium in prompt order (else null),
 "image_tokens": per image its unpruned token count, "kept": per image or video (prompt order) kept raster indices
 (LLaVA-NeXT: packed positions, newlines included; null without a method), "entered": per image or video the tokens it
 handed the LLM (its kept patches, + 1 for VisionZip's [CLS]; null without a method), "video_tokens": per video its
@@ -32,6 +32,7 @@ own ``recompute_mrope_positions`` gives the pruned prompt (:func:`vllm_qwen3_pru
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import types
@@ -246,7 +247,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 "prompt_tokens": int(inputs["input_ids"].shape[1]),
                 "seeds": [content_seed(p) for p in per_image],
                 "video_seeds": video_seeds,
-                "media": media_order(inputs["input_ids"][0], model.config) if spec["family"] == "qwen2_5_vl" else None,
+                "media": media_order(inputs, model.config, spec["family"]) if spec["family"] != "llava" else None,
                 "image_tokens": image_tokens,
                 "kept": None if selection is None else [kept.tolist() for kept in selection],
                 "entered": None if groups is None else [len(image) for image in groups],
@@ -295,12 +296,26 @@ def in_tree_kept(model: Any, inputs: Any, spec: dict[str, Any]) -> dict[str, lis
     return out
 
 
-def media_order(input_ids: torch.Tensor, config: Any) -> list[str]:
-    """Qwen2.5-VL: "image" or "video" per medium of the prompt, in reading order (the token after each vision
-    start)."""
-    names = {config.image_token_id: "image", config.video_token_id: "video"}
-    starts = (input_ids == config.vision_start_token_id).nonzero()[:, 0].tolist()
-    return [names[int(input_ids[at + 1])] for at in starts]
+def media_order(inputs: Any, config: Any, family: str) -> list[str]:
+    """Qwen: "image" or "video" per medium of the prompt, in reading order: each run of image tokens is an image,
+    each run of video tokens a video on Qwen2.5-VL and one temporal patch of a video on Qwen3-VL (its timestamp text
+    stands between them)."""
+    ids = inputs["input_ids"][0]
+    kinds = {config.image_token_id: "image", config.video_token_id: "video"}
+    runs = [token for token, _ in itertools.groupby(ids.tolist())]
+    frames = iter(inputs["video_grid_thw"][:, 0].tolist() if "video_grid_thw" in inputs else [])
+    media: list[str] = []
+    skip = 0
+    for token in runs:
+        if token not in kinds:
+            continue
+        if token == config.video_token_id and skip:
+            skip -= 1
+            continue
+        media.append(kinds[token])
+        if token == config.video_token_id and family == "qwen3_vl":
+            skip = next(frames) - 1
+    return media
 
 
 def video_metadata(clip: dict[str, Any]) -> Any:

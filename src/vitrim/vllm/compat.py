@@ -9,8 +9,9 @@ placeholder count, the seams vLLM offers an out-of-tree model. Beyond them:
 - **M-RoPE of pruned media** (Qwen2.5-VL): vLLM re-numbers a prompt whose media were pruned only for video
   pruning (:func:`declare_image_pruning`), continues the text after an image or video by the grid's width rather
   than its largest side and truncates a video's seconds per temporal patch (:func:`video_positions`), lays out a
-  prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), and its CPU runner
-  never turns the re-numbering on (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
+  prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), its re-numbering
+  misplaces some media (:func:`renumber_media` replaces it), and its CPU runner never turns the re-numbering on
+  (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
 - **Positions of a model without M-RoPE** (Gemma 3): vLLM numbers a prompt 0, 1, 2, … unless the config declares
   M-RoPE, so vitrim's Gemma 3 architecture declares it (:func:`declare_gemma3_mrope`) to number its shortened
   prompts at their original positions.
@@ -173,3 +174,59 @@ def declare_gemma3_mrope() -> None:
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     MODELS_CONFIG_MAP.setdefault(GEMMA3_ARCHITECTURE, Gemma3MRoPE)
+
+
+def media_regions(input_ids: list[int], vision_start: int, vision_end: int) -> list[tuple[int, int]]:
+    """[start, end) of each image's or video's placeholders in a Qwen prompt: the tokens between a vision start
+    outside any medium and its vision end (a Qwen3-VL video's timestamps and per-temporal-patch vision start / end
+    inside it, transformers ≥ 5.10 keeping the outer pair)."""
+    regions, depth, start = [], 0, 0
+    for index, token in enumerate(input_ids):
+        if token == vision_start:
+            start = index + 1 if depth == 0 else start
+            depth += 1
+        elif token == vision_end and depth:
+            depth -= 1
+            if depth == 0:
+                regions.append((start, index))
+    return regions
+
+
+def renumber_media(
+    input_ids: list[int],
+    cells: list[Tensor],
+    positions: Tensor,
+    computed: int,
+    config: Any,
+) -> tuple[Tensor, int]:
+    """vLLM's M-RoPE re-numbering of a prompt whose media were pruned, written for vitrim's Qwen classes.
+
+    input_ids: the prompt (N tokens); cells: per image or video of this prefill chunk, in prompt order, (4, n) its
+    rows' positions counted from the token after its vision start and, in the last row, where the text after it
+    continues (:func:`video_positions`; a chunk may hold the first or last part of a medium's rows); positions:
+    (3, N) the prompt's positions so far, those before ``computed`` (tokens already prefilled) right. Returns the
+    positions and vLLM's ``mrope_position_delta`` (largest + 1 − N).
+
+    vLLM 0.32's ``recompute_mrope_positions`` finds a medium's vision start by the count of rows placed so far (a
+    second medium after as many text tokens as the first holds is numbered from the first one's place), and on a
+    chunk starting inside a Qwen3-VL video takes the base from the temporal patch's vision start, not the video's.
+    Here each medium is found in the prompt itself (:func:`media_regions`), and its base is the position of ITS
+    vision start + 1. Removed when upstream places each medium from its own vision start.
+    """
+    positions = positions.clone()
+    total = len(input_ids)
+    if cells:
+        media = {config.image_token_id, config.video_token_id}
+        is_text = torch.tensor([token not in media for token in input_ids], device=positions.device)
+        regions = [
+            region
+            for region in media_regions(input_ids, config.vision_start_token_id, config.vision_end_token_id)
+            if region[1] > computed
+        ]
+        for (start, end), rows in zip(regions, cells, strict=False):  # later media have no rows in this chunk
+            rows = rows.to(positions.device)
+            base = positions[0, start - 1] + 1  # the vision start is text: its three rows agree
+            first = max(start, computed)  # a chunk starting inside the medium holds its later rows
+            positions[:, first : first + rows.shape[1]] = rows[:3] + base
+            positions[:, end:] = base + rows[3, 0] + is_text[end:].long().cumsum(0) - 1  # vision end at the span
+    return positions, int(positions.max()) + 1 - total

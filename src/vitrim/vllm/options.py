@@ -36,7 +36,7 @@ from vitrim.vlm.stages.contract import ServedArchitecture
 ARCHITECTURES: dict[str, ServedArchitecture] = served_architectures()
 EXAMPLE = '{"architectures": ["VitrimLlavaForConditionalGeneration"], "vitrim": {"method": "visionzip", "keep": 64}}'
 # the architectures whose videos the plugin trims (the others take images only)
-VIDEO_ARCHITECTURES = ("VitrimQwen2_5_VLForConditionalGeneration",)
+VIDEO_ARCHITECTURES = ("VitrimQwen2_5_VLForConditionalGeneration", "VitrimQwen3VLForConditionalGeneration")
 # per served video method: the tokens it keeps of a video of t temporal patches of P tokens, from the grid alone
 # (vLLM writes a prompt's placeholders before the tower runs); the method's own selection keeps exactly as many
 VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {

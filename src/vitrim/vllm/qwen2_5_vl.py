@@ -43,6 +43,7 @@ from vitrim.vllm.compat import (
     check_vllm_version,
     declare_image_pruning,
     image_positions,
+    renumber_media,
     sequential_mrope_positions,
     tap_input,
     video_positions,
@@ -69,13 +70,14 @@ def qwen_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimO
     return options
 
 
-def trimmed_qwen_info(ctx: Any) -> Qwen2_5_VLProcessingInfo:
-    """The processing info (images and videos), its options checked first: on the untyped config, so another
-    family's checkpoint gets vitrim's line (naming its model_type) before vLLM's typed getter refuses it with a
-    ``TypeError``; and vLLM's own video pruning refused beside them."""
-    options = qwen_trim_options(ctx.get_hf_config())
+def trimmed_qwen_info(ctx: Any, architecture: str = ARCHITECTURE, info: Callable[[Any], Any] | None = None) -> Any:
+    """The processing info (images and videos; ``info``: vLLM's class of it, default Qwen2.5-VL's), its options for
+    ``architecture`` checked first: on the untyped config, so another family's checkpoint gets vitrim's line (naming
+    its model_type) before vLLM's typed getter refuses it with a ``TypeError``; and vLLM's own video pruning refused
+    beside them."""
+    options = qwen_trim_options(ctx.get_hf_config(), architecture)
     refuse_vllm_video_pruning(ctx.get_mm_config().get_video_pruning_spec(), options)
-    return Qwen2_5_VLProcessingInfo(ctx)
+    return (info or Qwen2_5_VLProcessingInfo)(ctx)
 
 
 def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Tensor]:
@@ -186,7 +188,6 @@ class QwenImageTrimming:
     Qwen3-VL's), whose ``visual`` it reads; the class's ``embed_multimodal`` runs the tower and builds its rows."""
 
     title: str  # the family's name in errors
-    vitrim_modalities: tuple[str, ...] = ("image",)  # what the class trims (a video limit of 0 keeps videos out)
     visual: Any  # vLLM's vision tower
     use_data_parallel: bool
 
@@ -219,31 +220,34 @@ class QwenImageTrimming:
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[Tensor, int]:
         return sequential_mrope_positions(len(input_tokens))  # re-numbered from the images on (compat)
 
+    def recompute_mrope_positions(
+        self,
+        input_ids: list[int] | Tensor,
+        multimodal_embeddings: Sequence[Tensor],
+        mrope_positions: Tensor,
+        num_computed_tokens: int,
+    ) -> tuple[Sequence[Tensor], Tensor, int]:
+        """vLLM's runner hook, each medium's rows (E + 4 columns) of this prefill chunk -> the rows without their
+        4 position columns, the prompt's positions and delta (:func:`~vitrim.vllm.compat.renumber_media`)."""
+        ids = input_ids.tolist() if isinstance(input_ids, Tensor) else list(input_ids)
+        cells = [rows[:, -4:].T.long() for rows in multimodal_embeddings]
+        positions, delta = renumber_media(ids, cells, mrope_positions, num_computed_tokens, self.config)  # type: ignore[attr-defined]
+        return [rows[:, :-4] for rows in multimodal_embeddings], positions, delta
+
     def vitrim_media(self, kwargs: dict[str, object]) -> list[tuple[str, Any]]:
         """(modality, vLLM's parsed input) for each modality the request holds, in vLLM's order; embeddings refused
-        in one line, and videos where the class serves none (``vitrim_modalities``)."""
+        in one line."""
         inputs = self._parse_and_validate_multimodal_inputs(**kwargs)  # type: ignore[attr-defined]
         media = []
         for modality, found in inputs.items():
             if found is None:
                 continue
-            if modality not in self.vitrim_modalities:
-                raise ValueError(f"vitrim: trimmed {self.title} serves {' and '.join(self.vitrim_modalities)} only")
             if found["type"] not in ("pixel_values", "pixel_values_videos"):
                 raise ValueError(
                     f"vitrim: trimmed {self.title} selects from the tower's evidence; send pixels, not embeds"
                 )
             media.append((modality, found))
         return media
-
-    def vitrim_images(self, kwargs: dict[str, object]) -> tuple[Tensor, Tensor] | None:
-        """The request's images as (grid (I, 3), pixels (P, C·t·p·p)), or None where it has none (a class that
-        serves images only)."""
-        media = self.vitrim_media(kwargs)
-        if not media:
-            return None
-        ((_, image_input),) = media
-        return image_input["image_grid_thw"], image_input["pixel_values"]
 
     def cut_media(
         self,
@@ -257,9 +261,10 @@ class QwenImageTrimming:
         """After the tower ran on ``pixels``: each image's (or, with ``time_intervals``, each video's) selection from
         the evidence the taps caught, through vitrim.vlm's seam as on transformers (:meth:`HandOn.run_media`);
         ``own`` its tokens (N_i, E) in raster order, ``window_index`` the tower's window order (None: full attention,
-        raster order), ``time_intervals`` per video ``tokens_per_second · second_per_grid_ts`` (its temporal
-        positions), ``keeps`` each item's kept tokens as its request asked (per temporal patch of a video; None: the
-        engine's); each selection recorded under the item's content seed."""
+        raster order), ``time_intervals`` per video its temporal step (Qwen2.5-VL: ``tokens_per_second ·
+        second_per_grid_ts``; Qwen3-VL: 0, each temporal patch numbered as its own grid), ``keeps`` each item's kept
+        tokens as its request asked (per temporal patch of a video; None: the engine's); each selection recorded
+        under the item's content seed."""
         states, self.vitrim_merger_input = self.vitrim_merger_input, None
         if states is None:
             raise RuntimeError(f"vitrim: the {self.title} tower ran without its merger")
@@ -301,7 +306,6 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
     """vLLM's Qwen2.5-VL whose images hand the LLM the tokens a vitrim.vlm method selects, at their own positions."""
 
     title = "Qwen2.5-VL"
-    vitrim_modalities = ("image", "video")
     # The processor normalizes the pixels, as transformers' does: vLLM's on-device normalization differs in the last
     # bit, so the tower's features (and the seed "random" draws from the pixels) would not be transformers'.
     supports_mm_device_do_normalize = False
