@@ -27,6 +27,11 @@ from vitrim.demos.vlm.sweep import BASELINE_SEEDS, KEPT_FRACTIONS, SEEDED_BASELI
 from vitrim.shipped import shipped_run
 
 ONE_QUESTION = 1 / FULL.test_canvases
+# The summary was computed on one machine and is recomputed on another: a selection that ranks near-equal scores
+# (CDPruner's greedy determinant, DivPrune's distances) can flip a tie with the CPU's summation order, and each flip
+# changes a question or two. Measured 2026-12-02: CDPruner at half the tokens, "where" 44.5 % here against the
+# summary's 43.5 % (2 questions of 200), on the commit whose CI had reproduced the summary.
+ACROSS_MACHINES = 3 * ONE_QUESTION
 
 
 def _read(name: str) -> dict:
@@ -92,4 +97,5 @@ def test_shipped_summary_is_recomputed_from_the_shipped_weights() -> None:
                 shipped = row["accuracy"] if seed is None else row["accuracy_by_seed"][k]
                 for kind in QUESTION_TYPES:
                     expected = shipped[kind]
-                    assert accuracy[kind] == pytest.approx(expected, abs=ONE_QUESTION + 1e-9), (method, fraction, kind)
+                    where = (method, fraction, kind)
+                    assert accuracy[kind] == pytest.approx(expected, abs=ACROSS_MACHINES + 1e-9), where
