@@ -32,7 +32,9 @@ redrawn every epoch from the training digits.
 Stage 2's learning rate decides whether the decoder learns to find a quadrant: at 2e-3 its loss stalled near 0.17
 in 2 of 3 runs (1500 or 3000 steps), every wrong "which" answer being "none" or another digit of the canvas (the
 wrong quadrant read), "which" 72–80 % even on training glyphs; at 1e-3 or 5e-4 (1500 steps) it fell below 0.07 and
-"which" reached 99 % on never-seen glyphs (docs/vlm-demo.md has every run).
+"which" reached 99 % on never-seen glyphs, at seed 0. Not at every seed: at seed 2 it stalled at 0.26 (1e-3), 0.21
+(5e-4) and 0.26 (2.5e-4), "which" 42.5, 61 and 56 %, the same wrong quadrants read, so the rate alone is not what
+decides it (docs/vlm-demo.md has every run, "Across seeds").
 """
 
 from __future__ import annotations
