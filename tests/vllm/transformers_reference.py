@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+QWEN_FAMILIES = ("qwen2_5_vl", "qwen3_vl")  # the families whose prompts may mix images and videos
+
 
 def make_torchvision_importable() -> None:
     """As tests/conftest.py: the main venv's torchvision wheel has no compiled ops for this CPU torch."""
@@ -247,7 +249,7 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 "prompt_tokens": int(inputs["input_ids"].shape[1]),
                 "seeds": [content_seed(p) for p in per_image],
                 "video_seeds": video_seeds,
-                "media": media_order(inputs, model.config, spec["family"]) if spec["family"] != "llava" else None,
+                "media": media_order(inputs, model.config, spec["family"]) if spec["family"] in QWEN_FAMILIES else None,
                 "image_tokens": image_tokens,
                 "kept": None if selection is None else [kept.tolist() for kept in selection],
                 "entered": None if groups is None else [len(image) for image in groups],
