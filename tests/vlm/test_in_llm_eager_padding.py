@@ -50,7 +50,10 @@ def test_pdrop_eager_left_padded_qwen2_vl_batch_equals_each_prompt_alone() -> No
     vitrim.vlm.apply(model, "pdrop", **PDROP)
     prompts = [([[1, 5], [7, 8, 9, 10, 11], [12]], [(4, 4), (4, 6)]), ([[1, 5, 6], [7, 8, 9]], [(4, 6)])]
     inputs = qwen.batch(prompts, seed=0, side="left")
-    qwen.assert_batch_is_each_alone(model, prompts, inputs)
+    # eager attention's softmax is taken in float32 (transformers'), over a padded row's longer key range in the
+    # batch: its rounding depends on the CPU's vector width (1.8e-8 apart on an AVX-512 machine, equal on others);
+    # the failure this test guards against (NaN rows, other tokens kept) is off by O(1)
+    qwen.assert_batch_is_each_alone(model, prompts, inputs, atol=1e-6)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
