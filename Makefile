@@ -102,10 +102,13 @@ lint: $(STAMP)
 
 # The demos evaluate, time and draw the weights their recipes made, shipped in src/vitrim/data/demo (about 30 s each;
 # the VLM demo sweeps every method of vitrim.vlm); `vitrim demo [translate|vlm] --retrain` trains them from scratch.
+# The VLM demo's sweep runs on one thread: its matrices are small, and beside one other CPU-bound job torch's two
+# threads kept waiting for each other (measured 2026-12-02 from a fresh clone: over 12 min, stopped, against 108 s
+# alone on one thread and 80 s on two).
 demo: $(STAMP)
 	$(VENV)/bin/vitrim demo
 	$(VENV)/bin/vitrim demo translate
-	$(VENV)/bin/vitrim demo vlm
+	$(VENV)/bin/vitrim demo vlm --threads 1
 
 demo-translate: $(STAMP)
 	$(VENV)/bin/vitrim demo translate
