@@ -25,6 +25,7 @@ from vitrim.vlm_user.tiny import (
     GEMMA_SPECIALS,
     QWEN_SPECIALS,
     QWEN_VISION_TOKENS,
+    SERVABLE,
     STRING_CONTENT_TEMPLATE,
     UNTIED,
     save_gemma3,
@@ -136,9 +137,7 @@ def save_vllm_gemma3(path: Path, seed: int = 0) -> Path:
         VLLM_GEMMA3_VISION,
         VLLM_GEMMA3_TEXT,
         specials=GEMMA_SPECIALS + words + GEMMA3_NEWLINES,
-        chat_template=STRING_CONTENT_TEMPLATE,
-        options=UNTIED,
-        weights="hub",
+        **SERVABLE,
     )
 
 

@@ -500,6 +500,7 @@ VLLM_QWEN_TEXT: dict[str, Any] = dict(
     **UNTIED,
 )  # fmt: skip
 VLLM_QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
+SERVABLE: dict[str, Any] = dict(options=UNTIED, chat_template=STRING_CONTENT_TEMPLATE, weights="hub")  # the builders'
 
 
 def save_vllm_llava(
@@ -519,9 +520,7 @@ def save_vllm_llava(
         patch_size,
         vision,
         {"max_position_embeddings": 2048, **text},
-        options=UNTIED,
-        chat_template=STRING_CONTENT_TEMPLATE,
-        weights="hub",
+        **SERVABLE,
     )
 
 
@@ -534,9 +533,7 @@ def save_vllm_llava_next(path: Path, seed: int = 0) -> Path:
         seed,
         VLLM_LLAVA_VISION,
         {"max_position_embeddings": 2048, **VLLM_LLAVA_TEXT},
-        options=UNTIED,
-        chat_template=STRING_CONTENT_TEMPLATE,
-        weights="hub",
+        **SERVABLE,
     )
 
 
@@ -548,9 +545,7 @@ def save_vllm_qwen2_5_vl(path: Path, seed: int = 0) -> Path:
         seed,
         VLLM_QWEN_VISION,
         VLLM_QWEN_TEXT,
-        options=UNTIED,
-        chat_template=STRING_CONTENT_TEMPLATE,
-        weights="hub",
+        **SERVABLE,
     )
 
 
