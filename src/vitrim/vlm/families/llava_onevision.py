@@ -61,8 +61,7 @@ from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.capture import EncoderSeam, keep_all
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill
 from vitrim.vlm.stages.inputs import input_ids_of
-from vitrim.vlm.stages.pre_llm import repeated_images
-from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, media_spans
 
 MODALITIES = (("image", "pixel_values", 1), ("video", "pixel_values_videos", 3))  # name, pixels, forward position
 
@@ -136,16 +135,24 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         self.batch_num_images = None if counts is None else torch.as_tensor(counts)
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        """The in-LLM stage's spans: the images' packed tokens; a video's tokens are text to it (as on Qwen)."""
+        """The in-LLM stage's spans: the images' packed tokens and each video's F·P′ + 1 tokens (its newline token
+        among them, as an image's newline tokens are among its packed tokens), in reading order."""
         undo_sizes = self.see_image_sizes()
 
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             prefill = self.prefill_of(args, kwargs, forget=False)
             if prefill is None:
                 return
-            is_image: Tensor = prefill.input_ids == self.config.image_token_id  # (B, L)
-            counts = self.image_counts(prefill) if "image" in prefill.extras["modalities"] else []
-            on_prefill(spans_from_mask(is_image, counts))
+            extras = prefill.extras
+            images = []
+            if "image" in extras["modalities"]:
+                numbers = self.packed_numbers(extras["image_sizes"], extras["batch_num_images"])
+                images = [len(packed) for packed in numbers]
+            counts = {
+                int(self.config.image_token_id): images,
+                int(self.config.video_token_id): self.video_token_counts(args, kwargs),
+            }
+            on_prefill(media_spans(prefill.input_ids, counts))
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -155,12 +162,16 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
         return remove
 
-    def image_counts(self, prefill: Prefill) -> list[int]:
-        """LLM tokens of each image of ``prefill``, in the batch's reading order (beams repeat a prompt's images)."""
-        extras = prefill.extras
-        counts = [len(numbers) for numbers in self.packed_numbers(extras["image_sizes"], extras["batch_num_images"])]
-        is_image: Tensor = prefill.input_ids == self.config.image_token_id
-        return [counts[i] for i in repeated_images(counts, is_image.sum(1).tolist())]
+    def video_token_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+        """LLM tokens of each video of a forward (F·P′ + 1), from its pixels (V, F, C, H, W) or, under
+        ``generate()``, from ``mm_encoder_outputs["video"]`` (``pooler_output`` (V, F·P′ + 1, E)); [] without."""
+        _, key, at = MODALITIES[1]
+        pixels = kwargs.get(key, args[at] if len(args) > at else None)
+        if pixels is not None:
+            rows, columns = self.pooled_grid()
+            return [int(pixels.shape[1]) * rows * columns + 1] * int(pixels.shape[0])
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("video")
+        return [] if encoded is None else [int(video.shape[0]) for video in encoded.pooler_output]
 
     # the pre-LLM stage's seams
 
