@@ -287,7 +287,12 @@ def test_visionzip_per_frame_hands_the_llm_its_authors_order(model: torch.nn.Mod
 
 @pytest.mark.parametrize(
     "method, options",
-    [("evs", {"video_pruning_rate": 0.5}), ("random", {"keep": 0.25}), ("fastv", {"keep": 0.5, "layer": 1})],
+    [
+        ("evs", {"video_pruning_rate": 0.5}),
+        ("random", {"keep": 0.25}),
+        ("fastv", {"keep": 0.5, "layer": 1}),
+        ("flashvid", {"retention_ratio": 0.5, "min_segment_num": 2}),
+    ],
 )
 def test_a_padded_batch_of_two_clips_equals_each_clip_alone(model: torch.nn.Module, method: str, options: dict) -> None:
     """Left padding, each row's positions counted from its first real token (as generate() counts them)."""
@@ -335,11 +340,10 @@ def test_generate_greedy_gives_the_unmodified_llm_s_tokens_on_the_kept_rows(mode
 
 
 def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.Module) -> None:
-    for method in ("fastvid", "flashvid"):  # video methods reading Qwen's tower attention over a whole video
-        with pytest.raises(TypeError, match="no LLaVA-OneVision form") as caught:
-            vitrim.vlm.apply(model, method)
-        assert "\n" not in str(caught.value)
-        assert not hasattr(model, "_vitrim_vlm")
+    with pytest.raises(TypeError, match="SigLIP's attention-pooling head") as caught:  # FastVID's OneVision form
+        vitrim.vlm.apply(model, "fastvid")
+    assert "\n" not in str(caught.value)
+    assert not hasattr(model, "_vitrim_vlm")
     assert not {"get_video_features", "get_image_features"} & set(model.model.__dict__)
     with pytest.raises(ValueError, match="keep=") as caught:
         vitrim.vlm.apply(model, "evs", keep=8)

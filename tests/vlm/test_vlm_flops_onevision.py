@@ -89,6 +89,11 @@ def test_each_method_on_the_7b_clip_by_hand() -> None:
     downsample = row("temporal_downsample", share=0.25)  # stride 4: frames 0, 4, 8, 12 whole, no products
     assert (downsample.image_tokens_entering_llm, downsample.method_own) == (4 * P, 0)
     assert row("temporal_downsample", options={"stride": 3}).image_tokens_entering_llm == math.ceil(F / 3) * P
+    flashvid = row("flashvid", share=0.25)  # B = ⌈196·0.25·1.25⌉ = 62 per frame
+    attention = 2 * F * PATCHES * D * D + F * PATCHES * PATCHES * D  # the last layer's q, k and q·kᵀ per frame
+    pairs = P * P * E  # one frame's P × P cosines (ADTS, TSTM against the frame before, DPC)
+    assert flashvid.image_tokens_entering_llm == F * 62
+    assert flashvid.method_own == attention + (F + (F - 1) + F) * pairs
     for method in ("visionzip", "random", "divprune", "fastervlm"):  # round(0.25·196) = 49 of each frame's 196
         video = row(method, share=0.25)
         assert video.keep == 49 and video.image_tokens_entering_llm == F * 49
@@ -99,12 +104,11 @@ def test_each_method_on_the_7b_clip_by_hand() -> None:
 
 def test_what_vitrim_refuses_on_llava_onevision_is_left_out_and_refused_in_one_line() -> None:
     rows = [r.method for r in video_cost_table(ONEVISION_CLIP, (0.25,))]
-    assert {"evs", "vidcom2", "temporal_downsample", "visionzip"} <= set(rows)
-    assert not {"fastvid", "flashvid", "flashvid+flashvid_llm", "cdpruner"} & set(rows)
+    assert {"evs", "vidcom2", "temporal_downsample", "flashvid", "flashvid+flashvid_llm", "visionzip"} <= set(rows)
+    assert not {"fastvid", "cdpruner"} & set(rows)
     assert set(video_methods(ONEVISION_CLIP)) == set(rows[1:])
     for method, message in [
-        ("fastvid", "reads the tower's attention over a whole video; vitrim has no llava-onevision-7b form"),
-        ("flashvid+flashvid_llm", "reads the tower's attention over a whole video"),
+        ("fastvid", "on llava-onevision-7b reads SigLIP's attention-pooling head"),
         ("cdpruner", "reads the prompt; on llava-onevision-7b vitrim runs it on images only"),
     ]:
         with pytest.raises(ValueError, match=message):
