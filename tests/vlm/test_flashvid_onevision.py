@@ -9,7 +9,7 @@ video ("one_token"). The reference: the authors' steps written in tests/vlm/test
 from __future__ import annotations
 
 import torch
-from test_method_flashvid import OPTIONS, authors_flashvid
+from test_method_flashvid import OPTIONS, authors_flashvid, llm_input
 from torch.nn import functional as F
 
 import vitrim.vlm
@@ -49,25 +49,13 @@ def authors_on_the_model(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[
     return authors_flashvid(frames, authors_attention(model, pixels), OPTIONS)
 
 
-def llm_input(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
-    """The ``inputs_embeds`` (B, L′, E) the LLM gets on ``model(**inputs)``, after vitrim's pre-hook."""
-    seen: dict = {}
-    handle = model.model.language_model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True
-    )
-    with torch.no_grad():
-        model(**inputs)
-    handle.remove()
-    return seen["inputs_embeds"]
-
-
 def test_the_llm_gets_the_authors_tokens_and_the_newline() -> None:
     model = tiny_llava_onevision()
     pixels = clip(FRAMES, 4, still=(1, 2, 4))  # near copies: tokens join trees across frames
     inputs = video_prompts([pixels], [3])
     kept, values = authors_on_the_model(model, pixels)
     vitrim.vlm.apply(model, "flashvid", **OPTIONS)
-    embeds = llm_input(model, inputs)[0]
+    embeds = llm_input(model, inputs)["inputs_embeds"][0]  # after vitrim's pre-hook
     selection = vitrim.vlm.last_selection(model)[0]
     assert selection.tolist() == [*kept.tolist(), FRAMES * FRAME_TOKENS]  # the newline last, always kept
     assert len(kept) < FRAMES * FRAME_TOKENS
