@@ -97,10 +97,10 @@ def test_shipped_model_scores_what_its_summary_says() -> None:
 @pytest.mark.full
 def test_demo_video_quick_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "run"
-    assert main(["demo", "video", "--quick", "--quiet", "--methods", "evs,random,fastv", "--out", str(out)]) == 0
+    assert main(["demo", "video", "--quick", "--quiet", "--methods", "evs,random,tome", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     details = json.loads((out / "details.json").read_text())
-    assert set(summary["methods"]) == {"evs", "random"} and "fastv" in details["not_run"]
+    assert set(summary["methods"]) == {"evs", "random"} and "tome" in details["not_run"]
     assert (out / "report.md").read_text().count("| evs |") == 3 and (out / "accuracy_vs_kept.png").is_file()
     assert "full model" in capsys.readouterr().out
 

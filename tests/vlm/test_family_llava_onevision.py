@@ -285,7 +285,15 @@ def test_visionzip_per_frame_hands_the_llm_its_authors_order(model: torch.nn.Mod
     assert torch.allclose(logits, reference, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("method, options", [("evs", {"video_pruning_rate": 0.5}), ("random", {"keep": 0.25})])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("evs", {"video_pruning_rate": 0.5}),
+        ("random", {"keep": 0.25}),
+        ("fastv", {"keep": 0.5, "layer": 1}),
+        ("flashvid", {"retention_ratio": 0.5, "min_segment_num": 2}),
+    ],
+)
 def test_a_padded_batch_of_two_clips_equals_each_clip_alone(model: torch.nn.Module, method: str, options: dict) -> None:
     """Left padding, each row's positions counted from its first real token (as generate() counts them)."""
     clips = [clip(FRAMES, 7, still=(1,)), clip(FRAMES, 8, still=(3,))]
@@ -332,11 +340,10 @@ def test_generate_greedy_gives_the_unmodified_llm_s_tokens_on_the_kept_rows(mode
 
 
 def test_a_method_the_family_cannot_take_is_refused_in_one_line(model: torch.nn.Module) -> None:
-    for method in ("fastvid", "flashvid"):  # video methods reading Qwen's tower attention over a whole video
-        with pytest.raises(TypeError, match="no LLaVA-OneVision form") as caught:
-            vitrim.vlm.apply(model, method)
-        assert "\n" not in str(caught.value)
-        assert not hasattr(model, "_vitrim_vlm")
+    with pytest.raises(TypeError, match="SigLIP's attention-pooling head") as caught:  # FastVID's OneVision form
+        vitrim.vlm.apply(model, "fastvid")
+    assert "\n" not in str(caught.value)
+    assert not hasattr(model, "_vitrim_vlm")
     assert not {"get_video_features", "get_image_features"} & set(model.model.__dict__)
     with pytest.raises(ValueError, match="keep=") as caught:
         vitrim.vlm.apply(model, "evs", keep=8)
@@ -387,14 +394,15 @@ def test_an_image_whose_grid_transformers_shrinks_keeps_all_or_is_refused_in_one
     assert "\n" not in str(caught.value)
 
 
-def test_inside_the_llm_a_video_is_text_unless_a_video_method_ran_before(model: torch.nn.Module) -> None:
-    """The in-LLM stage alone ranks the images' tokens, a video's staying as text's do; stacked after a pre-LLM video
-    method it ranks among the video's tokens that entered the LLM (docs/video.md)."""
+def test_inside_the_llm_a_video_is_ranked_alone_or_after_a_video_method(model: torch.nn.Module) -> None:
+    """The in-LLM stage alone ranks every image and video (its F·P′ + 1 tokens, the newline among them); stacked after
+    a pre-LLM video method it ranks among the video's tokens that entered the LLM (docs/video.md). Which tokens
+    FastV keeps is checked against eager attention in tests/vlm/test_in_llm_video.py."""
     inputs = mixed_prompt(model)
     vitrim.vlm.apply(model, "fastv", keep=0.5, layer=1)
     with torch.no_grad():
         model(**inputs)
-    assert [len(kept) for kept in vitrim.vlm.last_selection(model)] == [77, 130]  # the two images only
+    assert [len(kept) for kept in vitrim.vlm.last_selection(model)] == [154 // 2, round(49 / 2), round(259 / 2)]
     vitrim.vlm.remove(model)
     vitrim.vlm.apply(model, "evs", video_pruning_rate=0.5)
     vitrim.vlm.apply(model, "flashvid_llm", layer=1)

@@ -33,8 +33,8 @@ def llm_inputs(model: torch.nn.Module, inputs: dict) -> dict:
 
 
 def masked_deepstack_reference(model: torch.nn.Module, inputs: dict, kept: dict[int, torch.Tensor]) -> torch.Tensor:
-    """Logits (B, L, V): the unmodified text stack with DeepStack, keys outside ``kept[K]`` (B, L) masked from layer
-    K on (several K: PyramidDrop's stages)."""
+    """Logits (B, L, V): the unmodified text stack with DeepStack (Qwen3-VL; none on Qwen2-VL and Qwen2.5-VL), keys
+    outside ``kept[K]`` (B, L) masked from layer K on (several K: PyramidDrop's stages)."""
     given = llm_inputs(model, inputs)
     lm = model.model.language_model
     hidden = given["inputs_embeds"]
@@ -44,8 +44,7 @@ def masked_deepstack_reference(model: torch.nn.Module, inputs: dict, kept: dict[
     length = hidden.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     allowed = causal[None] & inputs["attention_mask"].bool()[:, None, :]  # (B, L, L)
-    rows, where = given["deepstack_visual_embeds"], given["visual_pos_masks"]
-    assert len(rows) == 3  # the 8B's layout: three taps
+    rows, where = given.get("deepstack_visual_embeds") or [], given.get("visual_pos_masks")  # Qwen3-VL's only
     with torch.no_grad():
         for index, layer in enumerate(lm.layers):
             if index in kept:
@@ -70,6 +69,7 @@ CASES = {
 def test_in_llm_methods_on_the_8b_layout_equal_the_masked_model_with_deepstack(name: str) -> None:
     model = qwen3_vl_8b_layout()
     inputs = batch(THREE, temporal=TEMPORAL)
+    assert len(llm_inputs(model, inputs)["deepstack_visual_embeds"]) == 3  # the 8B's layout: three taps
     vitrim.vlm.apply(model, name, **CASES[name])
     with torch.no_grad():
         pruned = model(**inputs).logits  # (B, L, V): the full layout (an early exit at dropped positions)

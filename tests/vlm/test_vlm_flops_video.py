@@ -143,7 +143,7 @@ def test_every_method_reduces_a_clip_of_16_and_64() -> None:
     [
         (lambda: clip(QWEN25_VL_7B, 16, 450), "size=450 for qwen2.5-vl-7b: expected a multiple of 112 px"),
         (lambda: clip(QWEN3_VL_8B, 0, 448), "temporal_patches=0: expected an int in 1..4096"),
-        (lambda: video_prefill_cost(QWEN25_CLIP, "fastv", 0.5), r"method 'fastv' \(in_llm\) takes no video alone"),
+        (lambda: video_prefill_cost(QWEN25_CLIP, "fastv", 0.5), r"'fastv' \(in_llm\) is not counted alone"),
         (lambda: video_prefill_cost(QWEN25_CLIP, "evs", 1.5), r"share=1.5: expected a fraction .* in \(0, 1\]"),
         (lambda: video_prefill_cost(QWEN25_CLIP, "evs"), "method 'evs' on a video needs share="),
         (lambda: prefill_cost(QWEN25_VL_7B, "evs", 64), "method 'evs' reduces videos and refuses images"),
@@ -166,7 +166,7 @@ def test_cli_prints_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     payload = json.loads(out.read_text())
     assert set(payload["clips"]) == {
         f"{model}, {t} temporal patches of 448×448 px" for model in ("qwen2.5-vl-7b", "qwen3-vl-8b") for t in (16, 64)
-    }
+    } | {f"llava-onevision-7b, {t} frames of 384×384 px" for t in (16, 64)}
     rows = payload["clips"]["qwen2.5-vl-7b, 16 temporal patches of 448×448 px"]
     assert [(r["method"], r["share"]) for r in rows] == [
         ("none", None), ("evs", 0.25), ("flashvid+flashvid_llm", 0.25), ("random", 0.25)
@@ -182,7 +182,7 @@ def test_cli_prints_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--video", "16", "--share", "0"], "--share must be comma-separated fractions in (0, 1]"),
         (["--video", "16", "--models", "gemma-3-4b"], "--models must name some of: qwen2.5-vl-7b, qwen3-vl-8b"),
         (["--video", "16", "--size", "100"], "size=100 for qwen2.5-vl-7b: expected a multiple of 112 px"),
-        (["--video", "16", "--methods", "tome"], "method 'tome' (tower) takes no video alone"),
+        (["--video", "16", "--methods", "tome"], "method 'tome' (tower) is not counted alone"),
         (["--methods", "evs"], "'evs' reduces videos and refuses images; give --video T"),
         (["--share", "0.5"], "--share describes a clip; give --video T too"),
     ],

@@ -13,8 +13,6 @@ from vitrim.vlm.flops import CONFIGS, PrefillCost, cost_table, counted_methods
 from vitrim.vlm.method import method_class
 from vitrim.vlm.method import methods as registered
 
-VIDEO_SIZE = 448  # px: 16×16 merged tokens per temporal patch on Qwen2.5-VL, 14×14 on Qwen3-VL
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("vlm", help="vision-language models: the cost of token reduction")
@@ -38,9 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument(
         "--video", default=None, metavar="T[,T]",
-        help="count a clip of T temporal patches (two frames each) instead of one image, e.g. 16,64",
+        help="count a clip of T temporal patches (two frames each; LLaVA-OneVision: T frames) instead of one image, "
+        "e.g. 16,64",
     )  # fmt: skip
-    p.add_argument("--size", default=None, help=f"with --video: the clip's side in pixels (default {VIDEO_SIZE})")
+    p.add_argument(
+        "--size",
+        default=None,
+        help=f"with --video: the clip's side in pixels (default {flops_video.QWEN_VIDEO_SIZE} on Qwen, "
+        "LLaVA-OneVision's 384: it resizes every frame to it)",
+    )
     p.add_argument(
         "--share", default=None, help="with --video: comma-separated fractions of the video's tokens kept, "
         "given to each method in its own options (default 0.5,0.25,0.125)",
@@ -122,27 +126,34 @@ def run_video_flops(args: argparse.Namespace) -> int:
     if args.keep is not None:
         raise ValueError("--keep counts an image's tokens; with --video give --share (fractions of the video's)")
     lengths = parse_ints(args.video, "--video")
-    size = VIDEO_SIZE if args.size is None else parse_ints(args.size, "--size")[0]
+    size = None if args.size is None else parse_ints(args.size, "--size")[0]
     shares = parse_fractions("0.5,0.25,0.125" if args.share is None else args.share, "--share")
     models = _names(args.models or ",".join(flops_video.VIDEO_MODELS), "--models", list(flops_video.VIDEO_MODELS))
     _refuse_uncounted(args.methods)
     known = flops_video.video_methods()
-    methods = list(known) if args.methods is None else _names(args.methods, "--methods", (*known, *counted_methods()))
-    clips = [flops_video.clip(CONFIGS[name], t, size) for name in models for t in lengths]  # bad sizes: now
+    # default: each clip's own; a method vitrim refuses on a model is left out of its rows, saying why
+    methods = None if args.methods is None else _names(args.methods, "--methods", (*known, *counted_methods()))
+    clips = [flops_video.clip(flops_video.video_config(name), t, size) for name in models for t in lengths]
     out = None if args.json is None else check_output_file(args.json, "--json")
     results = {}
     for video in clips:
-        rows = flops_video.video_cost_table(video, shares, text_tokens=args.text_tokens, methods=methods)
+        asked = flops_video.video_methods(video) if methods is None else methods
+        refused = {name: why for name in asked if (why := flops_video.refused_on(video, name)) is not None}
+        runs = [name for name in asked if name not in refused]
+        rows = flops_video.video_cost_table(video, shares, text_tokens=args.text_tokens, methods=runs)
         results[video.name] = [dataclasses.asdict(r) | {"total": r.total} for r in rows]
         stamps = video.temporal_patches * video.text_per_temporal_patch
         print(
             f"{video.name}: {video.tower.patches} patches, {video.tokens_per_temporal_patch} video tokens per "
-            f"temporal patch, {video.image_tokens} in all + {args.text_tokens} text tokens"
+            f"{video.video_unit}, {video.image_tokens} in all + {args.text_tokens} text tokens"
             + (f" + {stamps} timestamp tokens" if stamps else "")
+            + (f" + {video.text_per_video} newline token" if video.text_per_video else "")
             + f" into {video.llm.name}. GMACs (multiply-adds) of one prefill:"
         )
         print()
         print(format_video_rows(rows))
+        for why in refused.values():
+            print(f"left out: {why}")
         print()
     print(
         "share: the fraction of the video's tokens asked for, in each method's own options (evs, vidcom2: "

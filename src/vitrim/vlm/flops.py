@@ -101,6 +101,7 @@ QWEN25_VL_7B = VLM(
     llm=LanguageModel("Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064),
     cut_before_projector=False,
     note="dynamic resolution; 672×672 px gives 576 image tokens",
+    video_unit="temporal patch",
 )
 
 # Gemma-3-4B, google/gemma-3-4b-it config.json: vision_config = SigLIP So400m/14 at 896 (hidden_size 1152,
@@ -137,6 +138,28 @@ QWEN3_VL_8B = VLM(
     cut_before_projector=False,
     note="dynamic resolution; 768×768 px gives 576 image tokens; DeepStack: 4 mergers",
     text_per_temporal_patch=8,
+    video_unit="temporal patch",
+)
+
+# LLaVA-OneVision-7B, llava-hf/llava-onevision-qwen2-7b-ov-hf, as a video model (its images, anyres tiles, are not
+# counted here): transformers' LlavaOnevisionConfig defaults, which the released config keeps - vision_config SigLIP
+# So400m/14 at 384 px with 26 layers (the checkpoint drops the last of So400m's 27; hidden 1152, intermediate 4304,
+# 16 heads, no [CLS], no head), vision_feature_layer -1 with the "full" strategy (all 27×27 = 729 patches), the
+# projector Linear 1152->3584, GELU, Linear 3584->3584 on every patch; then each frame's grid resized bilinearly to
+# ⌈27/2⌉² = 14×14 = 196 tokens (``apply_pooling``: no products) and ONE newline token after a video's last frame;
+# text Qwen2-7B: hidden 3584, intermediate 18944, 28 layers, 28 heads, 4 key/value heads (head 128), vocab 152064
+# (Qwen2-7B's; the LM head runs on one position, so a padded vocab of the conversion moves a prefill by < 1e-5).
+LLAVA_ONEVISION_7B = VLM(
+    name="llava-onevision-7b",
+    tower=VisionTower("SigLIP So400m/14-384 (26 layers)", 384, 14, 1152, 26, 16, 4304),
+    projector=((1152, 3584), (3584, 3584)),
+    pool=1,
+    llm=LanguageModel("Qwen2-7B", 3584, 28, 28, 4, 128, 18944, 152064),
+    cut_before_projector=False,
+    note="a video: every frame at 384 px, 729 patches pooled to 196 tokens, one newline token per video",
+    video_unit="frame",
+    pooled_side=14,
+    text_per_video=1,
 )
 
 CONFIGS = {c.name: c for c in (LLAVA_15_7B, QWEN25_VL_7B, QWEN3_VL_8B, GEMMA3_4B)}

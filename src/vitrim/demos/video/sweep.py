@@ -107,7 +107,7 @@ def kept_tokens(pruned: nn.Module, inputs: dict[str, Any]) -> float:
 
     pruned(**inputs)
     kept = vlm.last_selection(pruned)
-    if not kept:  # e.g. the in-LLM methods on transformers today: they select among image tokens only
+    if not kept:  # a method that reads image tokens only would leave a video-only prompt as it is
         raise ValueError(
             "it selected no video token (last_selection is empty after a prefill of video prompts): the model ran "
             "unmodified, so its accuracy would be the full model's"

@@ -35,8 +35,7 @@ from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.capture import EncoderSeam
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill, ServedArchitecture
 from vitrim.vlm.stages.inputs import prefill_input_ids
-from vitrim.vlm.stages.pre_llm import repeated_images
-from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, repeated_images, spans_from_mask
 
 NEWLINE = -1  # in a token map: the position holds the image_newline token
 

@@ -22,9 +22,10 @@ What vitrim does with a video (the Qwen conventions of ``docs/video.md``, where 
 - a **frame** is one sampled frame, its pooled h′×w′ grid (each frame is its own tower run: there is no temporal
   patch). A video method (``reads_time``: ``evs``, ``vidcom2``, ``temporal_downsample``) selects over the video's
   F·P′ pooled tokens, the LLM's own rows: ``evs`` compares a token with the same cell one frame earlier, ``vidcom2``
-  budgets per frame, ``temporal_downsample`` keeps every stride-th frame; images in the prompt keep every token. A
-  video method that reads the tower's attention over the video (``fastvid``, ``flashvid``) is refused: vitrim has
-  their Qwen forms only;
+  budgets per frame, ``temporal_downsample`` keeps every stride-th frame; images in the prompt keep every token.
+  ``flashvid`` runs in its authors' LLaVA-OneVision form: on the pooled frames, scored by the attention each pooled
+  token receives at the tower's last layer (:func:`video_attention`). ``fastvid`` is refused: its authors' OneVision
+  form reads SigLIP's attention-pooling head, which LLaVA-OneVision checkpoints lack (``vision_use_head`` False);
 - an image method selects on each frame as on an image (``keep=`` per frame, counted among its P′ pooled tokens;
   the frames' seeds from their own pixels), with evidence on the pooled grid: the attention each patch receives at
   the tower's scoring layer (the layer that makes the feature layer; SigLIP has no [CLS], so the received
@@ -61,8 +62,7 @@ from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.stages.capture import EncoderSeam, keep_all
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill
 from vitrim.vlm.stages.inputs import input_ids_of
-from vitrim.vlm.stages.pre_llm import repeated_images
-from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, media_spans
 
 MODALITIES = (("image", "pixel_values", 1), ("video", "pixel_values_videos", 3))  # name, pixels, forward position
 
@@ -136,16 +136,24 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         self.batch_num_images = None if counts is None else torch.as_tensor(counts)
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
-        """The in-LLM stage's spans: the images' packed tokens; a video's tokens are text to it (as on Qwen)."""
+        """The in-LLM stage's spans: the images' packed tokens and each video's F·P′ + 1 tokens (its newline token
+        among them, as an image's newline tokens are among its packed tokens), in reading order."""
         undo_sizes = self.see_image_sizes()
 
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             prefill = self.prefill_of(args, kwargs, forget=False)
             if prefill is None:
                 return
-            is_image: Tensor = prefill.input_ids == self.config.image_token_id  # (B, L)
-            counts = self.image_counts(prefill) if "image" in prefill.extras["modalities"] else []
-            on_prefill(spans_from_mask(is_image, counts))
+            extras = prefill.extras
+            images = []
+            if "image" in extras["modalities"]:
+                numbers = self.packed_numbers(extras["image_sizes"], extras["batch_num_images"])
+                images = [len(packed) for packed in numbers]
+            counts = {
+                int(self.config.image_token_id): images,
+                int(self.config.video_token_id): self.video_token_counts(args, kwargs),
+            }
+            on_prefill(media_spans(prefill.input_ids, counts))
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -155,12 +163,16 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
         return remove
 
-    def image_counts(self, prefill: Prefill) -> list[int]:
-        """LLM tokens of each image of ``prefill``, in the batch's reading order (beams repeat a prompt's images)."""
-        extras = prefill.extras
-        counts = [len(numbers) for numbers in self.packed_numbers(extras["image_sizes"], extras["batch_num_images"])]
-        is_image: Tensor = prefill.input_ids == self.config.image_token_id
-        return [counts[i] for i in repeated_images(counts, is_image.sum(1).tolist())]
+    def video_token_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
+        """LLM tokens of each video of a forward (F·P′ + 1), from its pixels (V, F, C, H, W) or, under
+        ``generate()``, from ``mm_encoder_outputs["video"]`` (``pooler_output`` (V, F·P′ + 1, E)); [] without."""
+        _, key, at = MODALITIES[1]
+        pixels = kwargs.get(key, args[at] if len(args) > at else None)
+        if pixels is not None:
+            rows, columns = self.pooled_grid()
+            return [int(pixels.shape[1]) * rows * columns + 1] * int(pixels.shape[0])
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("video")
+        return [] if encoded is None else [int(video.shape[0]) for video in encoded.pooler_output]
 
     # the pre-LLM stage's seams
 
@@ -194,10 +206,11 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
     def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         method = stage.method
-        if method.reads_time and method.needs_cls_attention:  # FastVID, FlashVID: Qwen's tower over a whole video
+        if method.reads_time and method.needs_query_attention:  # FastVID
             raise TypeError(
-                f"vlm method {method.name!r} reads the tower's attention over a whole video; vitrim.vlm has its Qwen "
-                "form only, no LLaVA-OneVision form of it"
+                f"vlm method {method.name!r}: its authors' LLaVA-OneVision form scores frames with SigLIP's "
+                "attention-pooling head (loaded from the SigLIP checkpoint), which LLaVA-OneVision checkpoints lack "
+                "(vision_use_head=False); vitrim.vlm has its Qwen form only"
             )
         if method.needs_cls_attention and self.scoring_layer() is None:
             raise ValueError(
@@ -325,10 +338,17 @@ class OnevisionSelection(ProjectorSelection):
         identity: Callable[[Tensor], Tensor] = lambda states: states  # noqa: E731 (pooled tokens are the LLM's)
         if method.reads_time:  # one video at a time, over its time axis
             chosen, pieces, wrote = [], [], False
+            per_head = None if received is None else received.transpose(1, 2)  # (V·F, H, P′)
             for video in range(videos):
                 own = frame_tokens[video : video + 1]  # (1, F·P′, E)
                 picked, written = self.stage.hand_on.run(
-                    own, values=own, project=identity, projected=own, grid=(rows, columns), seeds=None
+                    own,
+                    values=own,
+                    project=identity,
+                    projected=own,
+                    grid=(rows, columns),
+                    seeds=None,
+                    attention=None if per_head is None else video_attention(per_head, video, frames),
                 )
                 chosen.append(with_newline(picked[0], frames * per_frame))
                 pieces.append(own if written is None else written)
@@ -358,6 +378,14 @@ class OnevisionSelection(ProjectorSelection):
         if written_all is not None:
             output.pooler_output = torch.cat([written_all.to(tokens.dtype), tokens[:, frames * per_frame :]], 1)
         return output
+
+
+def video_attention(per_frame: Tensor, video: int, frames: int) -> Tensor:
+    """(1, H, F·P′): video ``video``'s pooled received attention in its raster order (frame, row, column), from
+    every frame's of the call ``per_frame`` (V·F, H, P′); what a video method reading the tower's attention takes
+    (FlashVID: the attention each pooled token receives at the tower's last layer)."""
+    own = per_frame[video * frames : (video + 1) * frames]  # (F, H, P′)
+    return own.transpose(0, 1).reshape(1, own.shape[1], -1)
 
 
 def stitch_frames(frames: list[ImageSelection], per_frame: int) -> ImageSelection:

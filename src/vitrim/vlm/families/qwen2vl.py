@@ -65,8 +65,10 @@ from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, Prefill, ServedArchitecture, Shortened
 from vitrim.vlm.stages.inputs import input_ids_of, refuse_meta_inputs
 from vitrim.vlm.stages.sequence import DecodeState, read_short
-from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, media_in_reading_order, media_spans
 
+# per modality, the forward's pixels and grid arguments
+MEDIA_INPUTS = {"image": ("pixel_values", "image_grid_thw"), "video": ("pixel_values_videos", "video_grid_thw")}
 SCORING_BLOCK = -1  # the block whose output the merger reads: Qwen's counterpart of LLaVA's feature layer
 
 
@@ -127,27 +129,34 @@ class Qwen2VLAdapter(FamilyAdapter):
         """Merged tokens per image (I,) of ``image_grid_thw`` (I, 3)."""
         return tokens_per_image(grid_thw, self.merge_size)
 
-    def prefill_token_counts(self, kwargs: dict[str, Any]) -> list[int] | None:
-        """Merged tokens per image of a forward's images, None when it has none (a decode step, text only).
+    def prefill_token_counts(self, kwargs: dict[str, Any], modality: str = "image") -> list[int] | None:
+        """Merged tokens per image (or per video) of a forward's images (videos), None when it has none (a decode
+        step, text only).
 
-        The images come as ``pixel_values`` + ``image_grid_thw`` (a direct call) or, under ``generate``, already
-        encoded as ``mm_encoder_outputs["image"]`` (whose ``pooler_output`` holds one tensor per image).
+        They come as ``pixel_values`` + ``image_grid_thw`` (``pixel_values_videos`` + ``video_grid_thw``; a direct
+        call) or, under ``generate``, already encoded as ``mm_encoder_outputs[modality]`` (whose ``pooler_output``
+        holds one tensor per image or video).
         """
-        if kwargs.get("pixel_values") is not None:
-            return self.tokens_of(kwargs["image_grid_thw"])
-        encoded = (kwargs.get("mm_encoder_outputs") or {}).get("image")
+        pixels, grid = MEDIA_INPUTS[modality]
+        if kwargs.get(pixels) is not None:
+            return self.tokens_of(kwargs[grid])
+        encoded = (kwargs.get("mm_encoder_outputs") or {}).get(modality)
         if encoded is not None:
-            return [int(image.shape[0]) for image in encoded.pooler_output]
+            return [int(item.shape[0]) for item in encoded.pooler_output]
         return None
 
     def watch_spans(self, on_prefill: Callable[[ImageSpans], None]) -> Callable[[], None]:
+        """The in-LLM stage's spans: every image's and every video's merged tokens, in reading order (a video's are
+        visual tokens as an image's are: FastV, PyramidDrop and DART rank all visual tokens; Qwen3-VL's timestamp
+        text between temporal patches stays text)."""
+
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             refuse_meta_inputs(args, kwargs)
-            counts = self.prefill_token_counts(kwargs)
-            if counts is None:
+            images, videos = self.prefill_token_counts(kwargs), self.prefill_token_counts(kwargs, "video")
+            if images is None and videos is None:
                 return  # a decode step or a text-only call
-            is_image = input_ids_of(args, kwargs) == self.config.image_token_id
-            on_prefill(spans_from_mask(is_image, counts))
+            counts = {int(self.config.image_token_id): images or [], int(self.config.video_token_id): videos or []}
+            on_prefill(media_spans(input_ids_of(args, kwargs), counts))
 
         handle = self.inner.register_forward_pre_hook(hook, with_kwargs=True)
         return handle.remove

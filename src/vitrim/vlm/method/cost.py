@@ -92,17 +92,35 @@ class VLM:
     # the image tokens an earlier stage hands this one (an in-LLM method stacked after a pre-LLM one counts its part
     # on what that one left, :mod:`vitrim.vlm.flops_video`); None: the tower's own
     image_tokens_in: int | None = None
+    # what one step of a video's time axis is where the config takes video: "temporal patch" (Qwen: its Conv3d over
+    # two frames) or "frame" (LLaVA-OneVision: each sampled frame its own tower run); None: images only
+    video_unit: str | None = None
+    # LLaVA-OneVision: a video frame's patch grid, after the projector, resized bilinearly to pooled_side ×
+    # pooled_side LLM tokens (``apply_pooling``: 27×27 -> 14×14); None: one LLM token per ``pool`` patches
+    pooled_side: int | None = None
+    # LLM tokens a video adds once, which no method prunes (LLaVA-OneVision's newline token after its last frame)
+    text_per_video: int = 0
 
     @property
     def image_tokens(self) -> int:
         """Image tokens per image (per video: all its temporal patches') entering the LLM unmodified, or
         ``image_tokens_in`` where an earlier stage left fewer."""
-        return self.tower.patches // self.pool if self.image_tokens_in is None else self.image_tokens_in
+        if self.image_tokens_in is not None:
+            return self.image_tokens_in
+        return self.temporal_patches * self.tokens_per_temporal_patch
 
     @property
     def tokens_per_temporal_patch(self) -> int:
-        """LLM tokens of one temporal patch (of the image): P."""
+        """LLM tokens of one temporal patch (of the image; of a LLaVA-OneVision frame): P."""
+        if self.pooled_side is not None:
+            return self.pooled_side**2
         return self.tower.patches_per_temporal_patch // self.pool
+
+    @property
+    def projector_tokens(self) -> int:
+        """Rows the projector runs on: one per ``pool`` patches of the whole input, before any pooling after it
+        (vitrim's plumbing runs it on every slot; LLaVA-OneVision's frames are pooled after it)."""
+        return self.tower.patches // self.pool
 
     @property
     def temporal_patches(self) -> int:

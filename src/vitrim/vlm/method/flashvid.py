@@ -33,7 +33,9 @@ The kept tokens are the ADTS picks (their own embeddings) and the cluster peaks 
 :attr:`ImageSelection.projected`), each at its own position (the authors index ``position_ids`` with them; vitrim's
 video convention, docs/video.md), in raster order. The attention a is what the Qwen towers' last block gives: per
 temporal patch, the attention each merged token receives, averaged over the queries and heads (the authors' mean
-over queries, heads and the token's m² patches, times a constant per video: the same picks).
+over queries, heads and the token's m² patches, times a constant per video: the same picks). On LLaVA-OneVision a
+"temporal patch" is a frame: x its pooled rows, a the attention each patch receives at the tower's last layer
+resized by the same bilinear pooling (the authors' OneVision form, ``flashvid/llava_arch.py``).
 
 Defaults: the authors' Qwen2.5-VL-7B script (``scripts/qwen2_5_vl.sh``: ``min_segment_num`` 4, ADTS v1
 ``attn_div``, ``alpha`` 0.7, ``temporal_threshold`` 0.8, ``expansion`` 1.25) with their ``flashvid()`` default

@@ -49,7 +49,7 @@ from vitrim.vlm.stages.sequence import (
     read_short,
     reorder_images,
 )
-from vitrim.vlm.stages.spans import ImageSpans, spans_from_mask
+from vitrim.vlm.stages.spans import ImageSpans, repeated_images, spans_from_mask
 
 
 class PreLLMStage:
@@ -406,32 +406,6 @@ def short_spans(spans: ImageSpans, short: ShortSequence, selections: list[ImageS
             is_image &= ~((image_of == image) & (token_of == selection.cls_carrier()))
     image_of, token_of = torch.where(is_image, image_of, -1), torch.where(is_image, token_of, -1)
     return ImageSpans(is_image, image_of, token_of, real=short.attention_mask.bool())
-
-
-def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
-    """Per image of the batch's rows (reading order), the encoded image it shows.
-
-    ``counts``: LLM tokens of each encoded image; ``row_tokens``: image tokens in each row. ``generate()`` encodes a
-    prompt's images once and then repeats the prompt's row e times (beam search, ``num_return_sequences``): each
-    prompt's images are then repeated e times in a row. Anything else is the images as encoded (a mismatch is
-    reported by :func:`~vitrim.vlm.stages.spans.spans_from_mask`).
-    """
-    total, given = sum(row_tokens), sum(counts)
-    identity = list(range(len(counts)))
-    if total == given or given == 0 or total % given or len(row_tokens) % (total // given):
-        return identity
-    repeat = total // given
-    order: list[int] = []
-    image = 0
-    for row in range(0, len(row_tokens), repeat):
-        if any(row_tokens[row + copy] != row_tokens[row] for copy in range(repeat)):
-            return identity
-        mine: list[int] = []
-        while sum(counts[i] for i in mine) < row_tokens[row] and image < len(counts):
-            mine.append(image)
-            image += 1
-        order += mine * repeat
-    return order
 
 
 IGNORE_INDEX = -100  # transformers' loss skips this label

@@ -96,3 +96,58 @@ def media_in_reading_order(
             at += sizes[taken[token]]
             taken[token] += 1
     return ordered, counts
+
+
+def repeated_images(counts: list[int], row_tokens: list[int]) -> list[int]:
+    """Per image of the batch's rows (reading order), the encoded image it shows.
+
+    ``counts``: LLM tokens of each encoded image; ``row_tokens``: image tokens in each row. ``generate()`` encodes a
+    prompt's images once and then repeats the prompt's row e times (beam search, ``num_return_sequences``): each
+    prompt's images are then repeated e times in a row. Anything else is the images as encoded (a mismatch is
+    reported by :func:`spans_from_mask`).
+    """
+    total, given = sum(row_tokens), sum(counts)
+    identity = list(range(len(counts)))
+    if total == given or given == 0 or total % given or len(row_tokens) % (total // given):
+        return identity
+    repeat = total // given
+    order: list[int] = []
+    image = 0
+    for row in range(0, len(row_tokens), repeat):
+        if any(row_tokens[row + copy] != row_tokens[row] for copy in range(repeat)):
+            return identity
+        mine: list[int] = []
+        while sum(counts[i] for i in mine) < row_tokens[row] and image < len(counts):
+            mine.append(image)
+            image += 1
+        order += mine * repeat
+    return order
+
+
+def media_spans(input_ids: Tensor, counts: dict[int, list[int]]) -> ImageSpans:
+    """The spans of every image and video of ``input_ids`` (B, L), numbered together in reading order.
+
+    ``counts``: per placeholder token id (image, video), the LLM tokens of each encoded item of that modality in
+    encode order; each modality's items may be one per prompt with the prompt's row repeated (``generate()``'s beams,
+    :func:`repeated_images`) or one per row. A family whose videos are visual tokens to the in-LLM stage hands it
+    these spans, its images and videos interleaved as the prompt holds them.
+    """
+    per_row: dict[int, list[int]] = {}
+    for token, sizes in counts.items():
+        order = repeated_images(sizes, (input_ids == token).sum(1).tolist())
+        per_row[token] = [sizes[i] for i in order]
+    ids = torch.as_tensor(list(counts), device=input_ids.device)
+    media = torch.isin(input_ids, ids)  # (B, L)
+    taken = dict.fromkeys(counts, 0)
+    ordered: list[int] = []
+    for row in range(input_ids.shape[0]):
+        columns = media[row].nonzero()[:, 0].tolist()
+        at = 0
+        while at < len(columns):
+            token = int(input_ids[row, columns[at]])
+            if taken[token] >= len(per_row[token]):
+                break  # more placeholders than items: spans_from_mask names the mismatch
+            ordered.append(per_row[token][taken[token]])
+            at += ordered[-1]
+            taken[token] += 1
+    return spans_from_mask(media, ordered)
