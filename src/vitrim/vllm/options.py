@@ -44,18 +44,33 @@ VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {
     "vidcom2": lambda method, frames, per_frame: vidcom2_count(per_frame, frames, method.options["video_pruning_rate"]),
     "temporal_downsample": lambda method, frames, per_frame: math.ceil(frames / method.options["stride"]) * per_frame,
 }
+# the architectures whose vision tower the plugin reduces in (vitrim.vllm.clip_tower: vLLM's CLIP, LLaVA-1.5)
+TOWER_ARCHITECTURES = ("VitrimLlavaForConditionalGeneration",)
 
 
-def refused(method: Method) -> str | None:
-    """Why vLLM serving cannot run ``method`` (a method with its options; None: it can). A served model runs
-    vitrim.vlm's one encoder seam (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every
-    pre-LLM method that selects from the images alone is served, and every video method whose count the grid fixes.
-    Refused: the other stages (the tower's and the LLM's are not hooked in vLLM; its paged attention hands a model no
-    attention rows), a video method whose count depends on the video's content (FastVID's segments: vLLM writes the
-    placeholders before the tower runs), and a method that reads the prompt (CDPruner unless ``theta=0``: vLLM
-    encodes the images before the text reaches the model)."""
-    if method.stage != "pre_llm":
-        return f"cuts at stage {method.stage!r}, and the plugin serves pre-LLM methods"
+def refused(method: Method, architecture: str | None = None) -> str | None:
+    """Why vLLM serving cannot run ``method`` (a method with its options) on ``architecture`` (None: on the
+    architecture that serves it best); None: it can. A served model runs vitrim.vlm's one encoder seam
+    (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every pre-LLM method that selects from
+    the images alone is served, and every video method whose count the grid fixes; the tower methods run inside
+    vLLM's CLIP tower (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.clip_tower`) with ``keep``, the count they leave
+    at the feature layer whatever the image. Refused: the in-LLM methods (they rank by the LLM's attention rows,
+    which vLLM's paged attention does not hand a model), the tower methods on another tower (vitrim.vlm runs them in
+    CLIP and SigLIP only, never in LLaVA-NeXT's tiles or Qwen's windowed ViT), a video method whose count depends on
+    the video's content (FastVID's segments: vLLM writes the placeholders before the tower runs), and a method that
+    reads the prompt (CDPruner unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    if method.stage == "in_llm":
+        return (
+            "prunes inside the LLM by its attention rows, which vLLM's paged attention does not hand a model; the "
+            "plugin serves pre-LLM and tower methods"
+        )
+    if method.stage == "tower":
+        if architecture is None or architecture in TOWER_ARCHITECTURES:
+            return None
+        return (
+            f"reduces inside the vision tower, which the plugin does on {', '.join(TOWER_ARCHITECTURES)} (CLIP) "
+            f"only, not on {architecture}"
+        )
     if method.reads_time and method.name not in VIDEO_COUNTS:
         return (
             "keeps a count that depends on the video's content, and vLLM writes a prompt's placeholders before the "
@@ -70,6 +85,11 @@ def pre_llm_methods() -> list[str]:
     """The image methods vLLM serving offers: every pre-LLM method that selects from the images alone
     (:func:`refused`); each also trims a video per temporal patch where the architecture serves videos."""
     return [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+
+
+def tower_methods() -> list[str]:
+    """The tower methods vLLM serving offers, on :data:`TOWER_ARCHITECTURES` (each with ``keep``)."""
+    return [name for name in methods(stage="tower") if served(name)]
 
 
 def video_methods() -> list[str]:
@@ -146,10 +166,14 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     keep = options.pop("keep", None)
     try:
         method = method_class(name)(**options)
-        why = refused(method)
+        why = refused(method, architecture)
         if why is not None:
             offered = ", ".join(pre_llm_methods() + video_methods())
-            raise ValueError(f"method {name!r} {why}; vLLM serving offers: {offered}")
+            towers = ", ".join(tower_methods())
+            raise ValueError(
+                f"method {name!r} {why}; vLLM serving offers: {offered} (and on {', '.join(TOWER_ARCHITECTURES)}: "
+                f"{towers})"
+            )
         if method.reads_time:
             return video_options(method, keep, architecture)
         if keep is None:
@@ -175,6 +199,11 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
+    if engine.method.stage == "tower":
+        raise ValueError(
+            f"vitrim: method {engine.method.name!r} reduces inside the tower with reducers built for the engine's "
+            "keep; a request's 'keep' is for the pre-LLM methods"
+        )
     if engine.method.reads_time:
         raise ValueError(
             f"vitrim: method {engine.method.name!r} decides each video's count itself; a request's 'keep' is for the "

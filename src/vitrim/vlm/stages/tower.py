@@ -289,14 +289,20 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     assert isinstance(layers, nn.ModuleList)
     config = tower.config  # type: ignore[union-attr]
     has_cls = "CLIPEncoderLayer" in kinds
-    depth = len(layers)
+    index = feature_block(feature_layer, len(layers))
+    return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
+
+
+def feature_block(feature_layer: int, depth: int) -> int:
+    """The 0-based index of the block whose output is hidden state ``feature_layer`` of a ``depth``-block tower
+    (−2 of 24: 22); ``ValueError`` outside the tower or for the embeddings (hidden state 0)."""
     if not -depth <= feature_layer < depth + 1:
         raise ValueError(f"vision feature layer {feature_layer} is outside the tower's {depth} layers")
     # hidden_states[i]: the embeddings for i = 0, the output of layer i - 1 after; negative i counts from the end
     index = (feature_layer % (depth + 1)) - 1
     if index < 0:
         raise ValueError("the vision feature layer is the embeddings: no tower block runs before it")
-    return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
+    return index
 
 
 def tower_plan(family: FamilyAdapter, method_name: str) -> TowerPlan:
@@ -376,6 +382,7 @@ __all__ = [
     "TowerReduction",
     "TransformersAttention",
     "build_reducers",
+    "feature_block",
     "find_tower",
     "split_heads",
     "install",

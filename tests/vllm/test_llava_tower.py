@@ -1,0 +1,123 @@
+"""Tower methods in vLLM's CLIP tower (VitrimLlavaForConditionalGeneration) against transformers + vitrim.vlm.
+
+Per method, one engine: three requests of different prompts and images (one with two images) run together and each
+alone; every request's greedy tokens equal transformers + ``vitrim.vlm.apply``'s on the same folder, the patches that
+reach the feature layer equal ``vitrim.vlm.last_selection``'s, and the prompt is shorter by exactly the patches the
+tower removed (vLLM's own count, written before the tower runs). The tiny tower has 3 layers and feature layer −2:
+the reductions run in blocks 0 and 1, on 16 patches.
+
+Default: ToMe (merges, so the second block's attention needs the log-size bias), FlowCut (images of one batch keep
+different counts between its cuts: the stage pads them with size-0 tokens), HiPrune (its object layer's attention
+kept for the feature block's cut). The other fixed-schedule reducers: ``@pytest.mark.full``.
+
+Positions: vLLM numbers the shortened prompt 0, 1, 2, … (docs/vllm.md); vitrim.vlm's tower stage keeps each token at
+its patch's position on transformers, so the reference numbers the LLM input contiguously (``positions="contiguous"``
+in tests/vllm/transformers_reference.py); the kept tokens, their order and the prompt's length are vitrim.vlm's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
+
+from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
+from PIL import Image
+
+from tiny_vlms.folders import save_vllm_llava as save_llava
+
+ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
+MAX_TOKENS = 8
+KEEP = 6
+DEFAULT: dict[str, dict[str, Any]] = {
+    "tome": {"keep": KEEP},
+    "flowcut": {"keep": KEEP},
+    "hiprune": {"keep": 10, "alpha": 0.5, "object_layer": 1},  # 1 anchor, its 4 buffers, 5 registers
+}
+FULL: dict[str, dict[str, Any]] = {
+    name: {"keep": KEEP} for name in ("evit", "topk", "tower_random", "zero_tprune", "diffrate")
+}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("llava_tower")
+
+
+@pytest.fixture(scope="module")
+def folder(work: Path) -> Path:
+    return save_llava(work / "tiny-llava")
+
+
+@pytest.fixture(scope="module")
+def requests(work: Path) -> list[dict[str, Any]]:
+    """Three prompts; images of three sizes (the processor resizes and crops each to 16 px), one prompt with two."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for index, (height, width) in enumerate([(16, 16), (24, 20), (40, 32)]):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return [
+        {"prompt": "w10 w11 <image> w12 w13", "images": [paths[0]]},
+        {"prompt": "w20 <image> w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
+        {"prompt": "w30 w31 <image> w32 <image> w33", "images": [paths[2], paths[0]]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """transformers + vitrim.vlm per method, the LLM input numbered 0, 1, 2, … as vLLM numbers it; one process."""
+    methods = {**DEFAULT, **FULL}
+    specs = [
+        {
+            "folder": str(folder),
+            "family": "llava",
+            "method": name,
+            "options": options,
+            "positions": "contiguous",
+            "max_tokens": MAX_TOKENS,
+            "requests": requests,
+        }
+        for name, options in methods.items()
+    ]
+    return dict(zip(methods, transformers_reference(specs, work), strict=True))
+
+
+def check(method: str, options: dict[str, Any], folder: Path, requests: list[dict[str, Any]], reference: Any) -> None:
+    runs = trimmed_runs(folder, ARCHITECTURE, method, options, requests, MAX_TOKENS)
+    assert_like_reference(requests, runs, reference[method])
+    assert all(len(kept) == options["keep"] for kept in runs[2].values())
+
+
+@pytest.mark.parametrize("method", list(DEFAULT))
+def test_a_tower_method_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
+    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+) -> None:
+    check(method, DEFAULT[method], folder, requests, reference)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("method", list(FULL))
+def test_every_fixed_schedule_reducer_keeps_what_vitrim_vlm_keeps(
+    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+) -> None:
+    check(method, FULL[method], folder, requests, reference)
+
+
+def test_a_requests_own_keep_is_refused_alone_and_the_engine_goes_on(
+    folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+) -> None:
+    def run(llm: Any) -> tuple[str, list[int]]:
+        asked = {**requests[0], "mm_processor_kwargs": {"vitrim": {"keep": 4}}}
+        with pytest.raises(ValueError) as refused:
+            greedy(llm, [asked], MAX_TOKENS)
+        return str(refused.value), list(greedy(llm, [requests[0]], MAX_TOKENS)[0].outputs[0].token_ids)
+
+    refusal, tokens = with_engine(folder, overrides(ARCHITECTURE, "tome", keep=KEEP), run)
+    assert "vitrim: method 'tome' reduces inside the tower" in refusal and "\n" not in refusal
+    assert tokens == reference["tome"][0]["tokens"]
