@@ -8,7 +8,8 @@ the reductions run in blocks 0 and 1, on 16 patches.
 
 Default: ToMe (merges, so the second block's attention needs the log-size bias), FlowCut (images of one batch keep
 different counts between its cuts: the stage pads them with size-0 tokens), HiPrune (its object layer's attention
-kept for the feature block's cut). The other fixed-schedule reducers: ``@pytest.mark.full``.
+kept for the feature block's cut). FlowCut runs on a 5-layer tower, where its first cut leaves each image its own
+count (on 3 layers it cuts once, straight to keep). The other fixed-schedule reducers: ``@pytest.mark.full``.
 
 Positions: vLLM numbers the shortened prompt 0, 1, 2, … (docs/vllm.md); vitrim.vlm's tower stage keeps each token at
 its patch's position on transformers, so the reference numbers the LLM input contiguously (``positions="contiguous"``
@@ -29,18 +30,22 @@ from engines import assert_like_reference, greedy, overrides, transformers_refer
 from PIL import Image
 
 from tiny_vlms.folders import save_vllm_llava as save_llava
+from vitrim.vlm_user.tiny import VLLM_LLAVA_VISION
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
 MAX_TOKENS = 8
 KEEP = 6
 DEFAULT: dict[str, dict[str, Any]] = {
     "tome": {"keep": KEEP},
-    "flowcut": {"keep": KEEP},
+    "flowcut": {"keep": KEEP},  # on the 5-layer tower (DEEP)
     "hiprune": {"keep": 10, "alpha": 0.5, "object_layer": 1},  # 1 anchor, its 4 buffers, 5 registers
 }
 FULL: dict[str, dict[str, Any]] = {
     name: {"keep": KEEP} for name in ("evit", "topk", "tower_random", "zero_tprune", "diffrate")
 }
+# FlowCut cuts straight to keep in the block before the feature block's: on 3 layers (feature block 1) it cuts once;
+# on 5 (feature block 3) block 0 cuts first by each image's [CLS] entropy, so a batch's images differ in count
+DEEP = {"flowcut"}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +54,10 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def folder(work: Path) -> Path:
-    return save_llava(work / "tiny-llava")
+def folders(work: Path) -> dict[bool, Path]:
+    """The tiny LLaVA (3 tower layers) under False, one with 5 tower layers under True (:data:`DEEP`)."""
+    deep = {**VLLM_LLAVA_VISION, "num_hidden_layers": 5}
+    return {False: save_llava(work / "tiny-llava"), True: save_llava(work / "deep-llava", vision=deep)}
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +77,12 @@ def requests(work: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def reference(work: Path, folders: dict[bool, Path], requests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """transformers + vitrim.vlm per method, the LLM input numbered 0, 1, 2, … as vLLM numbers it; one process."""
     methods = {**DEFAULT, **FULL}
     specs = [
         {
-            "folder": str(folder),
+            "folder": str(folders[name in DEEP]),
             "family": "llava",
             "method": name,
             "options": options,
@@ -88,29 +95,29 @@ def reference(work: Path, folder: Path, requests: list[dict[str, Any]]) -> dict[
     return dict(zip(methods, transformers_reference(specs, work), strict=True))
 
 
-def check(method: str, options: dict[str, Any], folder: Path, requests: list[dict[str, Any]], reference: Any) -> None:
-    runs = trimmed_runs(folder, ARCHITECTURE, method, options, requests, MAX_TOKENS)
+def check(method: str, options: dict[str, Any], folders: Any, requests: list[dict[str, Any]], reference: Any) -> None:
+    runs = trimmed_runs(folders[method in DEEP], ARCHITECTURE, method, options, requests, MAX_TOKENS)
     assert_like_reference(requests, runs, reference[method])
     assert all(len(kept) == options["keep"] for kept in runs[2].values())
 
 
 @pytest.mark.parametrize("method", list(DEFAULT))
 def test_a_tower_method_keeps_what_vitrim_vlm_keeps_and_generates_what_transformers_does(
-    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+    method: str, folders: dict[bool, Path], requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
 ) -> None:
-    check(method, DEFAULT[method], folder, requests, reference)
+    check(method, DEFAULT[method], folders, requests, reference)
 
 
 @pytest.mark.full
 @pytest.mark.parametrize("method", list(FULL))
 def test_every_fixed_schedule_reducer_keeps_what_vitrim_vlm_keeps(
-    method: str, folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+    method: str, folders: dict[bool, Path], requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
 ) -> None:
-    check(method, FULL[method], folder, requests, reference)
+    check(method, FULL[method], folders, requests, reference)
 
 
 def test_a_requests_own_keep_is_refused_alone_and_the_engine_goes_on(
-    folder: Path, requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
+    folders: dict[bool, Path], requests: list[dict[str, Any]], reference: dict[str, list[dict[str, Any]]]
 ) -> None:
     def run(llm: Any) -> tuple[str, list[int]]:
         asked = {**requests[0], "mm_processor_kwargs": {"vitrim": {"keep": 4}}}
@@ -118,6 +125,6 @@ def test_a_requests_own_keep_is_refused_alone_and_the_engine_goes_on(
             greedy(llm, [asked], MAX_TOKENS)
         return str(refused.value), list(greedy(llm, [requests[0]], MAX_TOKENS)[0].outputs[0].token_ids)
 
-    refusal, tokens = with_engine(folder, overrides(ARCHITECTURE, "tome", keep=KEEP), run)
+    refusal, tokens = with_engine(folders[False], overrides(ARCHITECTURE, "tome", keep=KEEP), run)
     assert "vitrim: method 'tome' reduces inside the tower" in refusal and "\n" not in refusal
     assert tokens == reference["tome"][0]["tokens"]
