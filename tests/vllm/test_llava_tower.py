@@ -1,10 +1,11 @@
 """Tower methods in vLLM's CLIP tower (VitrimLlavaForConditionalGeneration) against transformers + vitrim.vlm.
 
 Per method, one engine: three requests of different prompts and images (one with two images) run together and each
-alone; every request's greedy tokens equal transformers + ``vitrim.vlm.apply``'s on the same folder, the patches that
-reach the feature layer equal ``vitrim.vlm.last_selection``'s, and the prompt is shorter by exactly the patches the
-tower removed (vLLM's own count, written before the tower runs). The tiny tower has 3 layers and feature layer −2:
-the reductions run in blocks 0 and 1, on 16 patches.
+alone (its images named afresh, so its tower runs again); every request's greedy tokens equal transformers +
+``vitrim.vlm.apply``'s on the same folder, the patches that reach the feature layer equal
+``vitrim.vlm.last_selection``'s, and the prompt is shorter by exactly the patches the tower removed (vLLM's own
+count, written before the tower runs). The tiny tower has 3 layers and feature layer −2: the reductions run in
+blocks 0 and 1, on 16 patches.
 
 Default: ToMe (merges, so the second block's attention needs the log-size bias), FlowCut (images of one batch keep
 different counts between its cuts: the stage pads them with size-0 tokens), HiPrune (its object layer's attention
@@ -26,7 +27,7 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
+from engines import assert_like_reference, greedy, overrides, transformers_reference, with_engine
 from PIL import Image
 
 from tiny_vlms.folders import save_vllm_llava as save_llava
@@ -96,7 +97,18 @@ def reference(work: Path, folders: dict[bool, Path], requests: list[dict[str, An
 
 
 def check(method: str, options: dict[str, Any], folders: Any, requests: list[dict[str, Any]], reference: Any) -> None:
-    runs = trimmed_runs(folders[method in DEEP], ARCHITECTURE, method, options, requests, MAX_TOKENS)
+    """One engine: the requests together, then each alone under fresh image names (vLLM's encoder cache would hand
+    an alone run the batch's features; named afresh, its tower runs on its images only: no batch, no padding)."""
+
+    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
+        from vitrim.vllm.selection_record import recorded_selections
+
+        together = greedy(llm, requests, MAX_TOKENS)
+        named = [{**r, "uuids": [f"alone{i}-{j}" for j in range(len(r["images"]))]} for i, r in enumerate(requests)]
+        alone = [greedy(llm, [request], MAX_TOKENS)[0] for request in named]
+        return together, alone, recorded_selections(llm)
+
+    runs = with_engine(folders[method in DEEP], overrides(ARCHITECTURE, method, **options), run)
     assert_like_reference(requests, runs, reference[method])
     assert all(len(kept) == options["keep"] for kept in runs[2].values())
 
