@@ -5,11 +5,12 @@ It comes from ``--hf-overrides`` (``LLM(hf_overrides=...)`` in Python), beside t
     {"architectures": ["VitrimLlavaForConditionalGeneration"],
      "vitrim": {"method": "visionzip", "keep": 64, "dominant": 54}}
 
-``method`` is a pre-LLM method of vitrim.vlm; ``keep`` an int (image tokens per image, and per temporal patch of a
-video) or a float in (0, 1] (a fraction of each), as in ``vitrim.vlm.apply``; every other key is an option of the
-method under its authors' name (``dominant`` above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``)
-takes no ``keep``: it decides each video's count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an
-architecture that serves videos (:data:`VIDEO_ARCHITECTURES`).
+``method`` is a pre-LLM method of vitrim.vlm (on LLaVA-1.5 also a tower method: :mod:`vitrim.vllm.clip_tower`);
+``keep`` an int (image tokens per image, and per temporal patch of a video) or a float in (0, 1] (a fraction of
+each), as in ``vitrim.vlm.apply``; every other key is an option of the method under its authors' name (``dominant``
+above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``) takes no ``keep``: it decides each video's
+count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an architecture that serves videos
+(:data:`VIDEO_ARCHITECTURES`).
 
 Why this form: ``--hf-overrides`` is vLLM's own way to change a checkpoint's config, ``architectures`` is how vLLM
 picks the model class, and the options live in the config the engine hands every process, so the front end (which
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import vitrim.vlm  # noqa: F401  (registers every method)
+from vitrim.reduce import get_reducer
 from vitrim.vlm.families import served_architectures
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
@@ -54,7 +56,8 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
     (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every pre-LLM method that selects from
     the images alone is served, and every video method whose count the grid fixes; the tower methods run inside
     vLLM's CLIP tower (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.clip_tower`) with ``keep``, the count they leave
-    at the feature layer whatever the image. Refused: the in-LLM methods (they rank by the LLM's attention rows,
+    at the feature layer whatever the image (a reducer that takes no ``keep``, PiToMe and PPT, is refused). Refused:
+    the in-LLM methods (they rank by the LLM's attention rows,
     which vLLM's paged attention does not hand a model), the tower methods on another tower (vitrim.vlm runs them in
     CLIP and SigLIP only, never in LLaVA-NeXT's tiles or Qwen's windowed ViT), a video method whose count depends on
     the video's content (FastVID's segments: vLLM writes the placeholders before the tower runs), and a method that
@@ -65,12 +68,18 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
             "plugin serves pre-LLM and tower methods"
         )
     if method.stage == "tower":
-        if architecture is None or architecture in TOWER_ARCHITECTURES:
-            return None
-        return (
-            f"reduces inside the vision tower, which the plugin does on {', '.join(TOWER_ARCHITECTURES)} (CLIP) "
-            f"only, not on {architecture}"
-        )
+        if architecture is not None and architecture not in TOWER_ARCHITECTURES:
+            return (
+                f"reduces inside the vision tower, which the plugin does on {', '.join(TOWER_ARCHITECTURES)} (CLIP) "
+                f"only, not on {architecture}"
+            )
+        reducer = getattr(method, "reducer", "")
+        if reducer and not get_reducer(reducer).takes_schedule():
+            return (
+                "sets its count block by block from its own options and takes no 'keep'; the plugin serves a tower "
+                "method with 'keep', the count the prompt is written with before the tower runs"
+            )
+        return None
     if method.reads_time and method.name not in VIDEO_COUNTS:
         return (
             "keeps a count that depends on the video's content, and vLLM writes a prompt's placeholders before the "
