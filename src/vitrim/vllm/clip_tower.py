@@ -44,8 +44,8 @@ class VllmClipAttention(BlockAttention):
         if mask is None:
             mixed = attention.attn(q, k, v)  # (B, N, h·hd)
         else:
-            split = [split_heads(t, heads) for t in (q, k, v)]  # (B, h, N, hd)
-            out = F.scaled_dot_product_attention(*split, attn_mask=mask.to(q.dtype), scale=float(attention.scale))
+            qh, kh, vh = (split_heads(t, heads) for t in (q, k, v))  # (B, h, N, hd)
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask.to(q.dtype), scale=float(attention.scale))
             mixed = out.transpose(1, 2).reshape(q.shape)
         out, _ = attention.out_proj(mixed)  # (B, N, D), summed over ranks
         if not qkv:
