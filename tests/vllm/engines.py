@@ -84,6 +84,22 @@ def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[An
     return llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
 
 
+def llava_requests(work: Path, seed: int = 0) -> list[dict[str, Any]]:
+    """Three LLaVA prompts; random images (PNGs in ``work``, drawn from ``seed``) of three sizes (the processor resizes
+    and crops each to 16 px), one prompt with two."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for index, (height, width) in enumerate([(16, 16), (24, 20), (40, 32)]):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return [
+        {"prompt": "w10 w11 <image> w12 w13", "images": [paths[0]]},
+        {"prompt": "w20 <image> w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
+        {"prompt": "w30 w31 <image> w32 <image> w33", "images": [paths[2], paths[0]]},
+    ]
+
+
 def video_item(clip: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     """A clip as vLLM's Qwen processors take it: its (T, H, W, 3) uint8 frames and the metadata its video loader
     would report, every frame kept (``do_sample_frames`` False: the processor reads the frames as given)."""
