@@ -36,12 +36,13 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.parse import ImageProcessorItems
 from vllm.multimodal.processing import PromptReplacement
 
-from vitrim.vllm.clip_tower import clip_reducers, install_clip_tower, kept_in_raster_order
+from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
+from vitrim.vllm.tower_stage import clip_layout, install_tower, kept_in_raster_order, tower_reducers
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import Selector
@@ -106,7 +107,7 @@ def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> Trim
         )
     grid = (vision.image_size // vision.patch_size) ** 2
     if isinstance(options.method, TowerMethod):  # its reducers, built here: a bad option stops the engine start
-        clip_reducers(hf_config, options.method, options.tokens(grid))
+        llava_tower_reducers(hf_config, options.method, options.tokens(grid))
         return options
     if not options.method.authors_layout():
         raise ValueError(
@@ -118,6 +119,13 @@ def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> Trim
         scoring_layer_index(layer, vision.num_hidden_layers)
     options.method.check_keep(options.tokens(grid))
     return options
+
+
+def llava_tower_reducers(hf_config: Any, method: TowerMethod, keep: int) -> dict[int, Reducer]:
+    """A tower method's reducers on LLaVA-1.5's CLIP (:mod:`vitrim.vllm.tower_stage`), the kept tokens handed on
+    alone (``to_grid=False``); a bad option is one ``vitrim:`` line."""
+    why = "vLLM serves a tower method on LLaVA-1.5 with the kept tokens alone (to_grid=False)"
+    return tower_reducers(clip_layout(hf_config), method, keep, to_grid=False, why=why)
 
 
 def image_tokens(hf_config: Any) -> int:
@@ -194,12 +202,12 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
         method = options.method
-        # a tower method: vitrim.vlm's tower stage on vLLM's CLIP layers (vitrim.vllm.clip_tower); else the taps
-        self.vitrim_tower = (
-            install_clip_tower(self.vision_tower, config, method, self.vitrim_keep)
-            if isinstance(method, TowerMethod)
-            else None
-        )
+        # a tower method: vitrim.vlm's tower stage on vLLM's CLIP layers (vitrim.vllm.tower_stage); else the taps
+        self.vitrim_tower = None
+        if isinstance(method, TowerMethod):
+            layers = self.vision_tower.vision_model.encoder.layers
+            reducers = llava_tower_reducers(config, method, self.vitrim_keep)
+            self.vitrim_tower = install_tower(layers, clip_layout(config), reducers, siglip=False)
         self.vitrim_taps = None if self.vitrim_tower else clip_taps(self.vision_tower, config, method, cls_row=True)
 
     def embed_multimodal(self, **kwargs: object) -> Any:

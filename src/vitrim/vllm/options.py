@@ -5,7 +5,7 @@ It comes from ``--hf-overrides`` (``LLM(hf_overrides=...)`` in Python), beside t
     {"architectures": ["VitrimLlavaForConditionalGeneration"],
      "vitrim": {"method": "visionzip", "keep": 64, "dominant": 54}}
 
-``method`` is a pre-LLM method of vitrim.vlm (on LLaVA-1.5 also a tower method: :mod:`vitrim.vllm.clip_tower`);
+``method`` is a pre-LLM method of vitrim.vlm (on LLaVA-1.5 also a tower method: :mod:`vitrim.vllm.tower_stage`);
 ``keep`` an int (image tokens per image, and per temporal patch of a video) or a float in (0, 1] (a fraction of
 each), as in ``vitrim.vlm.apply``; every other key is an option of the method under its authors' name (``dominant``
 above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``) takes no ``keep``: it decides each video's
@@ -46,8 +46,8 @@ VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {
     "vidcom2": lambda method, frames, per_frame: vidcom2_count(per_frame, frames, method.options["video_pruning_rate"]),
     "temporal_downsample": lambda method, frames, per_frame: math.ceil(frames / method.options["stride"]) * per_frame,
 }
-# the architectures whose vision tower the plugin reduces in (vitrim.vllm.clip_tower: vLLM's CLIP, LLaVA-1.5)
-TOWER_ARCHITECTURES = ("VitrimLlavaForConditionalGeneration",)
+# the architectures whose vision tower the plugin reduces in (vitrim.vllm.tower_stage: vLLM's CLIP and SigLIP)
+TOWER_ARCHITECTURES = ("VitrimLlavaForConditionalGeneration", "VitrimGemma3ForConditionalGeneration")
 
 
 def refused(method: Method, architecture: str | None = None) -> str | None:
@@ -55,13 +55,13 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
     architecture that serves it best); None: it can. A served model runs vitrim.vlm's one encoder seam
     (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every pre-LLM method that selects from
     the images alone is served, and every video method whose count the grid fixes; the tower methods run inside
-    vLLM's CLIP tower (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.clip_tower`) with ``keep``, the count they leave
-    at the feature layer whatever the image (a reducer that takes no ``keep``, PiToMe and PPT, is refused). Refused:
-    the in-LLM methods (they rank by the LLM's attention rows,
-    which vLLM's paged attention does not hand a model), the tower methods on another tower (vitrim.vlm runs them in
-    CLIP and SigLIP only, never in LLaVA-NeXT's tiles or Qwen's windowed ViT), a video method whose count depends on
-    the video's content (FastVID's segments: vLLM writes the placeholders before the tower runs), and a method that
-    reads the prompt (CDPruner unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    vLLM's CLIP and SigLIP towers (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.tower_stage`) with ``keep``, the
+    count they leave at the feature layer whatever the image (a reducer that takes no ``keep``, PiToMe and PPT, is
+    refused). Refused: the in-LLM methods (they rank by the LLM's attention rows, which vLLM's paged attention does
+    not hand a model), the tower methods on another tower (vitrim.vlm runs them in CLIP and SigLIP only, never in
+    LLaVA-NeXT's tiles or Qwen's windowed ViT), a video method whose count depends on the video's content (FastVID's
+    segments: vLLM writes the placeholders before the tower runs), and a method that reads the prompt (CDPruner
+    unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
     if method.stage == "in_llm":
         return (
             "prunes inside the LLM by its attention rows, which vLLM's paged attention does not hand a model; the "
@@ -70,8 +70,8 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
     if method.stage == "tower":
         if architecture is not None and architecture not in TOWER_ARCHITECTURES:
             return (
-                f"reduces inside the vision tower, which the plugin does on {', '.join(TOWER_ARCHITECTURES)} (CLIP) "
-                f"only, not on {architecture}"
+                f"reduces inside the vision tower, which the plugin does on {' and '.join(TOWER_ARCHITECTURES)} "
+                f"(CLIP and SigLIP) only, not on {architecture}"
             )
         reducer = getattr(method, "reducer", "")
         if reducer and not get_reducer(reducer).takes_schedule():

@@ -26,7 +26,7 @@ the calls, operands and their order are transformers' own: the tower is bit for 
 running the tower through vitrim's own equivalent model (:func:`vitrim.from_transformers`), would copy the tower's
 weights and re-create its output object; it is the independent path the tests compare this one with. The
 attention call is the stage's one tower-specific step (:class:`BlockAttention`): vLLM's CLIP, whose attention fuses
-q, k and v and takes no mask, runs the same stage through its own (``vitrim.vllm.clip_tower``).
+q, k and v and takes no mask, runs the same stage through its own (``vitrim.vllm.tower_stage``).
 
 What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3 and
 PaliGemma: the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was
@@ -95,7 +95,7 @@ class BlockAttention:
     """How a tower block's attention runs inside :class:`TowerReduction`, and where the reducers read its q, k, v.
 
     The one place a tower implementation differs for the stage: transformers' (:class:`TransformersAttention`,
-    the default) or vLLM's CLIP (``vitrim.vllm.clip_tower``). Layer norms, MLP and residuals are the layer's own
+    the default) or vLLM's CLIP (``vitrim.vllm.tower_stage``). Layer norms, MLP and residuals are the layer's own
     modules under the same names in both (``layer_norm1``, ``self_attn``, ``layer_norm2``, ``mlp``)."""
 
     def watch(self, layer: Any) -> list[Any]:
