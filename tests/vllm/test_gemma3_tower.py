@@ -1,6 +1,6 @@
 """Tower methods in vLLM's SigLIP tower (VitrimGemma3ForConditionalGeneration) against transformers + vitrim.vlm.
 
-One engine for the module (started with ToMe keeping 128 of the tower's 256 patches per image); each other tower
+One engine for the module (started with ToMe keeping 64 of the tower's 256 patches per image); each other tower
 method is switched in on it (``use_trim``). Per method, three requests of different prompts and images (one with two
 images) run together and each alone, every run naming its images afresh (``multi_modal_uuids``: vLLM's encoder
 cache never hands one run's features to another, so each alone run's tower runs without the batch): every request's
@@ -33,7 +33,7 @@ from vitrim.vllm.options import trim_options
 ARCHITECTURE = "VitrimGemma3ForConditionalGeneration"
 MAX_TOKENS = 8
 DEFAULT: dict[str, dict[str, Any]] = {
-    "tome": {"keep": 128},
+    "tome": {"keep": 64},  # the fewest ToMe leaves in 2 blocks: each merges half
     "hiprune": {"keep": 100, "alpha": 0.5, "object_layer": 1},  # 10 anchors and their buffers, 50 registers
 }
 FULL: dict[str, dict[str, Any]] = {name: {"keep": 100} for name in ("evit", "topk", "tower_random", "zero_tprune")}
