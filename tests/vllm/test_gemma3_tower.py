@@ -10,7 +10,8 @@ tokens go back on the patch grid, which the projector pools: vLLM's own count, a
 has 2 layers of 256 patches and no [CLS]: HiPrune and top-k rank by the attention each patch receives.
 
 Default: ToMe (merges: the size bias, each patch refilled with its group's token) and HiPrune; ``evit``, ``topk``,
-``tower_random`` and ``zero_tprune`` under ``@pytest.mark.full``. FlowCut needs a [CLS] and is refused, in one line.
+``tower_random`` and ``zero_tprune`` under ``@pytest.mark.full``. FlowCut and DiffRate need a [CLS] and are
+refused, in one line.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def test_every_fixed_schedule_reducer_in_siglip_keeps_what_vitrim_vlm_keeps(
     check(llm, method, FULL[method], requests, reference)
 
 
-def test_flowcut_and_a_tower_without_the_grid_are_refused_in_one_line(folder: Path) -> None:
+def test_flowcut_diffrate_and_a_tower_off_the_grid_are_refused_in_one_line(folder: Path) -> None:
     from transformers import AutoConfig
 
     from vitrim.vllm.gemma3 import gemma3_trim_options
@@ -132,6 +133,7 @@ def test_flowcut_and_a_tower_without_the_grid_are_refused_in_one_line(folder: Pa
     config = AutoConfig.from_pretrained(folder)
     for entry, message in (
         ({"method": "flowcut", "keep": 64}, "vitrim: flowcut scores by the [CLS] token's attention row"),
+        ({"method": "diffrate", "keep": 64}, "vitrim: reducer 'diffrate' ranks tokens by [CLS] attention"),
         ({"method": "tome", "keep": 128, "to_grid": False}, "vitrim: to_grid=False is not served here: Gemma 3's"),
     ):
         config.vitrim = entry

@@ -9,7 +9,7 @@ blocks 0 and 1, on 16 patches.
 
 Default: ToMe (merges, so the second block's attention needs the log-size bias), FlowCut (images of one batch keep
 different counts between its cuts: the stage pads them with size-0 tokens), HiPrune (its object layer's attention
-kept for the feature block's cut). FlowCut runs on a 5-layer tower, where its first cut leaves each image its own
+kept for the feature block's cut). FlowCut runs on a 7-layer tower, where its first two cuts leave each image its own
 count (on 3 layers it cuts once, straight to keep). The other fixed-schedule reducers: ``@pytest.mark.full``.
 
 Positions: vLLM numbers the shortened prompt 0, 1, 2, … (docs/vllm.md); vitrim.vlm's tower stage keeps each token at
@@ -36,14 +36,15 @@ MAX_TOKENS = 8
 KEEP = 6
 DEFAULT: dict[str, dict[str, Any]] = {
     "tome": {"keep": KEEP},
-    "flowcut": {"keep": KEEP},  # on the 5-layer tower (DEEP)
+    "flowcut": {"keep": KEEP},  # on the 7-layer tower (DEEP)
     "hiprune": {"keep": 10, "alpha": 0.5, "object_layer": 1},  # 1 anchor, its 4 buffers, 5 registers
 }
 FULL: dict[str, dict[str, Any]] = {
     name: {"keep": KEEP} for name in ("evit", "topk", "tower_random", "zero_tprune", "diffrate")
 }
 # FlowCut cuts straight to keep in the block before the feature block's: on 3 layers (feature block 1) it cuts once;
-# on 5 (feature block 3) block 0 cuts first by each image's [CLS] entropy, so a batch's images differ in count
+# on 7 (feature block 5) blocks 0 and 2 cut first by each image's [CLS] entropy, so a batch's images differ in
+# count over four blocks (on 5 layers, over two, the padding's mask went untested: the tokens did not change)
 DEEP = {"flowcut"}
 
 
@@ -54,8 +55,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def folders(work: Path) -> dict[bool, Path]:
-    """The tiny LLaVA (3 tower layers) under False, one with 5 tower layers under True (:data:`DEEP`)."""
-    deep = {**VLLM_LLAVA_VISION, "num_hidden_layers": 5}
+    """The tiny LLaVA (3 tower layers) under False, one with 7 tower layers under True (:data:`DEEP`)."""
+    deep = {**VLLM_LLAVA_VISION, "num_hidden_layers": 7}
     return {False: save_llava(work / "tiny-llava"), True: save_llava(work / "deep-llava", vision=deep)}
 
 

@@ -24,6 +24,7 @@ from vitrim.vllm.options import (
 LLAVA = "VitrimLlavaForConditionalGeneration"
 QWEN2_5 = "VitrimQwen2_5_VLForConditionalGeneration"
 QWEN3 = "VitrimQwen3VLForConditionalGeneration"
+GEMMA3 = "VitrimGemma3ForConditionalGeneration"
 
 
 def config(vitrim: Any, model_type: str = "llava") -> SimpleNamespace:
@@ -54,7 +55,7 @@ def test_vllm_serving_offers_every_pre_llm_method_that_selects_from_the_images_a
     assert trim_options(config({"method": "cdpruner", "keep": 8, "theta": 0}), LLAVA).method.name == "cdpruner"
 
 
-def test_the_tower_methods_are_served_on_llava_only_at_the_engines_keep() -> None:
+def test_the_tower_methods_are_served_on_llava_and_gemma3_only_at_the_engines_keep() -> None:
     assert set(tower_methods()) == {
         "hiprune", "flowcut", "tome", "evit", "topk", "tower_random", "zero_tprune", "diffrate",
     }  # fmt: skip
@@ -62,6 +63,7 @@ def test_the_tower_methods_are_served_on_llava_only_at_the_engines_keep() -> Non
         trim_options(config({"method": "pitome", "ratio": 0.8}), LLAVA)
     options = trim_options(config({"method": "tome", "keep": 6}), LLAVA)
     assert options.tokens(16) == 6
+    assert trim_options(config({"method": "hiprune", "keep": 64}, "gemma3"), GEMMA3).method.name == "hiprune"
     with pytest.raises(ValueError, match=r"^vitrim: method 'tome' reduces inside the tower with reducers built"):
         request_options(options, {"vitrim": {"keep": 4}})
     with pytest.raises(ValueError) as raised:
