@@ -84,6 +84,34 @@ def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[An
     return llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
 
 
+def three_requests(
+    work: Path, sizes: list[tuple[int, int]], image: str = "<image>", seed: int = 0
+) -> list[dict[str, Any]]:
+    """Three prompts; random images (PNGs in ``work``, drawn from ``seed``) of three (height, width) ``sizes``, one
+    prompt with two; ``image``: the family's image placeholder."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for index, (height, width) in enumerate(sizes):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return [
+        {"prompt": f"w10 w11 {image} w12 w13", "images": [paths[0]]},
+        {"prompt": f"w20 {image} w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
+        {"prompt": f"w30 w31 {image} w32 {image} w33", "images": [paths[2], paths[0]]},
+    ]
+
+
+def llava_requests(work: Path, seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`three_requests` for LLaVA: images of three sizes (the processor resizes and crops each to 16 px)."""
+    return three_requests(work, [(16, 16), (24, 20), (40, 32)], seed=seed)
+
+
+def gemma3_requests(work: Path) -> list[dict[str, Any]]:
+    """:func:`three_requests` for Gemma 3: images of three sizes (the processor resizes each to 32 px)."""
+    return three_requests(work, [(32, 32), (40, 24), (64, 48)], image="<start_of_image>")
+
+
 def video_item(clip: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     """A clip as vLLM's Qwen processors take it: its (T, H, W, 3) uint8 frames and the metadata its video loader
     would report, every frame kept (``do_sample_frames`` False: the processor reads the frames as given)."""

@@ -40,9 +40,14 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("qwen", LLAVA, {"method": "random", "keep": 4}, f"vitrim: architecture {LLAVA} runs 'llava' checkpoints; "
      "this one has model_type 'qwen2_5_vl'"),
     ("llava", LLAVA, {"method": "visionzap", "keep": 4}, "vitrim: unknown vlm method 'visionzap'"),
-    ("qwen", QWEN, {"method": "fastv", "keep": 4}, "vitrim: method 'fastv' cuts at stage 'in_llm', and the plugin "
-     "serves pre-LLM methods"),
-    ("llava", LLAVA, {"method": "hiprune", "keep": 4}, "vitrim: method 'hiprune' cuts at stage 'tower'"),
+    ("qwen", QWEN, {"method": "fastv", "keep": 4}, "vitrim: method 'fastv' prunes inside the LLM by its attention "
+     "rows, which vLLM's paged attention does not hand a model"),
+    ("qwen", QWEN, {"method": "hiprune", "keep": 4}, "vitrim: method 'hiprune' reduces inside the vision tower, which "
+     f"the plugin does on {LLAVA} and VitrimGemma3ForConditionalGeneration (CLIP and SigLIP) only, not on {QWEN}"),
+    ("llava", LLAVA, {"method": "hiprune", "keep": 5}, "vitrim: object_layer=9 is past this tower's feature layer"),
+    ("llava", LLAVA, {"method": "tome", "keep": 3}, "vitrim: keep=3: ToMe merges at most half of the tokens"),
+    ("llava", LLAVA, {"method": "pitome", "ratio": 0.8}, "vitrim: method 'pitome' sets its count block by block"),
+    ("llava", LLAVA, {"method": "tome", "keep": 6, "to_grid": True}, "vitrim: to_grid=True is not served here"),
     ("qwen", QWEN, {"method": "fastvid"}, "vitrim: method 'fastvid' keeps a count that depends on the video's "
      "content, and vLLM writes a prompt's placeholders before the tower runs"),
     ("llava", LLAVA, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {LLAVA} serves images only"),

@@ -24,13 +24,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import ENGINE_ARGS, overrides, transformers_reference, with_engine
+from engines import ENGINE_ARGS, gemma3_requests, overrides, transformers_reference, with_engine
 from PIL import Image
 
 from tiny_vlms.folders import save_vllm_gemma3
@@ -56,18 +55,7 @@ def folder(work: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def requests(work: Path) -> list[dict[str, Any]]:
-    """Three prompts; images of three sizes (the processor resizes each to 32 px), one prompt with two."""
-    rng = np.random.default_rng(0)
-    paths = []
-    for index, (height, width) in enumerate([(32, 32), (40, 24), (64, 48)]):
-        path = work / f"image{index}.png"
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
-    return [
-        {"prompt": "w10 w11 <start_of_image> w12 w13", "images": [paths[0]]},
-        {"prompt": "w20 <start_of_image> w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
-        {"prompt": "w30 w31 <start_of_image> w32 <start_of_image> w33", "images": [paths[2], paths[0]]},
-    ]
+    return gemma3_requests(work)
 
 
 @pytest.fixture(scope="module")

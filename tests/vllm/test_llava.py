@@ -14,13 +14,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
-from PIL import Image
+from engines import (
+    assert_like_reference,
+    greedy,
+    llava_requests,
+    overrides,
+    transformers_reference,
+    trimmed_runs,
+    with_engine,
+)
 
 from tiny_vlms.folders import LLAVA_GRID
 from tiny_vlms.folders import save_vllm_llava as save_llava
@@ -45,18 +51,7 @@ def folder(work: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def requests(work: Path) -> list[dict[str, Any]]:
-    """Three prompts; images of three sizes (the processor resizes and crops each to 16 px), one prompt with two."""
-    rng = np.random.default_rng(0)
-    paths = []
-    for index, (height, width) in enumerate([(16, 16), (24, 20), (40, 32)]):
-        path = work / f"image{index}.png"
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
-    return [
-        {"prompt": "w10 w11 <image> w12 w13", "images": [paths[0]]},
-        {"prompt": "w20 <image> w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
-        {"prompt": "w30 w31 <image> w32 <image> w33", "images": [paths[2], paths[0]]},
-    ]
+    return llava_requests(work)
 
 
 @pytest.fixture(scope="module")

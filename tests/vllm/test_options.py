@@ -12,11 +12,19 @@ from typing import Any
 import pytest
 
 from vitrim.vllm.compat import check_vllm_version
-from vitrim.vllm.options import pre_llm_methods, refuse_vllm_video_pruning, trim_options, video_methods
+from vitrim.vllm.options import (
+    pre_llm_methods,
+    refuse_vllm_video_pruning,
+    request_options,
+    tower_methods,
+    trim_options,
+    video_methods,
+)
 
 LLAVA = "VitrimLlavaForConditionalGeneration"
 QWEN2_5 = "VitrimQwen2_5_VLForConditionalGeneration"
 QWEN3 = "VitrimQwen3VLForConditionalGeneration"
+GEMMA3 = "VitrimGemma3ForConditionalGeneration"
 
 
 def config(vitrim: Any, model_type: str = "llava") -> SimpleNamespace:
@@ -47,11 +55,29 @@ def test_vllm_serving_offers_every_pre_llm_method_that_selects_from_the_images_a
     assert trim_options(config({"method": "cdpruner", "keep": 8, "theta": 0}), LLAVA).method.name == "cdpruner"
 
 
+def test_the_tower_methods_are_served_on_llava_and_gemma3_only_at_the_engines_keep() -> None:
+    assert set(tower_methods()) == {
+        "hiprune", "flowcut", "tome", "evit", "topk", "tower_random", "zero_tprune", "diffrate",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"^vitrim: method 'pitome' sets its count block by block from its own"):
+        trim_options(config({"method": "pitome", "ratio": 0.8}), LLAVA)
+    options = trim_options(config({"method": "tome", "keep": 6}), LLAVA)
+    assert options.tokens(16) == 6
+    assert trim_options(config({"method": "hiprune", "keep": 64}, "gemma3"), GEMMA3).method.name == "hiprune"
+    with pytest.raises(ValueError, match=r"^vitrim: method 'tome' reduces inside the tower with reducers built"):
+        request_options(options, {"vitrim": {"keep": 4}})
+    with pytest.raises(ValueError) as raised:
+        trim_options(config({"method": "hiprune", "keep": 8}, "qwen2_5_vl"), QWEN2_5)
+    assert f"vitrim: method 'hiprune' reduces inside the vision tower, which the plugin does on {LLAVA}" in str(
+        raised.value
+    )
+
+
 @pytest.mark.parametrize(
     ("vitrim", "model_type", "message"),
     [
         ({"method": "visionzap", "keep": 8}, "llava", "vitrim: unknown vlm method 'visionzap'; expected one of:"),
-        ({"method": "fastv", "keep": 8}, "llava", "vitrim: method 'fastv' cuts at stage 'in_llm'"),
+        ({"method": "fastv", "keep": 8}, "llava", "vitrim: method 'fastv' prunes inside the LLM by its attention"),
         ({"method": "random", "keep": 0}, "llava", "vitrim: keep=0 must be at least 1"),
         ({"method": "random", "keep": 1.5}, "llava", "vitrim: keep=1.5 as a fraction must be in (0, 1]"),
         ({"method": "random", "keep": "8"}, "llava", "vitrim: keep='8' must be an int"),

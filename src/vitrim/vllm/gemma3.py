@@ -40,15 +40,19 @@ from vllm.multimodal.processing import PromptReplacement, PromptUpdateDetails
 from vllm.platforms import current_platform
 from vllm.transformers_utils.processor import cached_image_processor_from_config
 
+from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version, declare_image_pruning
 from vitrim.vllm.gemma3_attention import OriginalMaskAttention, StepPositions
 from vitrim.vllm.gemma3_positions import blocks_of, place_kept, prompt_positions
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vllm.tower_stage import install_tower, on_grid, siglip_layout, tower_reducers
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.families.gemma3 import pooled_received, projector_pool
+from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
+from vitrim.vlm.stages.tower import TowerReduction
 
 ARCHITECTURE = "VitrimGemma3ForConditionalGeneration"
 PAN_AND_SCAN = (
@@ -58,11 +62,31 @@ PAN_AND_SCAN = (
 
 
 def gemma3_trim_options(hf_config: Any) -> TrimOptions:
-    """The validated ``vitrim`` options of a Gemma 3 config (``keep`` checked against its pooled tokens)."""
+    """The validated ``vitrim`` options of a Gemma 3 config (``keep`` checked against its pooled tokens; a tower
+    method's against the tower's patches, its reducers built)."""
     check_vllm_version()
     options = trim_options(hf_config, ARCHITECTURE)
+    if isinstance(options.method, TowerMethod):
+        gemma3_tower_reducers(hf_config, options)
+        return options
     options.method.check_keep(options.tokens(int(hf_config.mm_tokens_per_image)))
     return options
+
+
+def gemma3_tower_reducers(hf_config: Any, options: TrimOptions) -> dict[int, Reducer]:
+    """A tower method's reducers on Gemma 3's SigLIP (:mod:`vitrim.vllm.tower_stage`): ``keep`` counts the tower's
+    patches, and the tokens go back on the patch grid for the projector's pooling; a bad option is one line."""
+    assert isinstance(options.method, TowerMethod)
+    layout = siglip_layout(hf_config)
+    why = "Gemma 3's projector average-pools the whole patch grid, so the tower's tokens go back on it"
+    return tower_reducers(layout, options.method, options.tokens(layout.patches), to_grid=True, why=why)
+
+
+def soft_tokens(options: TrimOptions, hf_config: Any) -> int:
+    """The soft tokens an image hands the LLM: ``keep`` of the N pooled tokens; all N under a tower method (it
+    reduces inside the tower, and the projector pools the refilled grid to N)."""
+    tokens = int(hf_config.mm_tokens_per_image)
+    return tokens if isinstance(options.method, TowerMethod) else options.tokens(tokens)
 
 
 def pan_and_scan_on(info: Gemma3ProcessingInfo, mm_kwargs: Mapping[str, object]) -> bool:
@@ -114,14 +138,14 @@ class TrimmedGemma3Processor(RequestKeep, Gemma3MultiModalProcessor):
         crops = processed.get("num_patches")
         if crops is None:
             return {}
-        keep = options.tokens(int(self.info.get_hf_config().mm_tokens_per_image))
+        keep = soft_tokens(options, self.info.get_hf_config())
         return {keep_field("image"): torch.full((len(crops),), keep, dtype=torch.long)}
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
         config = self.info.get_hf_config()
         image_token = int(config.image_token_index)
         tokens = int(config.mm_tokens_per_image)
-        keep = self.request_trim(hf_processor_mm_kwargs).tokens(tokens)
+        keep = soft_tokens(self.request_trim(hf_processor_mm_kwargs), config)
         plain = {key: value for key, value in hf_processor_mm_kwargs.items() if key != "vitrim"}
         (update,) = super()._get_prompt_updates(mm_items, plain, out_mm_kwargs)
 
@@ -165,6 +189,7 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         self.vitrim_tokens = int(config.mm_tokens_per_image)
         self.vitrim_record = SelectionRecord()
         self.vitrim_taps: Taps | None = None
+        self.vitrim_tower: TowerReduction | None = None
         self.use_trim(options)
         self.vitrim_step = StepPositions()
         text = config.text_config
@@ -180,8 +205,16 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         (tests switch methods on one engine; the front end counts placeholders by the engine's keep)."""
         if self.vitrim_taps is not None:
             self.vitrim_taps.remove()
+        if self.vitrim_tower is not None:
+            self.vitrim_tower.remove()
+        self.vitrim_taps, self.vitrim_tower = None, None
         self.vitrim_options = options
-        self.vitrim_keep = options.tokens(self.vitrim_tokens)
+        self.vitrim_keep = soft_tokens(options, self.config)
+        if isinstance(options.method, TowerMethod):  # vitrim.vlm's tower stage on vLLM's SigLIP layers
+            layers = self.vision_tower.vision_model.encoder.layers
+            reducers = gemma3_tower_reducers(self.config, options)
+            self.vitrim_tower = install_tower(layers, siglip_layout(self.config), reducers, siglip=True)
+            return
         kernel = int(self.multi_modal_projector.kernel_size)
         last = self.vision_tower.vision_model.encoder.layers[-1]
         self.vitrim_taps = Taps(
@@ -193,9 +226,15 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         if image_input is None:
             return []
         pixels: Tensor = image_input["pixel_values"]  # (I, 3, H, W): one crop per image (no pan-and-scan)
-        features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, P, C)
-        projected = self.multi_modal_projector(features)  # (I, N, E)
+        features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, P, C); tower method: (I, n, C)
         seeds = image_seeds(pixels)  # (I,)
+        if self.vitrim_tower is not None:  # the tower reduced: its tokens back on the grid, every pooled token on
+            grid, kept = on_grid(self.vitrim_tower, features)  # (I, P, C)
+            self.vitrim_record.add_all(seeds, kept)
+            projected = self.multi_modal_projector(grid)  # (I, N, E)
+            raster = torch.arange(projected.shape[1], dtype=projected.dtype)[:, None]  # each at its own position
+            return tuple(torch.cat([image, raster], dim=1) for image in projected)
+        projected = self.multi_modal_projector(features)  # (I, N, E)
         keeps = asked_keeps(kwargs, "image") or [self.vitrim_keep] * len(pixels)  # each image's request's keep
         assert self.vitrim_taps is not None
         attention = self.vitrim_taps.take_attention()

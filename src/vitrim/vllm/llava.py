@@ -36,14 +36,17 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.parse import ImageProcessorItems
 from vllm.multimodal.processing import PromptReplacement
 
+from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
+from vitrim.vllm.tower_stage import clip_layout, install_tower, kept_in_raster_order, tower_reducers
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import Selector
+from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaForConditionalGeneration"
@@ -102,17 +105,27 @@ def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> Trim
             f"this checkpoint has a {vision.model_type!r} tower, vision_feature_layer={layer!r}, "
             f"vision_feature_select_strategy={strategy!r}"
         )
+    grid = (vision.image_size // vision.patch_size) ** 2
+    if isinstance(options.method, TowerMethod):  # its reducers, built here: a bad option stops the engine start
+        llava_tower_reducers(hf_config, options.method, options.tokens(grid))
+        return options
     if not options.method.authors_layout():
         raise ValueError(
             "vitrim: positions='original' keeps each kept token at its unpruned position; vLLM numbers a shortened "
             "LLaVA prompt 0, 1, 2, … (the authors' convention, vitrim.vlm's default positions='authors')"
         )
-    grid = (vision.image_size // vision.patch_size) ** 2
     options.tokens(grid)  # keep above the grid fails here, when the engine starts
     if options.method.needs_cls_attention:
         scoring_layer_index(layer, vision.num_hidden_layers)
     options.method.check_keep(options.tokens(grid))
     return options
+
+
+def llava_tower_reducers(hf_config: Any, method: TowerMethod, keep: int) -> dict[int, Reducer]:
+    """A tower method's reducers on LLaVA-1.5's CLIP (:mod:`vitrim.vllm.tower_stage`), the kept tokens handed on
+    alone (``to_grid=False``); a bad option is one ``vitrim:`` line."""
+    why = "vLLM serves a tower method on LLaVA-1.5 with the kept tokens alone (to_grid=False)"
+    return tower_reducers(clip_layout(hf_config), method, keep, to_grid=False, why=why)
 
 
 def image_tokens(hf_config: Any) -> int:
@@ -188,7 +201,14 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
-        self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=True)
+        method = options.method
+        # a tower method: vitrim.vlm's tower stage on vLLM's CLIP layers (vitrim.vllm.tower_stage); else the taps
+        self.vitrim_tower = None
+        if isinstance(method, TowerMethod):
+            layers = self.vision_tower.vision_model.encoder.layers
+            reducers = llava_tower_reducers(config, method, self.vitrim_keep)
+            self.vitrim_tower = install_tower(layers, clip_layout(config), reducers, siglip=False)
+        self.vitrim_taps = None if self.vitrim_tower else clip_taps(self.vision_tower, config, method, cls_row=True)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
@@ -197,8 +217,12 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         if image_input["type"] != "pixel_values":
             raise ValueError("vitrim: trimmed LLaVA selects from the tower's evidence; send images, not image_embeds")
         pixels: Tensor = image_input["pixel_values"]  # (I, 3, H, W)
-        features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, N, D)
+        features = self._image_pixels_to_features(self.vision_tower, pixels)  # (I, N, D); tower method: (I, keep, D)
         assert isinstance(features, Tensor)
+        if self.vitrim_tower is not None:  # the tower reduced: its keep tokens, in raster order, to the projector
+            tokens, kept = kept_in_raster_order(self.vitrim_tower, features, self.vitrim_keep)
+            self.vitrim_record.add_all(image_seeds(pixels) if recording() else None, kept)
+            return tuple(self.multi_modal_projector(tokens).unbind(0))
         method = self.vitrim_options.method
         # each image's content seed: read by a seeded method, and the key of the test's record (selection_record)
         seeds = image_seeds(pixels) if method.needs_seeds or recording() else None  # (I,)

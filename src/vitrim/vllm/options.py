@@ -5,11 +5,12 @@ It comes from ``--hf-overrides`` (``LLM(hf_overrides=...)`` in Python), beside t
     {"architectures": ["VitrimLlavaForConditionalGeneration"],
      "vitrim": {"method": "visionzip", "keep": 64, "dominant": 54}}
 
-``method`` is a pre-LLM method of vitrim.vlm; ``keep`` an int (image tokens per image, and per temporal patch of a
-video) or a float in (0, 1] (a fraction of each), as in ``vitrim.vlm.apply``; every other key is an option of the
-method under its authors' name (``dominant`` above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``)
-takes no ``keep``: it decides each video's count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an
-architecture that serves videos (:data:`VIDEO_ARCHITECTURES`).
+``method`` is a pre-LLM method of vitrim.vlm (on LLaVA-1.5 also a tower method: :mod:`vitrim.vllm.tower_stage`);
+``keep`` an int (image tokens per image, and per temporal patch of a video) or a float in (0, 1] (a fraction of
+each), as in ``vitrim.vlm.apply``; every other key is an option of the method under its authors' name (``dominant``
+above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``) takes no ``keep``: it decides each video's
+count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an architecture that serves videos
+(:data:`VIDEO_ARCHITECTURES`).
 
 Why this form: ``--hf-overrides`` is vLLM's own way to change a checkpoint's config, ``architectures`` is how vLLM
 picks the model class, and the options live in the config the engine hands every process, so the front end (which
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import vitrim.vlm  # noqa: F401  (registers every method)
+from vitrim.reduce import get_reducer
 from vitrim.vlm.families import served_architectures
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
@@ -44,18 +46,40 @@ VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {
     "vidcom2": lambda method, frames, per_frame: vidcom2_count(per_frame, frames, method.options["video_pruning_rate"]),
     "temporal_downsample": lambda method, frames, per_frame: math.ceil(frames / method.options["stride"]) * per_frame,
 }
+# the architectures whose vision tower the plugin reduces in (vitrim.vllm.tower_stage: vLLM's CLIP and SigLIP)
+TOWER_ARCHITECTURES = ("VitrimLlavaForConditionalGeneration", "VitrimGemma3ForConditionalGeneration")
 
 
-def refused(method: Method) -> str | None:
-    """Why vLLM serving cannot run ``method`` (a method with its options; None: it can). A served model runs
-    vitrim.vlm's one encoder seam (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every
-    pre-LLM method that selects from the images alone is served, and every video method whose count the grid fixes.
-    Refused: the other stages (the tower's and the LLM's are not hooked in vLLM; its paged attention hands a model no
-    attention rows), a video method whose count depends on the video's content (FastVID's segments: vLLM writes the
-    placeholders before the tower runs), and a method that reads the prompt (CDPruner unless ``theta=0``: vLLM
-    encodes the images before the text reaches the model)."""
-    if method.stage != "pre_llm":
-        return f"cuts at stage {method.stage!r}, and the plugin serves pre-LLM methods"
+def refused(method: Method, architecture: str | None = None) -> str | None:
+    """Why vLLM serving cannot run ``method`` (a method with its options) on ``architecture`` (None: on the
+    architecture that serves it best); None: it can. A served model runs vitrim.vlm's one encoder seam
+    (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every pre-LLM method that selects from
+    the images alone is served, and every video method whose count the grid fixes; the tower methods run inside
+    vLLM's CLIP and SigLIP towers (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.tower_stage`) with ``keep``, the
+    count they leave at the feature layer whatever the image (a reducer that takes no ``keep``, PiToMe and PPT, is
+    refused). Refused: the in-LLM methods (they rank by the LLM's attention rows, which vLLM's paged attention does
+    not hand a model), the tower methods on another tower (vitrim.vlm runs them in CLIP and SigLIP only, never in
+    LLaVA-NeXT's tiles or Qwen's windowed ViT), a video method whose count depends on the video's content (FastVID's
+    segments: vLLM writes the placeholders before the tower runs), and a method that reads the prompt (CDPruner
+    unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    if method.stage == "in_llm":
+        return (
+            "prunes inside the LLM by its attention rows, which vLLM's paged attention does not hand a model; the "
+            "plugin serves pre-LLM and tower methods"
+        )
+    if method.stage == "tower":
+        if architecture is not None and architecture not in TOWER_ARCHITECTURES:
+            return (
+                f"reduces inside the vision tower, which the plugin does on {' and '.join(TOWER_ARCHITECTURES)} "
+                f"(CLIP and SigLIP) only, not on {architecture}"
+            )
+        reducer = getattr(method, "reducer", "")
+        if reducer and not get_reducer(reducer).takes_schedule():
+            return (
+                "sets its count block by block from its own options and takes no 'keep'; the plugin serves a tower "
+                "method with 'keep', the count the prompt is written with before the tower runs"
+            )
+        return None
     if method.reads_time and method.name not in VIDEO_COUNTS:
         return (
             "keeps a count that depends on the video's content, and vLLM writes a prompt's placeholders before the "
@@ -70,6 +94,11 @@ def pre_llm_methods() -> list[str]:
     """The image methods vLLM serving offers: every pre-LLM method that selects from the images alone
     (:func:`refused`); each also trims a video per temporal patch where the architecture serves videos."""
     return [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+
+
+def tower_methods() -> list[str]:
+    """The tower methods vLLM serving offers, on :data:`TOWER_ARCHITECTURES` (each with ``keep``)."""
+    return [name for name in methods(stage="tower") if served(name)]
 
 
 def video_methods() -> list[str]:
@@ -146,10 +175,14 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     keep = options.pop("keep", None)
     try:
         method = method_class(name)(**options)
-        why = refused(method)
+        why = refused(method, architecture)
         if why is not None:
             offered = ", ".join(pre_llm_methods() + video_methods())
-            raise ValueError(f"method {name!r} {why}; vLLM serving offers: {offered}")
+            towers = ", ".join(tower_methods())
+            raise ValueError(
+                f"method {name!r} {why}; vLLM serving offers: {offered} (and on {', '.join(TOWER_ARCHITECTURES)}: "
+                f"{towers})"
+            )
         if method.reads_time:
             return video_options(method, keep, architecture)
         if keep is None:
@@ -175,6 +208,11 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
+    if engine.method.stage == "tower":
+        raise ValueError(
+            f"vitrim: method {engine.method.name!r} reduces inside the tower with reducers built for the engine's "
+            "keep; a request's 'keep' is for the pre-LLM methods"
+        )
     if engine.method.reads_time:
         raise ValueError(
             f"vitrim: method {engine.method.name!r} decides each video's count itself; a request's 'keep' is for the "

@@ -24,7 +24,9 @@ reducer's hook between them; the attention's q, k and v are read from forward ho
 ``attention_mask`` argument, so every attention backend stays as the user chose it. When a reducer removes nothing
 the calls, operands and their order are transformers' own: the tower is bit for bit unmodified. The other option,
 running the tower through vitrim's own equivalent model (:func:`vitrim.from_transformers`), would copy the tower's
-weights and re-create its output object; it is the independent path the tests compare this one with.
+weights and re-create its output object; it is the independent path the tests compare this one with. The
+attention call is the stage's one tower-specific step (:class:`BlockAttention`): vLLM's CLIP, whose attention fuses
+q, k and v and takes no mask, runs the same stage through its own (``vitrim.vllm.tower_stage``).
 
 What the tower then hands on. The feature layer's tokens (LLaVA: ``vision_feature_layer``, −2; SigLIP in Gemma 3 and
 PaliGemma: the last) are fewer: ``positions`` says which patch each stands in for (a merged token: the patch it was
@@ -80,6 +82,63 @@ class TowerPlan:
     feature_index: int
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # transformers' attention projections, read by TransformersAttention
+
+
+def split_heads(t: Tensor, heads: int) -> Tensor:
+    """(B, N, D) -> (B, H, N, hd), as the towers' attention splits it."""
+    B, N, D = t.shape
+    return t.view(B, N, heads, D // heads).transpose(1, 2)
+
+
+class BlockAttention:
+    """How a tower block's attention runs inside :class:`TowerReduction`, and where the reducers read its q, k, v.
+
+    The one place a tower implementation differs for the stage: transformers' (:class:`TransformersAttention`,
+    the default) or vLLM's CLIP (``vitrim.vllm.tower_stage``). Layer norms, MLP and residuals are the layer's own
+    modules under the same names in both (``layer_norm1``, ``self_attn``, ``layer_norm2``, ``mlp``)."""
+
+    def watch(self, layer: Any) -> list[Any]:
+        """Set up the reading of a reducing layer's q, k, v; the handles to remove with the reduction."""
+        return []
+
+    def attend(
+        self, layer: Any, hidden: Tensor, mask: Tensor | None, kwargs: dict[str, Any], *, qkv: bool
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
+        """The layer's attention on ``hidden`` (B, N, D) (after ``layer_norm1``) with the additive ``mask``
+        (B or 1, 1, 1 or N, N; None: none): its output (B, N, D) after the output projection, and with ``qkv``
+        its q, k, v, each (B, H, N, hd) over every head."""
+        raise NotImplementedError
+
+
+class TransformersAttention(BlockAttention):
+    """transformers' CLIP / SigLIP attention, called as the model would with the mask as its ``attention_mask``
+    (every backend stays as the user chose it); q, k, v read from forward hooks on its own projections."""
+
+    def __init__(self) -> None:
+        self._captured: dict[str, Tensor] = {}
+
+    def watch(self, layer: Any) -> list[Any]:
+        return [getattr(layer.self_attn, name).register_forward_hook(self._capture(name)) for name in PROJECTIONS]
+
+    def _capture(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+            self._captured[name] = output
+
+        return hook
+
+    def attend(
+        self, layer: Any, hidden: Tensor, mask: Tensor | None, kwargs: dict[str, Any], *, qkv: bool
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
+        self._captured.clear()
+        out, _ = layer.self_attn(hidden_states=hidden, attention_mask=mask, **kwargs)
+        if not qkv:
+            return out, None
+        heads = layer.self_attn.num_heads
+        q, k, v = (split_heads(self._captured[name], heads) for name in PROJECTIONS)
+        return out, (q, k, v)
+
+
 class TowerReduction:
     """Reducers on the encoder layers of one tower instance (module doc); an
     :class:`~vitrim.vlm.method.base.Installation`.
@@ -88,32 +147,30 @@ class TowerReduction:
     :meth:`feature_state` is the token state at the feature layer and :meth:`selection` its per-image selection.
     """
 
-    def __init__(self, plan: TowerPlan, reducers: Mapping[int, Reducer], to_grid: bool = True) -> None:
+    def __init__(
+        self,
+        plan: TowerPlan,
+        reducers: Mapping[int, Reducer],
+        to_grid: bool = True,
+        attention: BlockAttention | None = None,
+    ) -> None:
         self.plan = plan
         self.to_grid = to_grid  # the feature layer's tokens go back on the patch grid (else each on its own slot)
         self.reducers = dict(reducers)
+        self.attention = TransformersAttention() if attention is None else attention
         self._state: TokenState | None = None
         self._feature: TokenState | None = None
         self._tower_ran = False  # the tower ran since the LLM's last prefill (see on_llm)
         self._no_images = False  # the LLM's last prefill came without a tower run: it had no image
-        self._captured: dict[str, Tensor] = {}
         self._handles: list[Any] = []
         self._overridden: list[nn.Module] = []
         for index, layer in enumerate(plan.layers):
             if index > plan.feature_index:
                 break
             if index in self.reducers:
-                attention = layer.self_attn
-                for name in ("q_proj", "k_proj", "v_proj"):
-                    self._handles.append(getattr(attention, name).register_forward_hook(self._capture(name)))
+                self._handles += self.attention.watch(layer)
             layer.forward = self._layer_forward(index, layer)  # instance attribute: the class stays as it is
             self._overridden.append(layer)
-
-    def _capture(self, name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
-            self._captured[name] = output
-
-        return hook
 
     def _layer_forward(self, index: int, layer: Any) -> Callable[..., Tensor]:
         def forward(hidden_states: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor:
@@ -141,13 +198,13 @@ class TowerReduction:
         state = state.record_block()
         bias = state.attention_bias()  # (B, 1, 1, N) log-sizes after a merge, else None
         mask = bias if attention_mask is None else attention_mask if bias is None else attention_mask + bias
-        self._captured.clear()
-        attn_out, _ = layer.self_attn(hidden_states=layer.layer_norm1(x), attention_mask=mask, **kwargs)
+        attn_out, qkv = self.attention.attend(layer, layer.layer_norm1(x), mask, kwargs, qkv=reducer is not None)
         x = x + attn_out
         if reducer is not None:
-            attention = layer.self_attn
-            q, k, v = (self._heads(self._captured[n], attention.num_heads) for n in ("q_proj", "k_proj", "v_proj"))
-            result = AttentionResult(out=attn_out, weights=None, q=q, k=k, scale=attention.scale, mask=mask, v=v)
+            assert qkv is not None
+            q, k, v = qkv
+            scale = float(layer.self_attn.scale)
+            result = AttentionResult(out=attn_out, weights=None, q=q, k=k, scale=scale, mask=mask, v=v)
             state = reducer.after_attention(state.replace(tokens=x), result)
             x = state.tokens
         x = x + layer.mlp(layer.layer_norm2(x))
@@ -155,12 +212,6 @@ class TowerReduction:
         if index == self.plan.feature_index:
             self._feature = self._state
         return x
-
-    @staticmethod
-    def _heads(t: Tensor, heads: int) -> Tensor:
-        """(B, N, D) -> (B, H, N, hd), as transformers' attention splits it."""
-        B, N, D = t.shape
-        return t.view(B, N, heads, D // heads).transpose(1, 2)
 
     def on_llm(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Forward pre-hook on the LLM: a prefill (an empty cache) that no tower run came before had no image, so
@@ -238,14 +289,20 @@ def find_tower(model: nn.Module, feature_layer: int) -> TowerPlan:
     assert isinstance(layers, nn.ModuleList)
     config = tower.config  # type: ignore[union-attr]
     has_cls = "CLIPEncoderLayer" in kinds
-    depth = len(layers)
+    index = feature_block(feature_layer, len(layers))
+    return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
+
+
+def feature_block(feature_layer: int, depth: int) -> int:
+    """The 0-based index of the block whose output is hidden state ``feature_layer`` of a ``depth``-block tower
+    (−2 of 24: 22); ``ValueError`` outside the tower or for the embeddings (hidden state 0)."""
     if not -depth <= feature_layer < depth + 1:
         raise ValueError(f"vision feature layer {feature_layer} is outside the tower's {depth} layers")
     # hidden_states[i]: the embeddings for i = 0, the output of layer i - 1 after; negative i counts from the end
     index = (feature_layer % (depth + 1)) - 1
     if index < 0:
         raise ValueError("the vision feature layer is the embeddings: no tower block runs before it")
-    return TowerPlan(layers, int(has_cls), (config.image_size // config.patch_size) ** 2, index)
+    return index
 
 
 def tower_plan(family: FamilyAdapter, method_name: str) -> TowerPlan:
@@ -319,11 +376,15 @@ def _keep_count(keep: KeepSpec | None, patches: int) -> int | None:
 
 
 __all__ = [
+    "BlockAttention",
     "TowerMethod",
     "TowerPlan",
     "TowerReduction",
+    "TransformersAttention",
     "build_reducers",
+    "feature_block",
     "find_tower",
+    "split_heads",
     "install",
     "keep_counts_per_image",
     "to_grid_of",
