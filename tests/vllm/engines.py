@@ -61,7 +61,7 @@ def with_engine(folder: Path, hf_overrides: dict[str, Any] | None, work: Callabl
 
 def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[Any]:
     """One ``generate`` over ``requests`` ({"prompt", "images": [PNG paths], "videos": [{"frames": .npy path,
-    "fps"}]}, "videos", "mm_processor_kwargs" and "uuids" optional); the RequestOutputs in order."""
+    "fps"}]}, "videos", "mm_processor_kwargs", "uuids" and "video_uuids" optional); the RequestOutputs in order."""
     from vllm import SamplingParams
 
     prompts = []
@@ -71,8 +71,9 @@ def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[An
         prompt: dict[str, Any] = {"prompt": request["prompt"]}
         if "mm_processor_kwargs" in request:  # e.g. {"vitrim": {"keep": 4}}: this request's own keep
             prompt["mm_processor_kwargs"] = request["mm_processor_kwargs"]
-        if "uuids" in request:  # the images' names: fresh ones keep vLLM's caches from handing on earlier features
-            prompt["multi_modal_uuids"] = {"image": request["uuids"]}
+        names = {"image": request.get("uuids"), "video": request.get("video_uuids")}
+        if any(names.values()):  # the media's names: fresh ones keep vLLM's caches from handing on earlier features
+            prompt["multi_modal_uuids"] = {kind: given for kind, given in names.items() if given}
         data: dict[str, Any] = {}
         if images:
             data["image"] = images if len(images) > 1 else images[0]
@@ -172,16 +173,27 @@ def trimmed_runs(
     **engine_args: Any,
 ) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
     """One engine of ``architecture`` with ``method`` (``engine_args`` over :data:`ENGINE_ARGS`): the requests
-    together, each alone, and what it kept."""
+    together, each alone, and what it kept. Each alone run names its media afresh: under the batch's names vLLM's
+    encoder cache would hand it the batch's features, and its tower would not run without the batch."""
 
     def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
         from vitrim.vllm.selection_record import recorded_selections
 
         together = greedy(llm, requests, tokens)
-        alone = [greedy(llm, [request], tokens)[0] for request in requests]
+        alone = [greedy(llm, [named_afresh(request, f"alone{i}")], tokens)[0] for i, request in enumerate(requests)]
         return together, alone, recorded_selections(llm)
 
     return with_engine(folder, overrides(architecture, method, **options), run, **engine_args)
+
+
+def named_afresh(request: dict[str, Any], tag: str) -> dict[str, Any]:
+    """``request`` with its images and videos named ``tag``-image-j / ``tag``-video-j (``multi_modal_uuids``)."""
+    named = dict(request)
+    if request.get("images"):
+        named["uuids"] = [f"{tag}-image-{j}" for j in range(len(request["images"]))]
+    if request.get("videos"):
+        named["video_uuids"] = [f"{tag}-video-{j}" for j in range(len(request["videos"]))]
+    return named
 
 
 def assert_like_reference(

@@ -26,7 +26,15 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import assert_like_reference, greedy, llava_requests, overrides, transformers_reference, with_engine
+from engines import (
+    assert_like_reference,
+    greedy,
+    llava_requests,
+    overrides,
+    transformers_reference,
+    trimmed_runs,
+    with_engine,
+)
 
 from tiny_vlms.folders import save_vllm_llava as save_llava
 from vitrim.vlm_user.tiny import VLLM_LLAVA_VISION
@@ -85,18 +93,9 @@ def reference(work: Path, folders: dict[bool, Path], requests: list[dict[str, An
 
 
 def check(method: str, options: dict[str, Any], folders: Any, requests: list[dict[str, Any]], reference: Any) -> None:
-    """One engine: the requests together, then each alone under fresh image names (vLLM's encoder cache would hand
-    an alone run the batch's features; named afresh, its tower runs on its images only: no batch, no padding)."""
-
-    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
-        from vitrim.vllm.selection_record import recorded_selections
-
-        together = greedy(llm, requests, MAX_TOKENS)
-        named = [{**r, "uuids": [f"alone{i}-{j}" for j in range(len(r["images"]))]} for i, r in enumerate(requests)]
-        alone = [greedy(llm, [request], MAX_TOKENS)[0] for request in named]
-        return together, alone, recorded_selections(llm)
-
-    runs = with_engine(folders[method in DEEP], overrides(ARCHITECTURE, method, **options), run)
+    """One engine: the requests together, then each alone under fresh image names (``trimmed_runs``: its tower runs
+    on its images only, no batch, no padding)."""
+    runs = trimmed_runs(folders[method in DEEP], ARCHITECTURE, method, options, requests, MAX_TOKENS)
     assert_like_reference(requests, runs, reference[method])
     assert all(len(kept) == options["keep"] for kept in runs[2].values())
 
