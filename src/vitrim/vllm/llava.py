@@ -38,6 +38,7 @@ from vllm.multimodal.processing import PromptReplacement
 
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
+from vitrim.vllm.prompt_instruction import PromptInstruction, image_prompts, load_clip, select_with_prompts
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
@@ -170,8 +171,14 @@ class LlavaPlaceholders(RequestKeep):
         return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
 
 
-class TrimmedLlavaProcessor(LlavaPlaceholders, LlavaMultiModalProcessor):
-    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image (:class:`LlavaPlaceholders`)."""
+class TrimmedLlavaProcessor(PromptInstruction, LlavaPlaceholders, LlavaMultiModalProcessor):
+    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image (:class:`LlavaPlaceholders`) and,
+    for a method that reads the prompt, each image's text (:class:`~vitrim.vllm.prompt_instruction.PromptInstruction`:
+    the ``<image>`` token is the image in the prompt, and the only image token)."""
+
+    def instruction_tokens(self) -> tuple[int, frozenset[int]]:
+        image = int(self.info.get_hf_config().image_token_index)
+        return image, frozenset({image})
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -189,6 +196,8 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
         self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=True)
+        device = next(self.multi_modal_projector.parameters()).device
+        load_clip(options.method, int(config.vision_config.hidden_size), device)  # relevance="clip": its CLIP
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
@@ -212,7 +221,14 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
             return tuple(self.multi_modal_projector(features).unbind(0))
         cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
-        hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        prompts = image_prompts(kwargs, method, len(pixels))  # what each image answers to (CDPruner)
+        if prompts is None:
+            hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        else:
+            embed = self.get_language_model().embed_input_ids
+            hand_on = HandOn(
+                method, lambda evidence, count: select_with_prompts(method, evidence, keeps, prompts, embed)
+            )
         selections, written = hand_on.run(
             features,
             values=features if projected is None else None,
