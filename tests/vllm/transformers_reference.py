@@ -10,7 +10,8 @@ SPECS: a list of runs, each {"folder", "family": "llava" | "llava_next" | "qwen2
 "method": name or null, "options": {...} (keep and the method's options), "positions": "original" | "contiguous" |
 "vllm_evs" | "vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy
 path of (T, H, W, 3) uint8, "fps"}], "question"}]} ("videos" optional: a clip's frames as read, every one kept:
-``do_sample_frames=False``; "question" optional: ``generate(texts=...)``, CDPruner's question for its CLIP). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
+``do_sample_frames=False``; "question" optional: ``generate(texts=...)``, CDPruner's question for its CLIP).
+OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
 length, "seeds": per image the content seed of its pixels (LLaVA-NeXT: of its own tiles), "video_seeds": per video the
 content seed of its pixels, "media": Qwen, "image" / "video" per medium in prompt order (else null),
 "image_tokens": per image its unpruned token count, "kept": per image or video (prompt order) kept raster indices

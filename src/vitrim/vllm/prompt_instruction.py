@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from vllm.multimodal.inputs import MultiModalFieldConfig
 
 from vitrim.vllm.options import reads_question
@@ -125,7 +125,7 @@ class PromptInstruction(RequestKeep):
         return {**kwargs, TEXTS: tuple(text for text, hit in zip(texts, cached, strict=True) if not hit)}
 
     def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> Any:
-        return super()._call_hf_processor(hf_data, without_prompt(hf_kwargs))  # type: ignore[misc]
+        return super()._call_hf_processor(hf_data, without_prompt(hf_kwargs))
 
     def _get_prompt_updates(
         self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, object], out_mm_kwargs: Any
@@ -137,7 +137,7 @@ class PromptInstruction(RequestKeep):
     def _postprocess_hf_mm_data(
         self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object], processed_data: Any
     ) -> Any:
-        processed = super()._postprocess_hf_mm_data(hf_data, hf_kwargs, processed_data)  # type: ignore[misc]
+        processed = super()._postprocess_hf_mm_data(hf_data, hf_kwargs, processed_data)
         texts: Any = hf_kwargs.get(TEXTS)
         if texts is not None and texts:
             question = self.request_trim(hf_kwargs).question or ""
@@ -147,7 +147,7 @@ class PromptInstruction(RequestKeep):
         return processed
 
     def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Mapping[str, object]) -> Any:
-        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))  # type: ignore[misc]
+        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
         for name in (TEXT_FIELD, QUESTION_FIELD):
             if name in hf_inputs:
                 fields[name] = MultiModalFieldConfig.batched("image")
@@ -228,8 +228,8 @@ def load_clip(method: Method, width: int, device: torch.device) -> None:
         towers = ClipRelevance.load(method.options["clip"], method.options["clip_tokenizer"])
     except ValueError as error:
         raise ValueError(f"vitrim: {error}") from None
-    model: nn.Module = towers.model
-    projection = model.visual_projection  # type: ignore[union-attr]
+    model: Any = towers.model  # transformers' CLIPModel
+    projection = model.visual_projection
     if projection.in_features != width:
         raise ValueError(
             f"vitrim: cdpruner clip={method.options['clip']!r} projects {projection.in_features}-wide tower states, "
