@@ -50,6 +50,9 @@ def test_vllm_serving_offers_every_pre_llm_method() -> None:
         "cdpruner",
     }
     assert "fastv" not in pre_llm_methods() and "pdrop" not in pre_llm_methods()
+    assert "cdpruner" in pre_llm_methods(QWEN3) and "cdpruner" not in pre_llm_methods(
+        "VitrimGemma3ForConditionalGeneration"
+    )
     assert trim_options(config({"method": "cdpruner", "keep": 8}), LLAVA).method.name == "cdpruner"
     assert trim_options(config({"method": "cdpruner", "keep": 8}, "qwen3_vl"), QWEN3).method.name == "cdpruner"
 

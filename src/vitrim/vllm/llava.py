@@ -10,7 +10,9 @@ A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, 
   seam (:mod:`vitrim.vlm.stages.capture`) taps its scoring layer (:func:`read_cls_attention`: vLLM's fused ``qkv``),
   selects, and writes merged features and VisionZip's [CLS] into their slots before the projector, as on
   transformers; each image hands the LLM its ``keep`` projected tokens in the authors' order
-  (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others).
+  (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others). A method
+  that reads the prompt (CDPruner) selects each image on the text its processor handed beside the pixels
+  (:mod:`vitrim.vllm.prompt_instruction`).
 
 Positions: vLLM numbers the shortened prompt 0, 1, 2, … (the kept image tokens and the text after them take
 consecutive positions), as the authors' LLaVA code does when it drops tokens and as vitrim.vlm does by default

@@ -100,10 +100,21 @@ def check_instruction(method: Method, architecture: str) -> None:
         )
 
 
-def pre_llm_methods() -> list[str]:
-    """The image methods vLLM serving offers: every pre-LLM method that selects from the images alone
-    (:func:`refused`); each also trims a video per temporal patch where the architecture serves videos."""
-    return [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+def pre_llm_methods(architecture: str | None = None) -> list[str]:
+    """The image methods vLLM serving offers (on ``architecture``: those it serves, :func:`check_instruction`):
+    every pre-LLM method but those :func:`refused` names; each also trims a video per temporal patch where the
+    architecture serves videos (a method reading the prompt: images only)."""
+    offered = [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+    return [name for name in offered if architecture is None or instruction_served(name, architecture)]
+
+
+def instruction_served(name: str, architecture: str) -> bool:
+    """Whether ``architecture`` serves method ``name`` at its default options as far as the prompt goes."""
+    try:
+        check_instruction(method_class(name)(), architecture)
+    except ValueError:
+        return False
+    return True
 
 
 def video_methods() -> list[str]:
