@@ -71,9 +71,7 @@ def test_vllm_serving_offers_every_pre_llm_method() -> None:
 def test_cdpruner_where_the_prompt_or_its_clip_cannot_be_had_is_one_line(
     vitrim: Any, model_type: str, architecture: str, message: str
 ) -> None:
-    with pytest.raises(ValueError) as raised:
-        trim_options(config(vitrim, model_type), architecture)
-    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert_refused_in_one_line(vitrim, model_type, architecture, message)
     theta_zero = {**vitrim, "theta": 0}  # the DPP on the images alone reads no prompt: served everywhere
     theta_zero.pop("relevance", None)
     assert trim_options(config(theta_zero, model_type), architecture).method.name == "cdpruner"
@@ -146,6 +144,10 @@ def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_o
 def test_a_video_method_where_it_cannot_run_is_one_line(
     vitrim: Any, model_type: str, architecture: str, message: str
 ) -> None:
+    assert_refused_in_one_line(vitrim, model_type, architecture, message)
+
+
+def assert_refused_in_one_line(vitrim: Any, model_type: str, architecture: str, message: str) -> None:
     with pytest.raises(ValueError) as raised:
         trim_options(config(vitrim, model_type), architecture)
     assert message in str(raised.value) and "\n" not in str(raised.value)
