@@ -154,12 +154,35 @@ def test_llava_selects_on_each_prompts_text_after_its_image(work: Path) -> None:
     assert_equals_reference(requests, runs, reference_of(folder, "llava", {"keep": 6}, requests, work))
 
 
-def test_llava_clip_relevance_reads_each_requests_question(work: Path) -> None:
-    """relevance="clip": the question of each request (``texts=`` on transformers) through a tiny CLIP whose
-    vision width is the LLaVA tower's; the same image under two questions keeps what each question selects."""
+@pytest.fixture(scope="module")
+def clip(work: Path) -> Path:
+    """A tiny CLIP whose vision width is the tiny LLaVA tower's (its post-LayerNorm and projection read the feature
+    layer), a text tower of 8 positions (a longer question is cut in segments)."""
+    vision = VLLM_LLAVA_VISION | {"model_type": "clip_vision_model", "image_size": 16, "patch_size": 4}
+    return save_tiny_clip(work / "tiny-clip", *tiny_clip(vision | {"num_hidden_layers": 1}, 24, segment=8, seed=5))
+
+
+def test_the_clip_is_loaded_when_the_engine_starts_and_must_read_the_towers_width(clip: Path) -> None:
+    import torch
+
+    from vitrim.vllm.prompt_instruction import load_clip
+    from vitrim.vlm.method.base import method_class
+
+    method = method_class("cdpruner")(relevance="clip", clip=str(clip))
+    width = VLLM_LLAVA_VISION["hidden_size"]
+    with pytest.raises(ValueError, match=rf"^vitrim: cdpruner clip='{clip}' projects {width}-wide tower states, this"):
+        load_clip(method, width + 1, torch.device("cpu"))
+    load_clip(method, width, torch.device("cpu"))
+    assert method.towers is not None  # type: ignore[attr-defined]
+    unread = method_class("cdpruner")(clip="/no/such/clip")  # relevance "llm": no CLIP is read, none loaded
+    load_clip(unread, width, torch.device("cpu"))
+    assert unread.towers is None  # type: ignore[attr-defined]
+
+
+def test_llava_clip_relevance_reads_each_requests_question(work: Path, clip: Path) -> None:
+    """relevance="clip": the question of each request (``texts=`` on transformers) through the tiny CLIP; the same
+    image under two questions keeps what each question selects."""
     folder = save_vllm_llava(work / "tiny-llava-clip", seed=1)
-    clip = save_tiny_clip(work / "tiny-clip", *tiny_clip(VLLM_LLAVA_VISION | {"model_type": "clip_vision_model",
-        "image_size": 16, "patch_size": 4, "num_hidden_layers": 1}, projection=24, segment=8, seed=5))  # fmt: skip
     requests = make_requests(work, "llava_clip", (16, 20), seed=4)[:3]
     questions = ["what colour is the cat on the mat?", "is there a dog?", "count the birds, please"]
     for request, question in zip(requests, questions, strict=True):
