@@ -53,7 +53,10 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("llava", LLAVA, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {LLAVA} serves images only"),
     ("qwen3", QWEN3, {"method": "vidcom2", "keep": 4}, "vitrim: method 'vidcom2' decides each video's count itself"),
     ("qwen", QWEN, {"method": "evs", "keep": 4}, "vitrim: method 'evs' decides each video's count itself; drop 'keep'"),
-    ("llava", LLAVA, {"method": "cdpruner", "keep": 4}, "vitrim: method 'cdpruner' reads the prompt"),
+    ("qwen", QWEN, {"method": "cdpruner", "keep": 4, "relevance": "clip"}, "vitrim: method 'cdpruner' "
+     "relevance='clip' reads CLIP's projection of the tower's states"),
+    ("llava", LLAVA, {"method": "cdpruner", "keep": 4, "relevance": "clip", "clip": "/no/such/clip"},
+     "vitrim: cdpruner clip='/no/such/clip' could not be loaded as a CLIPModel"),
     ("llava", LLAVA, {"method": "random", "keep": 0}, "vitrim: keep=0 must be at least 1"),
     ("qwen", QWEN, {"method": "random", "keep": 1.5}, "vitrim: keep=1.5 as a fraction must be in (0, 1]"),
     ("llava", LLAVA, {"method": "random", "keep": 17}, "vitrim: keep=17 is more than the image's 16 tokens"),

@@ -39,7 +39,7 @@ ARCHITECTURE = "VitrimGemma3ForConditionalGeneration"
 TOKENS = 16  # pooled soft tokens per image, unpruned
 KEEP = 6
 MAX_TOKENS = 8
-METHODS = pre_llm_methods()
+METHODS = pre_llm_methods(ARCHITECTURE)
 MISTAKES = ("misplaced", "order", "position", "image block", "window")
 
 

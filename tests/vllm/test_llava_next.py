@@ -185,7 +185,7 @@ def test_each_mistake_put_into_the_plugin_changes_the_tokens(name: str, served: 
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("method", [name for name in pre_llm_methods() if name != METHOD])
+@pytest.mark.parametrize("method", [name for name in pre_llm_methods(ARCHITECTURE) if name != METHOD])
 def test_every_other_method_keeps_what_vitrim_vlm_keeps(
     method: str, work: Path, folder: Path, requests: list[dict[str, Any]]
 ) -> None:

@@ -38,8 +38,9 @@ def test_a_good_override_gives_the_method_with_its_options_and_keep() -> None:
     assert trim_options(config({"method": "random", "keep": 0.5}), LLAVA).tokens(16) == 8
 
 
-def test_vllm_serving_offers_every_pre_llm_method_that_selects_from_the_images_alone() -> None:
-    # the one encoder seam captures in vLLM what it captures in transformers (issue 49): downsample and scope too
+def test_vllm_serving_offers_every_pre_llm_method() -> None:
+    # the one encoder seam captures in vLLM what it captures in transformers (issue 49): downsample and scope too;
+    # cdpruner reads the prompt, which the front end hands each image (vitrim.vllm.prompt_instruction)
     assert set(pre_llm_methods()) == {
         "random",
         "fastervlm",
@@ -48,11 +49,52 @@ def test_vllm_serving_offers_every_pre_llm_method_that_selects_from_the_images_a
         "divprune",
         "downsample",
         "scope",
+        "cdpruner",
     }
     assert "fastv" not in pre_llm_methods() and "pdrop" not in pre_llm_methods()
-    with pytest.raises(ValueError, match=r"vitrim: method 'cdpruner' reads the prompt"):
-        trim_options(config({"method": "cdpruner", "keep": 8}), LLAVA)
-    assert trim_options(config({"method": "cdpruner", "keep": 8, "theta": 0}), LLAVA).method.name == "cdpruner"
+    assert "cdpruner" in pre_llm_methods(QWEN3) and "cdpruner" not in pre_llm_methods(
+        "VitrimGemma3ForConditionalGeneration"
+    )
+    assert trim_options(config({"method": "cdpruner", "keep": 8}), LLAVA).method.name == "cdpruner"
+    assert trim_options(config({"method": "cdpruner", "keep": 8}, "qwen3_vl"), QWEN3).method.name == "cdpruner"
+
+
+@pytest.mark.parametrize(
+    ("vitrim", "model_type", "architecture", "message"),
+    [
+        ({"method": "cdpruner", "keep": 8}, "llava_next", "VitrimLlavaNextForConditionalGeneration",
+         "vitrim: method 'cdpruner' reads the prompt, and VitrimLlavaNextForConditionalGeneration does not hand"),
+        ({"method": "cdpruner", "keep": 8}, "gemma3", "VitrimGemma3ForConditionalGeneration",
+         "vitrim: method 'cdpruner' reads the prompt, and VitrimGemma3ForConditionalGeneration does not hand"),
+        ({"method": "cdpruner", "keep": 8, "relevance": "clip"}, "qwen2_5_vl", QWEN2_5,
+         "vitrim: method 'cdpruner' relevance='clip' reads CLIP's projection of the tower's states"),
+    ],
+)  # fmt: skip
+def test_cdpruner_where_the_prompt_or_its_clip_cannot_be_had_is_one_line(
+    vitrim: Any, model_type: str, architecture: str, message: str
+) -> None:
+    assert_refused_in_one_line(vitrim, model_type, architecture, message)
+    theta_zero = {**vitrim, "theta": 0}  # the DPP on the images alone reads no prompt: served everywhere
+    theta_zero.pop("relevance", None)
+    assert trim_options(config(theta_zero, model_type), architecture).method.name == "cdpruner"
+
+
+def test_a_requests_question_is_taken_where_the_engine_reads_it_and_refused_in_one_line_elsewhere() -> None:
+    clip = trim_options(config({"method": "cdpruner", "keep": 8, "relevance": "clip", "clip": "c"}), LLAVA)
+    asked = request_options(clip, {"vitrim": {"question": "why?", "keep": 4}})
+    assert asked.question == "why?" and asked.tokens(16) == 4 and asked.method is clip.method
+    assert request_options(clip, {"vitrim": {"question": "why?"}}).tokens(16) == 8  # the engine's keep
+    llm = trim_options(config({"method": "cdpruner", "keep": 8}), LLAVA)
+    for engine, entry, message in [
+        (llm, {"question": "why?"}, "vitrim: this request's question is read by cdpruner with relevance='clip' alone"),
+        (clip, {"question": ""}, "vitrim: this request's question='' must be a non-empty string"),
+        (clip, {"question": 3}, "vitrim: this request's question=3 must be a non-empty string"),
+        (clip, {"question": "why?", "theta": 0.5}, "vitrim: a request's mm_processor_kwargs 'vitrim' entry takes"),
+        (clip, {}, "vitrim: a request's mm_processor_kwargs 'vitrim' entry takes"),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            request_options(engine, {"vitrim": entry})
+        assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_the_tower_methods_are_served_on_llava_and_gemma3_only_at_the_engines_keep() -> None:
@@ -122,6 +164,10 @@ def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_o
 def test_a_video_method_where_it_cannot_run_is_one_line(
     vitrim: Any, model_type: str, architecture: str, message: str
 ) -> None:
+    assert_refused_in_one_line(vitrim, model_type, architecture, message)
+
+
+def assert_refused_in_one_line(vitrim: Any, model_type: str, architecture: str, message: str) -> None:
     with pytest.raises(ValueError) as raised:
         trim_options(config(vitrim, model_type), architecture)
     assert message in str(raised.value) and "\n" not in str(raised.value)

@@ -9,8 +9,9 @@ runs on the transformers vLLM pins (5.19 for vLLM 0.32); ``VITRIM_REFERENCE_PYTH
 SPECS: a list of runs, each {"folder", "family": "llava" | "llava_next" | "qwen2_5_vl" | "qwen3_vl" | "gemma3",
 "method": name or null, "options": {...} (keep and the method's options), "positions": "original" | "contiguous" |
 "vllm_evs" | "vllm_qwen3_evs", "max_tokens", "requests": [{"prompt", "images": [png paths], "videos": [{"frames": .npy
-path of (T, H, W, 3) uint8, "fps"}]}]} ("videos" optional: a clip's frames as read, every one kept:
-``do_sample_frames=False``). OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
+path of (T, H, W, 3) uint8, "fps"}], "question"}]} ("videos" optional: a clip's frames as read, every one kept:
+``do_sample_frames=False``; "question" optional: ``generate(texts=...)``, CDPruner's question for its CLIP).
+OUT: per run, per request {"tokens": greedy ids, "prompt_tokens": the unpruned prompt's
 length, "seeds": per image the content seed of its pixels (LLaVA-NeXT: of its own tiles), "video_seeds": per video the
 content seed of its pixels, "media": Qwen, "image" / "video" per medium in prompt order (else null),
 "image_tokens": per image its unpruned token count, "kept": per image or video (prompt order) kept raster indices
@@ -234,8 +235,9 @@ def run(spec: dict[str, Any]) -> list[dict[str, Any]]:
             video_seeds = [
                 content_seed(p) for p in inputs["pixel_values_videos"].split(inputs["video_grid_thw"].prod(-1).tolist())
             ]
+        asked = {"texts": request["question"]} if "question" in request else {}
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=spec["max_tokens"], do_sample=False)
+            out = model.generate(**inputs, max_new_tokens=spec["max_tokens"], do_sample=False, **asked)
             if spec["positions"] == "vllm_qwen3_evs":  # again, on the same kept tokens, at vLLM's positions
                 (kept,) = vitrim.vlm.last_selection(model)
                 given.prefill = vllm_qwen3_pruned_positions(model, inputs, kept)

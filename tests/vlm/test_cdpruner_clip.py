@@ -13,6 +13,7 @@ import torch
 from pre_llm_reference import cdpruner_reference
 
 import vitrim.vlm
+from tiny_vlms.clip_text import save_tiny_clip, tiny_clip
 from tiny_vlms.llava import CLIP_TOWER, pixels, prompt, tiny_llava
 from vitrim.vlm.method.cdpruner import conditional_dpp_keep, theta_weight
 
@@ -24,15 +25,6 @@ SEGMENT = 8  # the tiny text tower's max_position_embeddings: a question of more
 QUESTION = "what colour is the cat on the mat? answer in one word."
 
 
-def clip_tokenizer() -> object:
-    """A CLIP tokenizer of one token per character, no merges: printable ASCII (which byte-level BPE maps to itself),
-    each also as a word end (``</w>``), and CLIP's two specials."""
-    chars = [chr(code) for code in range(33, 127)]
-    vocab = {token: i for i, token in enumerate([*chars, *(c + "</w>" for c in chars)])}
-    vocab |= {"<|startoftext|>": len(vocab), "<|endoftext|>": len(vocab) + 1}
-    return transformers.CLIPTokenizer(vocab=vocab, merges=[])
-
-
 @pytest.fixture(scope="module")
 def llava() -> torch.nn.Module:
     return tiny_llava(vision_layers=VISION_LAYERS, seed=3)
@@ -41,23 +33,10 @@ def llava() -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def clip_folder(llava: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny CLIPModel whose vision tower carries the tiny LLaVA's tower weights, with its tokenizer, saved."""
-    tokenizer = clip_tokenizer()
-    config = transformers.CLIPConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-            num_attention_heads=4, max_position_embeddings=SEGMENT, eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id, projection_dim=PROJECTION,
-        ),
-        vision_config=CLIP_TOWER | dict(num_hidden_layers=VISION_LAYERS, projection_dim=PROJECTION),
-        projection_dim=PROJECTION,  # in each tower's config too, as a released CLIP's (the towers load alone)
-    )  # fmt: skip
-    torch.manual_seed(11)
-    clip = transformers.CLIPModel(config).double().eval()
+    clip, tokenizer = tiny_clip(CLIP_TOWER | dict(num_hidden_layers=VISION_LAYERS), PROJECTION, SEGMENT, seed=11)
+    clip = clip.double()
     clip.vision_model.load_state_dict(llava.model.vision_tower.state_dict())
-    folder = tmp_path_factory.mktemp("clip")
-    clip.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_clip(tmp_path_factory.mktemp("clip"), clip, tokenizer)
 
 
 def authors_relevance(llava: torch.nn.Module, folder: Path, pv: torch.Tensor, question: str) -> torch.Tensor:

@@ -10,7 +10,9 @@ A subclass of vLLM's ``LlavaForConditionalGeneration`` that changes two things, 
   seam (:mod:`vitrim.vlm.stages.capture`) taps its scoring layer (:func:`read_cls_attention`: vLLM's fused ``qkv``),
   selects, and writes merged features and VisionZip's [CLS] into their slots before the projector, as on
   transformers; each image hands the LLM its ``keep`` projected tokens in the authors' order
-  (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others).
+  (``ImageSelection.llm_slots``: VisionZip's [CLS], dominant, contextual; raster order for the others). A method
+  that reads the prompt (CDPruner) selects each image on the text its processor handed beside the pixels
+  (:mod:`vitrim.vllm.prompt_instruction`).
 
 Positions: vLLM numbers the shortened prompt 0, 1, 2, … (the kept image tokens and the text after them take
 consecutive positions), as the authors' LLaVA code does when it drops tokens and as vitrim.vlm does by default
@@ -39,6 +41,7 @@ from vllm.multimodal.processing import PromptReplacement
 from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
+from vitrim.vllm.prompt_instruction import PromptInstruction, image_prompts, load_clip, select_with_prompts
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
@@ -183,8 +186,14 @@ class LlavaPlaceholders(RequestKeep):
         return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
 
 
-class TrimmedLlavaProcessor(LlavaPlaceholders, LlavaMultiModalProcessor):
-    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image (:class:`LlavaPlaceholders`)."""
+class TrimmedLlavaProcessor(PromptInstruction, LlavaPlaceholders, LlavaMultiModalProcessor):
+    """vLLM's LLaVA processor with each request's ``keep`` placeholders per image (:class:`LlavaPlaceholders`) and,
+    for a method that reads the prompt, each image's text (:class:`~vitrim.vllm.prompt_instruction.PromptInstruction`:
+    the ``<image>`` token is the image in the prompt, and the only image token)."""
+
+    def instruction_tokens(self) -> tuple[int, frozenset[int]]:
+        image = int(self.info.get_hf_config().image_token_index)
+        return image, frozenset({image})
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -209,6 +218,8 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
             reducers = llava_tower_reducers(config, method, self.vitrim_keep)
             self.vitrim_tower = install_tower(layers, clip_layout(config), reducers, siglip=False)
         self.vitrim_taps = None if self.vitrim_tower else clip_taps(self.vision_tower, config, method, cls_row=True)
+        device = next(self.multi_modal_projector.parameters()).device
+        load_clip(method, int(config.vision_config.hidden_size), device)  # relevance="clip": its CLIP
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         image_input = self._parse_and_validate_image_input(**kwargs)
@@ -236,7 +247,14 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
             return tuple(self.multi_modal_projector(features).unbind(0))
         cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
-        hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        prompts = image_prompts(kwargs, method, len(pixels))  # what each image answers to (CDPruner)
+        if prompts is None:
+            hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        else:
+            embed = self.get_language_model().embed_input_ids
+            hand_on = HandOn(
+                method, lambda evidence, count: select_with_prompts(method, evidence, keeps, prompts, embed)
+            )
         selections, written = hand_on.run(
             features,
             values=features if projected is None else None,

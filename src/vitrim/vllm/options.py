@@ -59,9 +59,10 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
     count they leave at the feature layer whatever the image (a reducer that takes no ``keep``, PiToMe and PPT, is
     refused). Refused: the in-LLM methods (they rank by the LLM's attention rows, which vLLM's paged attention does
     not hand a model), the tower methods on another tower (vitrim.vlm runs them in CLIP and SigLIP only, never in
-    LLaVA-NeXT's tiles or Qwen's windowed ViT), a video method whose count depends on the video's content (FastVID's
-    segments: vLLM writes the placeholders before the tower runs), and a method that reads the prompt (CDPruner
-    unless ``theta=0``: vLLM encodes the images before the text reaches the model)."""
+    LLaVA-NeXT's tiles or Qwen's windowed ViT), and a video method whose count depends on the video's content (FastVID's
+    segments: vLLM writes the placeholders before the tower runs). A method that reads the prompt (CDPruner) is
+    served where the architecture hands each image its prompt's text (:data:`INSTRUCTION_RELEVANCES`,
+    :func:`check_instruction`)."""
     if method.stage == "in_llm":
         return (
             "prunes inside the LLM by its attention rows, which vLLM's paged attention does not hand a model; the "
@@ -85,15 +86,60 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
             "keeps a count that depends on the video's content, and vLLM writes a prompt's placeholders before the "
             "tower runs"
         )
-    if method.reads_instruction():
-        return "reads the prompt, which vLLM has not handed the model when it encodes the images"
     return None
 
 
-def pre_llm_methods() -> list[str]:
-    """The image methods vLLM serving offers: every pre-LLM method that selects from the images alone
-    (:func:`refused`); each also trims a video per temporal patch where the architecture serves videos."""
-    return [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+# per architecture whose front end hands each image the prompt's text (vitrim.vllm.prompt_instruction): the relevance
+# signals CDPruner may read there ("clip" needs a CLIP tower whose projection reads the feature layer: LLaVA-1.5's)
+INSTRUCTION_RELEVANCES: dict[str, tuple[str, ...]] = {
+    "VitrimLlavaForConditionalGeneration": ("llm", "clip"),
+    "VitrimQwen2_5_VLForConditionalGeneration": ("llm",),
+    "VitrimQwen3VLForConditionalGeneration": ("llm",),
+}
+
+
+def reads_question(method: Method) -> bool:
+    """Whether ``method`` reads each request's question (CDPruner's ``relevance="clip"``, the authors' signal: the
+    question through CLIP's text tower), given per request as ``mm_processor_kwargs={"vitrim": {"question": …}}``."""
+    return method.reads_instruction() and method.options.get("relevance") == "clip"
+
+
+def check_instruction(method: Method, architecture: str) -> None:
+    """``ValueError`` (one line) where ``method`` reads the prompt and ``architecture`` cannot hand it, or reads a
+    relevance the architecture has no tower for. On vLLM the engine fixes the signal: ``relevance=None`` reads the
+    prompt's text (``"llm"``, vitrim.vlm's default without ``texts=``); ``"clip"`` reads each request's question."""
+    if not method.reads_instruction():
+        return
+    relevances = INSTRUCTION_RELEVANCES.get(architecture)
+    if relevances is None:
+        served = ", ".join(INSTRUCTION_RELEVANCES)
+        raise ValueError(
+            f"method {method.name!r} reads the prompt, and {architecture} does not hand its selection the prompt's "
+            f"text (served on {served}; theta=0 selects from the images alone)"
+        )
+    relevance = method.options.get("relevance") or "llm"
+    if relevance not in relevances:
+        raise ValueError(
+            f"method {method.name!r} relevance={relevance!r} reads CLIP's projection of the tower's states, and "
+            f"{architecture}'s tower is not a CLIP; use relevance='llm' (the default: the prompt's text)"
+        )
+
+
+def pre_llm_methods(architecture: str | None = None) -> list[str]:
+    """The image methods vLLM serving offers (on ``architecture``: those it serves, :func:`check_instruction`):
+    every pre-LLM method but those :func:`refused` names; each also trims a video per temporal patch where the
+    architecture serves videos (a method reading the prompt: images only)."""
+    offered = [name for name in methods(stage="pre_llm") if not method_class(name).reads_time and served(name)]
+    return [name for name in offered if architecture is None or instruction_served(name, architecture)]
+
+
+def instruction_served(name: str, architecture: str) -> bool:
+    """Whether ``architecture`` serves method ``name`` at its default options as far as the prompt goes."""
+    try:
+        check_instruction(method_class(name)(), architecture)
+    except ValueError:
+        return False
+    return True
 
 
 def tower_methods() -> list[str]:
@@ -116,6 +162,7 @@ class TrimOptions:
 
     method: Method
     keep: KeepSpec
+    question: str | None = None  # a request's question (``reads_question`` methods), None for the engine's own
 
     def tokens(self, num_tokens: int) -> int:
         """Tokens kept of an image of ``num_tokens`` tokens; ``ValueError`` (one line) when ``keep`` exceeds them."""
@@ -183,6 +230,7 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
                 f"method {name!r} {why}; vLLM serving offers: {offered} (and on {', '.join(TOWER_ARCHITECTURES)}: "
                 f"{towers})"
             )
+        check_instruction(method, architecture)
         if method.reads_time:
             return video_options(method, keep, architecture)
         if keep is None:
@@ -198,13 +246,16 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
 
 
 REQUEST_EXAMPLE = '{"vitrim": {"keep": 32}}'
+REQUEST_KEYS = {"keep", "question"}
 
 
 def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, object]) -> TrimOptions:
-    """The options of one request: the engine's, with the ``keep`` of the request's
-    ``mm_processor_kwargs={"vitrim": {"keep": …}}`` where it gives one. Only ``keep`` is taken per request: it decides
-    the request's placeholders in the front end and travels to the tower with the request's pixels; the method and
-    its other options are the engine's. ``ValueError`` (one line) for anything else, which fails that request alone."""
+    """The options of one request: the engine's, with the ``keep`` and the ``question`` of the request's
+    ``mm_processor_kwargs={"vitrim": {"keep": …, "question": …}}`` where it gives them. ``keep`` decides the
+    request's placeholders in the front end and travels to the tower with the request's pixels; ``question`` (a
+    method that :func:`reads_question`) travels beside each image (:mod:`vitrim.vllm.prompt_instruction`); the
+    method and its other options are the engine's. ``ValueError`` (one line) for anything else, which fails that
+    request alone."""
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
@@ -213,15 +264,25 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
             f"vitrim: method {engine.method.name!r} reduces inside the tower with reducers built for the engine's "
             "keep; a request's 'keep' is for the pre-LLM methods"
         )
+    if not isinstance(raw, Mapping) or not raw or not set(raw) <= REQUEST_KEYS:
+        raise ValueError(
+            f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' and 'question' (e.g. "
+            f"{REQUEST_EXAMPLE}; the method and its options are the engine's), got {raw!r:.80}"
+        )
+    question = raw.get("question")
+    if "question" in raw and not reads_question(engine.method):
+        raise ValueError(
+            f"vitrim: this request's question is read by cdpruner with relevance='clip' alone; this engine's "
+            f"{engine.method.name!r} reads {'the prompt' if engine.method.reads_instruction() else 'the images'}"
+        )
+    if "question" in raw and (not isinstance(question, str) or not question.strip()):
+        raise ValueError(f"vitrim: this request's question={question!r:.80} must be a non-empty string")
+    if "keep" not in raw:
+        return replace(engine, question=question)
     if engine.method.reads_time:
         raise ValueError(
             f"vitrim: method {engine.method.name!r} decides each video's count itself; a request's 'keep' is for the "
             "image methods"
-        )
-    if not isinstance(raw, Mapping) or set(raw) != {"keep"}:
-        raise ValueError(
-            f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' alone (e.g. {REQUEST_EXAMPLE}; the "
-            f"method and its options are the engine's), got {raw!r:.80}"
         )
     try:
         spec = parse_keep(raw["keep"])
@@ -229,7 +290,7 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
             engine.method.check_keep(spec.count)
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: this request's {error}") from None
-    return replace(engine, keep=spec)
+    return replace(engine, keep=spec, question=question)
 
 
 def video_options(method: Method, keep: Any, architecture: str) -> TrimOptions:

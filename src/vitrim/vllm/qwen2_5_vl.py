@@ -49,6 +49,7 @@ from vitrim.vllm.compat import (
     video_positions,
 )
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
+from vitrim.vllm.prompt_instruction import ImagePrompt, PromptInstruction, image_prompts, select_with_prompts
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
@@ -93,10 +94,20 @@ def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge
     return kept
 
 
-class TrimmedQwen2_5_VLMultiModalProcessor(RequestKeep, Qwen2_5_VLMultiModalProcessor):
+class QwenPromptInstruction(PromptInstruction):
+    """Each image's text for a method that reads the prompt (:mod:`vitrim.vllm.prompt_instruction`), both Qwen
+    processors: an image is its one ``<|image_pad|>`` in the prompt; image and video tokens are not text (vision
+    start / end are, as on transformers)."""
+
+    def instruction_tokens(self) -> tuple[int, frozenset[int]]:
+        config = self.info.get_hf_config()
+        return int(config.image_token_id), frozenset({int(config.image_token_id), int(config.video_token_id)})
+
+
+class TrimmedQwen2_5_VLMultiModalProcessor(QwenPromptInstruction, RequestKeep, Qwen2_5_VLMultiModalProcessor):
     """vLLM's Qwen2.5-VL processor whose replacements hold the kept count of placeholders: ``keep`` of an image,
     a video's :meth:`~vitrim.vllm.options.TrimOptions.video_tokens`, at the request's own ``keep`` where it gives one
-    (:mod:`vitrim.vllm.request_keep`)."""
+    (:mod:`vitrim.vllm.request_keep`), and each image's text for a method that reads the prompt."""
 
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         return request_options(qwen_trim_options(self.info.get_hf_config()), hf_kwargs)
@@ -214,6 +225,12 @@ class QwenImageTrimming:
         method = self.vitrim_options.method
         return HandOn(method, lambda evidence, count: select_keeping(method, evidence, keep))
 
+    def hand_on_prompt(self, keep: int, prompt: ImagePrompt) -> HandOn:
+        """The seam for one image at ``keep`` whose selection reads ``prompt`` (its text, embedded by the LLM)."""
+        method = self.vitrim_options.method
+        embed = self.get_language_model().embed_input_ids  # type: ignore[attr-defined]
+        return HandOn(method, lambda evidence, count: select_with_prompts(method, evidence, [keep], [prompt], embed))
+
     def keep_merger_input(self, states: Tensor) -> None:
         self.vitrim_merger_input = states.reshape(states.shape[0], -1)  # (P, 1, C) -> (P, C)
 
@@ -257,14 +274,16 @@ class QwenImageTrimming:
         window_index: Tensor | None,
         time_intervals: Sequence[Tensor | float] | None = None,
         keeps: Sequence[int] | None = None,
+        prompts: Sequence[ImagePrompt] | None = None,
     ) -> Iterator[ImageCut]:
         """After the tower ran on ``pixels``: each image's (or, with ``time_intervals``, each video's) selection from
         the evidence the taps caught, through vitrim.vlm's seam as on transformers (:meth:`HandOn.run_media`);
         ``own`` its tokens (N_i, E) in raster order, ``window_index`` the tower's window order (None: full attention,
         raster order), ``time_intervals`` per video its temporal step (Qwen2.5-VL: ``tokens_per_second ·
         second_per_grid_ts``; Qwen3-VL: 0, each temporal patch numbered as its own grid), ``keeps`` each item's kept
-        tokens as its request asked (per temporal patch of a video; None: the engine's); each selection recorded
-        under the item's content seed."""
+        tokens as its request asked (per temporal patch of a video; None: the engine's), ``prompts`` each image's
+        prompt for a method that reads it (:func:`~vitrim.vllm.prompt_instruction.image_prompts`; images only);
+        each selection recorded under the item's content seed."""
         states, self.vitrim_merger_input = self.vitrim_merger_input, None
         if states is None:
             raise RuntimeError(f"vitrim: the {self.title} tower ran without its merger")
@@ -280,6 +299,9 @@ class QwenImageTrimming:
 
         for index, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
             hand_on = self.vitrim_hand_on if keeps is None else self.hand_on_keeping(keeps[index])
+            if prompts is not None:
+                keep = self.vitrim_options.tokens(len(tokens)) if keeps is None else keeps[index]
+                hand_on = self.hand_on_prompt(keep, prompts[index])
             chosen, written = hand_on.run_media(item, tokens, items[index], project, video=video)
             self.vitrim_record.add_all(None if seeds is None else seeds[index : index + 1], [chosen.kept])
             cells = grid[index].tolist()
@@ -328,7 +350,8 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
             own = embeds.split(tokens_per_image(grid, self.visual.spatial_merge_size))
             intervals = self.time_intervals(found) if video else None
             keeps = asked_keeps(kwargs, modality)
-            for cut in self.cut_media(grid, pixels, own, window_index, intervals, keeps):
+            prompts = None if video else image_prompts(kwargs, self.vitrim_options.method, len(grid))
+            for cut in self.cut_media(grid, pixels, own, window_index, intervals, keeps, prompts):
                 kept = (cut.own if cut.written is None else cut.written)[cut.selection.kept]  # (k, E)
                 out.append(torch.cat([kept, cut.positions[cut.selection.kept].to(kept.dtype)], dim=1))
         return tuple(out)

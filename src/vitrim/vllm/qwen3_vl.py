@@ -61,9 +61,11 @@ from vllm.multimodal.processing import PromptReplacement
 
 from vitrim.vllm.compat import declare_image_pruning
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options
+from vitrim.vllm.prompt_instruction import image_prompts
 from vitrim.vllm.qwen2_5_vl import (
     ImageCut,
     QwenImageTrimming,
+    QwenPromptInstruction,
     kept_per_qwen_item,
     qwen_trim_options,
     shortened_images,
@@ -91,11 +93,12 @@ def video_text(
     ).full
 
 
-class TrimmedQwen3VLMultiModalProcessor(RequestKeep, Qwen3VLMultiModalProcessor):
+class TrimmedQwen3VLMultiModalProcessor(QwenPromptInstruction, RequestKeep, Qwen3VLMultiModalProcessor):
     """vLLM's Qwen3-VL processor whose image replacements hold ``keep`` placeholders and whose video replacements
     are Qwen3-VL's per-temporal-patch text holding the kept count (:func:`video_tokens_per_frame`), at the engine's
     options or the request's own ``keep`` (:mod:`vitrim.vllm.request_keep`). The whole text of a video is its
-    embedding span (the model hands a row per token: :func:`video_span`)."""
+    embedding span (the model hands a row per token: :func:`video_span`). Each image's text for a method that reads
+    the prompt (:class:`~vitrim.vllm.qwen2_5_vl.QwenPromptInstruction`)."""
 
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         return request_options(qwen_trim_options(self.info.get_hf_config(), ARCHITECTURE), hf_kwargs)
@@ -194,7 +197,8 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
             # each temporal patch is numbered as a one-frame grid: a temporal step of 0 gives every video token its
             # (0, row, column) within its temporal patch, whose start video_span lays out
             steps = [0.0] * len(grid) if video else None
-            cuts = self.cut_media(grid, pixels, own.split(counts), None, steps, asked_keeps(kwargs, modality))
+            prompts = None if video else image_prompts(kwargs, self.vitrim_options.method, len(grid))
+            cuts = self.cut_media(grid, pixels, own.split(counts), None, steps, asked_keeps(kwargs, modality), prompts)
             for cut in cuts:  # full attention: raster order
                 kept = self.kept_rows(cut, stacks[cut.image])
                 if video:

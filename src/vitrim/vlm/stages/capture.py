@@ -308,13 +308,18 @@ def select_keeping_each(selector: Selector, evidence: VisionEvidence, keeps: lis
         return select_keeping(selector, evidence, keeps[0])
     selections = []
     for image, keep in enumerate(keeps):
-        rows: dict[str, Any] = {
-            field.name: value[image : image + 1]
-            for field in dataclasses.fields(evidence)
-            if isinstance(value := getattr(evidence, field.name), Tensor)
-        }
-        selections += select_keeping(selector, dataclasses.replace(evidence, **rows), keep)
+        selections += select_keeping(selector, one_image(evidence, image), keep)
     return selections
+
+
+def one_image(evidence: VisionEvidence, image: int) -> VisionEvidence:
+    """The evidence of image ``image`` alone (I = 1): its rows of every tensor field."""
+    rows: dict[str, Any] = {
+        field.name: value[image : image + 1]
+        for field in dataclasses.fields(evidence)
+        if isinstance(value := getattr(evidence, field.name), Tensor)
+    }
+    return dataclasses.replace(evidence, **rows)
 
 
 def write_merged(
