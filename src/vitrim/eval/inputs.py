@@ -118,8 +118,8 @@ class TransformersPrompter(Prompter):
         self.settings = Settings(type(processor).__name__, pixel_settings(processor), dtype)
 
     def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
-        texts = [self._prompt(question, group) for question, group in zip(questions, visuals, strict=True)]
-        pictures = [[_rgb(v) for v in group if not isinstance(v, Clip)] for group in visuals]
+        texts = [self.prompt(question, group) for question, group in zip(questions, visuals, strict=True)]
+        pictures = [[rgb(v) for v in group if not isinstance(v, Clip)] for group in visuals]
         clips = [v for group in visuals for v in group if isinstance(v, Clip)]
         extra: dict[str, Any] = {}
         if clips:
@@ -133,7 +133,8 @@ class TransformersPrompter(Prompter):
         images = pictures if any(pictures) else None
         return dict(self.processor(images=images, text=texts, return_tensors="pt", padding=True, **extra))
 
-    def _prompt(self, question: str, visuals: Sequence[Any]) -> str:
+    def prompt(self, question: str, visuals: Sequence[Any]) -> str:
+        """The prompt text of one question with its visuals (pictures, then videos, in order, before the text)."""
         processor = self.processor
         kinds = ["video" if isinstance(v, Clip) else "image" for v in visuals]
         if getattr(processor, "chat_template", None):
@@ -186,7 +187,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, str, bool)) else repr(value)
 
 
-def _rgb(picture: Any) -> Any:
+def rgb(picture: Any) -> Any:
     """A picture as RGB (a mode-"F" canvas of ink in [0, 1] scaled to 8 bits first)."""
     from PIL import Image
 

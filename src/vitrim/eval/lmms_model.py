@@ -36,7 +36,7 @@ from lmms_eval.models.model_utils.gen_metrics import log_metrics
 import vitrim.vlm
 from vitrim.eval.image_tokens import PrefillDoor, image_token_id, prompt_counts, video_token_id
 from vitrim.eval.inputs import load
-from vitrim.eval.model_args import parse_model_args
+from vitrim.eval.model_args import MethodPlan, parse_model_args
 from vitrim.eval.prefill_cost import counter_for, sample_macs
 from vitrim.eval.video import DECODER, Clip, is_video, read_clip
 
@@ -88,19 +88,11 @@ class VitrimModel(lmms):
         """The run's settings recorded with every sample: methods with all their options (defaults filled in),
         the positions convention of each pre-LLM method, the processor's pixel settings, a video's frame sampling
         (models that take video), the dtype."""
-        described = self.arguments.plan.described()
-        options = {}
-        for name, given in self.arguments.plan.methods:
-            info = vitrim.vlm.method_info(name)
-            options[name] = {"stage": info.stage, **_jsonable({**info.defaults, **given})}
-        positions = {name: o["positions"] for name, o in options.items() if "positions" in o}
         prompter = self.prompter.settings
         video = {"max_num_frames": self.arguments.max_num_frames, "fps": self.arguments.fps, "decoder": DECODER}
         return {
             "model": self.arguments.pretrained,
-            "method": described["method"],
-            "options": options,
-            "positions": positions,
+            **method_settings(self.arguments.plan),
             "processor": prompter.processor,
             "pixels": prompter.pixels,
             **({"video": video} if self.video_id is not None else {}),
@@ -126,13 +118,13 @@ class VitrimModel(lmms):
             ]
             answers.extend(self._answer(list(contexts), visuals, dict(all_settings[0])))
         ordered = collator.get_original(answers)
-        self._log_averages(ordered, time.perf_counter() - start)
+        log_averages(ordered, time.perf_counter() - start)
         return ordered
 
     def _visuals(self, visuals: Any) -> list[Any]:
         """A request's visuals: pictures as they are, each video as its sampled :class:`~vitrim.eval.video.Clip`."""
         read = []
-        for visual in _as_list(visuals):
+        for visual in as_list(visuals):
             if is_video(visual):
                 if self.video_id is None:
                     raise ValueError(
@@ -162,7 +154,7 @@ class VitrimModel(lmms):
         generate: Any = self.model.generate  # transformers' GenerationMixin (typed as a Module attribute)
         generated = generate(**inputs, max_new_tokens=max_new, do_sample=False, **extra)
         new = generated[:, inputs["input_ids"].shape[1] :]
-        texts = [_cut(text, until) for text in self.prompter.decode(new)]
+        texts = [cut(text, until) for text in self.prompter.decode(new)]
         return [
             GenerationResult(text, counts)
             for text, counts in zip(texts, self._records(inputs, new, visuals), strict=True)
@@ -213,17 +205,6 @@ class VitrimModel(lmms):
             records.append(SampleCounts(input_tokens=image[row] + text[row], output_tokens=output, vitrim=record))
         return records
 
-    def _log_averages(self, answers: list[GenerationResult], seconds: float) -> None:
-        """The run's means into lmms-eval's results file (``throughput``: ``avg_vitrim_<name>``)."""
-        records = [a.token_counts.vitrim for a in answers if isinstance(a.token_counts, SampleCounts)]
-        means: dict[str, float] = {}
-        for name in (*AVERAGED, "prefill_macs_ratio"):
-            values = [r[name] for r in records if r.get(name) is not None]
-            if values and len(values) == len(records):
-                means[f"vitrim_{name}"] = statistics.fmean(values)
-        generated = sum(a.token_counts.output_tokens or 0 for a in answers if a.token_counts is not None)
-        log_metrics(seconds, generated, generated / seconds if seconds > 0 else 0.0, additional_metrics=means)
-
     def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
         raise NotImplementedError("vitrim's lmms-eval model generates answers (output_type: generate_until) only")
 
@@ -231,7 +212,31 @@ class VitrimModel(lmms):
         raise NotImplementedError("vitrim's lmms-eval model answers one round (output_type: generate_until) only")
 
 
-def _as_list(visuals: Any) -> list[Any]:
+def method_settings(plan: MethodPlan) -> dict[str, Any]:
+    """The settings record's methods: ``method`` (``a+b``), each method's ``options`` with its stage and every
+    option (defaults filled in), and the ``positions`` convention of each method that has one."""
+    options = {}
+    for name, given in plan.methods:
+        info = vitrim.vlm.method_info(name)
+        options[name] = {"stage": info.stage, **jsonable({**info.defaults, **given})}
+    positions = {name: o["positions"] for name, o in options.items() if "positions" in o}
+    return {"method": plan.described()["method"], "options": options, "positions": positions}
+
+
+def log_averages(answers: list[GenerationResult], seconds: float) -> None:
+    """The run's means into lmms-eval's results file (``throughput``: ``avg_vitrim_<name>``; a mean only where every
+    sample has the number)."""
+    records = [a.token_counts.vitrim for a in answers if isinstance(a.token_counts, SampleCounts)]
+    means: dict[str, float] = {}
+    for name in (*AVERAGED, "prefill_macs_ratio"):
+        values = [r[name] for r in records if r.get(name) is not None]
+        if values and len(values) == len(records):
+            means[f"vitrim_{name}"] = statistics.fmean(values)
+    generated = sum(a.token_counts.output_tokens or 0 for a in answers if a.token_counts is not None)
+    log_metrics(seconds, generated, generated / seconds if seconds > 0 else 0.0, additional_metrics=means)
+
+
+def as_list(visuals: Any) -> list[Any]:
     return list(visuals) if isinstance(visuals, (list, tuple)) else [visuals]
 
 
@@ -261,7 +266,7 @@ def _kept(
     return kept
 
 
-def _cut(text: str, until: list[str]) -> str:
+def cut(text: str, until: list[str]) -> str:
     """``text`` up to the first of the task's stop strings."""
     for stop in until:
         if stop:
@@ -269,5 +274,5 @@ def _cut(text: str, until: list[str]) -> str:
     return text
 
 
-def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+def jsonable(options: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
