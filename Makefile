@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval test-eval-vllm demo demo-translate demo-video demo-weights docs lint bench clean
+.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval test-eval-all test-eval-vllm demo demo-translate demo-video demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -91,8 +91,12 @@ $(EVAL_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	touch $(EVAL_STAMP)
 
 # vitrim inside lmms-eval (tests/eval): `lmms-eval --model vitrim` as a command and simple_evaluate, on the shipped
-# digits VLM (the digits tasks read from disk) and on tiny random checkpoints, each with --limit.
+# digits VLM (the digits tasks read from disk) and on tiny random checkpoints, each with --limit. CI runs test-eval;
+# the cases marked `full` (the command line on a second family) run in test-eval-all.
 test-eval: $(EVAL_STAMP)
+	$(EVAL_PY) -m pytest tests/eval -p no:cacheprovider -m "not full"
+
+test-eval-all: $(EVAL_STAMP)
 	$(EVAL_PY) -m pytest tests/eval -p no:cacheprovider
 
 # The vLLM path under lmms-eval (tests/eval/test_vllm_path.py: `--model vitrim_vllm` against `--model vitrim`) needs

@@ -9,6 +9,10 @@ and the whole per-sample record. The counts recorded are checked against what th
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +135,51 @@ def test_each_family_answers_a_batch_as_each_sample_alone(
         assert record["image_tokens_kept"] == (12 if second_keep is None else second_keep)
         if family in QWEN:
             assert record["settings"]["pixels"]["size"]["longest_edge"] == QWEN_PIXELS
+
+
+# the command line's cases: LLaVA-NeXT (tiles) and Qwen2.5-VL (pixel bounds) with a stacked pair each
+COMMAND_LINE = {
+    "qwen2_5_vl": f"method=divprune+fastv,divprune.keep=24,fastv.keep=12,fastv.layer=1,max_pixels={QWEN_PIXELS}",
+    "llava_next": "method=visionzip+fastv,visionzip.keep=6,fastv.keep=20,fastv.layer=1",
+}
+
+
+@pytest.mark.parametrize("family", [pytest.param("qwen2_5_vl"), pytest.param("llava_next", marks=pytest.mark.full)])
+def test_the_command_line_on_a_family_checkpoint(
+    family: str, family_folders: dict[str, Path], digits_tasks: Path, task_manager: TaskManager, tmp_path: Path
+) -> None:
+    """The ``lmms-eval`` console script (``--model vitrim --model_args ... --include_path ... --limit``) on a tiny
+    family folder: its samples file holds, per sample, the answer and the record ``simple_evaluate`` gives the same
+    model arguments in this process (parsed by lmms-eval's own parser), and its results the means of those records."""
+    model_args = f"pretrained={family_folders[family]},max_new_tokens=4,{COMMAND_LINE[family]}"
+    task = task_name("which")
+    out = tmp_path / "out"
+    command = [
+        str(Path(sys.executable).with_name("lmms-eval")), "--model", "vitrim", "--model_args", model_args,
+        "--tasks", task, "--include_path", str(digits_tasks), "--limit", "3", "--batch_size", "3",
+        "--output_path", str(out), "--log_samples",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    log = done.stdout[-3000:] + done.stderr[-3000:]
+    found = list(out.rglob("*_results.json"))  # lmms-eval exits 0 after an error too: the file tells
+    assert done.returncode == 0 and len(found) == 1, log
+    [samples_file] = out.rglob("*_samples_*.jsonl")
+    samples = {s["doc_id"]: s for s in map(json.loads, samples_file.read_text().splitlines())}
+    model = VitrimModel(batch_size=3, **simple_parse_args_string(model_args))
+    reference = evaluate(model, task_manager, [task], limit=3)["samples"][task]
+    assert sorted(samples) == sorted(s["doc_id"] for s in reference) == [0, 1, 2]
+    for sample in reference:
+        theirs = samples[sample["doc_id"]]
+        assert theirs["filtered_resps"] == sample["filtered_resps"][0]  # the file keeps the filtered answer
+        assert theirs["token_counts"] == json.loads(json.dumps(sample["token_counts"]))
+        record = theirs["token_counts"][0]["vitrim"]
+        assert record["image_tokens"] == PICTURE_TOKENS[family]
+        assert record["image_tokens_entering_llm"] == ENTERING.get(family, 24)
+        assert record["settings"]["method"] == COMMAND_LINE[family].split(",")[0].removeprefix("method=")
+    throughput = json.loads(found[0].read_text())["throughput"]
+    assert throughput["avg_vitrim_image_tokens_entering_llm"] == ENTERING.get(family, 24)
+    assert throughput["avg_vitrim_image_tokens_kept"] == (12 if family in QWEN else 20)
 
 
 def sampled(frames: int) -> list[int]:

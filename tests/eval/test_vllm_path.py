@@ -131,5 +131,5 @@ def test_bad_model_args_are_one_line(folder: Path) -> None:
         VitrimVLLMModel(pretrained=str(folder), method="divprune+visionzip", **{"divprune.keep": 4})
     with pytest.raises(ValueError, match="pretrained=digits: vLLM serves checkpoint folders"):
         VitrimVLLMModel(pretrained="digits", method="divprune", keep=4)
-    with pytest.raises(ValueError, match="hf_overrides=...: vitrim_vllm sets it"):
+    with pytest.raises(ValueError, match=r"hf_overrides=\.\.\.: vitrim_vllm sets it"):
         VitrimVLLMModel(pretrained=str(folder), hf_overrides="{}")
