@@ -189,22 +189,25 @@ def sampled(frames: int) -> list[int]:
     return sorted({round(i * (frames - 1) / max(count - 1, 1)) for i in range(count)})
 
 
-# family -> (method, options, tokens kept of a video of t temporal patches of P tokens: the method's own rule)
+# (family, method, options, tokens kept of a video of t temporal patches of P tokens: the method's own rule, or
+# for FastVID, whose count follows the video's segments, its bound: int(P·r) per temporal patch at most)
 VIDEO_METHODS = {
-    "qwen2_vl": ("temporal_downsample", {"stride": 2}, lambda t, p: -(-t // 2) * p),
-    "qwen2_5_vl": ("evs", {"video_pruning_rate": 0.5}, lambda t, p: max(p, int(t * p * 0.5))),
-    "qwen3_vl": ("vidcom2", {"video_pruning_rate": 0.5}, lambda t, p: max(t, min(int(t * p * 0.5), t * p))),
+    "qwen2_vl": ("qwen2_vl", "temporal_downsample", {"stride": 2}, lambda t, p: -(-t // 2) * p),
+    "qwen2_5_vl": ("qwen2_5_vl", "evs", {"video_pruning_rate": 0.5}, lambda t, p: max(p, int(t * p * 0.5))),
+    "qwen3_vl": ("qwen3_vl", "vidcom2", {"video_pruning_rate": 0.5}, lambda t, p: max(t, min(int(t * p * 0.5), t * p))),
+    "fastvid": ("qwen2_5_vl", "fastvid", {"retention_ratio": 0.5}, None),
 }
+FASTVID_BOUND = 0.5  # retention_ratio above
 
 
-@pytest.mark.parametrize("family", QWEN)
+@pytest.mark.parametrize("case", VIDEO_METHODS)
 def test_a_video_task_answers_a_batch_as_each_clip_alone(
-    family: str, family_folders: dict[str, Path], task_manager: TaskManager
+    case: str, family_folders: dict[str, Path], task_manager: TaskManager
 ) -> None:
     """Video paths handed as lmms-eval's video tasks hand them, decoded (PyAV), sampled to 4 frames, reduced by a
     video method: batched clips of different lengths and shapes answer as each alone, and the record holds the
     frames read, the frame rates, the grid and the video tokens that entered the LLM."""
-    method, options, rule = VIDEO_METHODS[family]
+    family, method, options, rule = VIDEO_METHODS[case]
     args = {"pretrained": str(family_folders[family]), "method": method, **options, "max_num_frames": MAX_FRAMES}
     found = batched_and_alone({**args, "dtype": "float64"}, task_manager, [VIDEO_TASK], limit=len(CLIPS), batch=4)
     temporal = 2 if family == "qwen3_vl" else 1
@@ -219,7 +222,11 @@ def test_a_video_task_answers_a_batch_as_each_clip_alone(
         assert t == -(-len(sampled(frames)) // temporal)
         tokens = t * (h // 2) * (w // 2)
         assert record["video_tokens"] == tokens
-        assert record["video_tokens_entering_llm"] == record["video_tokens_kept"] == rule(t, h * w // 4)
+        entering = record["video_tokens_entering_llm"]
+        if rule is None:  # FastVID: its segments' budgets, at most int(P·r) per temporal patch
+            assert entering == record["video_tokens_kept"] and 1 <= entering <= t * int(h * w // 4 * FASTVID_BOUND)
+        else:
+            assert entering == record["video_tokens_kept"] == rule(t, h * w // 4)
         assert record["image_tokens"] == record["image_tokens_entering_llm"] == 0
         reason = record["prefill_macs_not_counted"]
         assert record["prefill_macs"] is None and ("video" in reason if family == "qwen2_5_vl" else family in reason)
