@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,19 +108,7 @@ class VitrimModel(lmms):
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
         """Greedy answers to ``requests`` (lmms-eval's simple-model arguments: context, generation settings,
         doc_to_visual, doc_id, task, split), batched (module doc), with their records."""
-        start = time.perf_counter()
-        collator = lmms_utils.Collator([request.args for request in requests], lambda args: args[0], grouping=True)
-        answers: list[GenerationResult] = []
-        for chunk in collator.get_batched(n=self.batch_size, batch_fn=None):
-            contexts, all_settings, to_visuals, doc_ids, tasks, splits = zip(*chunk, strict=True)
-            visuals = [
-                self._visuals(to_visual(self.task_dict[task][split][doc_id]))
-                for to_visual, doc_id, task, split in zip(to_visuals, doc_ids, tasks, splits, strict=True)
-            ]
-            answers.extend(self._answer(list(contexts), visuals, dict(all_settings[0])))
-        ordered = collator.get_original(answers)
-        log_averages(ordered, time.perf_counter() - start)
-        return ordered
+        return answer_in_batches(self, requests, self._visuals, self._answer)
 
     def _visuals(self, visuals: Any) -> list[Any]:
         """A request's visuals: pictures as they are, each video as its sampled :class:`~vitrim.eval.video.Clip`."""
@@ -210,6 +199,31 @@ class VitrimModel(lmms):
 
     def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
         raise NotImplementedError("vitrim's lmms-eval model answers one round (output_type: generate_until) only")
+
+
+def answer_in_batches(
+    model: lmms,
+    requests: list[Instance],
+    read_visuals: Callable[[Any], list[Any]],
+    answer: Callable[[list[str], list[list[Any]], dict[str, Any]], list[GenerationResult]],
+) -> list[GenerationResult]:
+    """``requests`` answered ``model.batch_size`` at a time as lmms-eval's own transformers models batch them
+    (``Collator``: grouped by generation settings): each request's visuals from its task's ``doc_to_visual``, read by
+    ``read_visuals``; ``answer(questions, visuals, settings)`` per batch; the answers in the requests' order, their
+    means logged (:func:`log_averages`)."""
+    start = time.perf_counter()
+    collator = lmms_utils.Collator([request.args for request in requests], lambda args: args[0], grouping=True)
+    answers: list[GenerationResult] = []
+    for chunk in collator.get_batched(n=model.batch_size, batch_fn=None):
+        contexts, all_settings, to_visuals, doc_ids, tasks, splits = zip(*chunk, strict=True)
+        visuals = [
+            read_visuals(to_visual(model.task_dict[task][split][doc_id]))
+            for to_visual, doc_id, task, split in zip(to_visuals, doc_ids, tasks, splits, strict=True)
+        ]
+        answers.extend(answer(list(contexts), visuals, dict(all_settings[0])))
+    ordered = collator.get_original(answers)
+    log_averages(ordered, time.perf_counter() - start)
+    return ordered
 
 
 def method_settings(plan: MethodPlan) -> dict[str, Any]:

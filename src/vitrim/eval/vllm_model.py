@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from typing import Any
 
 import torch
-from lmms_eval import utils as lmms_utils
 from lmms_eval.api.instance import GenerationResult, Instance
 from lmms_eval.api.model import lmms
 
@@ -43,10 +41,10 @@ from vitrim.eval.inputs import TransformersPrompter, rgb
 from vitrim.eval.lmms_model import (
     DEFAULT_MAX_NEW_TOKENS,
     SampleCounts,
+    answer_in_batches,
     as_list,
     cut,
     jsonable,
-    log_averages,
     method_settings,
 )
 from vitrim.eval.model_args import STACK_SEPARATOR, option_value, parse_model_args
@@ -149,19 +147,7 @@ class VitrimVLLMModel(lmms):
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
         """Greedy answers to ``requests``, ``batch_size`` prompts per ``LLM.generate`` (grouped by generation
         settings, as lmms-eval's ``Collator`` groups them), with their records, in the requests' order."""
-        start = time.perf_counter()
-        collator = lmms_utils.Collator([request.args for request in requests], lambda args: args[0], grouping=True)
-        answers: list[GenerationResult] = []
-        for chunk in collator.get_batched(n=self.batch_size, batch_fn=None):
-            contexts, all_settings, to_visuals, doc_ids, tasks, splits = zip(*chunk, strict=True)
-            pictures = [
-                self._pictures(to_visual(self.task_dict[task][split][doc_id]))
-                for to_visual, doc_id, task, split in zip(to_visuals, doc_ids, tasks, splits, strict=True)
-            ]
-            answers.extend(self._answer(list(contexts), pictures, dict(all_settings[0])))
-        ordered = collator.get_original(answers)
-        log_averages(ordered, time.perf_counter() - start)
-        return ordered
+        return answer_in_batches(self, requests, self._pictures, self._answer)
 
     def _pictures(self, visuals: Any) -> list[Any]:
         found = [v for v in as_list(visuals) if v is not None]
@@ -220,4 +206,3 @@ class VitrimVLLMModel(lmms):
 
     def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
         raise NotImplementedError("vitrim's lmms-eval model answers one round (output_type: generate_until) only")
-
