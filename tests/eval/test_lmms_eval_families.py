@@ -27,7 +27,14 @@ from lmms_eval.tasks import TaskManager
 from lmms_eval.utils import simple_parse_args_string
 
 from tiny_vlms.clips import CLIP_FPS, CLIPS
-from tiny_vlms.folders import save_gemma3, save_llava_next, save_qwen2_5_vl, save_qwen2_vl, save_small_qwen3_vl
+from tiny_vlms.folders import (
+    save_gemma3,
+    save_llava_next,
+    save_llava_onevision,
+    save_qwen2_5_vl,
+    save_qwen2_vl,
+    save_small_qwen3_vl,
+)
 from vitrim.eval.digits_tasks import task_name
 from vitrim.eval.lmms_model import VitrimModel
 
@@ -38,6 +45,7 @@ FAMILIES = {
     "qwen3_vl": save_small_qwen3_vl,
     "gemma3": save_gemma3,
 }
+FOLDERS = {**FAMILIES, "llava_onevision": save_llava_onevision}  # OneVision: its own test (videos and pictures)
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 QWEN_PIXELS = 32 * 32  # max_pixels: a 64×64 canvas read at 32×32, 16×16 patches, 64 image tokens
 PICTURE_TOKENS = {"llava_next": 88, "gemma3": 16, **dict.fromkeys(QWEN, 64)}
@@ -48,7 +56,7 @@ MAX_FRAMES = 4
 @pytest.fixture(scope="session")
 def family_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
-    return {family: save(root / family) for family, save in FAMILIES.items()}
+    return {family: save(root / family) for family, save in FOLDERS.items()}
 
 
 def evaluate(model: VitrimModel, manager: TaskManager, tasks: list[str], limit: int) -> dict[str, Any]:
@@ -234,6 +242,49 @@ def test_a_video_task_answers_a_batch_as_each_clip_alone(
         assert settings["video"] == {"max_num_frames": MAX_FRAMES, "fps": None, "decoder": "pyav"}
         assert settings["pixels"]["video"]["temporal_patch_size"] == temporal
         assert settings["options"][method] | options == settings["options"][method]
+
+
+ONEVISION_FRAME = 16  # the tiny LLaVA-OneVision's pooled 4×4 grid of a 14×14 frame; a video adds 1 newline
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "rule"),
+    [
+        ("evs", {"video_pruning_rate": 0.5}, lambda f, p: max(p, int(f * p * 0.5))),
+        ("divprune", {"keep": 5}, lambda f, p: 5 * f),
+    ],
+)
+def test_llava_onevision_videos_and_pictures(
+    method: str,
+    options: dict[str, Any],
+    rule: Any,
+    family_folders: dict[str, Path],
+    task_manager: TaskManager,
+    video_task: Path,
+) -> None:
+    """LLaVA-OneVision under lmms-eval: the video task's clips (3 frames read of each, evenly spaced, each resized to
+    14×14 and pooled to 16 tokens, then one newline: F·16 + 1, the model's own packing,
+    tests/tiny_vlms/llava_onevision.py) reduced by a video method (EVS) or an image method per frame (DivPrune),
+    and the digits pictures (anyres tiles), batched as each alone; the video tokens entering are the method's rule
+    on the frames, plus the newline. Its processor stacks a batch's videos frame for frame: clips read at different
+    frame counts are refused in one line."""
+    args = {"pretrained": str(family_folders["llava_onevision"]), "method": method, **options}
+    args |= {"max_num_frames": 3, "max_new_tokens": 4, "dtype": "float64"}  # 3: every clip's frames (3 to 8)
+    found = batched_and_alone(args, task_manager, [VIDEO_TASK, task_name("which")], limit=len(CLIPS), batch=4)
+    videos, pictures = found[: len(CLIPS)], found[len(CLIPS) :]
+    for doc, (_, record) in enumerate(videos):
+        total, frames = CLIPS[doc][0], 3
+        assert record["videos"][0]["frame_indices"] == sorted({round(i * (total - 1) / 2) for i in range(frames)})
+        assert record["video_tokens"] == frames * ONEVISION_FRAME + 1
+        assert record["video_tokens_entering_llm"] == rule(frames, ONEVISION_FRAME) + 1
+    for _, record in pictures:  # EVS reads time: a picture enters whole; DivPrune cuts each tile to its keep
+        entering = record["image_tokens_entering_llm"]
+        assert entering == record["image_tokens"] if method == "evs" else 0 < entering < record["image_tokens"]
+        assert record["video_tokens"] == 0
+    model = VitrimModel(**{**args, "max_num_frames": 8})
+    clips = model._visuals([str(video_task / "clips" / f"clip{doc}.mp4") for doc in (0, 1)])  # 8 and 3 frames
+    with pytest.raises(ValueError, match=r"stacks a batch's videos frame for frame; this batch's videos have \[3, 8\]"):
+        model.prompter.inputs(["w5", "w6"], [[clips[0]], [clips[1]]])
 
 
 def test_a_per_frame_image_method_on_video_sampled_at_a_frame_rate(

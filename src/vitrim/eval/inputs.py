@@ -131,7 +131,16 @@ class TransformersPrompter(Prompter):
                 "do_sample_frames": False,  # sampled by vitrim.eval.video, recorded with each sample
             }
         images = pictures if any(pictures) else None
-        return dict(self.processor(images=images, text=texts, return_tensors="pt", padding=True, **extra))
+        try:
+            return dict(self.processor(images=images, text=texts, return_tensors="pt", padding=True, **extra))
+        except ValueError as error:  # LLaVA-OneVision stacks a batch's videos as (V, F, C, H, W)
+            counts = sorted({len(clip.frames) for clip in clips})
+            if len(counts) < 2 or "pixel_values_videos" not in str(error):
+                raise
+            raise ValueError(
+                f"{type(self.processor).__name__} stacks a batch's videos frame for frame; this batch's videos have "
+                f"{counts} frames: use --batch_size 1, or max_num_frames at most the shortest video's frames"
+            ) from None
 
     def prompt(self, question: str, visuals: Sequence[Any]) -> str:
         """The prompt text of one question with its visuals (pictures, then videos, in order, before the text)."""
