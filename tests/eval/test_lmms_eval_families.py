@@ -251,7 +251,7 @@ ONEVISION_FRAME = 16  # the tiny LLaVA-OneVision's pooled 4×4 grid of a 14×14 
     ("method", "options", "rule"),
     [
         ("evs", {"video_pruning_rate": 0.5}, lambda f, p: max(p, int(f * p * 0.5))),
-        ("divprune", {"keep": 5}, lambda f, p: 5 * f),
+        pytest.param("divprune", {"keep": 5}, lambda f, p: 5 * f, marks=pytest.mark.full),
     ],
 )
 def test_llava_onevision_videos_and_pictures(
