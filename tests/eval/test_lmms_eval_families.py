@@ -9,6 +9,10 @@ and the whole per-sample record. The counts recorded are checked against what th
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,14 @@ from lmms_eval.tasks import TaskManager
 from lmms_eval.utils import simple_parse_args_string
 
 from tiny_vlms.clips import CLIP_FPS, CLIPS
-from tiny_vlms.folders import save_gemma3, save_llava_next, save_qwen2_5_vl, save_qwen2_vl, save_small_qwen3_vl
+from tiny_vlms.folders import (
+    save_gemma3,
+    save_llava_next,
+    save_llava_onevision,
+    save_qwen2_5_vl,
+    save_qwen2_vl,
+    save_small_qwen3_vl,
+)
 from vitrim.eval.digits_tasks import task_name
 from vitrim.eval.lmms_model import VitrimModel
 
@@ -34,6 +45,7 @@ FAMILIES = {
     "qwen3_vl": save_small_qwen3_vl,
     "gemma3": save_gemma3,
 }
+FOLDERS = {**FAMILIES, "llava_onevision": save_llava_onevision}  # OneVision: its own test (videos and pictures)
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 QWEN_PIXELS = 32 * 32  # max_pixels: a 64×64 canvas read at 32×32, 16×16 patches, 64 image tokens
 PICTURE_TOKENS = {"llava_next": 88, "gemma3": 16, **dict.fromkeys(QWEN, 64)}
@@ -44,7 +56,7 @@ MAX_FRAMES = 4
 @pytest.fixture(scope="session")
 def family_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
-    return {family: save(root / family) for family, save in FAMILIES.items()}
+    return {family: save(root / family) for family, save in FOLDERS.items()}
 
 
 def evaluate(model: VitrimModel, manager: TaskManager, tasks: list[str], limit: int) -> dict[str, Any]:
@@ -133,6 +145,51 @@ def test_each_family_answers_a_batch_as_each_sample_alone(
             assert record["settings"]["pixels"]["size"]["longest_edge"] == QWEN_PIXELS
 
 
+# the command line's cases: LLaVA-NeXT (tiles) and Qwen2.5-VL (pixel bounds) with a stacked pair each
+COMMAND_LINE = {
+    "qwen2_5_vl": f"method=divprune+fastv,divprune.keep=24,fastv.keep=12,fastv.layer=1,max_pixels={QWEN_PIXELS}",
+    "llava_next": "method=visionzip+fastv,visionzip.keep=6,fastv.keep=20,fastv.layer=1",
+}
+
+
+@pytest.mark.parametrize("family", [pytest.param("qwen2_5_vl"), pytest.param("llava_next", marks=pytest.mark.full)])
+def test_the_command_line_on_a_family_checkpoint(
+    family: str, family_folders: dict[str, Path], digits_tasks: Path, task_manager: TaskManager, tmp_path: Path
+) -> None:
+    """The ``lmms-eval`` console script (``--model vitrim --model_args ... --include_path ... --limit``) on a tiny
+    family folder: its samples file holds, per sample, the answer and the record ``simple_evaluate`` gives the same
+    model arguments in this process (parsed by lmms-eval's own parser), and its results the means of those records."""
+    model_args = f"pretrained={family_folders[family]},max_new_tokens=4,{COMMAND_LINE[family]}"
+    task = task_name("which")
+    out = tmp_path / "out"
+    command = [
+        str(Path(sys.executable).with_name("lmms-eval")), "--model", "vitrim", "--model_args", model_args,
+        "--tasks", task, "--include_path", str(digits_tasks), "--limit", "3", "--batch_size", "3",
+        "--output_path", str(out), "--log_samples",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    log = done.stdout[-3000:] + done.stderr[-3000:]
+    found = list(out.rglob("*_results.json"))  # lmms-eval exits 0 after an error too: the file tells
+    assert done.returncode == 0 and len(found) == 1, log
+    [samples_file] = out.rglob("*_samples_*.jsonl")
+    samples = {s["doc_id"]: s for s in map(json.loads, samples_file.read_text().splitlines())}
+    model = VitrimModel(batch_size=3, **simple_parse_args_string(model_args))
+    reference = evaluate(model, task_manager, [task], limit=3)["samples"][task]
+    assert sorted(samples) == sorted(s["doc_id"] for s in reference) == [0, 1, 2]
+    for sample in reference:
+        theirs = samples[sample["doc_id"]]
+        assert theirs["filtered_resps"] == sample["filtered_resps"][0]  # the file keeps the filtered answer
+        assert theirs["token_counts"] == json.loads(json.dumps(sample["token_counts"]))
+        record = theirs["token_counts"][0]["vitrim"]
+        assert record["image_tokens"] == PICTURE_TOKENS[family]
+        assert record["image_tokens_entering_llm"] == ENTERING.get(family, 24)
+        assert record["settings"]["method"] == COMMAND_LINE[family].split(",")[0].removeprefix("method=")
+    throughput = json.loads(found[0].read_text())["throughput"]
+    assert throughput["avg_vitrim_image_tokens_entering_llm"] == ENTERING.get(family, 24)
+    assert throughput["avg_vitrim_image_tokens_kept"] == (12 if family in QWEN else 20)
+
+
 def sampled(frames: int) -> list[int]:
     """The frames read of a clip: MAX_FRAMES evenly spaced, rounded half to even (lmms-eval's Qwen models' rule:
     qwen_vl_utils' ``torch.linspace(0, T - 1, n).round()``), by hand."""
@@ -140,22 +197,25 @@ def sampled(frames: int) -> list[int]:
     return sorted({round(i * (frames - 1) / max(count - 1, 1)) for i in range(count)})
 
 
-# family -> (method, options, tokens kept of a video of t temporal patches of P tokens: the method's own rule)
+# (family, method, options, tokens kept of a video of t temporal patches of P tokens: the method's own rule, or
+# for FastVID, whose count follows the video's segments, its bound: int(P·r) per temporal patch at most)
 VIDEO_METHODS = {
-    "qwen2_vl": ("temporal_downsample", {"stride": 2}, lambda t, p: -(-t // 2) * p),
-    "qwen2_5_vl": ("evs", {"video_pruning_rate": 0.5}, lambda t, p: max(p, int(t * p * 0.5))),
-    "qwen3_vl": ("vidcom2", {"video_pruning_rate": 0.5}, lambda t, p: max(t, min(int(t * p * 0.5), t * p))),
+    "qwen2_vl": ("qwen2_vl", "temporal_downsample", {"stride": 2}, lambda t, p: -(-t // 2) * p),
+    "qwen2_5_vl": ("qwen2_5_vl", "evs", {"video_pruning_rate": 0.5}, lambda t, p: max(p, int(t * p * 0.5))),
+    "qwen3_vl": ("qwen3_vl", "vidcom2", {"video_pruning_rate": 0.5}, lambda t, p: max(t, min(int(t * p * 0.5), t * p))),
+    "fastvid": ("qwen2_5_vl", "fastvid", {"retention_ratio": 0.5}, None),
 }
+FASTVID_BOUND = 0.5  # retention_ratio above
 
 
-@pytest.mark.parametrize("family", QWEN)
+@pytest.mark.parametrize("case", VIDEO_METHODS)
 def test_a_video_task_answers_a_batch_as_each_clip_alone(
-    family: str, family_folders: dict[str, Path], task_manager: TaskManager
+    case: str, family_folders: dict[str, Path], task_manager: TaskManager
 ) -> None:
     """Video paths handed as lmms-eval's video tasks hand them, decoded (PyAV), sampled to 4 frames, reduced by a
     video method: batched clips of different lengths and shapes answer as each alone, and the record holds the
     frames read, the frame rates, the grid and the video tokens that entered the LLM."""
-    method, options, rule = VIDEO_METHODS[family]
+    family, method, options, rule = VIDEO_METHODS[case]
     args = {"pretrained": str(family_folders[family]), "method": method, **options, "max_num_frames": MAX_FRAMES}
     found = batched_and_alone({**args, "dtype": "float64"}, task_manager, [VIDEO_TASK], limit=len(CLIPS), batch=4)
     temporal = 2 if family == "qwen3_vl" else 1
@@ -170,7 +230,11 @@ def test_a_video_task_answers_a_batch_as_each_clip_alone(
         assert t == -(-len(sampled(frames)) // temporal)
         tokens = t * (h // 2) * (w // 2)
         assert record["video_tokens"] == tokens
-        assert record["video_tokens_entering_llm"] == record["video_tokens_kept"] == rule(t, h * w // 4)
+        entering = record["video_tokens_entering_llm"]
+        if rule is None:  # FastVID: its segments' budgets, at most int(P·r) per temporal patch
+            assert entering == record["video_tokens_kept"] and 1 <= entering <= t * int(h * w // 4 * FASTVID_BOUND)
+        else:
+            assert entering == record["video_tokens_kept"] == rule(t, h * w // 4)
         assert record["image_tokens"] == record["image_tokens_entering_llm"] == 0
         reason = record["prefill_macs_not_counted"]
         assert record["prefill_macs"] is None and ("video" in reason if family == "qwen2_5_vl" else family in reason)
@@ -178,6 +242,49 @@ def test_a_video_task_answers_a_batch_as_each_clip_alone(
         assert settings["video"] == {"max_num_frames": MAX_FRAMES, "fps": None, "decoder": "pyav"}
         assert settings["pixels"]["video"]["temporal_patch_size"] == temporal
         assert settings["options"][method] | options == settings["options"][method]
+
+
+ONEVISION_FRAME = 16  # the tiny LLaVA-OneVision's pooled 4×4 grid of a 14×14 frame; a video adds 1 newline
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "rule"),
+    [
+        ("evs", {"video_pruning_rate": 0.5}, lambda f, p: max(p, int(f * p * 0.5))),
+        pytest.param("divprune", {"keep": 5}, lambda f, p: 5 * f, marks=pytest.mark.full),
+    ],
+)
+def test_llava_onevision_videos_and_pictures(
+    method: str,
+    options: dict[str, Any],
+    rule: Any,
+    family_folders: dict[str, Path],
+    task_manager: TaskManager,
+    video_task: Path,
+) -> None:
+    """LLaVA-OneVision under lmms-eval: the video task's clips (3 frames read of each, evenly spaced, each resized to
+    14×14 and pooled to 16 tokens, then one newline: F·16 + 1, the model's own packing,
+    tests/tiny_vlms/llava_onevision.py) reduced by a video method (EVS) or an image method per frame (DivPrune),
+    and the digits pictures (anyres tiles), batched as each alone; the video tokens entering are the method's rule
+    on the frames, plus the newline. Its processor stacks a batch's videos frame for frame: clips read at different
+    frame counts are refused in one line."""
+    args = {"pretrained": str(family_folders["llava_onevision"]), "method": method, **options}
+    args |= {"max_num_frames": 3, "max_new_tokens": 4, "dtype": "float64"}  # 3: every clip's frames (3 to 8)
+    found = batched_and_alone(args, task_manager, [VIDEO_TASK, task_name("which")], limit=len(CLIPS), batch=4)
+    videos, pictures = found[: len(CLIPS)], found[len(CLIPS) :]
+    for doc, (_, record) in enumerate(videos):
+        total, frames = CLIPS[doc][0], 3
+        assert record["videos"][0]["frame_indices"] == sorted({round(i * (total - 1) / 2) for i in range(frames)})
+        assert record["video_tokens"] == frames * ONEVISION_FRAME + 1
+        assert record["video_tokens_entering_llm"] == rule(frames, ONEVISION_FRAME) + 1
+    for _, record in pictures:  # EVS reads time: a picture enters whole; DivPrune cuts each tile to its keep
+        entering = record["image_tokens_entering_llm"]
+        assert entering == record["image_tokens"] if method == "evs" else 0 < entering < record["image_tokens"]
+        assert record["video_tokens"] == 0
+    model = VitrimModel(**{**args, "max_num_frames": 8})
+    clips = model._visuals([str(video_task / "clips" / f"clip{doc}.mp4") for doc in (0, 1)])  # 8 and 3 frames
+    with pytest.raises(ValueError, match=r"stacks a batch's videos frame for frame; this batch's videos have \[3, 8\]"):
+        model.prompter.inputs(["w5", "w6"], [[clips[0]], [clips[1]]])
 
 
 def test_a_per_frame_image_method_on_video_sampled_at_a_frame_rate(

@@ -3,8 +3,8 @@ random picture.
 
 - :func:`save_llava`, :func:`save_llava_next`, :func:`save_qwen2_5_vl`: the folders ``vitrim vlm ask --model``
   reads in tests/vlm_user (transformers' own layout, a chat template over message parts); with
-  :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl` and :func:`save_gemma3`, one folder per family for lmms-eval
-  (tests/eval).
+  :func:`save_qwen2_vl`, :func:`save_small_qwen3_vl`, :func:`save_gemma3` and :func:`save_llava_onevision`, one
+  folder per family for lmms-eval (tests/eval).
 - :func:`save_vllm_llava`, :func:`save_vllm_llava_next`, :func:`save_vllm_qwen2_5_vl` (the library's, what
   ``save_tiny_vlm(..., for_vllm=True)`` writes), :func:`save_vllm_qwen3_vl` and :func:`save_vllm_gemma3`: the folders
   vLLM and transformers load alike in tests/vllm and benchmarks/vllm_bench.py: widened where vLLM's CPU attention needs
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tiny_vlms.spread import spread
 from vitrim.vlm_user.tiny import (
     GEMMA_SPECIALS,
     QWEN_SPECIALS,
@@ -45,6 +46,7 @@ __all__ = [
     "save_gemma3",
     "save_llava",
     "save_llava_next",
+    "save_llava_onevision",
     "save_paligemma",
     "save_picture",
     "save_qwen2_5_vl",
@@ -58,6 +60,57 @@ __all__ = [
 ]
 
 LLAVA_GRID = 4  # 16 px images, 4 px patches: 16 image tokens
+
+ONEVISION_TEMPLATE = (
+    "{% for message in messages %}USER: {% for part in message['content'] %}{% if part['type'] == 'image' %}<image> "
+    "{% elif part['type'] == 'video' %}<video> {% else %}{{ part['text'] }} {% endif %}{% endfor %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
+)
+ONEVISION_PINPOINTS = [[14, 28], [28, 14], [28, 28]]
+
+
+def save_llava_onevision(path: Path, seed: int = 0) -> Path:
+    """A tiny LLaVA-OneVision and its processor at ``path`` (tests/tiny_vlms/llava_onevision.py's sizes): SigLIP on
+    14-px tiles of 2-px patches (49 tokens a tile, anyres pinpoints 14×28, 28×14, 28×28), a video frame resized to
+    14×14 and pooled to 4×4 = 16 tokens (a video: F·16 + 1 newline), a 2-layer Qwen2 LLM; ids 3 ``<image>``,
+    4 ``<video>``, words ``w6`` … ``w98``."""
+    import transformers
+
+    config = transformers.LlavaOnevisionConfig(
+        vision_config=dict(
+            model_type="siglip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=4, image_size=14, patch_size=2, vision_use_head=False,
+        ),
+        text_config=dict(
+            model_type="qwen2", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1, eos_token_id=2,
+        ),
+        image_token_id=3,
+        video_token_id=4,
+        image_grid_pinpoints=ONEVISION_PINPOINTS,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = spread(transformers.LlavaOnevisionForConditionalGeneration(config).eval())
+    model.save_pretrained(path)
+    specials = ["<unk>", "<pad>", "</s>", "<image>", "<video>", "<s>"]
+    tokenizer = word_tokenizer(
+        specials, 99, ONEVISION_TEMPLATE, pad_token="<pad>", eos_token="</s>", bos_token="<s>",
+        image_token="<image>", video_token="<video>",
+    )  # fmt: skip
+    processor = transformers.LlavaOnevisionProcessor(
+        image_processor=transformers.LlavaOnevisionImageProcessor(
+            size={"height": 14, "width": 14}, image_grid_pinpoints=ONEVISION_PINPOINTS
+        ),
+        tokenizer=tokenizer,
+        video_processor=transformers.LlavaOnevisionVideoProcessor(size={"height": 14, "width": 14}),
+        num_image_tokens=49,
+        vision_feature_select_strategy="full",
+        chat_template=ONEVISION_TEMPLATE,
+        image_token="<image>",
+        video_token="<video>",
+    )
+    processor.save_pretrained(path)
+    return path
 
 
 VLLM_QWEN3_TEXT: dict[str, Any] = dict(

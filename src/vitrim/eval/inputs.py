@@ -118,8 +118,8 @@ class TransformersPrompter(Prompter):
         self.settings = Settings(type(processor).__name__, pixel_settings(processor), dtype)
 
     def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
-        texts = [self._prompt(question, group) for question, group in zip(questions, visuals, strict=True)]
-        pictures = [[_rgb(v) for v in group if not isinstance(v, Clip)] for group in visuals]
+        texts = [self.prompt(question, group) for question, group in zip(questions, visuals, strict=True)]
+        pictures = [[rgb(v) for v in group if not isinstance(v, Clip)] for group in visuals]
         clips = [v for group in visuals for v in group if isinstance(v, Clip)]
         extra: dict[str, Any] = {}
         if clips:
@@ -131,9 +131,19 @@ class TransformersPrompter(Prompter):
                 "do_sample_frames": False,  # sampled by vitrim.eval.video, recorded with each sample
             }
         images = pictures if any(pictures) else None
-        return dict(self.processor(images=images, text=texts, return_tensors="pt", padding=True, **extra))
+        try:
+            return dict(self.processor(images=images, text=texts, return_tensors="pt", padding=True, **extra))
+        except ValueError as error:  # LLaVA-OneVision stacks a batch's videos as (V, F, C, H, W)
+            counts = sorted({len(clip.frames) for clip in clips})
+            if len(counts) < 2 or "pixel_values_videos" not in str(error):
+                raise
+            raise ValueError(
+                f"{type(self.processor).__name__} stacks a batch's videos frame for frame; this batch's videos have "
+                f"{counts} frames: use --batch_size 1, or max_num_frames at most the shortest video's frames"
+            ) from None
 
-    def _prompt(self, question: str, visuals: Sequence[Any]) -> str:
+    def prompt(self, question: str, visuals: Sequence[Any]) -> str:
+        """The prompt text of one question with its visuals (pictures, then videos, in order, before the text)."""
         processor = self.processor
         kinds = ["video" if isinstance(v, Clip) else "image" for v in visuals]
         if getattr(processor, "chat_template", None):
@@ -186,7 +196,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (int, float, str, bool)) else repr(value)
 
 
-def _rgb(picture: Any) -> Any:
+def rgb(picture: Any) -> Any:
     """A picture as RGB (a mode-"F" canvas of ink in [0, 1] scaled to 8 bits first)."""
     from PIL import Image
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from lmms_eval.models.model_utils.gen_metrics import log_metrics
 import vitrim.vlm
 from vitrim.eval.image_tokens import PrefillDoor, image_token_id, prompt_counts, video_token_id
 from vitrim.eval.inputs import load
-from vitrim.eval.model_args import parse_model_args
+from vitrim.eval.model_args import MethodPlan, parse_model_args
 from vitrim.eval.prefill_cost import counter_for, sample_macs
 from vitrim.eval.video import DECODER, Clip, is_video, read_clip
 
@@ -88,19 +89,11 @@ class VitrimModel(lmms):
         """The run's settings recorded with every sample: methods with all their options (defaults filled in),
         the positions convention of each pre-LLM method, the processor's pixel settings, a video's frame sampling
         (models that take video), the dtype."""
-        described = self.arguments.plan.described()
-        options = {}
-        for name, given in self.arguments.plan.methods:
-            info = vitrim.vlm.method_info(name)
-            options[name] = {"stage": info.stage, **_jsonable({**info.defaults, **given})}
-        positions = {name: o["positions"] for name, o in options.items() if "positions" in o}
         prompter = self.prompter.settings
         video = {"max_num_frames": self.arguments.max_num_frames, "fps": self.arguments.fps, "decoder": DECODER}
         return {
             "model": self.arguments.pretrained,
-            "method": described["method"],
-            "options": options,
-            "positions": positions,
+            **method_settings(self.arguments.plan),
             "processor": prompter.processor,
             "pixels": prompter.pixels,
             **({"video": video} if self.video_id is not None else {}),
@@ -115,24 +108,12 @@ class VitrimModel(lmms):
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
         """Greedy answers to ``requests`` (lmms-eval's simple-model arguments: context, generation settings,
         doc_to_visual, doc_id, task, split), batched (module doc), with their records."""
-        start = time.perf_counter()
-        collator = lmms_utils.Collator([request.args for request in requests], lambda args: args[0], grouping=True)
-        answers: list[GenerationResult] = []
-        for chunk in collator.get_batched(n=self.batch_size, batch_fn=None):
-            contexts, all_settings, to_visuals, doc_ids, tasks, splits = zip(*chunk, strict=True)
-            visuals = [
-                self._visuals(to_visual(self.task_dict[task][split][doc_id]))
-                for to_visual, doc_id, task, split in zip(to_visuals, doc_ids, tasks, splits, strict=True)
-            ]
-            answers.extend(self._answer(list(contexts), visuals, dict(all_settings[0])))
-        ordered = collator.get_original(answers)
-        self._log_averages(ordered, time.perf_counter() - start)
-        return ordered
+        return answer_in_batches(self, requests, self._visuals, self._answer)
 
     def _visuals(self, visuals: Any) -> list[Any]:
         """A request's visuals: pictures as they are, each video as its sampled :class:`~vitrim.eval.video.Clip`."""
         read = []
-        for visual in _as_list(visuals):
+        for visual in as_list(visuals):
             if is_video(visual):
                 if self.video_id is None:
                     raise ValueError(
@@ -162,7 +143,7 @@ class VitrimModel(lmms):
         generate: Any = self.model.generate  # transformers' GenerationMixin (typed as a Module attribute)
         generated = generate(**inputs, max_new_tokens=max_new, do_sample=False, **extra)
         new = generated[:, inputs["input_ids"].shape[1] :]
-        texts = [_cut(text, until) for text in self.prompter.decode(new)]
+        texts = [cut(text, until) for text in self.prompter.decode(new)]
         return [
             GenerationResult(text, counts)
             for text, counts in zip(texts, self._records(inputs, new, visuals), strict=True)
@@ -213,17 +194,6 @@ class VitrimModel(lmms):
             records.append(SampleCounts(input_tokens=image[row] + text[row], output_tokens=output, vitrim=record))
         return records
 
-    def _log_averages(self, answers: list[GenerationResult], seconds: float) -> None:
-        """The run's means into lmms-eval's results file (``throughput``: ``avg_vitrim_<name>``)."""
-        records = [a.token_counts.vitrim for a in answers if isinstance(a.token_counts, SampleCounts)]
-        means: dict[str, float] = {}
-        for name in (*AVERAGED, "prefill_macs_ratio"):
-            values = [r[name] for r in records if r.get(name) is not None]
-            if values and len(values) == len(records):
-                means[f"vitrim_{name}"] = statistics.fmean(values)
-        generated = sum(a.token_counts.output_tokens or 0 for a in answers if a.token_counts is not None)
-        log_metrics(seconds, generated, generated / seconds if seconds > 0 else 0.0, additional_metrics=means)
-
     def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
         raise NotImplementedError("vitrim's lmms-eval model generates answers (output_type: generate_until) only")
 
@@ -231,7 +201,56 @@ class VitrimModel(lmms):
         raise NotImplementedError("vitrim's lmms-eval model answers one round (output_type: generate_until) only")
 
 
-def _as_list(visuals: Any) -> list[Any]:
+def answer_in_batches(
+    model: lmms,
+    requests: list[Instance],
+    read_visuals: Callable[[Any], list[Any]],
+    answer: Callable[[list[str], list[list[Any]], dict[str, Any]], list[GenerationResult]],
+) -> list[GenerationResult]:
+    """``requests`` answered ``model.batch_size`` at a time as lmms-eval's own transformers models batch them
+    (``Collator``: grouped by generation settings): each request's visuals from its task's ``doc_to_visual``, read by
+    ``read_visuals``; ``answer(questions, visuals, settings)`` per batch; the answers in the requests' order, their
+    means logged (:func:`log_averages`)."""
+    start = time.perf_counter()
+    collator = lmms_utils.Collator([request.args for request in requests], lambda args: args[0], grouping=True)
+    answers: list[GenerationResult] = []
+    for chunk in collator.get_batched(n=model.batch_size, batch_fn=None):
+        contexts, all_settings, to_visuals, doc_ids, tasks, splits = zip(*chunk, strict=True)
+        visuals = [
+            read_visuals(to_visual(model.task_dict[task][split][doc_id]))
+            for to_visual, doc_id, task, split in zip(to_visuals, doc_ids, tasks, splits, strict=True)
+        ]
+        answers.extend(answer(list(contexts), visuals, dict(all_settings[0])))
+    ordered = collator.get_original(answers)
+    log_averages(ordered, time.perf_counter() - start)
+    return ordered
+
+
+def method_settings(plan: MethodPlan) -> dict[str, Any]:
+    """The settings record's methods: ``method`` (``a+b``), each method's ``options`` with its stage and every
+    option (defaults filled in), and the ``positions`` convention of each method that has one."""
+    options = {}
+    for name, given in plan.methods:
+        info = vitrim.vlm.method_info(name)
+        options[name] = {"stage": info.stage, **jsonable({**info.defaults, **given})}
+    positions = {name: o["positions"] for name, o in options.items() if "positions" in o}
+    return {"method": plan.described()["method"], "options": options, "positions": positions}
+
+
+def log_averages(answers: list[GenerationResult], seconds: float) -> None:
+    """The run's means into lmms-eval's results file (``throughput``: ``avg_vitrim_<name>``; a mean only where every
+    sample has the number)."""
+    records = [a.token_counts.vitrim for a in answers if isinstance(a.token_counts, SampleCounts)]
+    means: dict[str, float] = {}
+    for name in (*AVERAGED, "prefill_macs_ratio"):
+        values = [r[name] for r in records if r.get(name) is not None]
+        if values and len(values) == len(records):
+            means[f"vitrim_{name}"] = statistics.fmean(values)
+    generated = sum(a.token_counts.output_tokens or 0 for a in answers if a.token_counts is not None)
+    log_metrics(seconds, generated, generated / seconds if seconds > 0 else 0.0, additional_metrics=means)
+
+
+def as_list(visuals: Any) -> list[Any]:
     return list(visuals) if isinstance(visuals, (list, tuple)) else [visuals]
 
 
@@ -261,7 +280,7 @@ def _kept(
     return kept
 
 
-def _cut(text: str, until: list[str]) -> str:
+def cut(text: str, until: list[str]) -> str:
     """``text`` up to the first of the task's stop strings."""
     for stop in until:
         if stop:
@@ -269,5 +288,5 @@ def _cut(text: str, until: list[str]) -> str:
     return text
 
 
-def _jsonable(options: dict[str, Any]) -> dict[str, Any]:
+def jsonable(options: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}

@@ -111,7 +111,7 @@ def method_plan(arguments: dict[str, Any]) -> MethodPlan:
     """The ``method=`` argument and the methods' options (module doc) -> :class:`MethodPlan`."""
     from vitrim.vlm import methods as known_methods
 
-    rest = {name: _value(value) for name, value in arguments.items()}
+    rest = {name: option_value(value) for name, value in arguments.items()}
     spec = rest.pop("method", NONE)
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"model_args method={spec!r}: expected a method of vitrim.vlm, or several joined by '+'")
@@ -143,7 +143,7 @@ def method_plan(arguments: dict[str, Any]) -> MethodPlan:
     return MethodPlan(tuple((name, options[name]) for name in names))
 
 
-def _value(value: Any) -> Any:
+def option_value(value: Any) -> Any:
     """A bracketed string (``[0.5,0.25]``) as JSON, lists as tuples (the methods' options are tuples); else as is."""
     if isinstance(value, str) and value[:1] in "[{" and value:
         try:
