@@ -24,8 +24,9 @@ What vitrim does with a video (the Qwen conventions of ``docs/video.md``, where 
   F·P′ pooled tokens, the LLM's own rows: ``evs`` compares a token with the same cell one frame earlier, ``vidcom2``
   budgets per frame, ``temporal_downsample`` keeps every stride-th frame; images in the prompt keep every token.
   ``flashvid`` runs in its authors' LLaVA-OneVision form: on the pooled frames, scored by the attention each pooled
-  token receives at the tower's last layer (:func:`video_attention`). ``fastvid`` is refused: its authors' OneVision
-  form reads SigLIP's attention-pooling head, which LLaVA-OneVision checkpoints lack (``vision_use_head`` False);
+  token receives at the tower's last layer (:func:`video_attention`). ``fastvid`` runs in its authors' OneVision
+  form: each frame's feature layer through SigLIP's attention-pooling head, which LLaVA-OneVision checkpoints lack
+  (``vision_use_head`` False) and ``fastvid`` loads from its ``siglip=`` (:mod:`vitrim.vlm.method.fastvid_onevision`);
 - an image method selects on each frame as on an image (``keep=`` per frame, counted among its P′ pooled tokens;
   the frames' seeds from their own pixels), with evidence on the pooled grid: the attention each patch receives at
   the tower's scoring layer (the layer that makes the feature layer; SigLIP has no [CLS], so the received
@@ -206,12 +207,6 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
 
     def select_hooks(self, stage: EncoderSeam) -> list[Callable[[], None]]:
         method = stage.method
-        if method.reads_time and method.needs_query_attention:  # FastVID
-            raise TypeError(
-                f"vlm method {method.name!r}: its authors' LLaVA-OneVision form scores frames with SigLIP's "
-                "attention-pooling head (loaded from the SigLIP checkpoint), which LLaVA-OneVision checkpoints lack "
-                "(vision_use_head=False); vitrim.vlm has its Qwen form only"
-            )
         if method.needs_cls_attention and self.scoring_layer() is None:
             raise ValueError(
                 f"vlm method {method.name!r} scores by the attention at one tower layer; this model has "
@@ -339,6 +334,7 @@ class OnevisionSelection(ProjectorSelection):
         if method.reads_time:  # one video at a time, over its time axis
             chosen, pieces, wrote = [], [], False
             per_head = None if received is None else received.transpose(1, 2)  # (V·F, H, P′)
+            states = self.feature_states(output) if method.needs_query_attention else None  # FastVID's head reads
             for video in range(videos):
                 own = frame_tokens[video : video + 1]  # (1, F·P′, E)
                 picked, written = self.stage.hand_on.run(
@@ -349,6 +345,7 @@ class OnevisionSelection(ProjectorSelection):
                     grid=(rows, columns),
                     seeds=None,
                     attention=None if per_head is None else video_attention(per_head, video, frames),
+                    frame_states=None if states is None else states[video * frames : (video + 1) * frames],
                 )
                 chosen.append(with_newline(picked[0], frames * per_frame))
                 pieces.append(own if written is None else written)
@@ -378,6 +375,18 @@ class OnevisionSelection(ProjectorSelection):
         if written_all is not None:
             output.pooler_output = torch.cat([written_all.to(tokens.dtype), tokens[:, frames * per_frame :]], 1)
         return output
+
+    def feature_states(self, output: Any) -> Tensor:
+        """(V·F, p², D) every frame's feature layer (``hidden_states[vision_feature_layer]``, "full": all patches)
+        from ``get_video_features``' ``output``, what FastVID's OneVision form reads through SigLIP's head."""
+        layer = self.adapter.config.vision_feature_layer
+        hidden = getattr(output, "hidden_states", None)
+        if hidden is None or not isinstance(layer, int):
+            raise ValueError(
+                f"fastvid reads each frame's feature layer through SigLIP's head; this model gave no hidden states "
+                f"or has vision_feature_layer={layer!r} (expected one int layer)"
+            )
+        return hidden[layer]
 
 
 def video_attention(per_frame: Tensor, video: int, frames: int) -> Tensor:

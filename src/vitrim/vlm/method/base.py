@@ -76,6 +76,11 @@ class VisionEvidence:
     question: str | None           the caller's question for the image (``texts=`` of the forward or ``generate()``,
                                    the question alone as the authors pass it), for a method reading it through a
                                    text tower of its own (CDPruner's CLIP relevance); None when the caller gave none
+    frame_states: (F, p², D) | None  one video's frames' feature-layer states, before the projector and the pooling
+                                   (LLaVA-OneVision: each frame's tower run, ``hidden_states[vision_feature_layer]``),
+                                   for a video method that reads them through a head of its own (FastVID's
+                                   OneVision form: SigLIP's attention-pooling head); the family gives them where
+                                   the method has ``needs_query_attention`` and the tower has no mean query
     cls_feature: (I, D) | None     the tower's [CLS] row of the feature layer, as ``features`` would hold it before
                                    the projector (LLaVA-1.5: ``hidden_states[vision_feature_layer][:, 0]``), for
                                    methods whose ``uses_cls_token`` is True; None where the tower has no [CLS]
@@ -93,6 +98,7 @@ class VisionEvidence:
     question: str | None = None
     object_attention: Tensor | None = None
     query_attention: Tensor | None = None
+    frame_states: Tensor | None = None
 
     def token_grid(self) -> tuple[int, int]:
         """(rows, columns) of the N image tokens: :attr:`grid`, or √N × √N when it is None; ``ValueError`` when the
@@ -238,7 +244,8 @@ class Method:
     needs_cls_attention: ClassVar[bool] = False  # pre-LLM: the family must capture VisionEvidence.cls_attention/keys
     scores_projected: ClassVar[bool] = False  # pre-LLM: select on VisionEvidence.projected (after the projector)
     needs_seeds: ClassVar[bool] = False  # pre-LLM: the family must compute VisionEvidence.seeds from the pixels
-    # pre-LLM, with needs_cls_attention: the family must also capture VisionEvidence.query_attention (Qwen only)
+    # pre-LLM, with needs_cls_attention: the family must also capture VisionEvidence.query_attention (Qwen; on
+    # LLaVA-OneVision, whose tower has no mean query, VisionEvidence.frame_states for the method's own head)
     needs_query_attention: ClassVar[bool] = False
     reads_grid: ClassVar[bool] = False  # pre-LLM: reads the tokens' 2-D layout (VisionEvidence.token_grid)
     uses_cls_token: ClassVar[bool] = False  # pre-LLM: hand it VisionEvidence.cls_feature where the tower has a [CLS]

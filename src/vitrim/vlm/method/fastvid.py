@@ -46,15 +46,21 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
-from torch.nn import functional as F
+from torch import Tensor, nn
 
 from vitrim.vlm.method.base import ImageSelection, VisionEvidence, register_method
 from vitrim.vlm.method.cost import VLM, MethodCost
 from vitrim.vlm.method.density_peaks import density_peaks
+from vitrim.vlm.method.fastvid_onevision import (
+    NEIGHBOURS,
+    ONEVISION_DEFAULTS,
+    SIGLIP,
+    PoolingHead,
+    merge_into_anchors,
+    onevision_select,
+)
 from vitrim.vlm.method.video_rate import VideoMethod, sizes_from_cuts, video_tokens
 
-NEIGHBOURS = 4  # the density's k nearest (the token itself among them), the authors' constant
 OPTION_RANGES: dict[str, tuple[bool, Callable[[float], bool], float | None, str]] = {  # integer?, low, high, words
     "retention_ratio": (False, lambda v: v > 0, 1.0, "a float in (0, 1] (each temporal patch's budget, int(P·r))"),
     "DySeg_c": (True, lambda v: v >= 1, None, "an int >= 1 (the least number of segments)"),
@@ -115,18 +121,13 @@ def segment_budgets(similarity: Tensor, per_frame: int, options: FastVIDOptions)
     return budgets
 
 
-def merge_into_anchors(tokens: Tensor, anchors: Tensor, others: Tensor, beta: float) -> tuple[Tensor, list[Tensor]]:
-    """DTM: the ``others`` (m,) of ``tokens`` (n, E) each to its most cosine-similar of ``anchors`` (a,); returns the
-    anchors' merged embeddings (a, E) and, per anchor, the sorted indices it stands for (itself and its assigned)."""
-    unit = tokens / tokens.norm(dim=-1, keepdim=True)
-    choice = (unit[others] @ unit[anchors].T).argmax(-1)  # (m,)
-    assigned = F.one_hot(choice, len(anchors)).to(tokens.dtype)  # (m, a)
-    counts = assigned.sum(0)[:, None]  # (a, 1)
-    weight = (1 / (counts + 1)).clamp(min=beta)
-    mean = (assigned.T @ tokens[others]) / counts.clamp(min=1)
-    merged = weight * tokens[anchors] + (1 - weight) * mean
-    groups = [torch.cat([anchor[None], others[choice == a]]).sort().values for a, anchor in enumerate(anchors)]
-    return merged, groups
+def check_budget(per_frame: int, ratio: float) -> None:
+    """Raise ``ValueError`` when ``retention_ratio`` budgets no token of a frame's ``per_frame``."""
+    if int(per_frame * ratio) < 1:
+        raise ValueError(
+            f"retention_ratio={ratio!r} keeps int({per_frame}·{ratio!r}) = 0 of a temporal patch's {per_frame} "
+            f"tokens; expected at least {1 / per_frame:.4g}"
+        )
 
 
 def fastvid_select(tokens: Tensor, salience: Tensor, options: FastVIDOptions) -> ImageSelection:
@@ -134,11 +135,7 @@ def fastvid_select(tokens: Tensor, salience: Tensor, options: FastVIDOptions) ->
     mean-query attention, module docstring): the kept raster indices, the groups they stand for and the anchors'
     merged embeddings."""
     frames, per_frame, width = tokens.shape
-    if int(per_frame * options.retention_ratio) < 1:
-        raise ValueError(
-            f"retention_ratio={options.retention_ratio!r} keeps int({per_frame}·{options.retention_ratio!r}) = 0 of a "
-            f"temporal patch's {per_frame} tokens; expected at least {1 / per_frame:.4g}"
-        )
+    check_budget(per_frame, options.retention_ratio)
     glob = tokens.mean(1)
     glob = glob / glob.norm(dim=-1, keepdim=True)
     similarity = (glob[:-1] * glob[1:]).sum(-1)  # (t − 1,)
@@ -185,8 +182,12 @@ class FastVIDSelection(VideoMethod):
     temporal patch budgeted, int(P·r)), ``DySeg_c`` (8, int ≥ 1: at least c segments), ``DySeg_tau`` (0.84: cut where
     adjacent temporal patches' cosine is below), ``DySeg_ignore`` (0.95: sub-segments inside a segment),
     ``STPrune_d`` (0.4, in [0, 1]: the anchors' share), ``DTM_p`` (4, int ≥ 1: anchors every p-th sub-segment),
-    ``DTM_beta`` (0.6, in [0, 1]: an anchor's least weight in its merge). Keep-all: ``retention_ratio=1`` with
-    ``DySeg_tau`` above 1 (every temporal patch its own segment, nothing merged)."""
+    ``DTM_beta`` (0.6, in [0, 1]: an anchor's least weight in its merge); ``siglip`` (LLaVA-OneVision only: the
+    SigLIP whose attention-pooling head scores the frames, a hub name or folder or a ``SiglipVisionModel`` with
+    ``vision_use_head=True``; default ``google/siglip-so400m-patch14-384``, the tower's source). On LLaVA-OneVision
+    the options a caller leaves out take the authors' OneVision defaults (``retention_ratio`` 0.10, ``DySeg_tau``
+    0.9; :mod:`~vitrim.vlm.method.fastvid_onevision`). Keep-all: ``retention_ratio=1`` with ``DySeg_tau`` above 1
+    (every temporal patch its own segment, nothing merged; on LLaVA-OneVision also ``DTM_beta=1``)."""
 
     defaults: ClassVar[Mapping[str, Any]] = {
         "retention_ratio": 0.27,
@@ -196,9 +197,14 @@ class FastVIDSelection(VideoMethod):
         "STPrune_d": 0.4,
         "DTM_p": 4,
         "DTM_beta": 0.6,
+        "siglip": SIGLIP,
     }
     needs_cls_attention = True  # the tower's last block (the scoring block) ranks the salient tokens,
     needs_query_attention = True  # by its mean-query attention (VisionEvidence.query_attention)
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.pooling: PoolingHead | None = None  # SigLIP's head, loaded at the first LLaVA-OneVision video
 
     def check(self) -> None:
         for name, (integer, low, high, expected) in OPTION_RANGES.items():
@@ -207,16 +213,51 @@ class FastVIDSelection(VideoMethod):
             number = not isinstance(value, bool) and isinstance(value, kind) and math.isfinite(value)
             if not (number and low(value) and (high is None or value <= high)):
                 raise ValueError(f"{name}={value!r} for vlm method 'fastvid' must be {expected}")
+        if not isinstance(self.options["siglip"], str | nn.Module):
+            raise ValueError(
+                f"siglip={self.options['siglip']!r} for vlm method 'fastvid' must be a hub name, a folder or a "
+                "SiglipVisionModel with vision_use_head=True"
+            )
+
+    def authors_layout(self) -> bool:
+        return False  # the authors feed the kept indices as position_ids (Qwen and LLaVA-OneVision alike)
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
+        if evidence.frame_states is not None:
+            return [self.select_onevision(evidence)]
         tokens, frames, per_frame = video_tokens(evidence)
         if evidence.query_attention is None:
             raise ValueError(
                 "fastvid reads the tower's mean-query attention (VisionEvidence.query_attention); the family gave none"
             )
         salience = evidence.query_attention[0].mean(0).reshape(frames, per_frame)  # (t, P): mean over heads
-        options = FastVIDOptions(**{name: self.options[name] for name in self.defaults})
+        options = FastVIDOptions(**{name: self.options[name] for name in OPTION_RANGES})
         return [fastvid_select(tokens, salience, options)]
+
+    def select_onevision(self, evidence: VisionEvidence) -> ImageSelection:
+        """The authors' LLaVA-OneVision form (:mod:`~vitrim.vlm.method.fastvid_onevision`) on one video whose
+        frames' feature-layer states are ``evidence.frame_states``."""
+        if "DySeg_ignore" in self.given:
+            raise ValueError(
+                f"DySeg_ignore={self.options['DySeg_ignore']!r} for vlm method 'fastvid': its authors' "
+                "LLaVA-OneVision form has no sub-segments; leave it out on LLaVA-OneVision"
+            )
+        values = {name: self.options[name] if name in self.given else ONEVISION_DEFAULTS.get(name, self.options[name])
+                  for name in OPTION_RANGES}  # fmt: skip
+        options = FastVIDOptions(**values)
+        tokens, frames, per_frame = video_tokens(evidence)
+        check_budget(per_frame, options.retention_ratio)
+        assert evidence.grid is not None and evidence.frame_states is not None  # video_tokens checked the grid
+        if len(evidence.frame_states) != frames:
+            raise ValueError(f"fastvid got {len(evidence.frame_states)} frames' tower states for {frames} frames")
+        rows, columns = evidence.grid
+        if self.pooling is None:
+            self.pooling = PoolingHead.load(self.options["siglip"])
+        with torch.no_grad():
+            salience, vectors = self.pooling.read(evidence.frame_states, rows, columns)
+        unit = vectors / vectors.norm(dim=-1, keepdim=True)
+        segments = dyseg((unit[:-1] * unit[1:]).sum(-1), options.DySeg_c, options.DySeg_tau)
+        return onevision_select(tokens, salience.to(tokens.dtype), segments, options)
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
         """One video of ``model``'s t temporal patches of P tokens (N = t·P; ``keep`` is not read): at most

@@ -164,6 +164,7 @@ class HandOn:
         cls_feature: Tensor | None = None,
         object_attention: Tensor | None = None,
         query_attention: Tensor | None = None,
+        frame_states: Tensor | None = None,
     ) -> tuple[list[ImageSelection], Tensor | None]:
         """Select among the N tokens of each of the I images of one run, then write the merged ones.
 
@@ -174,7 +175,9 @@ class HandOn:
         Returns the selections and the written copy of ``values`` (None when nothing was written).
         """
         needs = self.selector
-        read = query_attention if needs.needs_query_attention else attention  # what the selector's score reads
+        read = attention  # what the selector's score reads: FastVID the mean query's, or its own head's states
+        if needs.needs_query_attention:
+            read = query_attention if frame_states is None else frame_states
         if needs.needs_cls_attention and read is None:
             raise ValueError("vitrim.vlm saw no input of the tower's scoring layer in this forward pass")
         evidence = VisionEvidence(
@@ -187,6 +190,7 @@ class HandOn:
             cls_feature=cls_feature if needs.uses_cls_token else None,
             object_attention=object_attention if needs.needs_cls_attention else None,
             query_attention=query_attention if needs.needs_cls_attention else None,
+            frame_states=frame_states if needs.needs_query_attention else None,
         )
         selections = self.choose(evidence, features.shape[1])
         if values is None or project is None:
