@@ -124,3 +124,13 @@ def test_cli_counts_a_onevision_clip(capsys: pytest.CaptureFixture[str]) -> None
     printed = capsys.readouterr().out
     assert "llava-onevision-7b, 16 frames of 384×384 px: 11664 patches, 196 video tokens per frame" in printed
     assert "| evs | 0.25 | video_pruning_rate=0.75 |" in printed and "| fastvid |" not in printed
+
+
+def test_cli_size_sets_the_qwen_clips_and_onevision_keeps_its_384(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vlm", "flops", "--video", "16", "--size", "224", "--share", "0.25", "--methods", "evs"]) == 0
+    printed = capsys.readouterr().out
+    assert "qwen2.5-vl-7b, 16 temporal patches of 224×224 px" in printed
+    assert "llava-onevision-7b, 16 frames of 384×384 px" in printed
+    named = ["vlm", "flops", "--video", "16", "--size", "224", "--models", "llava-onevision-7b"]
+    assert main(named) == 2
+    assert "size=224 for llava-onevision-7b: its processor resizes every frame to 384 px" in capsys.readouterr().err

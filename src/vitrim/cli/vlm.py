@@ -42,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--size",
         default=None,
-        help=f"with --video: the clip's side in pixels (default {flops_video.QWEN_VIDEO_SIZE} on Qwen, "
-        "LLaVA-OneVision's 384: it resizes every frame to it)",
+        help=f"with --video: the Qwen clips' side in pixels (default {flops_video.QWEN_VIDEO_SIZE}); LLaVA-OneVision "
+        "resizes every frame to its 384 (another size is refused when --models names it)",
     )
     p.add_argument(
         "--share", default=None, help="with --video: comma-separated fractions of the video's tokens kept, "
@@ -133,7 +133,14 @@ def run_video_flops(args: argparse.Namespace) -> int:
     known = flops_video.video_methods()
     # default: each clip's own; a method vitrim refuses on a model is left out of its rows, saying why
     methods = None if args.methods is None else _names(args.methods, "--methods", (*known, *counted_methods()))
-    clips = [flops_video.clip(flops_video.video_config(name), t, size) for name in models for t in lengths]
+    configs = [flops_video.video_config(name) for name in models]
+    # --size is the Qwen clips' side; LLaVA-OneVision resizes every frame to its own (refused only when it is named)
+    fixed = args.models is None
+    clips = [
+        flops_video.clip(vlm, t, None if fixed and vlm.pooled_side is not None else size)
+        for vlm in configs
+        for t in lengths
+    ]
     out = None if args.json is None else check_output_file(args.json, "--json")
     results = {}
     for video in clips:
