@@ -34,7 +34,7 @@ from vitrim.demos.video.report import write_report
 from vitrim.demos.video.run_folder import load_video_model
 from vitrim.demos.video.sweep import check_methods, run_sweep
 from vitrim.demos.video.train import pretrain_tower, train_model
-from vitrim.demos.vlm.demo import machine_load, recipe
+from vitrim.demos.vlm.demo import machine_load, recipe, train_two_stages
 from vitrim.demos.vlm.evaluate import accuracy_by_type
 from vitrim.demos.vlm.model import CONFIG_FILE, MODEL_FILE, save_model
 from vitrim.demos.vlm.train import TrainPlan
@@ -91,25 +91,8 @@ QUICK = VideoDemoPlan(
 def train_run(out: Path, plan: VideoDemoPlan, *, seed: int = 0, log: Callable[[str], None] | None = None) -> None:
     """Train ``plan``'s model from scratch and write it to ``out`` (``model.safetensors``, ``config.json``) with its
     training record (``training.json``: seconds, load, stage 1's accuracy, final loss, the plan)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(plan.train_threads or threads)
-    try:
-        model = build_model(video_model_config(plan.vision, plan.text), seed=seed)
-        load_before = machine_load()
-        tower = pretrain_tower(model, plan.train, seed=seed, log=log)
-        result = train_model(model, plan.train, seed=seed, log=log)
-        record = {
-            "seconds": tower["seconds"] + result["seconds"],
-            "tower_seconds": tower["seconds"],
-            "tower_digit_token_accuracy": tower["digit_token_accuracy"],
-            "final_loss": result["loss"],
-            "threads": torch.get_num_threads(),
-            "load_average_before": load_before,
-            "load_average_after": machine_load(),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        }
-    finally:
-        torch.set_num_threads(threads)
+    build = partial(build_model, video_model_config(plan.vision, plan.text), seed=seed)
+    model, record = train_two_stages(build, pretrain_tower, train_model, plan, seed=seed, log=log)
     out.mkdir(parents=True, exist_ok=True)
     save_model(model, out)
     text = json.dumps({"plan": _plain(asdict(plan)), "seed": seed, "training": record}, indent=2) + "\n"
