@@ -55,8 +55,9 @@ class VideoDemoPlan:
     text: dict[str, Any] = field(default_factory=dict)  # overrides of model.TEXT
     train: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1200))
     test_clips: int = 200  # the full model: 600 held-out questions, 200 of each type
-    # the methods: the first 100 of them (300 questions; one is 1 %): 12 methods, 3 fractions and random's 5 seeds
-    # answer them in about 15 minutes on this loaded 2-core machine, 200 would double it
+    # the methods: the first 100 of them (300 questions; one is 1 %): 14 methods at 3 fractions and random's 4 other
+    # seeds answer them in about 110 s of one core (the tower, run again for each question and each method, is most of
+    # it); 200 would double that, past `make demo`'s five minutes
     sweep_clips: int = 100
     timing_batch: int = 16
     repeats: int = 3
@@ -140,7 +141,7 @@ def evaluate_run(
     write ``summary.json``, ``details.json`` and ``report.md``; returns the summary."""
     model = load_video_model(out)
     data = held_out(plan.test_clips, seed)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     full, answers = score(model, data)
     if log is not None:
         log("full model: " + "  ".join(f"{k} {v:.3f}" for k, v in full.items()))
@@ -159,6 +160,7 @@ def evaluate_run(
         "options": _plain(sweep.options),
         "not_run": sweep.not_run,
         "evaluation_seconds": time.perf_counter() - start,
+        "evaluation_cpu_seconds": time.process_time() - cpu_start,  # on a shared machine: what it cost, load aside
         "full_model_answers": answers[:ANSWERS_RECORDED],  # the first held-out questions' answers, for a cheap test
         "load_average_at_evaluation": machine_load(),
         "torch_threads_at_evaluation": torch.get_num_threads(),
