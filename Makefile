@@ -106,7 +106,8 @@ lint: $(STAMP)
 # The digits LLaVA's and the digits video model's sweeps run side by side, one thread each (make -j2, each demo's
 # output printed whole when it ends): their matrices are small, and beside one other CPU-bound job torch's two
 # threads kept waiting for each other (measured 2026-12-02 from a fresh clone: over 12 min, stopped, against 108 s
-# alone on one thread and 80 s on two). The video demo alone costs about 110 s of one core (docs/video.md).
+# alone on one thread and 80 s on two). Side by side on the loaded machine the LLaVA's took 158 s of CPU and the
+# video demo's 137 s (docs/video.md).
 demo: $(STAMP)
 	$(VENV)/bin/vitrim demo
 	$(VENV)/bin/vitrim demo translate

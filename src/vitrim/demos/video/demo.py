@@ -56,8 +56,8 @@ class VideoDemoPlan:
     train: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1200))
     test_clips: int = 200  # the full model: 600 held-out questions, 200 of each type
     # the methods: the first 100 of them (300 questions; one is 1 %): 14 methods at 3 fractions and random's 4 other
-    # seeds answer them in about 110 s of one core (the tower, run again for each question and each method, is most of
-    # it); 200 would double that, past `make demo`'s five minutes
+    # seeds answer them in 113–137 s of CPU on one thread (the tower, run again for each question and each method, is
+    # most of it); 200 would double that, past `make demo`'s five minutes (docs/video.md, Costs)
     sweep_clips: int = 100
     timing_batch: int = 16
     repeats: int = 3
