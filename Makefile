@@ -15,7 +15,7 @@ LXT_VERSION ?= 2.1
 STAMP := $(VENV)/.installed
 TORCHVISION_FIX := src/vitrim/torchvision_without_ops.py
 
-.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval test-eval-all test-eval-vllm demo demo-translate demo-video demo-weights docs lint bench clean
+.PHONY: test test-all test-full test-vlm-lowest test-vllm test-vllm-all test-eval test-eval-all test-eval-vllm demo demo-translate demo-vlm demo-video demo-weights docs lint bench clean
 
 $(STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -122,22 +122,27 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # The demos evaluate, time and draw the weights their recipes made, shipped in src/vitrim/data/demo (about 30 s each;
-# the VLM demo sweeps every method of vitrim.vlm); `vitrim demo [translate|vlm] --retrain` trains them from scratch.
-# The VLM demo's sweep runs on one thread: its matrices are small, and beside one other CPU-bound job torch's two
+# the VLM demos sweep every method of vitrim.vlm); `vitrim demo [translate|vlm|video] --retrain` trains them from
+# scratch.
+# The digits LLaVA's and the digits video model's sweeps run side by side, one thread each (make -j2, each demo's
+# output printed whole when it ends): their matrices are small, and beside one other CPU-bound job torch's two
 # threads kept waiting for each other (measured 2026-12-02 from a fresh clone: over 12 min, stopped, against 108 s
-# alone on one thread and 80 s on two).
+# alone on one thread and 80 s on two). Side by side on the loaded machine the LLaVA's took 158 s of CPU and the
+# video demo's 137 s (docs/video.md).
 demo: $(STAMP)
 	$(VENV)/bin/vitrim demo
 	$(VENV)/bin/vitrim demo translate
-	$(VENV)/bin/vitrim demo vlm --threads 1
+	$(MAKE) --no-print-directory -j2 --output-sync=target demo-vlm demo-video
 
 demo-translate: $(STAMP)
 	$(VENV)/bin/vitrim demo translate
 
-# The digits Qwen2-VL on clips and every video method of vitrim.vlm (docs/video.md): not in `make demo`, which it
-# would take past five minutes on 2 cores (alone it took 13 minutes on the shipped weights, 781 s of evaluation).
+demo-vlm: $(STAMP)
+	$(VENV)/bin/vitrim demo vlm --threads 1
+
+# The digits Qwen2-VL on clips and every video method of vitrim.vlm (docs/video.md).
 demo-video: $(STAMP)
-	$(VENV)/bin/vitrim demo video
+	$(VENV)/bin/vitrim demo video --threads 1
 
 # After a recipe changes: retrain the demos and ship what they made (tests/train/test_demo_shipped.py checks it).
 demo-weights: $(STAMP)

@@ -101,6 +101,7 @@ def test_demo_video_quick_runs_end_to_end(tmp_path: Path, capsys: pytest.Capture
     summary = json.loads((out / "summary.json").read_text())
     details = json.loads((out / "details.json").read_text())
     assert set(summary["methods"]) == {"evs", "random"} and "tome" in details["not_run"]
+    assert details["evaluation_cpu_seconds"] > 0 and details["torch_threads_at_evaluation"] >= 1
     assert (out / "report.md").read_text().count("| evs |") == 3 and (out / "accuracy_vs_kept.png").is_file()
     assert "full model" in capsys.readouterr().out
 

@@ -34,7 +34,7 @@ from vitrim.demos.video.report import write_report
 from vitrim.demos.video.run_folder import load_video_model
 from vitrim.demos.video.sweep import check_methods, run_sweep
 from vitrim.demos.video.train import pretrain_tower, train_model
-from vitrim.demos.vlm.demo import machine_load, recipe
+from vitrim.demos.vlm.demo import machine_load, recipe, train_two_stages
 from vitrim.demos.vlm.evaluate import accuracy_by_type
 from vitrim.demos.vlm.model import CONFIG_FILE, MODEL_FILE, save_model
 from vitrim.demos.vlm.train import TrainPlan
@@ -55,8 +55,9 @@ class VideoDemoPlan:
     text: dict[str, Any] = field(default_factory=dict)  # overrides of model.TEXT
     train: TrainPlan = field(default_factory=lambda: TrainPlan(steps=1200))
     test_clips: int = 200  # the full model: 600 held-out questions, 200 of each type
-    # the methods: the first 100 of them (300 questions; one is 1 %): 12 methods, 3 fractions and random's 5 seeds
-    # answer them in about 15 minutes on this loaded 2-core machine, 200 would double it
+    # the methods: the first 100 of them (300 questions; one is 1 %): 14 methods at 3 fractions and random's 4 other
+    # seeds answer them in 113–137 s of CPU on one thread (the tower, run again for each question and each method, is
+    # most of it); 200 would double that, past `make demo`'s five minutes (docs/video.md, Costs)
     sweep_clips: int = 100
     timing_batch: int = 16
     repeats: int = 3
@@ -91,25 +92,8 @@ QUICK = VideoDemoPlan(
 def train_run(out: Path, plan: VideoDemoPlan, *, seed: int = 0, log: Callable[[str], None] | None = None) -> None:
     """Train ``plan``'s model from scratch and write it to ``out`` (``model.safetensors``, ``config.json``) with its
     training record (``training.json``: seconds, load, stage 1's accuracy, final loss, the plan)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(plan.train_threads or threads)
-    try:
-        model = build_model(video_model_config(plan.vision, plan.text), seed=seed)
-        load_before = machine_load()
-        tower = pretrain_tower(model, plan.train, seed=seed, log=log)
-        result = train_model(model, plan.train, seed=seed, log=log)
-        record = {
-            "seconds": tower["seconds"] + result["seconds"],
-            "tower_seconds": tower["seconds"],
-            "tower_digit_token_accuracy": tower["digit_token_accuracy"],
-            "final_loss": result["loss"],
-            "threads": torch.get_num_threads(),
-            "load_average_before": load_before,
-            "load_average_after": machine_load(),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        }
-    finally:
-        torch.set_num_threads(threads)
+    build = partial(build_model, video_model_config(plan.vision, plan.text), seed=seed)
+    model, record = train_two_stages(build, pretrain_tower, train_model, plan, seed=seed, log=log)
     out.mkdir(parents=True, exist_ok=True)
     save_model(model, out)
     text = json.dumps({"plan": _plain(asdict(plan)), "seed": seed, "training": record}, indent=2) + "\n"
@@ -157,7 +141,7 @@ def evaluate_run(
     write ``summary.json``, ``details.json`` and ``report.md``; returns the summary."""
     model = load_video_model(out)
     data = held_out(plan.test_clips, seed)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     full, answers = score(model, data)
     if log is not None:
         log("full model: " + "  ".join(f"{k} {v:.3f}" for k, v in full.items()))
@@ -176,6 +160,7 @@ def evaluate_run(
         "options": _plain(sweep.options),
         "not_run": sweep.not_run,
         "evaluation_seconds": time.perf_counter() - start,
+        "evaluation_cpu_seconds": time.process_time() - cpu_start,  # on a shared machine: what it cost, load aside
         "full_model_answers": answers[:ANSWERS_RECORDED],  # the first held-out questions' answers, for a cheap test
         "load_average_at_evaluation": machine_load(),
         "torch_threads_at_evaluation": torch.get_num_threads(),

@@ -31,11 +31,8 @@ from vitrim.demos.video.words import (
     WORDS,
     processor,
 )
-from vitrim.demos.vlm.model import CONFIG_FILE, MODEL_FILE, import_transformers
-from vitrim.demos.vlm.run_folder import _check_heads, _first_line, check_weights_fit
+from vitrim.demos.vlm.run_folder import _check_heads, _first_line, load_checked, read_fixed_parts
 from vitrim.demos.vlm.words import split_words
-from vitrim.models.config_limits import check_file_config
-from vitrim.weights.formats import read_weights_file
 
 if TYPE_CHECKING:
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
@@ -58,18 +55,8 @@ FIXED: dict[tuple[str, str], object] = {
 
 def load_video_model(folder: str | Path) -> Qwen2VLForConditionalGeneration:
     """The digits video model saved in ``folder`` (float32 whatever the file stores), in eval mode, checked."""
-    import_transformers()
-    folder = Path(folder)
-    for name in (MODEL_FILE, CONFIG_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{str(folder)!r} has no {name}: not a digits video model run (vitrim demo video)")
-    config = read_config(folder / CONFIG_FILE)
-    weights = read_weights_file(folder / MODEL_FILE)[0]
-    check_weights_fit(lambda: _build(config, folder / CONFIG_FILE), weights, repr(str(folder / MODEL_FILE)))
-    model = build_model(config)
-    model.load_state_dict({name: tensor.float() for name, tensor in weights.items()}, strict=True)
-    check_answers(model.eval(), str(folder))
-    return model
+    run = "digits video model run (vitrim demo video)"
+    return load_checked(folder, run, read_config, build_model, _build, check_answers)
 
 
 def read_config(path: Path) -> Qwen2VLConfig:
@@ -77,23 +64,14 @@ def read_config(path: Path) -> Qwen2VLConfig:
     from transformers import Qwen2VLConfig
 
     source = repr(str(path))
-    fields = untrusted.expect_object(untrusted.read_json(path), source)
-    parts = {"": fields}
-    for part in ("text_config", "vision_config"):
-        parts[part] = untrusted.expect_object(fields.get(part), f"{source} {part}")
-        check_file_config(parts[part], f"{source} {part}")
-    for (part, name), expected in FIXED.items():
-        value = parts[part].get(name)
-        if value != expected or type(value) is not type(expected):
-            where = f"{part}.{name}" if part else name
-            raise ValueError(f"{source}: {where} is {value!r:.80}, expected {expected!r} (the digits video model's)")
+    parts = read_fixed_parts(path, FIXED, "the digits video model's")
     _check_heads(parts["text_config"], f"{source} text_config", key_value=True)
     vision = parts["vision_config"]
     _check_heads({"hidden_size": vision.get("embed_dim"), "num_attention_heads": vision.get("num_heads")},
                  f"{source} vision_config (embed_dim, num_heads)", key_value=False)  # fmt: skip
     _check_mrope(parts["text_config"], f"{source} text_config.rope_parameters")
     try:
-        return Qwen2VLConfig.from_dict(fields)
+        return Qwen2VLConfig.from_dict(parts[""])
     except Exception as err:  # transformers' own validation raises its own classes; the file is the cause either way
         raise ValueError(f"{source}: not a Qwen2-VL config transformers accepts ({_first_line(err)})") from None
 

@@ -26,8 +26,7 @@ from torch import Tensor
 
 from vitrim.demos.video.data import BACKGROUND, DigitClips
 from vitrim.demos.video.words import EOS_ID, encode_words, labelled_batch, prompt_ids, video_patches
-from vitrim.demos.vlm.train import TrainPlan, lr_at
-from vitrim.seeds import epoch_seed
+from vitrim.demos.vlm.train import TrainPlan, lr_at, train_on_conversations
 
 
 def conversation_batch(clips: DigitClips, indices: list[int], order_seed: int) -> dict[str, Tensor]:
@@ -98,41 +97,11 @@ def pretrain_tower(
 def train_model(
     model: torch.nn.Module, plan: TrainPlan, *, seed: int = 0, log: Callable[[str], None] | None = None
 ) -> dict[str, float]:
-    """Stage 2 (module doc): train the decoder in place for ``plan.steps`` steps; returns the last logged loss and
-    the seconds it took."""
+    """Stage 2 (module doc): train the decoder in place for ``plan.steps`` steps (the digits LLaVA's loop,
+    :func:`vitrim.demos.vlm.train.train_on_conversations`, the tower always frozen); returns the last logged loss
+    (the mean over 50 steps) and the seconds it took."""
     clips = DigitClips("train", plan.canvases_per_epoch, seed=seed, augment=plan.augment)
     tower: Any = model.model.visual  # type: ignore[union-attr]
-    tower.requires_grad_(False)
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for n, p in trainable if p.ndim >= 2 and "embed" not in n]
-    no_decay = [p for n, p in trainable if not (p.ndim >= 2 and "embed" not in n)]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": plan.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=plan.lr
+    return train_on_conversations(
+        model, tower, clips, conversation_batch, plan, freeze=True, seed=seed, log=log, log_every=50
     )
-    per_epoch = plan.canvases_per_epoch // plan.batch_size
-    model.train()
-    tower.eval()
-    start, running, seen, loss_value = time.perf_counter(), 0.0, 0, float("nan")
-    permutation = np.arange(plan.canvases_per_epoch)
-    for step in range(plan.steps):
-        epoch, within = divmod(step, per_epoch)
-        if within == 0:
-            clips.set_epoch(epoch)
-            permutation = np.random.default_rng([seed, 0xE7, epoch]).permutation(plan.canvases_per_epoch)
-        indices = [int(i) for i in permutation[within * plan.batch_size : (within + 1) * plan.batch_size]]
-        batch = conversation_batch(clips, indices, order_seed=epoch_seed(seed, step))
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, plan)
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for _, p in trainable], plan.clip_norm)
-        optimizer.step()
-        running, seen = running + loss.item(), seen + 1
-        if (step + 1) % 50 == 0 or step + 1 == plan.steps:
-            loss_value, running, seen = running / seen, 0.0, 0
-            if log is not None:
-                log(f"step {step + 1}/{plan.steps}  loss {loss_value:.4f}  {time.perf_counter() - start:.0f} s")
-    model.eval()
-    tower.requires_grad_(True)
-    return {"loss": loss_value, "seconds": time.perf_counter() - start}

@@ -154,17 +154,34 @@ def run_vlm_demo(
 
 
 def _train(plan: VLMDemoPlan, seed: int, log: Callable[[str], None] | None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    build = partial(build_model, digits_vlm_config(plan.vision, plan.text), seed=seed)
+    return train_two_stages(build, pretrain_tower, train_model, plan, seed=seed, log=log)
+
+
+def train_two_stages(
+    build: Callable[[], torch.nn.Module],
+    pretrain: Callable[..., dict[str, float]],
+    train: Callable[..., dict[str, float]],
+    plan: Any,
+    *,
+    seed: int,
+    log: Callable[[str], None] | None,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Both digits demos' training run: ``build()`` the model, then ``pretrain`` (stage 1, the tower) and ``train``
+    (stage 2), each called ``(model, plan.train, seed=, log=)``, on ``plan.train_threads`` threads (torch's own
+    restored after). Returns the model and its record: seconds, stage 1's (``tower_seconds`` and its other numbers
+    as ``tower_<name>``), stage 2's last loss, threads, the load average before and after, parameters."""
     threads = torch.get_num_threads()
     torch.set_num_threads(plan.train_threads or threads)
     try:
-        model = build_model(digits_vlm_config(plan.vision, plan.text), seed=seed)
+        model = build()
         load_before = machine_load()
-        tower = pretrain_tower(model, plan.train, seed=seed, log=log)
-        result = train_model(model, plan.train, seed=seed, log=log)
+        tower = pretrain(model, plan.train, seed=seed, log=log)
+        result = train(model, plan.train, seed=seed, log=log)
         record = {
             "seconds": tower["seconds"] + result["seconds"],
             "tower_seconds": tower["seconds"],
-            "tower_digit_patch_accuracy": tower["digit_patch_accuracy"],
+            **{f"tower_{name}": value for name, value in tower.items() if name != "seconds"},
             "final_loss": result["loss"],
             "threads": torch.get_num_threads(),
             "load_average_before": load_before,

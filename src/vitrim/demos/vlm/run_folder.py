@@ -54,18 +54,32 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def load_digits_vlm(folder: str | Path) -> LlavaForConditionalGeneration:
     """The digits VLM saved in ``folder`` (float32 whatever the file stores), in eval mode, checked (module doc)."""
+    return load_checked(folder, "digits VLM run (vitrim demo vlm)", read_config, build_model, _build, check_answers)
+
+
+def load_checked(
+    folder: str | Path,
+    run: str,
+    read: Callable[[Path], Any],
+    build: Callable[[Any], torch.nn.Module],
+    build_checked: Callable[[Any, Path], torch.nn.Module],
+    answers: Callable[[torch.nn.Module, str], None],
+) -> Any:
+    """Both digits demos' run folder (this one's and :mod:`vitrim.demos.video.run_folder`'s), read as files from
+    anyone: both files there (else ``FileNotFoundError`` saying it is not a ``run``), ``read(config.json)`` the checked
+    config, the weights read and checked against ``build_checked(config, path)`` on the meta device
+    (:func:`check_weights_fit`), then ``build(config)`` loaded in float32, in eval mode, ``answers(model, folder)``."""
     import_transformers()
     folder = Path(folder)
     for name in (MODEL_FILE, CONFIG_FILE):
         if not (folder / name).is_file():
-            raise FileNotFoundError(f"{str(folder)!r} has no {name}: not a digits VLM run (vitrim demo vlm)")
-    config = read_config(folder / CONFIG_FILE)
-    weights_file = str(folder / MODEL_FILE)
+            raise FileNotFoundError(f"{str(folder)!r} has no {name}: not a {run}")
+    config = read(folder / CONFIG_FILE)
     weights = read_weights_file(folder / MODEL_FILE)[0]
-    check_weights_fit(lambda: _build(config, folder / CONFIG_FILE), weights, f"{weights_file!r}")
-    model = build_model(config)
+    check_weights_fit(lambda: build_checked(config, folder / CONFIG_FILE), weights, repr(str(folder / MODEL_FILE)))
+    model = build(config)
     model.load_state_dict({name: tensor.float() for name, tensor in weights.items()}, strict=True)
-    check_answers(model.eval(), str(folder))
+    answers(model.eval(), str(folder))
     return model
 
 
@@ -74,18 +88,8 @@ def read_config(path: Path) -> LlavaConfig:
     from transformers import LlavaConfig
 
     source = repr(str(path))
-    fields = untrusted.expect_object(untrusted.read_json(path), source)
-    parts = {"": fields}
-    for part in ("text_config", "vision_config"):
-        parts[part] = untrusted.expect_object(fields.get(part), f"{source} {part}")
-        check_file_config(parts[part], f"{source} {part}")
-    for (part, name), expected in FIXED.items():
-        value = parts[part].get(name)
-        if value != expected or type(value) is not type(expected):
-            where = f"{part}.{name}" if part else name
-            raise ValueError(
-                f"{source}: {where} is {value!r:.80}, expected {expected!r} (the digits VLM's; not a digits VLM run)"
-            )
+    parts = read_fixed_parts(path, FIXED, "the digits VLM's; not a digits VLM run")
+    fields = parts[""]
     _check_heads(parts["text_config"], f"{source} text_config", key_value=True)
     _check_heads(parts["vision_config"], f"{source} vision_config", key_value=False)
     _check_feature_layer(fields.get("vision_feature_layer"), parts["vision_config"].get("num_hidden_layers"), source)
@@ -94,6 +98,26 @@ def read_config(path: Path) -> LlavaConfig:
         return LlavaConfig.from_dict(fields)
     except Exception as err:  # transformers' own validation raises its own classes; the file is the cause either way
         raise ValueError(f"{source}: not a LLaVA config transformers accepts ({_first_line(err)})") from None
+
+
+def read_fixed_parts(path: Path, fixed: dict[tuple[str, str], object], owner: str) -> dict[str, dict[str, Any]]:
+    """A run folder's ``config.json`` read as data (:mod:`vitrim.untrusted`): ``{"": the whole object,
+    "text_config": …, "vision_config": …}``, each sub-config's sizes checked
+    (:func:`~vitrim.models.config_limits.check_file_config`) and every field of ``fixed`` ((sub-config or "", field)
+    -> value) equal to its value and type; a problem is one ``ValueError`` naming the file, the field, its value and
+    ``owner`` (whose the expected value is)."""
+    source = repr(str(path))
+    fields = untrusted.expect_object(untrusted.read_json(path), source)
+    parts = {"": fields}
+    for part in ("text_config", "vision_config"):
+        parts[part] = untrusted.expect_object(fields.get(part), f"{source} {part}")
+        check_file_config(parts[part], f"{source} {part}")
+    for (part, name), expected in fixed.items():
+        value = parts[part].get(name)
+        if value != expected or type(value) is not type(expected):
+            where = f"{part}.{name}" if part else name
+            raise ValueError(f"{source}: {where} is {value!r:.80}, expected {expected!r} ({owner})")
+    return parts
 
 
 def _build(config: LlavaConfig, source: Path) -> torch.nn.Module:

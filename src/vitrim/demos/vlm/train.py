@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -167,7 +167,43 @@ def train_model(
     """Train ``model`` in place for ``plan.steps`` steps; returns the last logged loss and the seconds it took."""
     scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed, augment=plan.augment)
     tower: Any = model.model.vision_tower  # type: ignore[union-attr]
-    if plan.freeze_tower:
+    return train_on_conversations(
+        model,
+        tower,
+        scenes,
+        conversation_batch,
+        plan,
+        freeze=plan.freeze_tower,
+        seed=seed,
+        log=log,
+        log_every=log_every,
+    )
+
+
+class EpochData(Protocol):
+    """Training samples redrawn every epoch (:class:`~vitrim.demos.vlm.data.DigitsScenes`, the video demo's clips)."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+def train_on_conversations(
+    model: torch.nn.Module,
+    tower: torch.nn.Module,
+    data: EpochData,
+    batch_of: Callable[[Any, list[int], int], dict[str, Tensor]],
+    plan: TrainPlan,
+    *,
+    freeze: bool,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+    log_every: int = 100,
+) -> dict[str, float]:
+    """Stage 2 of both digits demos (this one's and :mod:`vitrim.demos.video.train`'s): ``plan.steps`` AdamW steps
+    on ``batch_of(data, indices, order_seed)`` (the model's inputs with ``labels``), ``tower`` frozen and in eval mode
+    when ``freeze``; weight decay on matrices but embeddings, :func:`lr_at`'s schedule, gradients clipped at
+    ``plan.clip_norm``; the samples of an epoch in a seeded permutation. Returns the mean loss of the last
+    ``log_every`` steps (or fewer: those since the last log) and the seconds it took; leaves ``model`` in eval mode."""
+    if freeze:
         tower.requires_grad_(False)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in trainable if p.ndim >= 2 and "embed" not in n]
@@ -177,18 +213,19 @@ def train_model(
     )
     per_epoch = plan.canvases_per_epoch // plan.batch_size
     model.train()
-    if plan.freeze_tower:
+    if freeze:
         tower.eval()
     start, running, seen = time.perf_counter(), 0.0, 0
     loss_value = float("nan")
+    permutation = np.arange(plan.canvases_per_epoch)
     for step in range(plan.steps):
         epoch, within = divmod(step, per_epoch)
         if within == 0:
-            scenes.set_epoch(epoch)
+            data.set_epoch(epoch)
             permutation = np.random.default_rng([seed, 0xE7, epoch]).permutation(plan.canvases_per_epoch)
         indices = [int(i) for i in permutation[within * plan.batch_size : (within + 1) * plan.batch_size]]
         # each step orders its conversations from a stream of its own: the step plays the epoch's part of epoch_seed
-        batch = conversation_batch(scenes, indices, order_seed=epoch_seed(seed, step))
+        batch = batch_of(data, indices, epoch_seed(seed, step))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, plan)
         loss = model(**batch).loss
