@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -218,8 +218,13 @@ def _write_json(value: object, path: Path) -> None:
 
 
 def recipe(plan: dict[str, Any]) -> dict[str, Any]:
-    """What of a plan (as details.json stores it) makes the weights: sizes and training, not the evaluation."""
-    return {key: plan.get(key) for key in ("vision", "text", "train", "train_threads")}
+    """What of a plan (as details.json stores it) makes the weights: sizes and training, not the evaluation. A
+    ``TrainPlan`` field the record lacks was not there when it was written: the run had its default."""
+    made = {key: plan.get(key) for key in ("vision", "text", "train", "train_threads")}
+    if isinstance(made["train"], dict):
+        defaults = {f.name: f.default for f in fields(TrainPlan) if f.default is not MISSING}
+        made["train"] = {**_plain(defaults), **made["train"]}
+    return made
 
 
 def _plain(value: object) -> Any:

@@ -29,12 +29,17 @@ answered "none", did the opposite: the model answered "none" to nearly every "wh
 little: the 64 image tokens are most of a step. AdamW with linear warm-up and cosine decay; the canvases are
 redrawn every epoch from the training digits.
 
-Stage 2's learning rate decides whether the decoder learns to find a quadrant: at 2e-3 its loss stalled near 0.17
-in 2 of 3 runs (1500 or 3000 steps), every wrong "which" answer being "none" or another digit of the canvas (the
-wrong quadrant read), "which" 72–80 % even on training glyphs; at 1e-3 or 5e-4 (1500 steps) it fell below 0.07 and
-"which" reached 99 % on never-seen glyphs, at seed 0. Not at every seed: at seed 2 it stalled at 0.26 (1e-3), 0.21
-(5e-4) and 0.26 (2.5e-4), "which" 42.5, 61 and 56 %, the same wrong quadrants read, so the rate alone is not what
-decides it (docs/vlm-demo.md has every run, "Across seeds").
+Whether the decoder learns to find a quadrant is decided by seed more than by stage 2's learning rate. At 2e-3 the
+loss stalled near 0.17 in 2 of 3 runs at seed 0, at 1e-3 and 5e-4 it fell below 0.07 there ("which" 99 % on
+never-seen glyphs), but at seed 2 it stalled at 0.26 (1e-3), 0.21 (5e-4) and 0.26 (2.5e-4), "which" 42.5, 61 and
+56 %, nearly every wrong answer "none" or another digit of the canvas, mostly the one *beside* the asked quadrant: the
+decoder found the row, which RoPE's positions give, and not the column, which only the features carry. The tower's
+features separate left from right at every seed measured, and the freshly built projector passes that on, but stage
+2's first 100 steps washed it out of the projector's output at seed 2 (and kept it at seed 0). ``quadrant_weight``
+and ``digit_weight`` (:class:`TokenLabels`; 0 in the recipe) make stage 2 also train a linear head on the
+projector's output to name each image token's quadrant and digit, as stage 1's heads did on the tower's: with both,
+seed 2 answered "which" 99 %, seed 0 97 %, but seed 1 90.5 % after 1500 steps, its loss still falling (99 %
+after 3000; docs/vlm-demo.md, "Across seeds", has every run).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from vitrim.demos.vlm.words import EOS_ID, encode_words, labelled_batch, pixel_v
 from vitrim.seeds import epoch_seed
 
 GRID = CANVAS // PATCH
+# the quadrant (0 … 3, raster order) of each patch token (raster order)
+QUADRANT_OF = torch.tensor([(i // GRID // (GRID // 2)) * 2 + (i % GRID) // (GRID // 2) for i in range(GRID * GRID)])
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class TrainPlan:
     freeze_tower: bool = True  # stage 2 trains the projector and the decoder only, as LLaVA-1.5 keeps CLIP frozen
     tower_augment: bool = False  # stage 1 sees distorted training glyphs (data.distort; module doc)
     augment: bool = False  # stage 2 too
+    quadrant_weight: float = 0.0  # stage 2: weight of each image token's quadrant label (TokenLabels; module doc)
+    digit_weight: float = 0.0  # stage 2: weight of each image token's digit label (TokenLabels)
 
 
 def conversation_batch(scenes: DigitsScenes, indices: list[int], order_seed: int) -> dict[str, Tensor]:
@@ -122,7 +131,6 @@ def pretrain_tower(
         head.weight.normal_(0.0, 0.02, generator=generator)
         head.bias.zero_()
     params = [*tower.parameters(), *head.parameters()]
-    quadrant_of = torch.tensor([(i // GRID // (GRID // 2)) * 2 + (i % GRID) // (GRID // 2) for i in range(GRID * GRID)])
     optimizer = torch.optim.AdamW(params, lr=plan.tower_lr, weight_decay=plan.weight_decay)
     # stage 2's split, other canvases
     scenes = DigitsScenes("train", plan.canvases_per_epoch, seed=seed, stream=1, augment=plan.tower_augment)
@@ -140,7 +148,7 @@ def pretrain_tower(
         both = head(hidden.hidden_states[layer][:, 1:])  # (B, 64, 15): the patch tokens LLaVA reads
         logits, where = both[..., : BACKGROUND + 1], both[..., BACKGROUND + 1 :]  # (B, 64, 11), (B, 64, 4)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        loss = loss + torch.nn.functional.cross_entropy(where.flatten(0, 1), quadrant_of.repeat(len(canvases)))
+        loss = loss + torch.nn.functional.cross_entropy(where.flatten(0, 1), QUADRANT_OF.repeat(len(canvases)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, schedule)
         optimizer.zero_grad(set_to_none=True)
@@ -205,7 +213,10 @@ def train_on_conversations(
     ``log_every`` steps (or fewer: those since the last log) and the seconds it took; leaves ``model`` in eval mode."""
     if freeze:
         tower.requires_grad_(False)
+    labels = TokenLabels(model, seed) if plan.quadrant_weight or plan.digit_weight else None
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if labels is not None:
+        trainable += [(f"token_labels.{n}", p) for n, p in labels.head.named_parameters()]
     decay = [p for n, p in trainable if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in trainable if not (p.ndim >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW(
@@ -229,6 +240,10 @@ def train_on_conversations(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, plan)
         loss = model(**batch).loss
+        if labels is not None:
+            digits = torch.from_numpy(np.stack([scenes.canvas(i).patch_digits for i in indices]))
+            where, what = labels.losses(digits)
+            loss = loss + plan.quadrant_weight * where + plan.digit_weight * what
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in trainable], plan.clip_norm)
@@ -238,6 +253,40 @@ def train_on_conversations(
             loss_value, running, seen = running / seen, 0.0, 0
             if log is not None:
                 log(f"step {step + 1}/{plan.steps}  loss {loss_value:.4f}  {time.perf_counter() - start:.0f} s")
+    if labels is not None:
+        labels.remove()
     model.eval()
     tower.requires_grad_(True)
     return {"loss": loss_value, "seconds": time.perf_counter() - start}
+
+
+class TokenLabels:
+    """Stage 1's labels read back from the projector's output: a linear head (thrown away after stage 2, as stage 1's)
+    names each image token's quadrant and the digit covering it (or background), so that stage 2 cannot wash out of
+    the tokens the decoder reads what the tower put into them (module doc). Built before training, it hooks the
+    projector: each forward's output waits in ``features`` for :meth:`losses`; :meth:`remove` unhooks it."""
+
+    def __init__(self, model: torch.nn.Module, seed: int) -> None:
+        projector: Any = model.model.multi_modal_projector  # type: ignore[union-attr]
+        width: int = model.config.text_config.hidden_size  # type: ignore[union-attr, assignment]
+        generator = torch.Generator().manual_seed(seed)
+        self.head = torch.nn.Linear(width, 4 + BACKGROUND + 1)  # quadrant; digit or background
+        with torch.no_grad():
+            self.head.weight.normal_(0.0, 0.02, generator=generator)
+            self.head.bias.zero_()
+        self.features: list[Tensor] = []
+        self.hook = projector.register_forward_hook(lambda _m, _i, out: self.features.append(out))
+
+    def losses(self, digits: Tensor) -> tuple[Tensor, Tensor]:
+        """Quadrant and digit cross-entropies of the last forward's image tokens (B, 64, D); digits: (B, 64), each
+        patch's label (``Canvas.patch_digits``)."""
+        features = self.features.pop()
+        self.features.clear()
+        logits = self.head(features)  # (B, 64, 15)
+        where = torch.nn.functional.cross_entropy(logits[..., :4].flatten(0, 1), QUADRANT_OF.repeat(len(features)))
+        what = torch.nn.functional.cross_entropy(logits[..., 4:].flatten(0, 1), digits.flatten())
+        return where, what
+
+    def remove(self) -> None:
+        self.hook.remove()
+        self.features.clear()
