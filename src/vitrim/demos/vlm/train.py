@@ -185,6 +185,7 @@ def train_model(
         seed=seed,
         log=log,
         log_every=log_every,
+        patch_digits=lambda indices: torch.from_numpy(np.stack([scenes.canvas(i).patch_digits for i in indices])),
     )
 
 
@@ -205,12 +206,17 @@ def train_on_conversations(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
     log_every: int = 100,
+    patch_digits: Callable[[list[int]], Tensor] | None = None,
 ) -> dict[str, float]:
     """Stage 2 of both digits demos (this one's and :mod:`vitrim.demos.video.train`'s): ``plan.steps`` AdamW steps
     on ``batch_of(data, indices, order_seed)`` (the model's inputs with ``labels``), ``tower`` frozen and in eval mode
     when ``freeze``; weight decay on matrices but embeddings, :func:`lr_at`'s schedule, gradients clipped at
     ``plan.clip_norm``; the samples of an epoch in a seeded permutation. Returns the mean loss of the last
-    ``log_every`` steps (or fewer: those since the last log) and the seconds it took; leaves ``model`` in eval mode."""
+    ``log_every`` steps (or fewer: those since the last log) and the seconds it took; leaves ``model`` in eval mode.
+    ``plan.quadrant_weight`` / ``digit_weight`` (:class:`TokenLabels`) read ``patch_digits(indices)``: (B, P) the
+    digit under each image patch of those samples (the digits LLaVA's canvases give it)."""
+    if (plan.quadrant_weight or plan.digit_weight) and patch_digits is None:
+        raise ValueError("token labels (quadrant_weight, digit_weight) need patch_digits: this demo's data has none")
     if freeze:
         tower.requires_grad_(False)
     labels = TokenLabels(model, seed) if plan.quadrant_weight or plan.digit_weight else None
@@ -240,9 +246,8 @@ def train_on_conversations(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, plan)
         loss = model(**batch).loss
-        if labels is not None:
-            digits = torch.from_numpy(np.stack([scenes.canvas(i).patch_digits for i in indices]))
-            where, what = labels.losses(digits)
+        if labels is not None and patch_digits is not None:
+            where, what = labels.losses(patch_digits(indices))
             loss = loss + plan.quadrant_weight * where + plan.digit_weight * what
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
