@@ -59,3 +59,33 @@ def test_lmms_eval_knows_every_task_the_recipes_name() -> None:
     recipes = load_script()
     known = set(TaskManager().all_tasks)
     assert set(recipes.TASKS.values()) <= known
+
+
+def test_every_published_cell_is_a_recipe_cell_on_the_papers_scale() -> None:
+    """A typo in a key (``textvqa`` for ``textvqa_val``, 196 for 192) would leave a number that no cell shows; a
+    number copied on lmms-eval's [0, 1] scale would sit beside ours as a hundredfold gap."""
+    recipes = load_script()
+    cells = {(r.model, r.method, r.budget or recipes.IMAGE_TOKENS, r.task) for r in recipes.recipes()}
+    assert set(recipes.PUBLISHED) <= cells
+    for (_, _, _, task), (number, source) in recipes.PUBLISHED.items():
+        assert (100 < number <= 2000) if task == "mme" else (1 < number <= 100), (task, number)
+        assert "@" in source or "Table" in source, source  # where it was read: a commit or a table
+
+
+def test_the_table_prints_a_published_number_beside_its_cell(tmp_path: Path) -> None:
+    """``--table`` reads lmms-eval's results files (scores in [0, 1] for GQA) and prints ours in the papers' percent
+    with the published number beside it; a cell with no published number shows ours alone."""
+    import json
+
+    recipes = load_script()
+    assert recipes.PUBLISHED[("LLaVA-1.5-7B", "visionzip", 64, "gqa")][0] == 55.1
+    assert ("LLaVA-1.5-7B", "visionzip", 64, "pope") not in recipes.PUBLISHED
+    runs = {"gqa": ("exact_match", 0.5432), "pope": ("pope_f1_score", 0.8123)}
+    for task, (metric, score) in runs.items():
+        folder = tmp_path / f"LLaVA-1.5-7B_visionzip_64_{task}" / "model"
+        folder.mkdir(parents=True)
+        (folder / "20261202_results.json").write_text(json.dumps({"results": {task: {f"{metric},none": score}}}))
+    row = next(line for line in recipes.table(tmp_path).splitlines() if "| visionzip | 64 |" in line)
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[:3] == ["LLaVA-1.5-7B", "visionzip", "64"]
+    assert cells[3:] == ["—", "81.23", "54.32 (55.1)", "— (55.5)"]  # MME, POPE, GQA, TextVQA
