@@ -48,8 +48,8 @@ PAPER_SCALE = {"mme": 1.0, "pope": 100.0, "gqa": 100.0, "textvqa_val": 100.0}
 
 # (model, method, budget, task) -> (published number, where it was read), on the papers' scale (PAPER_SCALE). Only
 # cells whose model, token count and metric the read text states; the rest stay out (docs/evaluating.md says why):
-# VisionZip's Table 1 prints MME as perception + cognition (1862 for the dense model) and POPE without saying F1 or
-# accuracy, so those columns stay out; PyramidDrop's own tables are by stage ratio and TFLOPs, not token counts.
+# VisionZip's Table 1 prints MME not as perception alone (1862 for the dense model) and POPE without saying F1 or
+# accuracy, so those columns stay out; PyramidDrop's v1 tables are by drop ratio and TFLOPs, not token counts.
 _VISIONZIP_TABLE_1 = (
     "VisionZip paper (Yang et al., arXiv 2412.04467v1) Table 1: LLaVA-1.5 at 576 image tokens (its Vanilla row is "
     "LLaVA-1.5-7B's; the 13B is Table 10); read as text from the copy of the arXiv HTML table in "
