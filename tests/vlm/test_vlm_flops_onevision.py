@@ -102,17 +102,56 @@ def test_each_method_on_the_7b_clip_by_hand() -> None:
         assert video.llm == _qwen2_7b(F * 49 + fixed)
 
 
+def test_fastvid_s_pooling_head_equals_torchs_count_with_the_method_running(monkeypatch) -> None:
+    """FastVID's OneVision form on the tiny model: torch's count of every product its SigLIP pooling head runs
+    (PoolingHead.read, during the model's forward with the method applied) equals the count per frame."""
+    from test_fastvid_onevision import tiny_siglip
+
+    import vitrim.vlm
+    from vitrim.vlm.method.fastvid_onevision import PoolingHead, pooling_head_macs
+
+    model = tiny_llava_onevision()
+    read, seen = PoolingHead.read, []
+
+    def counted_read(self, states, rows, columns):
+        with FlopCounterMode(display=False) as counter:
+            out = read(self, states, rows, columns)
+        seen.append((len(states), counter.get_total_flops() // 2))
+        return out
+
+    monkeypatch.setattr(PoolingHead, "read", counted_read)
+    frames = 3
+    ids = torch.tensor([[7, 8, 9] + [VIDEO_TOKEN] * video_tokens(frames) + [10, 11]])
+    siglip = tiny_siglip(model).requires_grad_(False)  # torch's module tracker hooks a probe that needs grad
+    vitrim.vlm.apply(model, "fastvid", siglip=siglip, retention_ratio=0.5)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, pixel_values_videos=clip(frames, 1)[None], logits_to_keep=1)
+    finally:
+        vitrim.vlm.remove(model)
+    tower = VisionTower("tiny SigLIP", 14, 2, 32, 2, 4, 37)  # 7×7 patches of a 32-wide tower, an MLP of 37
+    assert seen == [(frames, frames * pooling_head_macs(tower))]
+
+
+def test_fastvid_on_the_7b_clip_by_hand() -> None:
+    """The head per frame: its attention twice (the probe's q and out D² each, k and v 2·729·D², q·kᵀ and A·V
+    2·729·D), its MLP once on the pooled vector (2·D·4304); then DPC and DTM's bounds as on Qwen (P²·E per frame,
+    N·kept·E); at most int(196·0.25) = 49 tokens a frame."""
+    row = video_prefill_cost(ONEVISION_CLIP, "fastvid", 0.25, text_tokens=TEXT)
+    head = 2 * (2 * D * D + 2 * PATCHES * D * D + 2 * PATCHES * D) + 2 * D * 4304
+    assert row.image_tokens_entering_llm == F * 49
+    assert row.method_own == F * head + F * P * P * E + N * F * 49 * E
+    default = video_prefill_cost(ONEVISION_CLIP, "fastvid", options={})  # the authors' OneVision 0.10: 19 a frame
+    assert default.image_tokens_entering_llm == F * 19
+
+
 def test_what_vitrim_refuses_on_llava_onevision_is_left_out_and_refused_in_one_line() -> None:
     rows = [r.method for r in video_cost_table(ONEVISION_CLIP, (0.25,))]
-    assert {"evs", "vidcom2", "temporal_downsample", "flashvid", "flashvid+flashvid_llm", "visionzip"} <= set(rows)
-    assert not {"fastvid", "cdpruner"} & set(rows)
+    assert {"evs", "vidcom2", "temporal_downsample", "fastvid", "flashvid", "flashvid+flashvid_llm"} <= set(rows)
+    assert "cdpruner" not in rows and "visionzip" in rows
     assert set(video_methods(ONEVISION_CLIP)) == set(rows[1:])
-    for method, message in [
-        ("fastvid", "on llava-onevision-7b reads SigLIP's attention-pooling head"),
-        ("cdpruner", "reads the prompt; on llava-onevision-7b vitrim runs it on images only"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            video_prefill_cost(ONEVISION_CLIP, method, 0.25)
+    with pytest.raises(ValueError, match="reads the prompt; on llava-onevision-7b vitrim runs it on images only"):
+        video_prefill_cost(ONEVISION_CLIP, "cdpruner", 0.25)
     assert video_prefill_cost(ONEVISION_CLIP, "cdpruner", 0.25, options={"theta": 0.0}).keep == 49
     with pytest.raises(ValueError, match="size=448 for llava-onevision-7b: its processor resizes every frame to 384"):
         clip_of(LLAVA_ONEVISION_7B, 16, 448)
@@ -123,7 +162,8 @@ def test_cli_counts_a_onevision_clip(capsys: pytest.CaptureFixture[str]) -> None
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "llava-onevision-7b, 16 frames of 384×384 px: 11664 patches, 196 video tokens per frame" in printed
-    assert "| evs | 0.25 | video_pruning_rate=0.75 |" in printed and "| fastvid |" not in printed
+    assert "| evs | 0.25 | video_pruning_rate=0.75 |" in printed
+    assert "| fastvid | 0.25 | retention_ratio=0.25 |" in printed
 
 
 def test_cli_size_sets_the_qwen_clips_and_onevision_keeps_its_384(capsys: pytest.CaptureFixture[str]) -> None:

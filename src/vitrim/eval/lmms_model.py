@@ -98,7 +98,7 @@ class VitrimModel(lmms):
             "pixels": prompter.pixels,
             **({"video": video} if self.video_id is not None else {}),
             "dtype": prompter.dtype,
-            "prefill_macs_counted": self.counter.shapes is not None,
+            "prefill_macs_counted": self.counter.counted,
         }
 
     @property
@@ -167,9 +167,12 @@ class VitrimModel(lmms):
             pictures = len(group) - len(clips)
             grids = [next(image_grids, None) for _ in range(pictures)]
             clip_grids = [next(video_grids, None) for _ in clips]
-            macs = sample_macs(
-                self.counter, self.arguments.plan, pictures, len(clips), grids[0] if grids else None, text[row]
-            )
+            # the grid counted: the first picture's, else the video's (LLaVA-OneVision's processor reports none:
+            # its frames' count)
+            first = grids[0] if grids else clip_grids[0] if clips else None
+            if clips and first is None:
+                first = [int(clips[0].frames.shape[0])]
+            macs = sample_macs(self.counter, self.arguments.plan, pictures, len(clips), first, text[row])
             # the door sees the image and video tokens together; each kind is known where the sample holds one
             entering = None if entered is None else entered[row] - text[row]
             record = {

@@ -139,7 +139,7 @@ class VitrimVLLMModel(lmms):
             "served_by": f"vllm {vllm.__version__}",
             "hf_overrides": overrides,
             "engine": json.loads(json.dumps(self.engine_arguments, default=str)),
-            "prefill_macs_counted": self.counter.shapes is not None,
+            "prefill_macs_counted": self.counter.counted,
         }
         self.batch_size = self.arguments.batch_size
         self._rank, self._world_size = 0, 1

@@ -23,9 +23,9 @@ method in its own options (:func:`share_options`):
   each, its own work t times its work on one temporal patch;
 - an in-LLM or tower method alone is refused here (vitrim runs the in-LLM ones on a video; they are not counted
   alone on a clip yet);
-- on LLaVA-OneVision, ``fastvid`` (its authors' OneVision form reads SigLIP's attention-pooling head, from its
-  ``siglip=``: that head's work is not counted here yet) and ``cdpruner`` reading the prompt (refused there) are
-  refused.
+- on LLaVA-OneVision, ``fastvid`` runs its authors' OneVision form, which scores each frame with SigLIP's
+  attention-pooling head (from its ``siglip=``): its file counts that head's work per frame in its own; ``cdpruner``
+  reading the prompt (refused there) is refused.
 """
 
 from __future__ import annotations
@@ -80,19 +80,13 @@ def video_methods(video: VLM | None = None) -> tuple[str, ...]:
 
 def refused_on(video: VLM, method: str, options: Mapping[str, Any] | None = None) -> str | None:
     """Why vitrim refuses ``method`` (or a stack) with ``options`` (default its own) on the video of ``video``'s
-    config, None where it counts it. On LLaVA-OneVision (its frames pooled after the projector): FastVID (its
-    authors' OneVision form reads SigLIP's attention-pooling head from ``siglip=``, whose work is not counted here
-    yet) and, as ``vitrim.vlm.families.llava_onevision`` refuses it, a method that reads the prompt (CDPruner with
-    ``theta`` > 0)."""
+    config, None where it counts it. On LLaVA-OneVision (its frames pooled after the projector), as
+    ``vitrim.vlm.families.llava_onevision`` refuses it, a method that reads the prompt (CDPruner with ``theta`` >
+    0)."""
     cls = method_class(STACKS.get(method, (method,))[0])
     if video.pooled_side is None:
         return None
     model = video.name.split(",")[0]
-    if cls.reads_time and cls.needs_query_attention:
-        return (
-            f"method {method!r} on {model} reads SigLIP's attention-pooling head (its siglip= option), whose work "
-            "vlm flops does not count yet"
-        )
     if cls(**(options or {})).reads_instruction():
         return f"method {method!r} reads the prompt; on {model} vitrim runs it on images only, not on a video's frames"
     return None

@@ -58,6 +58,7 @@ from vitrim.vlm.method.fastvid_onevision import (
     PoolingHead,
     merge_into_anchors,
     onevision_select,
+    pooling_head_macs,
 )
 from vitrim.vlm.method.video_rate import VideoMethod, sizes_from_cuts, video_tokens
 
@@ -265,10 +266,21 @@ class FastVIDSelection(VideoMethod):
         bound. Its own work, upper bounds too: the salience at the tower's last block (every patch's query and key,
         each temporal patch's mean query against its tokens' mean keys), the DPC distances of every temporal patch's
         P tokens (only those holding anchors compute them), and each token's cosine with the kept tokens (only its
-        segment's anchors)."""
+        segment's anchors). On LLaVA-OneVision (``model.pooled_side`` set; a temporal patch is a frame) the salience
+        and DySeg's frame vectors are SigLIP's attention-pooling head's instead, exact
+        (:func:`~vitrim.vlm.method.fastvid_onevision.pooling_head_macs` per frame), and the options left out take the
+        authors' OneVision defaults, as :meth:`select_onevision` takes them; DySeg's t − 1 dot products of the frame
+        vectors are not counted (nor are the Qwen form's)."""
         n, width, per_frame = model.image_tokens, model.llm.width, model.tokens_per_temporal_patch
-        count = model.temporal_patches * int(per_frame * float(self.options["retention_ratio"]))
+        onevision = model.pooled_side is not None
+        ratio = self.options["retention_ratio"]
+        if onevision and "retention_ratio" not in self.given:
+            ratio = ONEVISION_DEFAULTS["retention_ratio"]
+        count = model.temporal_patches * int(per_frame * float(ratio))
         patches, tower_width = model.tower.tokens, model.tower.width
-        salience = 2 * patches * tower_width * tower_width + n * tower_width
+        if onevision:
+            salience = model.temporal_patches * pooling_head_macs(model.tower)
+        else:
+            salience = 2 * patches * tower_width * tower_width + n * tower_width
         density = model.temporal_patches * per_frame * per_frame * width
         return MethodCost.before_llm(count, salience + density + n * count * width)

@@ -51,6 +51,7 @@ from vitrim.vlm.method.base import ImageSelection
 from vitrim.vlm.method.density_peaks import density_peaks
 
 if TYPE_CHECKING:
+    from vitrim.vlm.method.cost import VisionTower
     from vitrim.vlm.method.fastvid import FastVIDOptions
 
 # the SigLIP every released LLaVA-OneVision tower was built from (the authors' ``mm_vision_tower``); transformers'
@@ -108,6 +109,17 @@ class PoolingHead:
         weights = self.head.attention(probe, normed, normed)[1]  # (F, 1, p²): averaged over heads
         salience = resize_to_tokens(weights.transpose(1, 2), rows, columns)[..., 0]  # (F, rows·columns)
         return salience, self.head(normed)  # the pooled output (F, D)
+
+
+def pooling_head_macs(tower: VisionTower) -> int:
+    """Multiply-adds of :meth:`PoolingHead.read` on one frame of ``tower``'s p² patches (the head's widths are the
+    tower's, the SigLIP it came from: D wide, an MLP of M): the head's attention runs twice, once for the weights
+    (salience) and once inside the head for the pooled output, each the probe's query (D²), the patches' keys and
+    values (2·p²·D²), q·kᵀ and A·V over the p² patches (2·p²·D, all heads) and the output projection (D²); then
+    the head's MLP on the one pooled vector (2·D·M). LayerNorms and the bilinear resize are no products."""
+    d, patches = tower.width, tower.patches_per_temporal_patch
+    attention = 2 * d * d + 2 * patches * d * d + 2 * patches * d
+    return 2 * attention + 2 * d * tower.mlp_width
 
 
 def anchor_shares(segments: list[int], context: int, period: int) -> list[int]:
