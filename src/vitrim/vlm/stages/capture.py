@@ -29,24 +29,44 @@ from vitrim.vlm.evidence.merged_tokens import ImageEvidence
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
 
-# A reader: (the scoring attention module, its forward's args, kwargs) -> the evidence it gives (engine-specific q/k,
-# then vitrim.vlm.evidence's maths). Runs under no_grad in the module's forward pre-hook.
-Reader = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]
+# A reader: (the scoring attention module, its forward's args, kwargs[, its q/k projection's output]) -> the evidence
+# it gives (engine-specific q/k, then vitrim.vlm.evidence's maths). Runs under no_grad in the module's forward
+# pre-hook (or, given the projection, in the projection's forward hook: ScoringTap).
+Reader = Callable[..., Any]
 
 
 class ScoringTap:
     """A forward pre-hook on a tower's scoring attention: ``read`` on the layer's input, kept for the run in flight.
 
+    With ``projection`` (the layer's own submodule that makes its q/k from that input: Qwen's fused ``qkv``), the
+    pre-hook only keeps the layer's arguments and ``read`` runs in the projection's forward hook, given its output
+    as a fourth argument: the reader takes the q/k the layer itself computed instead of computing them again (the
+    same module on the same input: the same values, at none of the projection's cost).
+
     ``read`` is an instance attribute, so a stopwatch can wrap it (``vitrim bench vlm`` times the evidence work)."""
 
-    def __init__(self, attention: nn.Module, read: Reader) -> None:
+    def __init__(self, attention: nn.Module, read: Reader, projection: nn.Module | None = None) -> None:
         self.read = read
         self.found: Any = None
-        self.handle = attention.register_forward_pre_hook(self.on_input, with_kwargs=True)
+        self.projection = projection
+        self.arguments: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # until the projection runs
+        self.handles = [attention.register_forward_pre_hook(self.on_input, with_kwargs=True)]
+        if projection is not None:
+            self.handles.append(projection.register_forward_hook(self.on_projection))
 
     def on_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.projection is not None:
+            self.arguments = (module, args, kwargs)
+            return
         with torch.no_grad():
             self.found = self.read(module, args, kwargs)
+
+    def on_projection(self, projection: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> None:
+        if self.arguments is None:  # the projection called outside the layer's forward: not the layer's q/k
+            return
+        (module, args, kwargs), self.arguments = self.arguments, None
+        with torch.no_grad():
+            self.found = self.read(module, args, kwargs, output)
 
     def take(self) -> Any:
         """The last run's evidence (None when the layer did not run since the last take); forgets it."""
@@ -59,7 +79,8 @@ class Taps:
 
     tower: the module whose first argument (or ``pixel_values``) is the pixels, one row per image: each image's
     seed (for a selector that ``needs_seeds``); scoring: (the scoring attention module, its reader), for a selector
-    that ``needs_cls_attention``; cls_layer: the layer whose output's first row is the feature layer's [CLS], for a
+    that ``needs_cls_attention`` (a third item, the layer's q/k projection, has the reader take its output:
+    :class:`ScoringTap`); cls_layer: the layer whose output's first row is the feature layer's [CLS], for a
     selector that ``uses_cls_token`` (where the family can hand a [CLS] to the LLM).
     """
 
@@ -68,9 +89,9 @@ class Taps:
         selector: Selector,
         *,
         tower: nn.Module | None = None,
-        scoring: tuple[nn.Module, Reader] | None = None,
+        scoring: tuple[nn.Module, Reader] | tuple[nn.Module, Reader, nn.Module] | None = None,
         cls_layer: nn.Module | None = None,
-        probe: tuple[nn.Module, Reader] | None = None,
+        probe: tuple[nn.Module, Reader] | tuple[nn.Module, Reader, nn.Module] | None = None,
     ) -> None:
         self.seeds: Tensor | None = None
         self.cls_row: Tensor | None = None
@@ -81,10 +102,10 @@ class Taps:
             self.handles.append(tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
         if selector.needs_cls_attention and scoring is not None:
             self.scoring = ScoringTap(*scoring)
-            self.handles.append(self.scoring.handle)
+            self.handles += self.scoring.handles
         if selector.needs_cls_attention and probe is not None:
             self.probe = ScoringTap(*probe)
-            self.handles.append(self.probe.handle)
+            self.handles += self.probe.handles
         if selector.uses_cls_token and cls_layer is not None:
             self.handles.append(cls_layer.register_forward_hook(self.on_feature_layer))
 
