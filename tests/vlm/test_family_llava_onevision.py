@@ -6,6 +6,8 @@ of two clips equals each clip alone; a method the family cannot take is refused 
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -436,3 +438,33 @@ def test_beams_and_no_cache_keep_all_and_pruned(model: torch.nn.Module) -> None:
         vitrim.vlm.apply(model, "visionzip", keep=6, dominant=4, contextual=2)
         cached = model.generate(**inputs, **greedy)
         assert torch.equal(model.generate(**inputs, use_cache=False, **greedy), cached)
+
+
+def test_the_scoring_tap_reads_the_layers_own_q_and_k_instead_of_computing_them_again(
+    model: torch.nn.Module,
+) -> None:
+    """With a method that reads the tower's attention (VisionZip per frame), every SigLIP layer's ``q_proj`` and
+    ``k_proj`` run as often as in the unmodified model: the tap takes the scoring layer's own outputs
+    (``ScoringTap``'s projections), not a second product on its input."""
+    calls: collections.Counter = collections.Counter()
+    handles = [
+        getattr(layer.self_attn, name).register_forward_hook(
+            lambda module, args, output, key=(index, name): calls.update([key])
+        )
+        for index, layer in enumerate(model.model.vision_tower.encoder.layers)
+        for name in ("q_proj", "k_proj")
+    ]
+    try:
+        inputs = one_clip()
+        with torch.no_grad():
+            model(**inputs)
+        unmodified = dict(calls)
+        calls.clear()
+        vitrim.vlm.apply(model, "visionzip", keep=6, dominant=4, contextual=2)
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(vitrim.vlm.last_selection(model)[0]) == FRAMES * 6 + 1  # the method ran (and the newline stayed)
+    assert dict(calls) == unmodified

@@ -5,6 +5,8 @@ temporal patch as on the same pixels given as images."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -247,3 +249,27 @@ def test_method_info_says_which_methods_reduce_videos_only() -> None:
             vitrim.vlm.remove(model)
     assert video_methods == [name for name in vitrim.vlm.methods() if vitrim.vlm.method_info(name).video]
     assert video_methods == ["evs", "fastvid", "flashvid", "temporal_downsample", "vidcom2"]
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [("fastvid", {}), ("visionzip", {"keep": 2}), ("hiprune", {"keep": 0.5, "object_layer": 1})],
+)
+def test_the_scoring_taps_read_each_blocks_own_qkv_instead_of_computing_it_again(method: str, options: dict) -> None:
+    """With a method that reads the tower's attention (FastVID's mean queries, VisionZip's received map, HiPrune's
+    two blocks), every block's ``qkv`` runs as often as in the unmodified model: the taps take q and k from the
+    block's own output (``ScoringTap``'s projection), not from a second product on its input."""
+    model = BUILDERS["qwen2_5_vl"]()
+    inputs = inputs_for("qwen2_5_vl", MIXED)
+    calls: collections.Counter = collections.Counter()
+    for index, block in enumerate(model.model.visual.blocks):
+        block.attn.qkv.register_forward_hook(lambda module, args, output, index=index: calls.update([index]))
+    with torch.no_grad():
+        model(**inputs)
+    unmodified = dict(calls)
+    calls.clear()
+    vitrim.vlm.apply(model, method, **options)
+    with torch.no_grad():
+        model(**inputs)
+    assert vitrim.vlm.last_selection(model)  # the method ran and selected
+    assert dict(calls) == unmodified

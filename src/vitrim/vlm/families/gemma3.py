@@ -147,11 +147,21 @@ class Gemma3Adapter(FamilyAdapter):
         return [gemma3_boxes(image_processor, self.config, size, patches=stage == "tower") for size in sizes]
 
 
-def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def read_received_attention(
+    kernel: int,
+    attention: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    query: Tensor | None = None,
+    key: Tensor | None = None,
+) -> Any:
     """A SigLIP attention's evidence per pooled token of ``kernel``×``kernel`` patches: the attention each receives
-    (I, H, N) and its mean keys (I, H, N, hd), from the layer's own q/k projections on its input (I, P, D)."""
+    (I, H, N) and its mean keys (I, H, N, hd), from the layer's own q/k projections on its input (I, P, D); ``query``,
+    ``key`` (I, P, H·hd): the layer's own ``q_proj`` / ``k_proj`` outputs where the tap kept them
+    (:class:`~vitrim.vlm.stages.capture.ScoringTap`), else computed here."""
     hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    query, key = attention.q_proj(hidden), attention.k_proj(hidden)  # (I, P, H·hd)
+    query = attention.q_proj(hidden) if query is None else query  # (I, P, H·hd)
+    key = attention.k_proj(hidden) if key is None else key
     return pooled_received(query, key, attention.num_heads, float(attention.scale), kernel)
 
 
@@ -178,10 +188,11 @@ class ProjectorSelection:
     def __init__(self, adapter: Gemma3Adapter, stage: EncoderSeam) -> None:
         self.adapter, self.stage = adapter, stage
         kernel = int(adapter.inner.multi_modal_projector.kernel_size)
+        attention = adapter.scoring_attention()  # the taps read its own q/k projections' outputs (ScoringTap)
         self.taps = Taps(
             stage.method,
             tower=adapter.inner.vision_tower,
-            scoring=(adapter.scoring_attention(), partial(read_received_attention, kernel)),
+            scoring=(attention, partial(read_received_attention, kernel), attention.q_proj, attention.k_proj),
         )
         stage.taps.append(self.taps)
 

@@ -89,14 +89,20 @@ class LlavaAdapter(FamilyAdapter):
         return [llava_boxes(image_processor, self.config, size) for size in sizes]
 
 
-def read_cls_attention(attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor]:
+def read_cls_attention(
+    attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any], key: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """A transformers CLIP attention's [CLS] row (I, H, N) and keys (I, H, N, hd), from its own ``q_proj`` and
-    ``k_proj`` on its input ``hidden_states`` (I, 1 + N, D) (after the layer's first LayerNorm, [CLS] first)."""
+    ``k_proj`` on its input ``hidden_states`` (I, 1 + N, D) (after the layer's first LayerNorm, [CLS] first); ``key``
+    (I, 1 + N, H·hd): the layer's own ``k_proj`` output where the tap kept it (:class:`ScoringTap`), else computed
+    here. [CLS]'s query is computed on its row alone, as before (one row: a product on the whole input may round
+    that row's last bits differently)."""
     hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
     images, length, _ = hidden.shape
     heads, head_dim = attention.num_heads, attention.head_dim
     query = attention.q_proj(hidden[:, :1]).view(images, 1, heads, head_dim).transpose(1, 2)  # (I, H, 1, hd)
-    keys = attention.k_proj(hidden).view(images, length, heads, head_dim).transpose(1, 2)  # (I, H, 1+N, hd)
+    key = attention.k_proj(hidden) if key is None else key
+    keys = key.view(images, length, heads, head_dim).transpose(1, 2)  # (I, H, 1+N, hd)
     return cls_attention_and_keys(query, keys, attention.scale)
 
 
@@ -104,15 +110,24 @@ class ProjectorSelection:
     """Where LLaVA hands on its tokens: the projector's input (select, write merged) or, for a method that scores
     the projector's output, its output; the taps of :class:`~vitrim.vlm.stages.capture.Taps` on the tower."""
 
-    def __init__(self, adapter: LlavaAdapter, stage: EncoderSeam, reader: Reader = read_cls_attention) -> None:
+    def __init__(
+        self,
+        adapter: LlavaAdapter,
+        stage: EncoderSeam,
+        reader: Reader = read_cls_attention,
+        projections: tuple[str, ...] = ("k_proj",),
+    ) -> None:
         """``reader``: the scoring layer's evidence from its input (CLIP's [CLS] row; a tower without [CLS] gives
-        the attention each token receives)."""
+        the attention each token receives), given the outputs of the layer's own ``projections`` (names of its
+        attention's submodules, in the reader's order: :class:`~vitrim.vlm.stages.capture.ScoringTap`)."""
         self.adapter, self.stage = adapter, stage
         scoring = adapter.scoring_layer()
         self.taps = Taps(
             stage.method,
             tower=adapter.inner.vision_tower,
-            scoring=None if scoring is None else (scoring.self_attn, reader),
+            scoring=None
+            if scoring is None
+            else (scoring.self_attn, reader, *(getattr(scoring.self_attn, name) for name in projections)),
             cls_layer=scoring if adapter.cls_to_llm else None,
         )
         self.features: Tensor | None = None

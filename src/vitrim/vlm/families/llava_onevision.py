@@ -298,7 +298,9 @@ class OnevisionSelection(ProjectorSelection):
     adapter: LlavaOnevisionAdapter
 
     def __init__(self, adapter: LlavaOnevisionAdapter, stage: EncoderSeam) -> None:
-        super().__init__(adapter, stage, reader=functools.partial(read_received_attention, 1))  # per patch
+        super().__init__(  # per patch, from the layer's own q/k projections' outputs (ScoringTap)
+            adapter, stage, reader=functools.partial(read_received_attention, 1), projections=("q_proj", "k_proj")
+        )
 
     def report(self, selections: list[ImageSelection], modality: str = "image") -> None:
         """Keep the run's selections by modality (:meth:`LlavaOnevisionAdapter.image_tokens` reads both) and hand

@@ -19,6 +19,7 @@ q/k on is :mod:`vitrim.vlm.evidence`'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,24 +30,52 @@ from vitrim.vlm.evidence.merged_tokens import ImageEvidence
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
 
-# A reader: (the scoring attention module, its forward's args, kwargs) -> the evidence it gives (engine-specific q/k,
-# then vitrim.vlm.evidence's maths). Runs under no_grad in the module's forward pre-hook.
-Reader = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]
+# A reader: (the scoring attention module, its forward's args, kwargs[, its q/k projections' outputs]) -> the
+# evidence it gives (engine-specific q/k, then vitrim.vlm.evidence's maths). Runs under no_grad in the module's
+# forward pre-hook (or, given projections, in the last one's forward hook: ScoringTap).
+Reader = Callable[..., Any]
+# What taps a scoring layer: (the attention module, its reader, then the projections whose outputs the reader takes)
+Scoring = tuple[Any, ...]
 
 
 class ScoringTap:
     """A forward pre-hook on a tower's scoring attention: ``read`` on the layer's input, kept for the run in flight.
 
+    With ``projections`` (the layer's own submodules that make its q/k from that input: Qwen's fused ``qkv``,
+    SigLIP's ``q_proj`` and ``k_proj``), the pre-hook only keeps the layer's arguments, and ``read`` runs once every
+    projection has run in that forward, given their outputs as further arguments, in their order: the reader takes
+    the q/k the layer itself computed instead of computing them again (the same modules on the same input: the same
+    values, at none of the projections' cost).
+
     ``read`` is an instance attribute, so a stopwatch can wrap it (``vitrim bench vlm`` times the evidence work)."""
 
-    def __init__(self, attention: nn.Module, read: Reader) -> None:
+    def __init__(self, attention: nn.Module, read: Reader, *projections: nn.Module) -> None:
         self.read = read
         self.found: Any = None
-        self.handle = attention.register_forward_pre_hook(self.on_input, with_kwargs=True)
+        self.projections = len(projections)
+        self.arguments: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # until the projections run
+        self.outputs: dict[int, Tensor] = {}
+        self.handles = [attention.register_forward_pre_hook(self.on_input, with_kwargs=True)]
+        for index, projection in enumerate(projections):
+            self.handles.append(projection.register_forward_hook(functools.partial(self.on_projection, index)))
 
     def on_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.projections:
+            self.arguments, self.outputs = (module, args, kwargs), {}
+            return
         with torch.no_grad():
             self.found = self.read(module, args, kwargs)
+
+    def on_projection(self, index: int, projection: nn.Module, inputs: tuple[Any, ...], output: Tensor) -> None:
+        if self.arguments is None:  # a projection called outside the layer's forward: not the layer's q/k
+            return
+        self.outputs[index] = output
+        if len(self.outputs) < self.projections:
+            return
+        (module, args, kwargs), self.arguments = self.arguments, None
+        outputs = [self.outputs.pop(number) for number in range(self.projections)]
+        with torch.no_grad():
+            self.found = self.read(module, args, kwargs, *outputs)
 
     def take(self) -> Any:
         """The last run's evidence (None when the layer did not run since the last take); forgets it."""
@@ -59,7 +88,8 @@ class Taps:
 
     tower: the module whose first argument (or ``pixel_values``) is the pixels, one row per image: each image's
     seed (for a selector that ``needs_seeds``); scoring: (the scoring attention module, its reader), for a selector
-    that ``needs_cls_attention``; cls_layer: the layer whose output's first row is the feature layer's [CLS], for a
+    that ``needs_cls_attention`` (further items, the layer's q/k projections, have the reader take their outputs:
+    :class:`ScoringTap`); cls_layer: the layer whose output's first row is the feature layer's [CLS], for a
     selector that ``uses_cls_token`` (where the family can hand a [CLS] to the LLM).
     """
 
@@ -68,9 +98,9 @@ class Taps:
         selector: Selector,
         *,
         tower: nn.Module | None = None,
-        scoring: tuple[nn.Module, Reader] | None = None,
+        scoring: Scoring | None = None,
         cls_layer: nn.Module | None = None,
-        probe: tuple[nn.Module, Reader] | None = None,
+        probe: Scoring | None = None,
     ) -> None:
         self.seeds: Tensor | None = None
         self.cls_row: Tensor | None = None
@@ -81,10 +111,10 @@ class Taps:
             self.handles.append(tower.register_forward_pre_hook(self.on_tower, with_kwargs=True))
         if selector.needs_cls_attention and scoring is not None:
             self.scoring = ScoringTap(*scoring)
-            self.handles.append(self.scoring.handle)
+            self.handles += self.scoring.handles
         if selector.needs_cls_attention and probe is not None:
             self.probe = ScoringTap(*probe)
-            self.handles.append(self.probe.handle)
+            self.handles += self.probe.handles
         if selector.uses_cls_token and cls_layer is not None:
             self.handles.append(cls_layer.register_forward_hook(self.on_feature_layer))
 
