@@ -55,6 +55,8 @@ def test_preprocessor_configs_are_bounded(changes: dict, expected: str) -> None:
     [
         ({"crop_pct": 1e-5}, r"crop_pct 1e-05 resizes images of input_size \(3, 224, 224\) to 22400000x22400000"),
         ({"crop_pct": 1e6}, r"crop_pct 1000000\.0 resizes images .* to 0x0 before the crop; expected sides from 1 to"),
+        # a subnormal crop_pct: the resized side overflows a float (the fuzz found an OverflowError here)
+        ({"crop_pct": 2.2250738585072014e-308}, r"crop_pct 2\.2250738585072014e-308 resizes images .* to infxinf"),
         ({"crop_pct": float("nan")}, r"crop_pct must be a positive number .*got nan"),
         (
             {"input_size": [3, 10**6, 10**6]},

@@ -87,11 +87,13 @@ class DataConfig:
             raise ValueError(
                 f"crop_pct must be a positive number (the crop's share of the resize), got {_short(crop_pct)}"
             )
-        resized = (math.floor(size[1] / crop_pct), math.floor(size[2] / crop_pct))
-        if max(resized) > MAX_IMAGE_SIDE or min(resized) < 1:
+        # checked before flooring: a subnormal crop_pct makes a side infinite, which no int holds
+        resized = (size[1] / crop_pct, size[2] / crop_pct)
+        if not all(1 <= side < MAX_IMAGE_SIDE + 1 for side in resized):
+            shown = "x".join(str(math.floor(side)) if math.isfinite(side) else "inf" for side in resized)
             raise ValueError(
-                f"crop_pct {crop_pct!r} resizes images of input_size {size} to {resized[0]}x{resized[1]} before the "
-                f"crop; expected sides from 1 to {MAX_IMAGE_SIDE} (vitrim.models.data_config.MAX_IMAGE_SIDE)"
+                f"crop_pct {crop_pct!r} resizes images of input_size {size} to {shown} before the crop; expected "
+                f"sides from 1 to {MAX_IMAGE_SIDE} (vitrim.models.data_config.MAX_IMAGE_SIDE)"
             )
         object.__setattr__(self, "crop_pct", float(crop_pct))
         if not isinstance(self.crop_mode, str) or self.crop_mode not in CROP_MODES:
