@@ -127,7 +127,7 @@ def test_hiprune_in_the_clip_tower_at_tensor_parallel_size_2_equals_transformers
     work = tmp_path_factory.mktemp("tp-tower")
     folder = save(work / "tiny")
     requests = requests_for(work, placeholder)
-    options = {"keep": 10, "alpha": 0.5, "object_layer": 1}  # as tests/vllm/test_llava_tower.py: 1 anchor, 4, 5
+    options = {"keep": 10, "alpha": 0.5, "object_layer": 1}  # 1 anchor, its 4 buffers, 5 registers
     # vLLM numbers the shortened prompt 0, 1, 2, …; vitrim.vlm's tower stage keeps each patch's position on
     # transformers: the reference numbers the LLM input contiguously (as tests/vllm/test_llava_tower.py)
     reference = reference_of(folder, "llava", "hiprune", options, "contiguous", requests, work)
