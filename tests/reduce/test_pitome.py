@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from pitome_reference import pitome_forward
-from reduce_models import images, tiny
+from reduce_models import images, states_per_block, tiny
 from vit_reference import grid_sources
 
 import vitrim
-from vitrim.reduce.pitome import merge_count, pitome_margins
+from vitrim.reduce.pitome import merge_count, pitome_margins, pitome_patches_left
 
 
 @pytest.mark.parametrize(("ratio", "depth"), [(0.9, 4), (0.8, 4), (0.6, 5)])
@@ -43,3 +43,18 @@ def test_counts_margins_and_no_proportional_attention_by_default() -> None:
     assert not torch.allclose(with_bias, without)
     with pytest.raises(ValueError, match=r"ratio must be a number in \[0.5, 1\].*0.4"):
         vitrim.reduce.apply(tiny(), "pitome", ratio=0.4)
+
+
+@pytest.mark.parametrize("ratio", [0.8, (0.5, 0.93, 1.0, 0.77)])
+def test_the_patches_left_are_the_count_function_s_on_any_image(ratio: float | tuple[float, ...]) -> None:
+    # vitrim.vllm writes pitome_patches_left as an image's placeholders before its tower runs: every image, alone or
+    # in a batch, must leave exactly that many after each block (16 patches; by hand for 0.8: 16 - 3, 13 - 2, ...)
+    ratios = [ratio] * 4 if isinstance(ratio, float) else list(ratio)
+    model = vitrim.reduce.apply(tiny(), "pitome", ratio=ratio)
+    if ratio == 0.8:
+        assert [pitome_patches_left(16, ratios[: i + 1]) for i in range(4)] == [13, 11, 9, 8]
+    for seed in range(4):
+        with torch.no_grad():
+            states = states_per_block(model, images(batch=1 + seed, seed=seed))
+        for block, state in enumerate(states):
+            assert state.num_patch_tokens == pitome_patches_left(16, ratios[: block + 1]), (seed, block)

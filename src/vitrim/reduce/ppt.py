@@ -55,6 +55,17 @@ def significance_scores(attention: AttentionResult) -> Tensor:
     return cls_rows(attention).sum(dim=(1, 2)) * v_norm
 
 
+def ppt_patches_left(patches: int, rs: Sequence[int]) -> int:
+    """The patch tokens left of ``patches`` after PPT blocks removing ``rs``, in block order: each removes
+    min(r, ⌊n / 2⌋) of the n patch tokens entering it, and pruning and pooling both leave n − that many, so the count
+    is fixed by r and n alone, whatever each image's choice (what a server writes as an image's placeholders before
+    the tower runs: vitrim.vllm)."""
+    left = patches
+    for r in rs:
+        left -= min(r, left // 2)
+    return left
+
+
 def _first(num_tokens: int, num_prefix: int, device: torch.device) -> Tensor:
     """(N,) bool: the prefix tokens."""
     return torch.arange(num_tokens, device=device) < num_prefix

@@ -75,11 +75,13 @@ def gemma3_trim_options(hf_config: Any) -> TrimOptions:
 
 def gemma3_tower_reducers(hf_config: Any, options: TrimOptions) -> dict[int, Reducer]:
     """A tower method's reducers on Gemma 3's SigLIP (:mod:`vitrim.vllm.tower_stage`): ``keep`` counts the tower's
-    patches, and the tokens go back on the patch grid for the projector's pooling; a bad option is one line."""
+    patches (PiToMe, PPT: none, their options set their count), and the tokens go back on the patch grid for the
+    projector's pooling, so the prompt is vLLM's own whatever the count; a bad option is one line."""
     assert isinstance(options.method, TowerMethod)
     layout = siglip_layout(hf_config)
     why = "Gemma 3's projector average-pools the whole patch grid, so the tower's tokens go back on it"
-    return tower_reducers(layout, options.method, options.tokens(layout.patches), to_grid=True, why=why)
+    keep = None if options.keep is None else options.tokens(layout.patches)  # None: PiToMe, PPT (their options)
+    return tower_reducers(layout, options.method, keep, to_grid=True, why=why)
 
 
 def soft_tokens(options: TrimOptions, hf_config: Any) -> int:

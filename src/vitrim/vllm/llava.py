@@ -23,6 +23,7 @@ and is refused when the engine starts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -40,7 +41,7 @@ from vllm.multimodal.processing import PromptReplacement
 
 from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version
-from vitrim.vllm.options import TrimOptions, request_options, trim_options
+from vitrim.vllm.options import TrimOptions, own_count, request_options, sets_own_count, trim_options
 from vitrim.vllm.prompt_instruction import PromptInstruction, image_prompts, load_clip, select_with_prompts
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
@@ -48,6 +49,7 @@ from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vllm.tower_stage import clip_layout, install_tower, kept_in_raster_order, tower_reducers
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import Selector
 from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
@@ -110,8 +112,12 @@ def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> Trim
         )
     grid = (vision.image_size // vision.patch_size) ** 2
     if isinstance(options.method, TowerMethod):  # its reducers, built here: a bad option stops the engine start
-        llava_tower_reducers(hf_config, options.method, options.tokens(grid))
-        return options
+        if not sets_own_count(options.method):
+            llava_tower_reducers(hf_config, options.method, options.tokens(grid))
+            return options
+        # PiToMe, PPT: keep is the count their options leave at the feature layer, whatever the image
+        reducers = llava_tower_reducers(hf_config, options.method, None)
+        return replace(options, keep=KeepSpec(count=own_count(options.method, clip_layout(hf_config), reducers)))
     if not options.method.authors_layout():
         raise ValueError(
             "vitrim: positions='original' keeps each kept token at its unpruned position; vLLM numbers a shortened "
@@ -124,9 +130,10 @@ def llava_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> Trim
     return options
 
 
-def llava_tower_reducers(hf_config: Any, method: TowerMethod, keep: int) -> dict[int, Reducer]:
-    """A tower method's reducers on LLaVA-1.5's CLIP (:mod:`vitrim.vllm.tower_stage`), the kept tokens handed on
-    alone (``to_grid=False``); a bad option is one ``vitrim:`` line."""
+def llava_tower_reducers(hf_config: Any, method: TowerMethod, keep: int | None) -> dict[int, Reducer]:
+    """A tower method's reducers on LLaVA-1.5's CLIP (:mod:`vitrim.vllm.tower_stage`) for ``keep`` patches at the
+    feature layer (None: a method that sets its own count), the kept tokens handed on alone (``to_grid=False``); a
+    bad option is one ``vitrim:`` line."""
     why = "vLLM serves a tower method on LLaVA-1.5 with the kept tokens alone (to_grid=False)"
     return tower_reducers(clip_layout(hf_config), method, keep, to_grid=False, why=why)
 
@@ -215,7 +222,8 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_tower = None
         if isinstance(method, TowerMethod):
             layers = self.vision_tower.vision_model.encoder.layers
-            reducers = llava_tower_reducers(config, method, self.vitrim_keep)
+            keep = None if sets_own_count(method) else self.vitrim_keep  # PiToMe, PPT: built from their options
+            reducers = llava_tower_reducers(config, method, keep)
             self.vitrim_tower = install_tower(layers, clip_layout(config), reducers, siglip=False)
         self.vitrim_taps = None if self.vitrim_tower else clip_taps(self.vision_tower, config, method, cls_row=True)
         device = next(self.multi_modal_projector.parameters()).device

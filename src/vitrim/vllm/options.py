@@ -23,14 +23,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import vitrim.vlm  # noqa: F401  (registers every method)
-from vitrim.reduce import get_reducer
+from vitrim.reduce import Reducer, get_reducer
+from vitrim.reduce.pitome import pitome_patches_left
+from vitrim.reduce.ppt import ppt_patches_left
 from vitrim.vlm.families import served_architectures
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
 from vitrim.vlm.method.evs import evs_count
+from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
 from vitrim.vlm.method.vidcom2 import vidcom2_count
 from vitrim.vlm.stages.contract import ServedArchitecture
 
@@ -48,20 +51,40 @@ VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {
 }
 # the architectures whose vision tower the plugin reduces in (vitrim.vllm.tower_stage: vLLM's CLIP and SigLIP)
 TOWER_ARCHITECTURES = ("VitrimLlavaForConditionalGeneration", "VitrimGemma3ForConditionalGeneration")
+# per tower reducer that takes no keep (it removes a count per block set by its own options): the patches its reducers
+# leave at the feature layer of a tower, from the tower's layout and the reducers built, in block order; each
+# block's count is fixed by the tokens entering it and its options, whatever the image (the reducer's own module)
+OWN_COUNTS: dict[str, Callable[[TowerLayout, list[Any]], int]] = {
+    "pitome": lambda layout, blocks: pitome_patches_left(layout.patches, [block.ratio for block in blocks]),
+    "ppt": lambda layout, blocks: ppt_patches_left(layout.patches, [block.r for block in blocks]),
+}
+
+
+def sets_own_count(method: Method) -> TypeGuard[TowerMethod]:
+    """Whether ``method`` is a tower method of :data:`OWN_COUNTS` (PiToMe, PPT): served without ``keep``."""
+    return isinstance(method, TowerMethod) and method.reducer in OWN_COUNTS
+
+
+def own_count(method: TowerMethod, layout: TowerLayout, reducers: Mapping[int, Reducer]) -> int:
+    """The patches per image that ``method``'s ``reducers`` (by block, built for a tower of ``layout`` without
+    ``keep``) leave at the feature layer: :data:`OWN_COUNTS`."""
+    return OWN_COUNTS[method.reducer](layout, [reducers[block] for block in sorted(reducers)])
 
 
 def refused(method: Method, architecture: str | None = None) -> str | None:
     """Why vLLM serving cannot run ``method`` (a method with its options) on ``architecture`` (None: on the
     architecture that serves it best); None: it can. A served model runs vitrim.vlm's one encoder seam
     (:mod:`vitrim.vlm.stages.capture`) on the evidence vLLM's tower gives, so every pre-LLM method that selects from
-    the images alone is served, and every video method whose count the grid fixes; the tower methods run inside
-    vLLM's CLIP and SigLIP towers (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.tower_stage`) with ``keep``, the
-    count they leave at the feature layer whatever the image (a reducer that takes no ``keep``, PiToMe and PPT, is
-    refused). Refused: the in-LLM methods (they rank by the LLM's attention rows, which vLLM's paged attention does
-    not hand a model), the tower methods on another tower (vitrim.vlm runs them in CLIP and SigLIP only, never in
-    LLaVA-NeXT's tiles or Qwen's windowed ViT), and a video method whose count depends on the video's content (FastVID's
-    segments: vLLM writes the placeholders before the tower runs). A method that reads the prompt (CDPruner) is
-    served where the architecture hands each image its prompt's text (:data:`INSTRUCTION_RELEVANCES`,
+    the images alone is served, and every video method whose count the grid fixes. The tower methods run inside
+    vLLM's CLIP and SigLIP towers (:data:`TOWER_ARCHITECTURES`, :mod:`vitrim.vllm.tower_stage`), where vLLM writes
+    the prompt's placeholders before the tower runs: with ``keep``, the count they leave at the feature layer
+    whatever the image; PiToMe and PPT take no ``keep``, and are served because their own options and the tower's
+    patch count fix theirs, whatever the image (:data:`OWN_COUNTS`); a reducer taking no ``keep`` without such a
+    count would be refused. Refused: the in-LLM methods (they rank by the LLM's attention rows, which vLLM's paged
+    attention does not hand a model), the tower methods on another tower (vitrim.vlm runs them in CLIP and SigLIP
+    only, never in LLaVA-NeXT's tiles or Qwen's windowed ViT), and a video method whose count depends on the video's
+    content (FastVID's segments: vLLM writes the placeholders before the tower runs). A method that reads the prompt
+    (CDPruner) is served where the architecture hands each image its prompt's text (:data:`INSTRUCTION_RELEVANCES`,
     :func:`check_instruction`)."""
     if method.stage == "in_llm":
         return (
@@ -75,7 +98,7 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
                 f"(CLIP and SigLIP) only, not on {architecture}"
             )
         reducer = getattr(method, "reducer", "")
-        if reducer and not get_reducer(reducer).takes_schedule():
+        if reducer and not get_reducer(reducer).takes_schedule() and reducer not in OWN_COUNTS:
             return (
                 "sets its count block by block from its own options and takes no 'keep'; the plugin serves a tower "
                 "method with 'keep', the count the prompt is written with before the tower runs"
@@ -161,15 +184,21 @@ class TrimOptions:
     """A validated ``vitrim`` entry: the method (options checked) and ``keep``."""
 
     method: Method
-    keep: KeepSpec
+    keep: KeepSpec | None  # None: a tower method that sets its own count (OWN_COUNTS), until its family fixes it
     question: str | None = None  # a request's question (``reads_question`` methods), None for the engine's own
 
     def tokens(self, num_tokens: int) -> int:
         """Tokens kept of an image of ``num_tokens`` tokens; ``ValueError`` (one line) when ``keep`` exceeds them."""
         try:
-            return self.keep.tokens(num_tokens)
+            return self.spec().tokens(num_tokens)
         except ValueError as error:
             raise ValueError(f"vitrim: {error}") from None
+
+    def spec(self) -> KeepSpec:
+        """``keep``; ``RuntimeError`` where an own-count method's family has not fixed it from its tower."""
+        if self.keep is None:
+            raise RuntimeError(f"vitrim: method {self.method.name!r} sets its own count; no family fixed it")
+        return self.keep
 
     def video_tokens(self, frames: int, per_frame: int) -> int:
         """Tokens kept of a video of ``frames`` temporal patches of ``per_frame`` tokens: a video method's own
@@ -178,7 +207,7 @@ class TrimOptions:
         if self.method.reads_time and count is not None:
             return count(self.method, frames, per_frame)
         try:
-            return frames * self.keep.tokens(per_frame)
+            return frames * self.spec().tokens(per_frame)
         except ValueError as error:
             raise ValueError(f"vitrim: {error} (each temporal patch of a video of {frames})") from None
 
@@ -233,6 +262,15 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
         check_instruction(method, architecture)
         if method.reads_time:
             return video_options(method, keep, architecture)
+        if sets_own_count(method):
+            if keep is not None:
+                strength = get_reducer(method.reducer).strength_option
+                own = f" ({strength.name})" if strength else ""
+                raise ValueError(
+                    f"method {name!r} removes the patches its own options{own} fix, block by block, and takes no "
+                    f"'keep'; drop keep={keep!r}"
+                )
+            return TrimOptions(method=method, keep=None)
         if keep is None:
             keep = method.default_keep()
         if keep is None:

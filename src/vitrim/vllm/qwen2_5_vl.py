@@ -66,8 +66,9 @@ def qwen_trim_options(hf_config: Any, architecture: str = ARCHITECTURE) -> TrimO
     """The validated ``vitrim`` options of a Qwen-VL config for ``architecture`` (Qwen2.5-VL's, or Qwen3-VL's)."""
     check_vllm_version()
     options = trim_options(hf_config, architecture)
-    if options.keep.count is not None:
-        options.method.check_keep(options.keep.count)
+    count = options.spec().count
+    if count is not None:
+        options.method.check_keep(count)
     return options
 
 

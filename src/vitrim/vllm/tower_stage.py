@@ -12,8 +12,10 @@ heads), and their ``MMEncoderAttention`` takes no mask; and vLLM's SigLIP layer 
 
 Counts. vLLM writes a prompt's placeholders before the tower runs, so a tower method is served with ``keep``: the
 patches that reach the feature layer, which every served tower method leaves exactly (``keep=`` spreads a fixed
-schedule over the reducer's blocks; HiPrune and FlowCut cut to ``keep`` at the feature block), whatever the image.
-LLaVA-1.5 hands the LLM those tokens in raster order of the patches they stand in for (vitrim.vlm's
+schedule over the reducer's blocks; HiPrune and FlowCut cut to ``keep`` at the feature block), whatever the image;
+PiToMe and PPT take no ``keep``, and leave the count their own options fix (``ratio``; ``r``), whatever the image
+(:data:`vitrim.vllm.options.OWN_COUNTS`, from their reducers' own count functions). LLaVA-1.5 hands the LLM those
+tokens in raster order of the patches they stand in for (vitrim.vlm's
 ``to_grid=False``, :func:`kept_in_raster_order`): ``keep`` placeholders per image. Gemma 3 puts them back on the
 patch grid for its projector's pooling (``to_grid=True``, :func:`on_grid`): every pooled token stays, the prompt is
 vLLM's own.
@@ -77,9 +79,10 @@ def siglip_layout(hf_config: Any) -> TowerLayout:
 
 
 def tower_reducers(
-    layout: TowerLayout, method: TowerMethod, keep: int, *, to_grid: bool, why: str
+    layout: TowerLayout, method: TowerMethod, keep: int | None, *, to_grid: bool, why: str
 ) -> dict[int, Reducer]:
-    """The reducers ``method`` puts on a tower of ``layout`` for ``keep`` patches at the feature layer; ``ValueError``
+    """The reducers ``method`` puts on a tower of ``layout`` for ``keep`` patches at the feature layer (None: the
+    count its own options set, PiToMe's and PPT's, :data:`vitrim.vllm.options.OWN_COUNTS`); ``ValueError``
     (one ``vitrim:`` line) for options the tower cannot take, or a ``to_grid`` other than the family's (``why``: the
     family's reason). Built when the engine starts (the processing info), and again in each worker."""
     asked = method.options.get("to_grid")
