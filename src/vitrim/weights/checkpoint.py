@@ -186,9 +186,9 @@ def check_config_fits_weights(
         config = getattr(model, "config", None)
         size, patch = getattr(config, "img_size", "?"), getattr(config, "patch_size", "?")
         raise ValueError(
-            f"{source}: img_size = {size} with patch_size = {patch} makes {target.shape[1]} positions, but the "
-            f"weights' pos_embed has {pos.shape[1]}; a file's config and its weights must agree (to resample the "
-            "position embedding, pass img_size= yourself)"
+            f"{source}: img_size = {size} (a transformers config's image_size) with patch_size = {patch} makes "
+            f"{target.shape[1]} positions, but the weights' pos_embed has {pos.shape[1]}; a file's config and its "
+            "weights must agree (to resample the position embedding, pass img_size= yourself)"
         )
 
 
