@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -41,6 +43,16 @@ def states_per_block(model: nn.Module, x: Tensor) -> list[TokenState]:
         state, _ = block(state)
         states.append(state)
     return states
+
+
+def assert_patches_left_per_block(model: nn.Module, left_after: Callable[[int], int]) -> None:
+    """Every image of four seeded batches (1 to 4 images) holds ``left_after(block)`` patch tokens after each block:
+    a count a server writes before the tower runs must hold for any image, alone or in a batch."""
+    for seed in range(4):
+        with torch.no_grad():
+            states = states_per_block(model, images(batch=1 + seed, seed=seed))
+        for block, state in enumerate(states):
+            assert state.num_patch_tokens == left_after(block), (seed, block)
 
 
 def attention_info(
