@@ -3,6 +3,7 @@
     python benchmarks/paper_recipes.py                 # print every command (one per model, method, budget, task)
     python benchmarks/paper_recipes.py --run OUT       # run them one after another, results under OUT
     python benchmarks/paper_recipes.py --table OUT     # the accuracy table of the runs in OUT, published cells beside
+    python benchmarks/paper_recipes.py --video ...     # the same for the VideoMME rows
 
 Rows: LLaVA-1.5-7B (``llava-hf/llava-1.5-7b-hf``, 576 image tokens) and Qwen2.5-VL-7B (``Qwen/Qwen2.5-VL-7B-
 Instruct`` at 672×672 px: ``min_pixels = max_pixels = 672²``, 576 image tokens, the count of LLaVA-1.5, so a budget
@@ -12,6 +13,12 @@ means the same cut) on MME, POPE, GQA and TextVQA (lmms-eval's ``mme``, ``pope``
 (vitrim.vlm's defaults) and ``keep``; FastV keeps ``keep`` tokens from its layer K = 2 on; PyramidDrop, which takes
 stage ratios rather than a budget, gets the demo's geometric rule with its middle stage at ``keep`` (``ratios=(2f, f,
 f/2)``, f = keep/576), not the PyramidDrop paper's own per-budget settings.
+
+Video rows (``--video``): LLaVA-OneVision-7B (``llava-hf/llava-onevision-qwen2-7b-ov-hf``) and Qwen2.5-VL-7B on
+VideoMME (lmms-eval's ``videomme``, its ``videomme_perception_score``), 32 frames evenly spaced (lmms-eval's own
+models' default), for EVS and VidCom2 at 25 % of the video tokens, VisionZip per temporal patch at 25 % (the tables'
+usual image baseline), FastVID and FlashVID (both stages) at the settings of their authors' scripts, and the dense
+model.
 
 ``PUBLISHED`` holds the authors' numbers beside each cell, with where they were read. A cell is filled only where
 the number was confirmed from the paper or the authors' repository; the rest stay empty (None), never guessed.
@@ -85,6 +92,67 @@ PUBLISHED: dict[tuple[str, str, int, str], tuple[float, str]] = {
 }
 
 
+# Video: one task, scored in percent as the papers print it.
+VIDEO_TASK = "videomme"
+VIDEO_METRIC = "videomme_perception_score"
+VIDEO_MODELS = {
+    "LLaVA-OneVision-7B": "pretrained=llava-hf/llava-onevision-qwen2-7b-ov-hf,max_num_frames=32",
+    "Qwen2.5-VL-7B": "pretrained=Qwen/Qwen2.5-VL-7B-Instruct,max_num_frames=32",
+}
+_ONEVISION, _QWEN = VIDEO_MODELS
+_FLASHVID = "method=flashvid+flashvid_llm,flashvid.retention_ratio=0.1"
+# method -> model -> the method part of --model_args, at the setting its authors report on that model
+VIDEO_METHODS: dict[str, dict[str, str]] = {
+    "none": {_ONEVISION: "", _QWEN: ""},
+    "evs": dict.fromkeys(VIDEO_MODELS, "method=evs,video_pruning_rate=0.75"),
+    "vidcom2": dict.fromkeys(VIDEO_MODELS, "method=vidcom2,video_pruning_rate=0.75"),  # its README's R_RATIO 0.25
+    "visionzip": dict.fromkeys(VIDEO_MODELS, "method=visionzip,keep=0.25"),  # per temporal patch
+    # FastVID's scripts: OneVision at 0.10 with DySeg_tau 0.9 (vitrim's OneVision defaults), Qwen2.5-VL at 0.27
+    "fastvid": {_ONEVISION: "method=fastvid,retention_ratio=0.1,DySeg_tau=0.9", _QWEN: "method=fastvid"},
+    # FlashVID's: 10 % (its README's example), OneVision with ADTS v2 and 8 segments, then its in-LLM stage
+    "flashvid": {
+        _ONEVISION: _FLASHVID + ",flashvid.token_selection_method=attn_div_v2,flashvid.min_segment_num=8",
+        _QWEN: _FLASHVID,
+    },
+}
+_FASTVID_ONEVISION_LOG = (
+    "FastVID authors' own lmms-eval log, llava-onevision-qwen2-7b-ov, max_frames_num=32, fastvid_retention_ratio=0.10, "
+    "fastvid_DySeg_tau=0.9, videomme_perception_score 57.3333: LunarShen/FastVID "
+    "fastvid_llavaonevision/scripts/llava_onevision.log @ ea8b57e4bbb5478645879c17d182880b445bf968"
+)
+# (model, method) -> (published VideoMME, where it was read); only where model, frames and setting match the row
+PUBLISHED_VIDEO: dict[tuple[str, str], tuple[float, str]] = {
+    (_ONEVISION, "fastvid"): (57.3333, _FASTVID_ONEVISION_LOG),
+}
+
+
+@dataclass(frozen=True)
+class VideoRecipe:
+    model: str
+    method: str  # "none": the dense model
+
+    def model_args(self, pretrained: str | None = None, device: str = GPU) -> str:
+        """This row's ``--model_args``; the dry run gives another checkpoint (``pretrained``) and a CPU ``device``."""
+        base = VIDEO_MODELS[self.model]
+        if pretrained is not None:
+            base = ",".join([f"pretrained={pretrained}", *base.split(",")[1:]])
+        return ",".join(filter(None, (base, VIDEO_METHODS[self.method][self.model], device)))
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}_{self.method}_{VIDEO_TASK}"
+
+    def command(self, out: str = "results") -> list[str]:
+        return [
+            "lmms-eval", "--model", "vitrim", "--model_args", self.model_args(), "--tasks", VIDEO_TASK,
+            "--batch_size", "1", "--output_path", f"{out}/{self.name}", "--log_samples",
+        ]  # fmt: skip
+
+
+def video_recipes() -> list[VideoRecipe]:
+    return [VideoRecipe(model, method) for model in VIDEO_MODELS for method in VIDEO_METHODS]
+
+
 @dataclass(frozen=True)
 class Recipe:
     model: str
@@ -152,15 +220,31 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def video_table(out: Path) -> str:
+    """The VideoMME table of the video runs under ``out``, the published number in parentheses where confirmed."""
+    lines = ["| model | method | VideoMME |", "|---|---|---|"]
+    for recipe in video_recipes():
+        found = sorted((out / recipe.name).rglob("*_results.json"))
+        ours = "—"
+        if found:
+            result = json.loads(found[-1].read_text())["results"][VIDEO_TASK]
+            ours = f"{result.get(VIDEO_METRIC + ',none', float('nan')):.4g}"
+        published = PUBLISHED_VIDEO.get((recipe.model, recipe.method))
+        cell = ours + (f" ({published[0]:g})" if published else "")
+        lines.append(f"| {recipe.model} | {recipe.method} | {cell} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", metavar="OUT", help="run every command, results under OUT")
     parser.add_argument("--table", metavar="OUT", help="print the table of the runs under OUT")
+    parser.add_argument("--video", action="store_true", help="the VideoMME rows instead of the image rows")
     args = parser.parse_args(argv)
     if args.table:
-        print(table(Path(args.table)))
+        print(video_table(Path(args.table)) if args.video else table(Path(args.table)))
         return 0
-    for recipe in recipes():
+    for recipe in video_recipes() if args.video else recipes():
         command = recipe.command(args.run or "results")
         print(shlex.join(command))
         if args.run:

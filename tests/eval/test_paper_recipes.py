@@ -53,12 +53,37 @@ def test_every_recipe_builds_on_a_tiny_checkpoint(tmp_path: Path) -> None:
     assert "method=visionzip,keep=64" in command[4]
 
 
+def test_every_video_recipe_builds_on_a_tiny_checkpoint(tmp_path: Path) -> None:
+    """The VideoMME rows' exact ``--model_args`` on tiny checkpoints with the 7B models' LLM depth (28 decoder layers
+    both), so FlashVID's in-LLM stage sits at its layer 20; each builds with the methods and options it names."""
+    from tiny_vlms.folders import save_llava_onevision, save_qwen2_5_vl
+    from vitrim.vlm_user.tiny import QWEN_TEXT
+
+    recipes = load_script()
+    tiny = {
+        "LLaVA-OneVision-7B": save_llava_onevision(tmp_path / "onevision", text={"num_hidden_layers": 28}),
+        "Qwen2.5-VL-7B": save_qwen2_5_vl(tmp_path / "qwen", text={**QWEN_TEXT, "num_hidden_layers": 28}),
+    }
+    rows = recipes.video_recipes()
+    assert len(rows) == len(recipes.VIDEO_MODELS) * len(recipes.VIDEO_METHODS) == 12
+    for recipe in rows:
+        model = VitrimModel.create_from_arg_string(
+            recipe.model_args(str(tiny[recipe.model]), device="device=cpu,dtype=float32")
+        )
+        expected = {"flashvid": "flashvid+flashvid_llm"}.get(recipe.method, recipe.method)
+        assert model.settings["method"] == expected, recipe
+        assert model.settings["video"]["max_num_frames"] == 32
+    flashvid = recipes.VideoRecipe("LLaVA-OneVision-7B", "flashvid").command("out")
+    assert flashvid[flashvid.index("--tasks") + 1] == "videomme"
+    assert "flashvid.token_selection_method=attn_div_v2" in flashvid[4]
+
+
 def test_lmms_eval_knows_every_task_the_recipes_name() -> None:
     from lmms_eval.tasks import TaskManager
 
     recipes = load_script()
     known = set(TaskManager().all_tasks)
-    assert set(recipes.TASKS.values()) <= known
+    assert set(recipes.TASKS.values()) | {recipes.VIDEO_TASK} <= known
 
 
 def test_every_published_cell_is_a_recipe_cell_on_the_papers_scale() -> None:
@@ -89,3 +114,22 @@ def test_the_table_prints_a_published_number_beside_its_cell(tmp_path: Path) -> 
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[:3] == ["LLaVA-1.5-7B", "visionzip", "64"]
     assert cells[3:] == ["—", "81.23", "54.32 (55.1)", "— (55.5)"]  # MME, POPE, GQA, TextVQA
+
+
+def test_every_published_video_cell_is_a_video_row_and_the_table_prints_it(tmp_path: Path) -> None:
+    """A published VideoMME number sits beside its own row (lmms-eval prints the score in percent already)."""
+    import json
+
+    recipes = load_script()
+    rows = {(r.model, r.method) for r in recipes.video_recipes()}
+    assert set(recipes.PUBLISHED_VIDEO) <= rows
+    for number, source in recipes.PUBLISHED_VIDEO.values():
+        assert 1 < number <= 100 and "@" in source
+    folder = tmp_path / "LLaVA-OneVision-7B_fastvid_videomme" / "model"
+    folder.mkdir(parents=True)
+    (folder / "20261203_results.json").write_text(
+        json.dumps({"results": {"videomme": {"videomme_perception_score,none": 56.25}}})
+    )
+    lines = recipes.video_table(tmp_path).splitlines()
+    assert "| LLaVA-OneVision-7B | fastvid | 56.25 (57.3333) |" in lines
+    assert "| Qwen2.5-VL-7B | fastvid | — |" in lines

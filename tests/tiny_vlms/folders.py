@@ -69,11 +69,11 @@ ONEVISION_TEMPLATE = (
 ONEVISION_PINPOINTS = [[14, 28], [28, 14], [28, 28]]
 
 
-def save_llava_onevision(path: Path, seed: int = 0) -> Path:
+def save_llava_onevision(path: Path, seed: int = 0, text: dict[str, Any] | None = None) -> Path:
     """A tiny LLaVA-OneVision and its processor at ``path`` (tests/tiny_vlms/llava_onevision.py's sizes): SigLIP on
     14-px tiles of 2-px patches (49 tokens a tile, anyres pinpoints 14×28, 28×14, 28×28), a video frame resized to
     14×14 and pooled to 4×4 = 16 tokens (a video: F·16 + 1 newline), a 2-layer Qwen2 LLM; ids 3 ``<image>``,
-    4 ``<video>``, words ``w6`` … ``w98``."""
+    4 ``<video>``, words ``w6`` … ``w98``; ``text`` overrides the LLM's config (e.g. ``num_hidden_layers``)."""
     import transformers
 
     config = transformers.LlavaOnevisionConfig(
@@ -81,10 +81,14 @@ def save_llava_onevision(path: Path, seed: int = 0) -> Path:
             model_type="siglip_vision_model", hidden_size=32, intermediate_size=37, num_hidden_layers=2,
             num_attention_heads=4, image_size=14, patch_size=2, vision_use_head=False,
         ),
-        text_config=dict(
-            model_type="qwen2", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1, eos_token_id=2,
-        ),
+        text_config={
+            **dict(
+                model_type="qwen2", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=1,
+                eos_token_id=2,
+            ),
+            **(text or {}),
+        },
         image_token_id=3,
         video_token_id=4,
         image_grid_pinpoints=ONEVISION_PINPOINTS,
