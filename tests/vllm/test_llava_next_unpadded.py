@@ -1,10 +1,10 @@
 """VitrimLlavaNextForConditionalGeneration with ``"tiles": "unpadded"`` against transformers + vitrim.vlm with
 ``tiles="unpadded"`` on the same folder: images whose unpadding cuts through tiles are served.
 
-One engine per method (6 tokens per tile) runs five requests in one ``generate`` call, then each alone (its images
+One engine per method (6 tokens per tile) runs six requests in one ``generate`` call, then each alone (its images
 named afresh, so the tower runs again): a 4:3 and a 16:9 photo (every grid tile cut), a 3:4 and a 4:1 image in one
-prompt, a pinpoint-ratio image at its request's own ``keep`` 3, and a 16:9 one at its own ``keep`` 0.4 (a fraction
-of each tile's surviving tokens). Each request's greedy tokens equal transformers + vitrim.vlm's, its kept packed
+prompt, a pinpoint-ratio image at its request's own ``keep`` 3, a 16:9 one at its own ``keep`` 0.4 (a fraction
+of each tile's surviving tokens) and one at its own ``keep`` 10 (more than a cut tile's 8: all of them). Each request's greedy tokens equal transformers + vitrim.vlm's, its kept packed
 positions equal ``vitrim.vlm.last_selection``'s, its prompt is shorter than the unpruned one by exactly the dropped
 tokens, and each image's placeholders are ``Σ min(keep, n_tile) + newlines``, counted here by hand. FasterVLM,
 VisionZip and DivPrune run by default; every other method the plugin serves on LLaVA-NeXT under ``-m full``.
@@ -34,8 +34,8 @@ TILES = {"tiles": "unpadded"}
 DEFAULT_METHODS = ("fastervlm", "visionzip", "divprune")
 # (height, width) on the pinpoints 16×32, 32×16, 32×32 (16-px tiles of 4 × 4 tokens): 4:3 (2×2 grid, 8 token rows
 # unpadded to 6: each grid tile keeps 12 of 16), 16:9 (rows to 4: 8 of 16), 3:4 (columns to 6: 12 of 16), 4:1 (1×2
-# grid, rows to 2: 8 of 16), 1:2 (a pinpoint's: nothing cut), 16:9 again (other pixels)
-SIZES = [(30, 40), (27, 48), (40, 30), (20, 80), (20, 40), (18, 32)]
+# grid, rows to 2: 8 of 16), 1:2 (a pinpoint's: nothing cut), 16:9 twice more (other pixels)
+SIZES = [(30, 40), (27, 48), (40, 30), (20, 80), (20, 40), (18, 32), (45, 80)]
 # each image's placeholders by hand: the base tile's min(keep, 16), each grid tile's min(keep, n), a newline per row
 BY_HAND = [
     [6 + 4 * 6 + 6],  # 4:3: 4 tiles of 12, 6 rows
@@ -43,6 +43,7 @@ BY_HAND = [
     [6 + 4 * 6 + 8, 6 + 2 * 6 + 2],  # 3:4: 4 tiles of 12, 8 rows; 4:1: 2 tiles of 8, 2 rows
     [3 + 2 * 3 + 4],  # keep 3: 1:2 grid, 4 rows
     [6 + 4 * 3 + 4],  # keep 0.4: round(6.4) of the base tile, round(3.2) of each tile of 8, 4 rows
+    [10 + 4 * 8 + 4],  # keep 10: 10 of the base tile, all 8 of each cut tile (min(10, 8)), 4 rows
 ]
 
 
@@ -70,6 +71,7 @@ def requests(work: Path) -> list[dict[str, Any]]:
         {"prompt": "w30 w31 <image> w32 <image> w33", "images": [paths[2], paths[3]]},
         {"prompt": "w40 <image> w41 w42", "images": [paths[4]], "mm_processor_kwargs": {"vitrim": {"keep": 3}}},
         {"prompt": "w50 w51 <image> w52", "images": [paths[5]], "mm_processor_kwargs": {"vitrim": {"keep": 0.4}}},
+        {"prompt": "w60 <image> w61 w62", "images": [paths[6]], "mm_processor_kwargs": {"vitrim": {"keep": 10}}},
     ]
 
 
