@@ -3,11 +3,12 @@
 
 One engine per method (6 tokens per tile) runs six requests in one ``generate`` call, then each alone (its images
 named afresh, so the tower runs again): a 4:3 and a 16:9 photo (every grid tile cut), a 3:4 and a 4:1 image in one
-prompt, a pinpoint-ratio image at its request's own ``keep`` 3, a 16:9 one at its own ``keep`` 0.4 (a fraction
-of each tile's surviving tokens) and one at its own ``keep`` 10 (more than a cut tile's 8: all of them). Each request's greedy tokens equal transformers + vitrim.vlm's, its kept packed
-positions equal ``vitrim.vlm.last_selection``'s, its prompt is shorter than the unpruned one by exactly the dropped
-tokens, and each image's placeholders are ``Σ min(keep, n_tile) + newlines``, counted here by hand. FasterVLM,
-VisionZip and DivPrune run by default; every other method the plugin serves on LLaVA-NeXT under ``-m full``.
+prompt, a pinpoint-ratio image at its request's own ``keep`` 3, a 16:9 one at its own ``keep`` 0.4 (a fraction of
+each tile's surviving tokens) and one at its own ``keep`` 10 (more than a cut tile's 8: all of them). Each request's
+greedy tokens equal transformers + vitrim.vlm's, its kept packed positions equal ``vitrim.vlm.last_selection``'s, its
+prompt is shorter than the unpruned one by exactly the dropped tokens, and each image's placeholders are
+``Σ min(keep, n_tile) + newlines``, counted here by hand. FasterVLM, VisionZip and DivPrune run by default; every
+other method the plugin serves on LLaVA-NeXT under ``-m full``.
 """
 
 from __future__ import annotations

@@ -275,3 +275,11 @@ def test_an_in_llm_method_stacked_after_keeps_the_option(models: dict[str, torch
     entered = vitrim.vlm.last_selection(model, stage="pre_llm")
     assert [len(k) for k in entered] == [expected_count(model, size, 5) for size in CUT[:2]]
     assert [len(k) for k in vitrim.vlm.last_selection(model)] == [10, 10]
+
+
+def test_the_keep_of_a_cut_tile_is_the_stated_rule() -> None:
+    """An int keep: min(keep, n); a float: max(1, round(keep · n)) (Python's round, half to even); 0 of no token."""
+    from vitrim.vlm.keep import parse_keep
+
+    assert [parse_keep(13).tokens_within(n) for n in (16, 12, 4, 0)] == [13, 12, 4, 0]
+    assert [parse_keep(0.25).tokens_within(n) for n in (16, 10, 6, 2, 0)] == [4, 2, 2, 1, 0]  # 2.5 -> 2, 1.5 -> 2
