@@ -19,11 +19,10 @@ tokens that tile hands the LLM under that convention are those of its ``keep`` t
 depends on what the method keeps, i.e. on the image's content; vLLM lays out a prompt's placeholders before the
 tower runs. So such an image is refused (one ``vitrim:`` line, that request alone) unless it keeps every token, or
 the engine's ``vitrim`` entry has ``"tiles": "unpadded"`` (vitrim.vlm's ``apply(..., tiles="unpadded")``): each
-tile is then selected among the tokens the unpadding leaves in it (:func:`~vitrim.vlm.families.llava_next.
-select_cut_tiles`, the function transformers runs), keeping ``min(keep, n)`` of its n (a fraction: of n), none of a
-tile it removes, so every image's count is :func:`unpadded_tokens`, from its size alone. A tile the unpadding
-removes whole hands on nothing, whatever is kept. The option is the engine's (the method's and its options are too;
-a request's own entry takes ``keep``).
+tile is then selected among the tokens the unpadding leaves in it (vitrim.vlm's ``select_cut_tiles``, the function
+transformers runs), keeping ``min(keep, n)`` of its n (a fraction: of n), none of a tile it removes, so every image's
+count is :func:`unpadded_tokens`, from its size alone. A tile the unpadding removes whole hands on nothing, whatever
+is kept. The option is the engine's (as the method and its options are; a request's own entry takes ``keep``).
 
 Positions: as LLaVA-1.5's (:mod:`vitrim.vllm.llava`): the shortened prompt numbered 0, 1, 2, …, vitrim.vlm's
 default; ``positions="original"`` is refused when the engine starts.
@@ -124,8 +123,9 @@ def most_tiles(hf_config: Any) -> int:
 def entered_tokens(hf_config: Any, height: int, width: int, keep: int) -> int:
     """The tokens a ``height`` × ``width`` image hands the LLM at ``keep`` per tile, known before the tower runs:
     every packed token at keep = N; else ``keep`` per tile the unpadding leaves whole, none of a tile it removes,
-    and every newline. ``ValueError`` (one line) where the unpadding cuts through a tile (the count then depends on
-    which tokens the method keeps)."""
+    and every newline: the authors' convention (``"tiles": "whole"``; ``"unpadded"``: :func:`unpadded_tokens`).
+    ``ValueError`` (one line) where the unpadding cuts through a tile (the count then depends on which tokens the
+    method keeps)."""
     token_map = packed_token_map(hf_config, height, width)
     tokens = image_tokens(hf_config)
     if keep == tokens:
