@@ -283,3 +283,12 @@ def test_the_keep_of_a_cut_tile_is_the_stated_rule() -> None:
 
     assert [parse_keep(13).tokens_within(n) for n in (16, 12, 4, 0)] == [13, 12, 4, 0]
     assert [parse_keep(0.25).tokens_within(n) for n in (16, 10, 6, 2, 0)] == [4, 2, 2, 1, 0]  # 2.5 -> 2, 1.5 -> 2
+
+
+def test_no_method_has_an_option_named_as_a_family_option() -> None:
+    """apply takes a family's options (tiles=) before the method's: a method option of that name would never arrive."""
+    from vitrim.vlm.families import family_option_names
+    from vitrim.vlm.method.base import method_class
+
+    assert family_option_names() == {"tiles"}
+    assert not [name for name in vitrim.vlm.methods() if set(method_class(name).option_defaults()) & {"tiles"}]
