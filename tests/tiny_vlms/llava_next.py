@@ -12,16 +12,21 @@ SIZES = torch.tensor([[20, 40], [30, 30]])  # 1×2 grid (3 tiles, 16 + 4·8 + 4 
 TOKENS = [52, 88]
 
 
-def tiny_llava_next() -> torch.nn.Module:
-    """A tiny LlavaNextForConditionalGeneration in float64 (CLIP 16-px tiles of 4-px patches, a 2-layer Llama)."""
+PINPOINTS = [[16, 32], [32, 16], [32, 32]]
+
+
+def tiny_llava_next(pinpoints: list[list[int]] | None = None, attn: str = "sdpa") -> torch.nn.Module:
+    """A tiny LlavaNextForConditionalGeneration in float64 (CLIP 16-px tiles of 4-px patches, a 2-layer Llama);
+    ``pinpoints``: its anyres resolutions (height, width) instead of :data:`PINPOINTS` (the same weights)."""
     config = transformers.LlavaNextConfig(
         vision_config=CLIP_TOWER | dict(num_hidden_layers=3),
         text_config=LLAMA,
         image_token_id=IMAGE_TOKEN,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
-        image_grid_pinpoints=[[16, 32], [32, 16], [32, 32]],
+        image_grid_pinpoints=PINPOINTS if pinpoints is None else pinpoints,
     )
+    config._attn_implementation = attn
     torch.manual_seed(0)
     return spread(transformers.LlavaNextForConditionalGeneration(config).double().eval())
 

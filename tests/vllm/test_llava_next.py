@@ -175,6 +175,7 @@ def test_an_image_the_unpadding_cuts_is_refused_at_a_smaller_keep_and_the_engine
 ) -> None:
     assert served["refused"].startswith("vitrim: a 30×20 image's anyres grid is unpadded to its aspect ratio")
     assert "keep every token (keep=16)" in served["refused"]
+    assert '"tiles": "unpadded"' in served["refused"]  # the option that serves it (test_llava_next_unpadded.py)
     assert served["after"][0].outputs[0].token_ids == served["runs"][0][0].outputs[0].token_ids
 
 

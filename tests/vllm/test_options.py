@@ -207,3 +207,22 @@ def test_an_untested_vllm_is_refused_in_one_line_unless_asked(monkeypatch: pytes
         check_vllm_version("0.33.0")
     monkeypatch.setenv("VITRIM_VLLM_UNTESTED", "1")
     check_vllm_version("0.33.0")
+
+
+def test_llava_next_takes_tiles_as_the_engines_option_and_nothing_else_does() -> None:
+    next_ = "VitrimLlavaNextForConditionalGeneration"
+    entry = {"method": "fastervlm", "keep": 6, "tiles": "unpadded"}
+    options = trim_options(config(entry, "llava_next"), next_)
+    assert options.family_options == {"tiles": "unpadded"}
+    assert trim_options(config({"method": "fastervlm", "keep": 6}, "llava_next"), next_).family_options == {}
+    assert request_options(options, {"vitrim": {"keep": 3}}).family_options == {"tiles": "unpadded"}
+    refusals = [
+        (config(entry | {"tiles": "cut"}, "llava_next"), next_, "vitrim: tiles='cut': expected one of 'whole', "),
+        (config(entry), LLAVA, "vitrim: tiles='unpadded' is an option of LLaVA-NeXT (LlavaNextForConditionalGen"),
+    ]
+    for hf_config, architecture, message in refusals:
+        with pytest.raises(ValueError) as raised:
+            trim_options(hf_config, architecture)
+        assert message in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(ValueError, match="vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' and"):
+        request_options(options, {"vitrim": {"tiles": "whole"}})

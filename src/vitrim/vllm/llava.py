@@ -171,8 +171,11 @@ class LlavaPlaceholders(RequestKeep):
         keep = options.tokens(image_tokens(self.info.get_hf_config()))
         return {keep_field("image"): torch.full((len(pixels),), keep, dtype=torch.long)}
 
-    def image_placeholders(self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int) -> int:
-        """The placeholders of image ``item`` at ``keep`` (LLaVA-1.5: ``keep``, every image is one tower image)."""
+    def image_placeholders(
+        self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int, options: TrimOptions
+    ) -> int:
+        """The placeholders of image ``item`` at ``keep`` (resolved against a tower image), its request's
+        ``options`` (LLaVA-1.5: ``keep``, every image is one tower image)."""
         return keep
 
     def _get_prompt_updates(
@@ -180,7 +183,8 @@ class LlavaPlaceholders(RequestKeep):
     ) -> Sequence[PromptReplacement]:
         config = self.info.get_hf_config()
         image_token_id = config.image_token_index
-        keep = self.request_trim(hf_processor_mm_kwargs).tokens(image_tokens(config))
+        options = self.request_trim(hf_processor_mm_kwargs)
+        keep = options.tokens(image_tokens(config))
 
         def replacement(item: int) -> list[int]:
             images = mm_items.get_items("image", object)
@@ -188,7 +192,7 @@ class LlavaPlaceholders(RequestKeep):
                 raise ValueError(
                     f"vitrim: {self.architecture} selects from the tower's evidence; send images, not embeddings"
                 )
-            return [image_token_id] * self.image_placeholders(config, images, item, keep)
+            return [image_token_id] * self.image_placeholders(config, images, item, keep, options)
 
         return [PromptReplacement(modality="image", target=[image_token_id], replacement=replacement)]
 

@@ -8,16 +8,21 @@ kept, in packed order. This subclass of vLLM's ``LlavaNextForConditionalGenerati
 
 - **the placeholders** (the processor's prompt updates, before the tower runs): an image of t tiles gets
   ``keep`` per tile the unpadding leaves whole and one per newline (:func:`entered_tokens`); the request's own
-  ``keep`` where it gives one (:mod:`vitrim.vllm.request_keep`);
+  ``keep`` where it gives one (:mod:`vitrim.vllm.request_keep`), which travels to the model as one keep per tile
+  (:func:`tile_keeps`);
 - **the features** (``embed_multimodal``): the tower runs on the image's tiles as vLLM's does, vitrim.vlm's encoder
   seam (:mod:`vitrim.vlm.stages.capture`, the taps of :mod:`vitrim.vllm.llava`) selects per tile and writes merged
   tokens, the projector runs, and the packed tokens (:func:`packed_token_map`) that were kept are handed on.
 
-The limit, and why: where the unpadding cuts through a tile (an image whose aspect ratio is not a pinpoint's), the
-tokens that tile hands the LLM are those of its ``keep`` that lie in the uncut part, which depends on what the
-method keeps, i.e. on the image's content; vLLM lays out a prompt's placeholders before the tower runs. Such an
-image is refused (one ``vitrim:`` line, that request alone) unless it keeps every token. A tile the unpadding
-removes whole hands on nothing, whatever is kept.
+Where the unpadding cuts through a tile (an image whose aspect ratio is not a pinpoint's: 4:3, 16:9 photos), the
+tokens that tile hands the LLM under that convention are those of its ``keep`` that lie in the uncut part, which
+depends on what the method keeps, i.e. on the image's content; vLLM lays out a prompt's placeholders before the
+tower runs. So such an image is refused (one ``vitrim:`` line, that request alone) unless it keeps every token, or
+the engine's ``vitrim`` entry has ``"tiles": "unpadded"`` (vitrim.vlm's ``apply(..., tiles="unpadded")``): each
+tile is then selected among the tokens the unpadding leaves in it (vitrim.vlm's ``select_cut_tiles``, the function
+transformers runs), keeping ``min(keep, n)`` of its n (a fraction: of n), none of a tile it removes, so every image's
+count is :func:`unpadded_tokens`, from its size alone. A tile the unpadding removes whole hands on nothing, whatever
+is kept. The option is the engine's (as the method and its options are; a request's own entry takes ``keep``).
 
 Positions: as LLaVA-1.5's (:mod:`vitrim.vllm.llava`): the shortened prompt numbered 0, 1, 2, …, vitrim.vlm's
 default; ``positions="original"`` is refused when the engine starts.
@@ -25,6 +30,8 @@ default; ``positions="original"`` is refused when the engine starts.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -47,10 +54,10 @@ from vitrim.vllm.llava import (
     llava_trim_options,
 )
 from vitrim.vllm.options import TrimOptions
-from vitrim.vllm.request_keep import asked_keeps
+from vitrim.vllm.request_keep import asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.seeds import content_seed, image_seeds
-from vitrim.vlm.families.llava_next import NEWLINE, tiles_to_image
+from vitrim.vlm.families.llava_next import NEWLINE, TILES, select_cut_tiles, tile_cuts, tiles_to_image
 from vitrim.vlm.stages.capture import HandOn, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaNextForConditionalGeneration"
@@ -81,11 +88,44 @@ def packed_token_map(hf_config: Any, height: int, width: int) -> Tensor:
     return torch.cat([torch.arange(tokens), with_newlines.flatten()])
 
 
+def unpadded(options: TrimOptions) -> bool:
+    """Whether ``options`` select each tile among the tokens the unpadding leaves (``"tiles": "unpadded"``)."""
+    return options.family_options.get("tiles", TILES[0]) == "unpadded"
+
+
+def tile_keeps(hf_config: Any, height: int, width: int, options: TrimOptions) -> list[int]:
+    """Per tile of a ``height`` × ``width`` image (the base view first), the tokens the method keeps of it under
+    ``options``: ``keep`` of each tile, or under ``"tiles": "unpadded"`` of the n tokens the unpadding leaves in it
+    (``KeepSpec.tokens_within``: ``min(keep, n)``, a fraction of n; 0 of a tile it removes)."""
+    tokens = image_tokens(hf_config)
+    keep = options.tokens(tokens)  # one vitrim: line where keep is above a tile's tokens
+    count = tile_count(hf_config, height, width)
+    if not unpadded(options):
+        return [keep] * count
+    vision = hf_config.vision_config
+    cuts = tile_cuts(packed_token_map(hf_config, height, width), count, vision.image_size // vision.patch_size)
+    return [options.spec().tokens_within(cut.count) for cut in cuts]
+
+
+def unpadded_tokens(hf_config: Any, height: int, width: int, options: TrimOptions) -> int:
+    """The tokens a ``height`` × ``width`` image hands the LLM under ``"tiles": "unpadded"``, from its size alone:
+    :func:`tile_keeps` summed, and every newline."""
+    newlines = int((packed_token_map(hf_config, height, width) == NEWLINE).sum())
+    return sum(tile_keeps(hf_config, height, width, options)) + newlines
+
+
+def most_tiles(hf_config: Any) -> int:
+    """The most tiles an image has: the base view and the largest pinpoint's grid (the per-tile keeps' width)."""
+    size = hf_config.vision_config.image_size
+    return 1 + max((int(h) // size) * (int(w) // size) for h, w in hf_config.image_grid_pinpoints)
+
+
 def entered_tokens(hf_config: Any, height: int, width: int, keep: int) -> int:
     """The tokens a ``height`` × ``width`` image hands the LLM at ``keep`` per tile, known before the tower runs:
     every packed token at keep = N; else ``keep`` per tile the unpadding leaves whole, none of a tile it removes,
-    and every newline. ``ValueError`` (one line) where the unpadding cuts through a tile (the count then depends on
-    which tokens the method keeps)."""
+    and every newline: the authors' convention (``"tiles": "whole"``; ``"unpadded"``: :func:`unpadded_tokens`).
+    ``ValueError`` (one line) where the unpadding cuts through a tile (the count then depends on which tokens the
+    method keeps)."""
     token_map = packed_token_map(hf_config, height, width)
     tokens = image_tokens(hf_config)
     if keep == tokens:
@@ -98,8 +138,10 @@ def entered_tokens(hf_config: Any, height: int, width: int, keep: int) -> int:
         raise ValueError(
             f"vitrim: a {width}×{height} image's anyres grid is unpadded to its aspect ratio through {cut} of its "
             f"{tiles - 1} tiles, so the tokens it hands the LLM at keep={keep} of {tokens} per tile depend on which "
-            "tokens the method keeps, and vLLM lays out the prompt before the tower runs; send an image whose aspect "
-            f"ratio is a pinpoint's ({hf_config.image_grid_pinpoints}) or keep every token (keep={tokens})"
+            "tokens the method keeps, and vLLM lays out the prompt before the tower runs; start the engine with "
+            '"tiles": "unpadded" in its "vitrim" entry (each tile selected among the tokens the unpadding leaves), '
+            f"send an image whose aspect ratio is a pinpoint's ({hf_config.image_grid_pinpoints}) or keep every token "
+            f"(keep={tokens})"
         )
     return keep * int((survivors == tokens).sum()) + int((token_map == NEWLINE).sum())
 
@@ -123,9 +165,25 @@ class TrimmedLlavaNextProcessor(LlavaPlaceholders, LlavaNextMultiModalProcessor)
 
     architecture = ARCHITECTURE
 
-    def image_placeholders(self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int) -> int:
+    def image_placeholders(
+        self, hf_config: Any, images: ImageProcessorItems, item: int, keep: int, options: TrimOptions
+    ) -> int:
         size = images.get_image_size(item)
+        if unpadded(options):
+            return unpadded_tokens(hf_config, size.height, size.width, options)
         return entered_tokens(hf_config, size.height, size.width, keep)
+
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+        """Per image, its :func:`tile_keeps` (zeros after its own tiles, up to :func:`most_tiles`)."""
+        sizes = processed.get("image_sizes")
+        if processed.get("pixel_values") is None or sizes is None:
+            return {}
+        config = self.info.get_hf_config()
+        keeps = torch.zeros(len(sizes), most_tiles(config), dtype=torch.long)
+        for image, (height, width) in enumerate(torch.as_tensor(sizes).tolist()):
+            per_tile = tile_keeps(config, int(height), int(width), options)
+            keeps[image, : len(per_tile)] = torch.tensor(per_tile)
+        return {keep_field("image"): keeps}
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -160,13 +218,18 @@ class VitrimLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneration)
         tiles = torch.cat([pixels[:count] for pixels, count in zip(image_input["pixel_values"], counts, strict=True)])
         features = self._image_pixels_to_features(self.vision_tower, tiles)  # (t, N, D) every tile of every image
         assert isinstance(features, Tensor)
-        asked = asked_keeps(kwargs, "image") or [self.vitrim_keep] * len(sizes)  # each image's request's keep
-        keeps = [keep for keep, count in zip(asked, counts, strict=True) for _ in range(count)]  # per tile
+        keeps = self.tile_keeps(kwargs, sizes, counts)  # per tile of every image, at its request's keep
         method = self.vitrim_options.method
         attention = None if self.vitrim_taps is None else self.vitrim_taps.take_attention()
         cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
-        hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        if unpadded(self.vitrim_options):  # each tile among the tokens the unpadding leaves: vitrim.vlm's function
+            side = self.config.vision_config.image_size // self.config.vision_config.patch_size
+            cuts = [cut for m, count in zip(maps, counts, strict=True) for cut in tile_cuts(m, count, side)]
+            each = functools.partial(select_keeping_each, method)
+            hand_on = HandOn(method, lambda evidence, count: select_cut_tiles(evidence, cuts, keeps, each))
+        else:
+            hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
         selections, written = hand_on.run(
             features,
             values=features if projected is None else None,
@@ -189,3 +252,12 @@ class VitrimLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneration)
             out.append(rows[index.to(rows.device)[image.kept]])  # (kept, E) in packed order
             start += count
         return tuple(out)
+
+    def tile_keeps(self, kwargs: Mapping[str, object], sizes: list[tuple[int, int]], counts: list[int]) -> list[int]:
+        """Per tile of every image (image order), the tokens it keeps: what the processor wrote for the image's
+        request (:meth:`TrimmedLlavaNextProcessor.kept_per_item`), else the engine's :func:`tile_keeps`."""
+        asked = asked_keeps(kwargs, "image")
+        if asked is None:
+            return [k for (h, w) in sizes for k in tile_keeps(self.config, h, w, self.vitrim_options)]
+        width = len(asked) // len(sizes)  # most_tiles: each image's row
+        return [k for image, count in enumerate(counts) for k in asked[image * width : image * width + count]]

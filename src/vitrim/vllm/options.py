@@ -7,10 +7,10 @@ It comes from ``--hf-overrides`` (``LLM(hf_overrides=...)`` in Python), beside t
 
 ``method`` is a pre-LLM method of vitrim.vlm (on LLaVA-1.5 also a tower method: :mod:`vitrim.vllm.tower_stage`);
 ``keep`` an int (image tokens per image, and per temporal patch of a video) or a float in (0, 1] (a fraction of
-each), as in ``vitrim.vlm.apply``; every other key is an option of the method under its authors' name (``dominant``
-above). A video method (``evs``, ``vidcom2``, ``temporal_downsample``) takes no ``keep``: it decides each video's
-count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an architecture that serves videos
-(:data:`VIDEO_ARCHITECTURES`).
+each), as in ``vitrim.vlm.apply``; a family's own option as ``apply`` takes it (LLaVA-NeXT's ``"tiles":
+"unpadded"``); every other key is an option of the method under its authors' name (``dominant`` above). A video
+method (``evs``, ``vidcom2``, ``temporal_downsample``) takes no ``keep``: it decides each video's count from its grid
+(:data:`VIDEO_COUNTS`) and leaves images whole, on an architecture that serves videos (:data:`VIDEO_ARCHITECTURES`).
 
 Why this form: ``--hf-overrides`` is vLLM's own way to change a checkpoint's config, ``architectures`` is how vLLM
 picks the model class, and the options live in the config the engine hands every process, so the front end (which
@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 import vitrim.vlm  # noqa: F401  (registers every method)
 from vitrim.reduce import Reducer, get_reducer
 from vitrim.reduce.pitome import pitome_patches_left
 from vitrim.reduce.ppt import ppt_patches_left
-from vitrim.vlm.families import served_architectures
+from vitrim.vlm.families import checked_family_options, family_option_names, served_architectures, served_traits
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
 from vitrim.vlm.method.evs import evs_count
@@ -181,11 +181,13 @@ def served(name: str) -> bool:
 
 @dataclass(frozen=True)
 class TrimOptions:
-    """A validated ``vitrim`` entry: the method (options checked) and ``keep``."""
+    """A validated ``vitrim`` entry: the method (options checked), ``keep``, and the family's own options."""
 
     method: Method
     keep: KeepSpec | None  # None: a tower method that sets its own count (OWN_COUNTS), until its family fixes it
     question: str | None = None  # a request's question (``reads_question`` methods), None for the engine's own
+    # the served family's own options (FamilyTraits.options, LLaVA-NeXT's "tiles"), checked; the engine's, every request
+    family_options: Mapping[str, str] = field(default_factory=dict)
 
     def tokens(self, num_tokens: int) -> int:
         """Tokens kept of an image of ``num_tokens`` tokens; ``ValueError`` (one line) when ``keep`` exceeds them."""
@@ -249,7 +251,9 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
     options = dict(raw)
     name = options.pop("method", None)
     keep = options.pop("keep", None)
+    given = {option: options.pop(option) for option in sorted(family_option_names()) if option in options}
     try:
+        family_options = checked_family_options(served_traits(architecture), given)
         method = method_class(name)(**options)
         why = refused(method, architecture)
         if why is not None:
@@ -280,7 +284,7 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
             method.check_keep(spec.count)
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: {error}") from None
-    return TrimOptions(method=method, keep=spec)
+    return TrimOptions(method=method, keep=spec, family_options=family_options)
 
 
 REQUEST_EXAMPLE = '{"vitrim": {"keep": 32}}'

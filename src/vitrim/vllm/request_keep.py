@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 from vllm.multimodal.inputs import MultiModalFieldConfig
 
@@ -27,13 +28,15 @@ def keep_field(modality: str) -> str:
 
 
 def asked_keeps(kwargs: Mapping[str, object], modality: str) -> list[int] | None:
-    """Each ``modality`` item's kept tokens as the processor wrote them for its request (None: not written)."""
+    """Each ``modality`` item's kept tokens as the processor wrote them for its request, flattened (LLaVA-NeXT writes
+    one per tile of each image, :mod:`vitrim.vllm.llava_next`); None: not written."""
     asked = kwargs.get(keep_field(modality))
     if asked is None:
         return None
     if isinstance(asked, Tensor):
         return [int(k) for k in asked.flatten().tolist()]
-    return [int(k) for k in asked]  # type: ignore[attr-defined]  # a list of 0-d tensors
+    # a list of tensors, one per item (0-d; LLaVA-NeXT: one keep per tile), flattened in item order
+    return [int(k) for item in asked for k in torch.as_tensor(item).flatten().tolist()]  # type: ignore[attr-defined]
 
 
 class RequestKeep:

@@ -14,7 +14,13 @@ from typing import Any, Literal, TypeVar, overload
 from torch import Tensor, nn
 
 from vitrim.extras import require
-from vitrim.vlm.families import families_taking, families_with_video, find_family
+from vitrim.vlm.families import (
+    checked_family_options,
+    families_taking,
+    families_with_video,
+    family_option_names,
+    find_family,
+)
 from vitrim.vlm.method.base import Installation, Method, method_class
 from vitrim.vlm.stacking import STAGE_ORDER, STAGE_WORDS, Plan, Stack, refusal, stage_options
 
@@ -45,7 +51,10 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
 
     ``options``: ``keep=`` (int: image tokens per image; float in (0, 1]: a fraction of each image's tokens),
     ``layer=`` (in-LLM methods), and the method's own options under its authors' names (``vitrim.vlm.methods()``
-    lists the methods; each method's docstring its options and defaults). After ``apply`` the caller's
+    lists the methods; each method's docstring its options and defaults). A family's own option of the pre-LLM
+    stage comes beside them: LLaVA-NeXT's ``tiles=`` ("whole", the default: ``keep`` tokens selected per anyres tile
+    before the unpadding, the authors' convention; "unpadded": each tile selected among the tokens the unpadding
+    leaves, :mod:`vitrim.vlm.families.llava_next`). After ``apply`` the caller's
     ``model(**inputs)`` and ``model.generate(**inputs, ...)`` run unchanged; ``remove(model)`` restores the model.
 
     Methods of different stages stack: a second ``apply`` of another stage's method adds it, and the stack runs in
@@ -58,6 +67,9 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
     cls = method_class(method)
     generic = {name: options.pop(name) for name in ("keep", "layer") if name in options}
     family = find_family(model)
+    own = checked_family_options(
+        family.traits, {name: options.pop(name) for name in sorted(family_option_names()) if name in options}
+    )
     stages = family.traits.stages
     if cls.stage not in stages and cls.pre_llm_form is not None and "pre_llm" in stages:
         cls = cls.pre_llm_form  # the method's own form for this family (its authors' code there)
@@ -88,10 +100,16 @@ def apply(model: ModelT, method: str, **options: Any) -> ModelT:
             f"model already has {STAGE_WORDS[cls.stage]} method {plans[cls.stage].method.name!r} applied; one "
             "method per stage (tower → pre-LLM → in-LLM stack): call vitrim.vlm.remove(model) first"
         )
+    if own and cls.stage != "pre_llm":
+        name = next(iter(own))
+        raise ValueError(
+            f"{name}={own[name]!r} is how the pre-LLM stage selects {family.traits.title}'s images; {method!r} cuts at "
+            f"stage {cls.stage!r}"
+        )
     layer = generic.get("layer")
     if layer is not None and cls.stage != "in_llm":
         raise ValueError(f"layer={layer!r} is for in-LLM methods; {method!r} cuts at stage {cls.stage!r}")
-    plans[cls.stage] = Plan(instance, generic.get("keep"), layer)
+    plans[cls.stage] = Plan(instance, generic.get("keep"), layer, own)
     plans = {stage: plans[stage] for stage in STAGE_ORDER if stage in plans}
     why = refusal(family, plans)
     if why is not None:

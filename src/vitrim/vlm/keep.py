@@ -30,6 +30,16 @@ class KeepSpec:
             )
         return self.count
 
+    def tokens_within(self, num_tokens: int) -> int:
+        """Tokens to keep of a part of ``num_tokens`` tokens of what ``keep`` counts (a LLaVA-NeXT tile the unpadding
+        cuts, ``tiles="unpadded"``): a count capped at them, ``min(keep, num_tokens)``; a fraction of them, as
+        :meth:`tokens` takes it; none of an empty part."""
+        if num_tokens == 0:
+            return 0
+        if self.count is not None:
+            return min(self.count, num_tokens)
+        return self.tokens(num_tokens)
+
     def keeps_all(self, num_tokens: int) -> bool:
         return self.tokens(num_tokens) == num_tokens
 

@@ -33,7 +33,8 @@ then the stacked pre-LLM method among them), and hands an in-LLM method the pre-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,11 +52,13 @@ STAGE_WORDS = {"pre_llm": "pre-LLM", "in_llm": "in-LLM", "tower": "tower"}
 
 @dataclass(frozen=True)
 class Plan:
-    """One stage's method as the caller asked for it: the method, and ``keep=`` / ``layer=`` as given."""
+    """One stage's method as the caller asked for it: the method, ``keep=`` / ``layer=`` as given, and the family's
+    own options of that stage (checked: LLaVA-NeXT's ``tiles``)."""
 
     method: Method
     keep: object
     layer: int | None
+    family_options: Mapping[str, str] = field(default_factory=dict)
 
 
 def tower_to_grid(family: FamilyAdapter, method: Method) -> bool:
@@ -174,9 +177,9 @@ class Stack:
                 after = AfterTower(reduction, None if pre is None else pre.method, keep)
                 self.handoff = self._own(pre_llm.install(family, after, None))
             elif pre is not None:  # a stacked pre-LLM method on the refilled grid
-                self.handoff = self._own(pre_llm.install(family, pre.method, keep))
+                self.handoff = self._own(pre_llm.install(family, pre.method, keep, pre.family_options))
         elif pre is not None:
-            self.handoff = self._own(pre_llm.install(family, pre.method, keep))
+            self.handoff = self._own(pre_llm.install(family, pre.method, keep, pre.family_options))
         if pre is not None:
             self.parts["pre_llm"] = self.handoff
         if "in_llm" in plans:

@@ -10,6 +10,7 @@ Families are told apart by the model's class name (in its MRO, :attr:`FamilyTrai
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 
 from torch import nn
 
@@ -52,6 +53,29 @@ def served_architectures() -> dict[str, ServedArchitecture]:
     return {served.name: served for adapter in ADAPTERS for served in adapter.traits.served}
 
 
+def family_option_names() -> frozenset[str]:
+    """The names of every family's own options (:attr:`FamilyTraits.options`): what ``apply`` takes beside ``keep``."""
+    return frozenset(name for adapter in ADAPTERS for name in adapter.traits.options)
+
+
+def checked_family_options(traits: FamilyTraits, given: Mapping[str, object]) -> dict[str, str]:
+    """``given`` (family option name -> value) checked against the family of ``traits``; ``ValueError`` (one line)
+    naming the option where that family does not take it or its value is not one of the option's."""
+    for name, value in given.items():
+        values = traits.options.get(name)
+        if values is None:
+            takers = ", ".join(adapter.traits.title for adapter in ADAPTERS if name in adapter.traits.options)
+            raise ValueError(f"{name}={value!r:.80} is an option of {takers}; {traits.title} takes no {name!r}")
+        if not isinstance(value, str) or value not in values:
+            raise ValueError(f"{name}={value!r:.80}: expected one of {', '.join(map(repr, values))}")
+    return {name: str(value) for name, value in given.items()}
+
+
+def served_traits(architecture: str) -> FamilyTraits:
+    """The traits of the family vLLM serves with ``architecture`` (one of :func:`served_architectures`)."""
+    return next(adapter.traits for adapter in ADAPTERS for s in adapter.traits.served if s.name == architecture)
+
+
 def families_taking(stage: str) -> list[FamilyTraits]:
     """The traits of every family that takes ``stage`` (for error texts)."""
     return [adapter.traits for adapter in ADAPTERS if stage in adapter.traits.stages]
@@ -73,8 +97,11 @@ __all__ = [
     "FAMILIES",
     "FamilyAdapter",
     "FamilyTraits",
+    "checked_family_options",
     "families_taking",
     "families_with_video",
+    "family_option_names",
     "find_family",
     "served_architectures",
+    "served_traits",
 ]

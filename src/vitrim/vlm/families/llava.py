@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from vitrim.vlm.boxes import NO_VIEW, TokenBoxes, crop_axis, grid_boxes, resized_size, size_field
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import EncoderSeam, Reader, Taps
+from vitrim.vlm.stages.capture import EncoderSeam, HandOn, Reader, Taps
 from vitrim.vlm.stages.contract import FamilyAdapter, FamilyTraits, ServedArchitecture
 
 
@@ -78,7 +78,11 @@ class LlavaAdapter(FamilyAdapter):
                 f"vision_feature_layer={self.config.vision_feature_layer!r} and vision_feature_select_strategy="
                 f"{self.config.vision_feature_select_strategy!r} (expected an int layer and 'default')"
             )
-        return ProjectorSelection(self, stage).hooks()
+        return ProjectorSelection(self, stage, hand_on=self.hand_on_for(stage)).hooks()
+
+    def hand_on_for(self, stage: EncoderSeam) -> HandOn:
+        """What selects at the projector: the stage's own :class:`HandOn` (LLaVA-NeXT's unpadded tiles: its own)."""
+        return stage.hand_on
 
     # where its image tokens lie in the user's picture
 
@@ -116,11 +120,14 @@ class ProjectorSelection:
         stage: EncoderSeam,
         reader: Reader = read_cls_attention,
         projections: tuple[str, ...] = ("k_proj",),
+        hand_on: HandOn | None = None,
     ) -> None:
         """``reader``: the scoring layer's evidence from its input (CLIP's [CLS] row; a tower without [CLS] gives
         the attention each token receives), given the outputs of the layer's own ``projections`` (names of its
-        attention's submodules, in the reader's order: :class:`~vitrim.vlm.stages.capture.ScoringTap`)."""
+        attention's submodules, in the reader's order: :class:`~vitrim.vlm.stages.capture.ScoringTap`); ``hand_on``:
+        what selects and writes (None: the stage's own)."""
         self.adapter, self.stage = adapter, stage
+        self.hand_on = stage.hand_on if hand_on is None else hand_on
         scoring = adapter.scoring_layer()
         self.taps = Taps(
             stage.method,
@@ -161,7 +168,7 @@ class ProjectorSelection:
         self.features = features
         if self.stage.method.scores_projected:
             return None  # selected on the projector's output (after_projector)
-        selections, written = self.stage.hand_on.run(
+        selections, written = self.hand_on.run(
             features, values=features, project=lambda states: states, **self.captured()
         )
         self.report(selections)
@@ -169,7 +176,7 @@ class ProjectorSelection:
 
     def after_projector(self, module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
         if self.stage.method.scores_projected and self.features is not None:
-            selections, _ = self.stage.hand_on.run(self.features, projected=output, **self.captured())
+            selections, _ = self.hand_on.run(self.features, projected=output, **self.captured())
             self.report(selections)
         self.features = None
 

@@ -12,6 +12,18 @@ always stay; a token the unpadding removes is not in the LLM input, kept or not 
 target is unpadded away is lost with it, as in the authors' pipeline). ``keep`` as an int is therefore a count per
 tile (1 … N), as a float a fraction of each tile.
 
+Option ``tiles="unpadded"`` of ``vitrim.vlm.apply`` (default ``"whole"``, the authors' convention above) selects each
+tile among only the tokens the unpadding leaves in it, so an image's count is known from its size alone (what vLLM
+needs, :mod:`vitrim.vllm.llava_next`). The unpadding removes whole rows or columns of the packed grid, so what it
+leaves of a tile is a sub-rectangle of the tile's grid (:func:`tile_cuts`; the base tile is never unpadded): the
+tile's evidence is cut to that rectangle (every per-token field, ``grid`` the rectangle's:
+:func:`~vitrim.vlm.stages.capture.crop_tokens`), the method runs on it and keeps, of the n tokens there, an int
+``keep``'s ``min(keep, n)``, a float's ``max(1, round(keep · n))`` (:meth:`~vitrim.vlm.keep.KeepSpec.tokens_within`);
+a tile the unpadding removes entirely selects nothing. The kept indices go back to the tile's raster indices and from
+there to the packed order as above. VisionZip merges its contextual tokens within the rectangle. An image then hands
+the LLM ``Σ over its tiles of that keep + one newline per unpadded row`` tokens. A method that reads the prompt
+(CDPruner with ``theta`` > 0) selects among the image's packed tokens, not per tile, under either option.
+
 The packing is transformers' own: vitrim runs the model's ``pack_image_features`` on a tensor of token numbers to
 learn where each tile token lands. generate() encodes the images before its first forward without passing
 ``image_sizes`` to it, so the adapter wraps ``get_image_features`` on the instance (an instance attribute, removed
@@ -24,6 +36,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,13 +44,23 @@ from torch import Tensor, nn
 
 from vitrim.vlm.boxes import NO_VIEW, Affine, TokenBoxes, grid_boxes
 from vitrim.vlm.families.llava import LlavaAdapter
-from vitrim.vlm.method.base import ImageSelection
-from vitrim.vlm.stages.capture import EncoderSeam
+from vitrim.vlm.method.base import ImageSelection, VisionEvidence
+from vitrim.vlm.stages.capture import (
+    EncoderSeam,
+    HandOn,
+    crop_tokens,
+    images_of,
+    select_keeping_each,
+    uncropped,
+)
 from vitrim.vlm.stages.contract import FamilyTraits, Prefill, ServedArchitecture
 from vitrim.vlm.stages.inputs import prefill_input_ids
 from vitrim.vlm.stages.spans import ImageSpans, repeated_images, spans_from_mask
 
 NEWLINE = -1  # in a token map: the position holds the image_newline token
+# option tiles= of the pre-LLM stage: "whole" selects keep per tile before the unpadding (the authors' convention),
+# "unpadded" among the tokens the unpadding leaves in the tile (the module docstring)
+TILES = ("whole", "unpadded")
 
 
 class LlavaNextAdapter(LlavaAdapter):
@@ -47,6 +70,7 @@ class LlavaNextAdapter(LlavaAdapter):
         classes=("LlavaNextForConditionalGeneration",),
         title="LLaVA-NeXT (LlavaNextForConditionalGeneration)",
         stages=("pre_llm", "in_llm"),
+        options={"tiles": TILES},
         served=(
             ServedArchitecture(
                 "VitrimLlavaNextForConditionalGeneration",
@@ -147,6 +171,24 @@ class LlavaNextAdapter(LlavaAdapter):
         stage.keep_of(self.tile_tokens())  # keep counts per tile here: checked against a tile's tokens
         return [*super().select_hooks(stage), self.see_image_sizes()]
 
+    def hand_on_for(self, stage: EncoderSeam) -> HandOn:
+        """``tiles="unpadded"``: each tile selected among the tokens the unpadding leaves (:func:`select_cut_tiles`);
+        else, and for a method that selects at the LLM's input (it reads the prompt), the stage's own."""
+        method, keep = stage.method, stage.keep
+        if stage.family_options.get("tiles", TILES[0]) == "whole" or method.reads_instruction() or keep is None:
+            return stage.hand_on
+
+        def choose(evidence: VisionEvidence, count: int) -> list[ImageSelection]:
+            if self.image_sizes is None:
+                raise ValueError("vitrim.vlm needs the image_sizes of a LLaVA-NeXT prefill")
+            side = self.config.vision_config.image_size // self.config.vision_config.patch_size
+            maps, tiles = self.token_maps(self.image_sizes), self.tiles_of(self.image_sizes)
+            cuts = [cut for m, t in zip(maps, tiles, strict=True) for cut in tile_cuts(m, t, side)]
+            keeps = [keep.tokens_within(cut.count) for cut in cuts]
+            return select_cut_tiles(evidence, cuts, keeps, lambda part, each: select_keeping_each(method, part, each))
+
+        return HandOn(method, choose)
+
     def image_tokens(
         self, prefill: Prefill, selections: list[ImageSelection]
     ) -> tuple[list[ImageSelection], list[int]]:
@@ -172,6 +214,93 @@ class LlavaNextAdapter(LlavaAdapter):
         from ``inputs["image_sizes"]`` through :meth:`token_maps`."""
         maps = self.token_maps(torch.as_tensor(inputs["image_sizes"]))
         return [llava_next_boxes(image_processor, self.config, m, s) for m, s in zip(maps, sizes, strict=True)]
+
+
+@dataclass(frozen=True)
+class TileCut:
+    """What the unpadding leaves of one tile's ``side`` × ``side`` token grid: rows ``top`` … ``bottom`` − 1 and
+    columns ``left`` … ``right`` − 1 (a tile it removes entirely: an empty rectangle)."""
+
+    top: int
+    bottom: int
+    left: int
+    right: int
+    side: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(rows, columns) of the rectangle."""
+        return self.bottom - self.top, self.right - self.left
+
+    @property
+    def count(self) -> int:
+        """Tokens in the rectangle (0 for a tile removed entirely)."""
+        rows, columns = self.grid
+        return rows * columns
+
+    def whole(self) -> bool:
+        return self.count == self.side * self.side
+
+    def positions(self) -> Tensor:
+        """(count,) long: the rectangle's tokens as raster indices of the tile, in raster order."""
+        rows = torch.arange(self.top, self.bottom)[:, None] * self.side
+        return (rows + torch.arange(self.left, self.right)[None]).flatten()
+
+
+def tile_cuts(token_map: Tensor, tiles: int, side: int) -> list[TileCut]:
+    """Per tile of one image (the base tile first), what the unpadding leaves of it, read from the image's
+    ``token_map`` (T,) (``tile · side² + token`` or NEWLINE: :meth:`LlavaNextAdapter.token_maps`, vLLM's
+    ``packed_token_map``). The unpadding crops whole rows or columns of the packed grid, so each tile keeps a
+    rectangle; ``ValueError`` where a map says otherwise."""
+    tokens = side * side
+    shown = token_map[token_map != NEWLINE]
+    cuts = []
+    for tile in range(tiles):
+        local = shown[shown // tokens == tile] % tokens
+        if not len(local):
+            cuts.append(TileCut(0, 0, 0, 0, side))
+            continue
+        rows, columns = local // side, local % side
+        cut = TileCut(int(rows.min()), int(rows.max()) + 1, int(columns.min()), int(columns.max()) + 1, side)
+        if cut.count != len(local):
+            raise ValueError(f"the unpadding leaves {len(local)} tokens of tile {tile}, not a rectangle of its grid")
+        cuts.append(cut)
+    return cuts
+
+
+def select_cut_tiles(
+    evidence: VisionEvidence,
+    cuts: list[TileCut],
+    keeps: list[int],
+    choose: Callable[[VisionEvidence, list[int]], list[ImageSelection]],
+) -> list[ImageSelection]:
+    """Each of the t tiles of ``evidence`` (t tiles of side² tokens) selected among the tokens of its ``cuts``
+    rectangle only, keeping ``keeps[i]`` of them (0 for an empty rectangle: nothing), in the tile's raster indices.
+
+    choose: ``(evidence of some tiles, their keeps) -> their selections`` (an engine's ``select_keeping_each``);
+    it runs once per rectangle shape on the tiles cut alike (:func:`~vitrim.vlm.stages.capture.crop_tokens`; every
+    method selects each image alone, so this is what each tile would select alone), the whole tiles uncut.
+    """
+    device = evidence.features.device
+    chosen: dict[int, ImageSelection] = {}
+    shapes: dict[tuple[int, int, int, int], list[int]] = {}
+    for tile, cut in enumerate(cuts):
+        if cut.count == 0:
+            empty = torch.zeros(0, dtype=torch.long, device=device)
+            chosen[tile] = ImageSelection(kept=empty, groups=())
+        else:
+            shapes.setdefault((cut.top, cut.bottom, cut.left, cut.right), []).append(tile)
+    for members in shapes.values():
+        cut = cuts[members[0]]
+        rows = torch.tensor(members, device=device)
+        part = images_of(evidence, rows)
+        positions = cut.positions().to(device)
+        if not cut.whole():
+            part = crop_tokens(part, positions, cut.grid)
+        picked = choose(part, [keeps[tile] for tile in members])
+        for tile, selection in zip(members, picked, strict=True):
+            chosen[tile] = selection if cut.whole() else uncropped(selection, positions)
+    return [chosen[tile] for tile in range(len(cuts))]
 
 
 def tiles_to_image(tiles: list[ImageSelection], token_map: Tensor, tokens: int) -> ImageSelection:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from vitrim.vlm.evidence.merged_tokens import ImageEvidence
 from vitrim.vlm.evidence.seeds import image_seeds
+from vitrim.vlm.keep import KeepSpec
 from vitrim.vlm.method.base import ImageSelection, Selector, VisionEvidence
 
 # A reader: (the scoring attention module, its forward's args, kwargs[, its q/k projections' outputs]) -> the
@@ -147,8 +148,10 @@ class Taps:
 class EncoderSeam(Protocol):
     """What the pre-LLM stage hands a family's ``select_hooks`` (``vitrim.vlm.stages.pre_llm.PreLLMStage`` is one):
     the selector whose flags say what to tap, the :class:`HandOn` to run where the tokens are made, the list its
-    :class:`Taps` join (a stopwatch times their evidence), ``keep_of`` (tokens an image of N keeps) and ``selected``
-    (every encoded image's selection, reported once per tower run)."""
+    :class:`Taps` join (a stopwatch times their evidence), ``keep_of`` (tokens an image of N keeps), ``keep`` (the
+    ``keep=`` it resolves; None where the selector decides), ``family_options`` (the family's own options given to
+    ``apply``, e.g. LLaVA-NeXT's ``tiles``) and ``selected`` (every encoded image's selection, reported once per
+    tower run)."""
 
     @property
     def method(self) -> Selector: ...
@@ -160,6 +163,12 @@ class EncoderSeam(Protocol):
     def taps(self) -> list[Taps]: ...
 
     def keep_of(self, num_tokens: int) -> int: ...
+
+    @property
+    def keep(self) -> KeepSpec | None: ...
+
+    @property
+    def family_options(self) -> Mapping[str, str]: ...
 
     def selected(self, selections: list[ImageSelection]) -> None: ...
 
@@ -348,12 +357,49 @@ def select_keeping_each(selector: Selector, evidence: VisionEvidence, keeps: lis
 
 def one_image(evidence: VisionEvidence, image: int) -> VisionEvidence:
     """The evidence of image ``image`` alone (I = 1): its rows of every tensor field."""
+    return images_of(evidence, torch.tensor([image]))
+
+
+def images_of(evidence: VisionEvidence, images: Tensor) -> VisionEvidence:
+    """The evidence of the images ``images`` (r,) long, in that order: their rows of every tensor field."""
     rows: dict[str, Any] = {
-        field.name: value[image : image + 1]
+        field.name: value.index_select(0, images.to(value.device))
         for field in dataclasses.fields(evidence)
         if isinstance(value := getattr(evidence, field.name), Tensor)
     }
     return dataclasses.replace(evidence, **rows)
+
+
+# the axis of each VisionEvidence field that runs over an image's N tokens (crop_tokens cuts it); the fields of
+# WHOLE_IMAGE_FIELDS say something about the whole image (its seed, its prompt, its [CLS]) and stay as they are
+TOKEN_AXES = {"features": 1, "cls_attention": 2, "keys": 2, "projected": 1, "object_attention": 2, "query_attention": 2}
+WHOLE_IMAGE_FIELDS = frozenset({"seeds", "instruction", "cls_feature", "question"})
+
+
+def crop_tokens(evidence: VisionEvidence, positions: Tensor, grid: tuple[int, int]) -> VisionEvidence:
+    """The evidence of the same I images restricted to the tokens at ``positions`` (n,) long, sorted raster indices
+    of a ``grid`` = (rows, columns) block of each image's grid (rows · columns = n): every per-token field cut along
+    its token axis (:data:`TOKEN_AXES`), ``grid`` the block's, the rest as it was. A method run on it selects among
+    those n tokens, in their raster order (index ``j`` is token ``positions[j]``); ``frame_states`` (a video's
+    frames, not one image's tokens) cannot be cut."""
+    if evidence.frame_states is not None:
+        raise ValueError("vitrim.vlm cannot cut a video's frame_states to a block of its tokens")
+    cut: dict[str, Any] = {"grid": grid}
+    for name, axis in TOKEN_AXES.items():
+        value = getattr(evidence, name)
+        if value is not None:
+            cut[name] = value.index_select(axis, positions.to(value.device))
+    return dataclasses.replace(evidence, **cut)
+
+
+def uncropped(selection: ImageSelection, positions: Tensor) -> ImageSelection:
+    """A selection made on :func:`crop_tokens`' evidence, in the uncut image's raster indices (``positions``: the
+    same (n,) sorted indices; the map keeps raster order, so ``kept`` stays sorted and ``merged``, ``order`` and
+    ``cls`` stay as they are)."""
+    index = positions.to(selection.kept.device)
+    return dataclasses.replace(
+        selection, kept=index[selection.kept], groups=tuple(index[group.to(index.device)] for group in selection.groups)
+    )
 
 
 def write_merged(

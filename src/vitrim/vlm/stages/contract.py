@@ -9,7 +9,7 @@ tables, no attribute probing. Every stage types a family as :class:`FamilyAdapte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -83,6 +83,8 @@ class FamilyTraits:
     tower_refused: why the tower stage is not offered, for ``apply``'s refusal (None: no reason beyond ``stages``)
     served: the vLLM architectures vitrim's plugin serves this family with (none: not served)
     video: whether vitrim.vlm reduces this family's videos (a video method, ``reads_time``, is refused elsewhere)
+    options: the family's own options of the pre-LLM stage, name -> the values it takes, the default first
+    (LLaVA-NeXT's ``tiles``); ``apply`` and vLLM's ``vitrim`` entry take them beside ``keep``
     """
 
     classes: tuple[str, ...]
@@ -92,6 +94,7 @@ class FamilyTraits:
     tower_refused: str | None = None
     served: tuple[ServedArchitecture, ...] = ()
     video: bool = False  # its pre-LLM stage reduces videos (each temporal patch's tokens, or a video method's pick)
+    options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class FamilyAdapter:

@@ -26,7 +26,7 @@ tokens, nothing is changed (bit for bit the unmodified model).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -59,8 +59,15 @@ class PreLLMStage:
     method left, ``vitrim.vlm.stacking``).
     """
 
-    def __init__(self, family: FamilyAdapter, method: Selector, keep: KeepSpec | None) -> None:
+    def __init__(
+        self,
+        family: FamilyAdapter,
+        method: Selector,
+        keep: KeepSpec | None,
+        family_options: Mapping[str, str] | None = None,
+    ) -> None:
         self.family, self.method, self.keep = family, method, keep
+        self.family_options: Mapping[str, str] = dict(family_options or {})  # checked by apply (FamilyTraits)
         self.hand_on = HandOn(method, self.select)
         self.taps: list[Taps] = []  # what the family's seams tap for this stage (a stopwatch times their evidence)
         self.encoded: list[ImageSelection] | None = None  # the last encoder run's, one per encoded image
@@ -328,10 +335,12 @@ class PreLLMStage:
         self.family.remove_extras()
 
 
-def install(family: FamilyAdapter, method: Selector, keep: KeepSpec | None) -> PreLLMStage:
+def install(
+    family: FamilyAdapter, method: Selector, keep: KeepSpec | None, family_options: Mapping[str, str] | None = None
+) -> PreLLMStage:
     """Install the pre-LLM ``method`` on ``family``: ``keep`` image tokens per image enter its LLM (None: the
-    selector decides, ``vitrim.vlm.stacking``)."""
-    return PreLLMStage(family, method, keep)
+    selector decides, ``vitrim.vlm.stacking``), selected under the family's own ``family_options`` (checked)."""
+    return PreLLMStage(family, method, keep, family_options)
 
 
 def questions(texts: Any) -> list[str]:
