@@ -59,8 +59,8 @@ SERVED_WITH: dict[str, tuple[str, Any, str]] = {
     "flashvid": (
         "exact_count",
         True,
-        "rounds each temporal patch's clusters up by the video's content (t·B tokens or up to F − 1 more per segment "
-        "of F temporal patches), and vLLM writes a prompt's placeholders before the tower runs; pass "
+        "rounds each temporal patch's clusters up by the video's content (t·B tokens or more, at most one more per "
+        "temporal patch), and vLLM writes a prompt's placeholders before the tower runs; pass "
         '"exact_count": true (each segment\'s clusters shared by largest remainder: exactly t·B per video)',
     ),
 }

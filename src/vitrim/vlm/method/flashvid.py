@@ -27,14 +27,16 @@ Over one video's merged embeddings x (t temporal patches of P tokens, (t, P, E))
 5. **Spatial merging**: the roots left per temporal patch, n_τ of them, are clustered (DPC-kNN,
    :mod:`~vitrim.vlm.method.density_peaks`, k = min(clusters, 7)) into ⌈n_τ·r⌉ clusters, r = C·F / Σ n_τ (none
    when r ≥ 1): each root goes to its nearest peak (‖·‖ / √E), and a cluster's token is the plain mean of its roots'
-   values, in the peak's slot. The ceilings add up to C·F or up to F − 1 more (Σ n_τ ≥ C·F: TSTM leaves at least
-   B·F roots), so a video keeps t·B tokens or more, by its content. ``exact_count=True`` (vitrim's option, off by
-   default) shares the segment's C·F among its temporal patches by largest remainder instead
-   (:func:`cluster_counts`): from the ceilings, one is taken back from each of the temporal patches whose quota
-   n_τ·C·F / Σ n_τ lies furthest below its ceiling (ties: the later temporal patch first), until the segment holds
-   exactly C·F; a temporal patch may get 0 clusters, and its roots (with their trees) are then dropped. Every video
-   then keeps exactly t·B tokens (t·A where nothing merges), a count its grid fixes: what vLLM serving needs, which
-   writes a prompt's placeholders before the tower runs (docs/video.md).
+   values, in the peak's slot. The ceilings add up to C·F or more, at most one more per temporal patch (F − 1 per
+   segment in exact arithmetic; their float product n_τ·r can also lie just above a whole quota and round up;
+   Σ n_τ ≥ C·F: TSTM leaves at least B·F roots), so a video keeps t·B tokens or more, by its content.
+   ``exact_count=True`` (vitrim's option, off by default) shares the segment's C·F among its temporal patches by
+   largest remainder instead (:func:`cluster_counts`, integers throughout): from the ceilings, one is taken back
+   from each of the temporal patches whose quota n_τ·C·F / Σ n_τ lies furthest below its ceiling (ties: the later
+   temporal patch first), until the segment holds exactly C·F; a temporal patch may get 0 clusters, and its roots
+   (with their trees) are then dropped. Every video then keeps exactly t·B tokens (t·A where nothing merges), a
+   count its grid fixes: what vLLM serving needs, which writes a prompt's placeholders before the tower runs
+   (docs/video.md).
 
 The kept tokens are the ADTS picks (their own embeddings) and the cluster peaks (merged, after the merger:
 :attr:`ImageSelection.projected`), each at its own position (the authors index ``position_ids`` with them; vitrim's
@@ -390,7 +392,7 @@ class FlashVIDSelection(VideoMethod):
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
         """One video of ``model``'s t temporal patches of P tokens (``keep`` is not read): t·B stay, B = A + C the
         budget (module docstring, 2; t·A where nothing is merged): exactly with ``exact_count``, else a lower bound
-        (each segment of F temporal patches may keep up to F − 1 more, where its cluster counts round up).
+        (at most one more per temporal patch, where its cluster count rounds up).
         Its own work: the received attention at the tower's last block (its queries and keys, each patch against
         its temporal patch's), then per temporal patch the pairwise cosines of its P tokens for ADTS, with the
         temporal patch before for TSTM (t − 1 of them), and the DPC distances of the roots left (at most P: an upper
