@@ -52,6 +52,9 @@ REFUSALS: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("llava", LLAVA, {"method": "tome", "keep": 6, "to_grid": True}, "vitrim: to_grid=True is not served here"),
     ("qwen", QWEN, {"method": "fastvid"}, "vitrim: method 'fastvid' keeps a count that depends on the video's "
      "content, and vLLM writes a prompt's placeholders before the tower runs"),
+    ("qwen3", QWEN3, {"method": "flashvid"}, "vitrim: method 'flashvid' with exact_count=False rounds each temporal "
+     "patch's clusters up by the video's content (t·B tokens or more, at most one more per temporal patch), "
+     "and vLLM writes a prompt's placeholders before the tower runs; pass \"exact_count\": true"),
     ("llava", LLAVA, {"method": "evs"}, f"vitrim: method 'evs' reduces videos, and {LLAVA} serves images only"),
     ("qwen3", QWEN3, {"method": "vidcom2", "keep": 4}, "vitrim: method 'vidcom2' decides each video's count itself"),
     ("qwen", QWEN, {"method": "evs", "keep": 4}, "vitrim: method 'evs' decides each video's count itself; drop 'keep'"),

@@ -151,7 +151,7 @@ def test_a_bad_override_is_one_line_naming_the_value(vitrim: Any, model_type: st
 
 
 def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_only() -> None:
-    assert set(video_methods()) == {"evs", "vidcom2", "temporal_downsample"}
+    assert set(video_methods()) == {"evs", "vidcom2", "temporal_downsample", "flashvid"}
     rate = {"video_pruning_rate": 0.5}
     # a video of 4 temporal patches of 6 tokens: each method's count, by hand
     assert trim_options(config({"method": "evs", **rate}, "qwen2_5_vl"), QWEN2_5).video_tokens(4, 6) == 12
@@ -161,6 +161,13 @@ def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_o
     assert downsample.video_tokens(3, 6) == 12 and downsample.tokens(24) == 24  # images stay whole
     per_patch = trim_options(config({"method": "visionzip", "keep": 3}, "qwen2_5_vl"), QWEN2_5)
     assert per_patch.video_tokens(4, 6) == 12 and per_patch.tokens(24) == 3
+    # flashvid with exact_count keeps t·B, B = ⌈P·r·1.25⌉ of which A = ⌈B·0.7⌉ picked: P = 6, r = 0.5: B = 4, so 16;
+    # at the default r = 0.25: B = A = 2 (nothing merges), 8; no merging (temporal_threshold 1): t·A = 4·3 = 12
+    flashvid = {"method": "flashvid", "exact_count": True}
+    assert trim_options(config(flashvid | {"retention_ratio": 0.5}, "qwen3_vl"), QWEN3).video_tokens(4, 6) == 16
+    assert trim_options(config(flashvid, "qwen2_5_vl"), QWEN2_5).video_tokens(4, 6) == 8
+    still = flashvid | {"retention_ratio": 0.5, "temporal_threshold": 1.0}
+    assert trim_options(config(still, "qwen2_5_vl"), QWEN2_5).video_tokens(4, 6) == 12
     with pytest.raises(ValueError, match=r"^vitrim: keep=7 is more than the image's 6 tokens; expected 1 … 6 \("):
         trim_options(config({"method": "random", "keep": 7}, "qwen2_5_vl"), QWEN2_5).video_tokens(2, 6)
 
@@ -172,6 +179,19 @@ def test_the_video_methods_whose_count_the_grid_fixes_are_served_on_qwen2_5_vl_o
         ({"method": "vidcom2", "keep": 8}, "qwen3_vl", QWEN3, "vitrim: method 'vidcom2' decides each video's count"),
         ({"method": "evs", "keep": 8}, "qwen2_5_vl", QWEN2_5, "vitrim: method 'evs' decides each video's count"),
         ({"method": "fastvid"}, "qwen2_5_vl", QWEN2_5, "vitrim: method 'fastvid' keeps a count that depends on"),
+        ({"method": "flashvid"}, "qwen3_vl", QWEN3, "vitrim: method 'flashvid' with exact_count=False rounds each "),
+        (
+            {"method": "flashvid", "exact_count": "yes"},
+            "qwen2_5_vl",
+            QWEN2_5,
+            "vitrim: exact_count='yes' for vlm method 'flashvid' must be True or False",
+        ),
+        (
+            {"method": "flashvid", "exact_count": True, "keep": 4},
+            "qwen2_5_vl",
+            QWEN2_5,
+            "vitrim: method 'flashvid' decides each video's count itself; drop 'keep'",
+        ),
         ({"method": "evs", "video_pruning_rate": 1.0}, "qwen2_5_vl", QWEN2_5, "video_pruning_rate=1.0 must be"),
     ],
 )

@@ -12,9 +12,11 @@ Per method, one engine, three requests run together and each alone:
 Each request: greedy tokens together = alone = transformers + vitrim.vlm (its positions as they are); each image's
 and video's kept indices = ``vitrim.vlm.last_selection``'s (by the content seed of its pixels); the prompt shorter
 than the unpruned one by exactly the dropped tokens. Image methods (``visionzip`` merges, ``divprune``, ``random``)
-run per temporal patch, ``keep`` of each; video methods (``evs``, ``vidcom2``, ``temporal_downsample``) over the
-whole video, images whole. The text after each video is long enough that the prompt's last token holds its largest
-position (vLLM decodes from the largest + 1, transformers' ``generate()`` from the last + 1).
+run per temporal patch, ``keep`` of each; video methods (``evs``, ``vidcom2``, ``temporal_downsample``, ``flashvid``
+with ``exact_count``: it merges, its count the grid's t·B) over the whole video, images whole. Beside them, on
+transformers, flashvid's authors' rounding keeps more of some clips than the served t·B. The text after each video
+is long enough that the prompt's last token holds its largest position (vLLM decodes from the largest + 1,
+transformers' ``generate()`` from the last + 1).
 
 Then: vLLM's own video pruning beside a vitrim method stops the engine at start in one line; and ``vllm serve`` with
 vitrim's ``evs`` answers a chat request whose video is sent as ``video_url`` (``data:video/jpeg;base64,`` frames,
@@ -58,7 +60,13 @@ METHODS = {  # vitrim options: the image methods keep 3 of each temporal patch's
     "evs": {"video_pruning_rate": 0.5},
     "vidcom2": {"video_pruning_rate": 0.5},
     "temporal_downsample": {"stride": 2},
+    # B = ⌈6·0.5·1.25⌉ = 4 of each temporal patch's 6, A = 2 picked, C = 2 merged; one segment per clip, where the
+    # authors' rounding keeps more of a clip or two (test below), which exact_count's largest remainder takes back.
+    # (B = 5 raises TSTM's threshold on "mixed", whose two temporal patches are the same pixels: its cosines all 1 up
+    # to rounding, which tokens join then turns on the last bit, and vLLM's tower differs from transformers' there)
+    "flashvid": {"exact_count": True, "retention_ratio": 0.5, "alpha": 0.4, "do_segment": False},
 }
+VIDEO_METHODS = ("evs", "vidcom2", "temporal_downsample", "flashvid")  # over the whole video, images whole
 VIDEO_LIMITS = {"limit_mm_per_prompt": {"image": 1, "video": 1}}
 
 
@@ -95,6 +103,9 @@ def requests(work: Path, family: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def reference(work: Path, folder: Path, family: str, requests: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per method of :data:`METHODS`, transformers + vitrim.vlm's results; under "flashvid_authors", flashvid's with
+    the authors' rounding (``exact_count=False``, which vLLM cannot serve)."""
+    runs = [*METHODS.items(), ("flashvid", METHODS["flashvid"] | {"exact_count": False})]
     specs = [
         {
             "folder": str(folder),
@@ -105,9 +116,9 @@ def reference(work: Path, folder: Path, family: str, requests: list[dict[str, An
             "max_tokens": MAX_TOKENS,
             "requests": requests,
         }
-        for method, options in METHODS.items()
+        for method, options in runs
     ]
-    return dict(zip(METHODS, transformers_reference(specs, work), strict=True))
+    return dict(zip([*METHODS, "flashvid_authors"], transformers_reference(specs, work), strict=True))
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -129,12 +140,28 @@ def test_a_served_video_keeps_what_vitrim_vlm_keeps_and_generates_what_transform
         dropped = 0
         for (seed, full), kept, kind in zip(media_of(expected), expected["kept"], expected["media"], strict=True):
             assert recorded[seed] == kept, (request["prompt"], kind)
-            if kind == "image" and method in ("evs", "vidcom2", "temporal_downsample"):
+            if kind == "image" and method in VIDEO_METHODS:
                 assert kept == list(range(full))  # a video method leaves images whole
             dropped += full - len(kept)
         assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped, request["prompt"]
         pruned += dropped
     assert pruned > 0
+
+
+def test_served_flashvid_keeps_t_times_b_where_the_authors_rounding_keeps_more(
+    reference: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The served ``flashvid`` (``exact_count``) keeps t·4 of each clip, what the engine test above checks against
+    transformers; ``exact_count=False`` (the authors' rounding, which vLLM cannot serve) keeps at least as many of
+    each clip on transformers, and more of some: the largest remainder took tokens back."""
+    taken_back = 0
+    for exact, theirs in zip(reference["flashvid"], reference["flashvid_authors"], strict=True):
+        videos = [kept for kind, kept in zip(exact["media"], exact["kept"], strict=True) if kind == "video"]
+        their_videos = [kept for kind, kept in zip(theirs["media"], theirs["kept"], strict=True) if kind == "video"]
+        for kept, their_kept, (t, _, _) in zip(videos, their_videos, exact["video_grids"], strict=True):
+            assert len(kept) == t * 4 <= len(their_kept)
+            taken_back += len(their_kept) - len(kept)
+    assert taken_back > 0
 
 
 def test_vllms_own_video_pruning_beside_a_vitrim_method_stops_the_engine_at_start(folder: Path, family: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from tiny_vlms.qwen_video import (
     media_tokens,
     video_batch,
 )
-from vitrim.vlm.method.flashvid import FlashVIDOptions, flashvid_select
+from vitrim.vlm.method.flashvid import FlashVIDOptions, FlashVIDSelection, cluster_counts, flashvid_select
 
 AUTHORS = dict(  # their Qwen2.5-VL script's, with their flashvid() default retention_ratio
     retention_ratio=0.25,
@@ -134,10 +135,27 @@ def authors_dpc_knn(x: torch.Tensor, clusters: int, k: int) -> tuple[torch.Tenso
     return assigned, centres
 
 
-def authors_flashvid(video: torch.Tensor, attn: torch.Tensor, o: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def hamilton(sizes: list[int], seats: int) -> list[int]:
+    """``seats`` shared among parties of ``sizes`` by Hamilton's largest remainder, in exact fractions: each party
+    its quota's floor, then one more to the largest fractional parts (ties: the earlier party) until all are given.
+    The same counts as vitrim's ``exact_count`` rule (the ceilings, less one from the quotas furthest below theirs,
+    the later first), written the other way round."""
+    quotas = [Fraction(size * seats, sum(sizes)) for size in sizes]
+    given = [math.floor(quota) for quota in quotas]
+    order = sorted(range(len(sizes)), key=lambda party: (-(quotas[party] - given[party]), party))
+    for party in order[: seats - sum(given)]:
+        given[party] += 1
+    return given
+
+
+def authors_flashvid(
+    video: torch.Tensor, attn: torch.Tensor, o: dict, exact: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Their ``flashvid_compression`` on one video (t, P, E) with its attention (t, P): (kept indices sorted, the
     embeddings the LLM gets there). One change, vitrim's stated difference: a one-temporal-patch segment clusters
-    the tokens not selected (theirs: all P, ``segment_features[0]``)."""
+    the tokens not selected (theirs: all P, ``segment_features[0]``). ``exact``: vitrim's ``exact_count``, each
+    segment's clusters per temporal patch by :func:`hamilton` instead of their ceilings (a temporal patch given none
+    drops its roots)."""
     t, p, e = video.shape
     video = video.clone()
     lengths = authors_segments(video.mean(1), o) if o["do_segment"] else torch.tensor([t])  # their code passes a view
@@ -162,8 +180,11 @@ def authors_flashvid(video: torch.Tensor, attn: torch.Tensor, o: dict) -> tuple[
             else:  # vitrim's change: their code takes seg[0] and seg_index[0] whole here
                 merged, merged_index = [seg[0][mask[0]]], [seg_index[0][mask[0]]]
             ratio = others / sum(len(m) for m in merged)
-            for values, where in zip(merged, merged_index, strict=True):
-                clusters = math.ceil(len(values) * ratio)
+            shares = hamilton([len(m) for m in merged], others) if exact else None
+            for frame, (values, where) in enumerate(zip(merged, merged_index, strict=True)):
+                clusters = math.ceil(len(values) * ratio) if shares is None else shares[frame]
+                if shares is not None and clusters == 0:
+                    continue
                 if clusters > 0 and ratio < 1.0:
                     assigned, centres = authors_dpc_knn(values.unsqueeze(0), clusters, min(clusters, 7))
                     one_hot = F.one_hot(assigned[0], num_classes=clusters).to(values.dtype)
@@ -280,6 +301,97 @@ def test_where_the_authors_code_fails_flashvid_runs() -> None:
     assert set(picks.tolist()) <= set(alone.kept.tolist())
 
 
+# --- exact_count: each segment's clusters shared by largest remainder (vitrim's option, what vLLM serving needs) ---
+
+
+def test_the_largest_remainder_by_hand() -> None:
+    # 3 temporal patches of 3 roots, 4 clusters: quotas 4/3 each, ceilings 2 + 2 + 2 = 6, two too many, all equally
+    # far below theirs: the later temporal patches give one back
+    assert cluster_counts([3, 3, 3], 4, exact=True) == [2, 1, 1]
+    assert cluster_counts([3, 3, 3], 4, exact=False) == [2, 2, 2]
+    # quotas 2.5 and 0.5 of 3: ceilings 3 + 1, equally far below: the second gives its one back (its root dropped)
+    assert cluster_counts([5, 1], 3, exact=True) == [3, 0]
+    # quotas 4.2 and 1.8 of 6: ceilings 5 + 2, the first furthest below its ceiling (0.8 against 0.2)
+    assert cluster_counts([7, 3], 6, exact=True) == [4, 2]
+    assert cluster_counts([4, 2], 3, exact=True) == [2, 1]  # whole quotas: nothing to take back
+    assert hamilton([3, 3, 3], 4) == [2, 1, 1] and hamilton([5, 1], 3) == [3, 0] and hamilton([7, 3], 6) == [4, 2]
+
+
+def budget(t: int, p: int, options: dict) -> int:
+    """t·B, or t·A where nothing merges: what ``exact_count`` keeps of a video of t temporal patches of P tokens."""
+    chosen, context = FlashVIDOptions(**options).budgets(p)
+    return t * (chosen + context if context > 0 and options["temporal_threshold"] < 1.0 else chosen)
+
+
+@pytest.mark.parametrize("seed, t, p, e, cuts, noise, options", CASES)
+def test_exact_count_equals_the_authors_steps_with_the_largest_remainder(seed, t, p, e, cuts, noise, options) -> None:
+    video = scenes(seed, t, p, e, cuts, noise)
+    attn = torch.rand(t, p, generator=torch.Generator().manual_seed(100 + seed), dtype=torch.float64)
+    merged = AUTHORS | options
+    selection = vitrim_flashvid(video, attn, merged | {"exact_count": True})
+    theirs_kept, theirs_values = authors_flashvid(video, attn, merged, exact=True)
+    assert torch.equal(selection.kept, theirs_kept)
+    torch.testing.assert_close(selection.merged, theirs_values, rtol=0, atol=1e-12)
+    assert len(selection.kept) == budget(t, p, merged)
+
+
+def random_video(seed: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A video (t, P, 8) of scenes, its attention (t, P) and options over the authors', all drawn from ``seed``."""
+    generator = torch.Generator().manual_seed(1000 + seed)
+
+    def uniform(low: float, high: float) -> float:
+        return float(torch.empty(1).uniform_(low, high, generator=generator))
+
+    t, p = int(torch.randint(1, 13, (1,), generator=generator)), int(torch.randint(6, 30, (1,), generator=generator))
+    options = AUTHORS | {
+        "retention_ratio": uniform(0.05, 0.7),
+        "alpha": uniform(0.1, 1.0),
+        "token_selection_method": ["attn_div", "attn_div_v2", "attn", "div"][seed % 4],
+        "temporal_threshold": uniform(0.3, 0.99),
+        "segment_threshold": uniform(0.3, 0.99),
+        "min_segment_num": int(torch.randint(1, t + 1, (1,), generator=generator)),
+    }
+    video = scenes(seed, t, p, 8, int(torch.randint(0, 4, (1,), generator=generator)), uniform(0.05, 0.5))
+    return video, torch.rand(t, p, generator=generator, dtype=torch.float64), options
+
+
+SWEEP = 40  # random videos
+
+
+def test_exact_count_keeps_t_times_b_on_every_random_video_where_the_authors_rounding_keeps_more() -> None:
+    """On :data:`SWEEP` random videos: ``exact_count`` keeps exactly t·B and equals the largest-remainder reference;
+    the authors' rounding keeps at least t·B, more on many of them (their ceilings), by at most t."""
+    over = []
+    for seed in range(SWEEP):
+        video, attn, options = random_video(seed)
+        t, p, _ = video.shape
+        exact = vitrim_flashvid(video, attn, options | {"exact_count": True})
+        theirs_kept, theirs_values = authors_flashvid(video, attn, options, exact=True)
+        assert torch.equal(exact.kept, theirs_kept), seed
+        torch.testing.assert_close(exact.merged, theirs_values, rtol=0, atol=1e-12)
+        assert len(exact.kept) == budget(t, p, options), seed
+        authors = len(vitrim_flashvid(video, attn, options).kept)
+        assert budget(t, p, options) <= authors <= budget(t, p, options) + t, seed  # at most one more per patch
+        over.append(authors - len(exact.kept))
+    assert sum(extra > 0 for extra in over) >= SWEEP // 4, over  # the rounding correction really runs
+    assert max(over) >= 2, over
+
+
+def test_the_cost_of_exact_count_is_the_count_it_keeps() -> None:
+    """``cost`` counts t·B: with ``exact_count`` the tokens a clip of Qwen2.5-VL-7B's 16 × 16 tokens per temporal
+    patch keeps, on a video of scenes of that size."""
+    from vitrim.vlm.flops import QWEN25_VL_7B
+    from vitrim.vlm.flops_video import clip
+
+    model = clip(QWEN25_VL_7B, 6, 448)
+    video = scenes(21, 6, 256, 8, 1, 0.3)
+    attn = torch.rand(6, 256, generator=torch.Generator().manual_seed(21), dtype=torch.float64)
+    kept = vitrim_flashvid(video, attn, AUTHORS | {"exact_count": True}).kept
+    cost = FlashVIDSelection(exact_count=True).cost(model, 0, text_tokens=0)
+    assert cost.tokens_entering(6 * 256) == len(kept) == 6 * 80  # B = ⌈256·0.25·1.25⌉ = 80
+    assert len(vitrim_flashvid(video, attn, AUTHORS).kept) > len(kept)
+
+
 # --- on the tiny models --------------------------------------------------------------------------------------------
 
 
@@ -324,8 +436,11 @@ def families(*default: str) -> list:
     return [pytest.param(name, marks=[] if name in default else [pytest.mark.full]) for name in FAMILIES]
 
 
-def the_authors_on_the_model(model: torch.nn.Module, inputs: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per video, the authors' (kept, embeddings) on the model's own merged embeddings and their attention."""
+def the_authors_on_the_model(
+    model: torch.nn.Module, inputs: dict, options: dict = OPTIONS
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per video, the authors' (kept, embeddings) on the model's own merged embeddings and their attention (at
+    ``options``; ``exact_count`` among them: the largest remainder, :func:`hamilton`)."""
     with torch.no_grad():
         embeddings = model.model.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"])
     attention = authors_attention(model, inputs)
@@ -333,7 +448,9 @@ def the_authors_on_the_model(model: torch.nn.Module, inputs: dict) -> list[tuple
     for (t, h, w), tokens, attn in zip(
         inputs["video_grid_thw"].tolist(), embeddings.pooler_output, attention, strict=True
     ):
-        found.append(authors_flashvid(tokens.reshape(t, (h // MERGE) * (w // MERGE), -1), attn, OPTIONS))
+        theirs = {name: value for name, value in options.items() if name != "exact_count"}
+        exact = options.get("exact_count", False)
+        found.append(authors_flashvid(tokens.reshape(t, (h // MERGE) * (w // MERGE), -1), attn, theirs, exact))
     return found
 
 
@@ -414,6 +531,33 @@ def test_a_padded_batch_of_different_clips_equals_each_clip_alone(family: str) -
     assert_batch_equals_each_alone(model, MIXED, qwen3=family == "qwen3_vl")
 
 
+EXACT = OPTIONS | {"alpha": 0.4, "exact_count": True}  # C = 2 merged tokens per temporal patch of 6
+
+
+@pytest.mark.parametrize("family", families("qwen2_5_vl", "qwen3_vl"))
+def test_with_exact_count_the_llm_gets_the_largest_remainder_tokens_t_times_b_of_each_video(family: str) -> None:
+    """The first video (6 temporal patches of 6 tokens: B = 4, A = 2) keeps 24 where the authors' rounding keeps 26;
+    the second (3 of 4: B = 3, A = 2) 9."""
+    model = BUILDERS[family]()
+    inputs = still_scenes(video_batch(VIDEOS, qwen3=family == "qwen3_vl"))
+    expected = the_authors_on_the_model(model, inputs, EXACT)
+    authors = the_authors_on_the_model(model, inputs, EXACT | {"exact_count": False})
+    vitrim.vlm.apply(model, "flashvid", **EXACT)
+    seen = llm_input(model, inputs)
+    kept = vitrim.vlm.last_selection(model)
+    assert [k.tolist() for k in kept] == [k.tolist() for k, _ in expected]
+    assert [len(k) for k in kept] == [24, 9] and [len(k) for k, _ in authors] == [26, 9]
+    short_ids = inputs["input_ids"][0][~dropped_media(inputs, kept)[0]]
+    received = seen["inputs_embeds"][0][short_ids == VIDEO]
+    torch.testing.assert_close(received, torch.cat([values for _, values in expected]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", families("qwen2_5_vl"))
+def test_with_exact_count_a_padded_batch_of_different_clips_equals_each_clip_alone(family: str) -> None:
+    model = vitrim.vlm.apply(BUILDERS[family](), "flashvid", **EXACT)
+    assert_batch_equals_each_alone(model, MIXED, qwen3=family == "qwen3_vl")
+
+
 def test_the_in_llm_stage_keeps_the_ceiling_of_the_ratio_by_the_last_tokens_attention_a_layer_before() -> None:
     """Stacked after ``flashvid``: before layer 1, each video keeps ⌈N·0.3⌉ of its N tokens (24 → 8, where FastV's
     rounded fraction keeps 7), those the last token attended to most at layer 0 (the model's own eager attention
@@ -461,6 +605,7 @@ def test_the_in_llm_stage_keeps_the_ceiling_of_the_ratio_by_the_last_tokens_atte
         ("token_selection_method", "attention", r"one of 'attn_div', 'attn_div_v2', 'attn', 'div'"),
         ("do_segment", 1, r"True or False"),
         ("complementary_segment", "yes", r"True or False"),
+        ("exact_count", 1, r"True or False"),
     ],
 )
 def test_bad_options_are_refused_in_one_line(option: str, value, expected: str) -> None:

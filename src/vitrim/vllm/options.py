@@ -9,8 +9,9 @@ It comes from ``--hf-overrides`` (``LLM(hf_overrides=...)`` in Python), beside t
 ``keep`` an int (image tokens per image, and per temporal patch of a video) or a float in (0, 1] (a fraction of
 each), as in ``vitrim.vlm.apply``; a family's own option as ``apply`` takes it (LLaVA-NeXT's ``"tiles":
 "unpadded"``); every other key is an option of the method under its authors' name (``dominant`` above). A video
-method (``evs``, ``vidcom2``, ``temporal_downsample``) takes no ``keep``: it decides each video's count from its grid
-(:data:`VIDEO_COUNTS`) and leaves images whole, on an architecture that serves videos (:data:`VIDEO_ARCHITECTURES`).
+method (``evs``, ``vidcom2``, ``temporal_downsample``, ``flashvid`` with ``exact_count``) takes no ``keep``: it
+decides each video's count from its grid (:data:`VIDEO_COUNTS`) and leaves images whole, on an architecture that
+serves videos (:data:`VIDEO_ARCHITECTURES`).
 
 Why this form: ``--hf-overrides`` is vLLM's own way to change a checkpoint's config, ``architectures`` is how vLLM
 picks the model class, and the options live in the config the engine hands every process, so the front end (which
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import vitrim.vlm  # noqa: F401  (registers every method)
 from vitrim.reduce import Reducer, get_reducer
@@ -33,6 +34,7 @@ from vitrim.vlm.families import checked_family_options, family_option_names, ser
 from vitrim.vlm.keep import KeepSpec, parse_keep
 from vitrim.vlm.method.base import Method, method_class, methods
 from vitrim.vlm.method.evs import evs_count
+from vitrim.vlm.method.flashvid import FlashVIDSelection, flashvid_count
 from vitrim.vlm.method.tower_reducers import TowerLayout, TowerMethod
 from vitrim.vlm.method.vidcom2 import vidcom2_count
 from vitrim.vlm.stages.contract import ServedArchitecture
@@ -48,6 +50,20 @@ VIDEO_COUNTS: dict[str, Callable[[Method, int, int], int]] = {
     "evs": lambda method, frames, per_frame: evs_count(per_frame, frames, method.options["video_pruning_rate"]),
     "vidcom2": lambda method, frames, per_frame: vidcom2_count(per_frame, frames, method.options["video_pruning_rate"]),
     "temporal_downsample": lambda method, frames, per_frame: math.ceil(frames / method.options["stride"]) * per_frame,
+    "flashvid": lambda method, frames, per_frame: flashvid_count(
+        cast(FlashVIDSelection, method).flashvid_options(), frames, per_frame
+    ),
+}
+# per served video method whose count the grid fixes only at some option value: (option, value, why it must be so);
+# the method is offered at that value, and refused at engine start without it
+SERVED_WITH: dict[str, tuple[str, Any, str]] = {
+    "flashvid": (
+        "exact_count",
+        True,
+        "rounds each temporal patch's clusters up by the video's content (t·B tokens or more, at most one more per "
+        "temporal patch), and vLLM writes a prompt's placeholders before the tower runs; pass "
+        '"exact_count": true (each segment\'s clusters shared by largest remainder: exactly t·B per video)',
+    ),
 }
 # the architectures whose vision tower the plugin reduces in (vitrim.vllm.tower_stage: vLLM's CLIP and SigLIP)
 TOWER_ARCHITECTURES = ("VitrimLlavaForConditionalGeneration", "VitrimGemma3ForConditionalGeneration")
@@ -83,7 +99,8 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
     count would be refused. Refused: the in-LLM methods (they rank by the LLM's attention rows, which vLLM's paged
     attention does not hand a model), the tower methods on another tower (vitrim.vlm runs them in CLIP and SigLIP
     only, never in LLaVA-NeXT's tiles or Qwen's windowed ViT), and a video method whose count depends on the video's
-    content (FastVID's segments: vLLM writes the placeholders before the tower runs). A method that reads the prompt
+    content (FastVID's segments: vLLM writes the placeholders before the tower runs; FlashVID's rounded clusters
+    unless ``exact_count``, :data:`SERVED_WITH`). A method that reads the prompt
     (CDPruner) is served where the architecture hands each image its prompt's text (:data:`INSTRUCTION_RELEVANCES`,
     :func:`check_instruction`)."""
     if method.stage == "in_llm":
@@ -109,6 +126,10 @@ def refused(method: Method, architecture: str | None = None) -> str | None:
             "keeps a count that depends on the video's content, and vLLM writes a prompt's placeholders before the "
             "tower runs"
         )
+    if method.name in SERVED_WITH:
+        option, value, why = SERVED_WITH[method.name]
+        if method.options[option] != value:
+            return f"with {option}={method.options[option]!r} {why}"
     return None
 
 
@@ -176,7 +197,9 @@ def video_methods() -> list[str]:
 
 
 def served(name: str) -> bool:
-    return refused(method_class(name)()) is None
+    """Whether vLLM serving offers method ``name`` (at the option value :data:`SERVED_WITH` asks, where it asks)."""
+    needed = {SERVED_WITH[name][0]: SERVED_WITH[name][1]} if name in SERVED_WITH else {}
+    return refused(method_class(name)(**needed)) is None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,16 @@ Over one video's merged embeddings x (t temporal patches of P tokens, (t, P, E))
 5. **Spatial merging**: the roots left per temporal patch, n_τ of them, are clustered (DPC-kNN,
    :mod:`~vitrim.vlm.method.density_peaks`, k = min(clusters, 7)) into ⌈n_τ·r⌉ clusters, r = C·F / Σ n_τ (none
    when r ≥ 1): each root goes to its nearest peak (‖·‖ / √E), and a cluster's token is the plain mean of its roots'
-   values, in the peak's slot.
+   values, in the peak's slot. The ceilings add up to C·F or more, at most one more per temporal patch (F − 1 per
+   segment in exact arithmetic; their float product n_τ·r can also lie just above a whole quota and round up;
+   Σ n_τ ≥ C·F: TSTM leaves at least B·F roots), so a video keeps t·B tokens or more, by its content.
+   ``exact_count=True`` (vitrim's option, off by default) shares the segment's C·F among its temporal patches by
+   largest remainder instead (:func:`cluster_counts`, integers throughout): from the ceilings, one is taken back
+   from each of the temporal patches whose quota n_τ·C·F / Σ n_τ lies furthest below its ceiling (ties: the later
+   temporal patch first), until the segment holds exactly C·F; a temporal patch may get 0 clusters, and its roots
+   (with their trees) are then dropped. Every video then keeps exactly t·B tokens (t·A where nothing merges), a
+   count its grid fixes: what vLLM serving needs, which writes a prompt's placeholders before the tower runs
+   (docs/video.md).
 
 The kept tokens are the ADTS picks (their own embeddings) and the cluster peaks (merged, after the merger:
 :attr:`ImageSelection.projected`), each at its own position (the authors index ``position_ids`` with them; vitrim's
@@ -52,7 +61,8 @@ Where vitrim differs from that code (docs/video.md says the same):
 - where their code fails (a raised threshold when no token may join, ``min_segment_num`` more than the temporal
   patches after a cut, ``attn_div_v2`` picking a token twice), vitrim lets no token join, cuts every gap, and never
   picks a token twice; a budget B above P is refused in one line;
-- their code takes one video at batch 1; vitrim runs each video of a prompt and of a padded batch alone.
+- their code takes one video at batch 1; vitrim runs each video of a prompt and of a padded batch alone;
+- ``exact_count=True`` (off by default) is vitrim's, not theirs: the largest remainder of step 5.
 """
 
 from __future__ import annotations
@@ -90,6 +100,7 @@ class FlashVIDOptions:
     segment_threshold: float
     min_segment_num: int
     complementary_segment: bool
+    exact_count: bool = False  # vitrim's: the clusters shared by largest remainder (module docstring, 5)
 
     def budgets(self, per_frame: int) -> tuple[int, int]:
         """(A, C) per temporal patch of ``per_frame`` tokens: ADTS picks and merged tokens (module docstring, 2)."""
@@ -102,6 +113,14 @@ class FlashVIDOptions:
             )
         chosen = math.ceil(budget * self.alpha)
         return chosen, budget - chosen
+
+
+def flashvid_count(options: FlashVIDOptions, frames: int, per_frame: int) -> int:
+    """t·B tokens of a video of ``frames`` temporal patches of ``per_frame`` tokens, t·A where nothing merges
+    (module docstring, 2, 5): what ``exact_count`` keeps, the least the authors' rounding keeps."""
+    chosen, context = options.budgets(per_frame)
+    merges = context > 0 and options.temporal_threshold < 1.0
+    return frames * (chosen + context if merges else chosen)
 
 
 def segment_sizes(frame_means: Tensor, options: FlashVIDOptions) -> list[int]:
@@ -214,6 +233,24 @@ def cluster(values: Tensor, count: int) -> tuple[Tensor, Tensor]:
     return peaks, assigned
 
 
+def cluster_counts(roots: list[int], merged: int, exact: bool) -> list[int]:
+    """Clusters per temporal patch of a segment whose temporal patches keep ``roots`` (n_τ, F of them; Σ n_τ ≥
+    ``merged`` > 0) roots for its ``merged`` (C·F) merged tokens: the authors' ⌈n_τ·r⌉, r = C·F / Σ n_τ (their float
+    product), or with ``exact`` the largest remainder summing to exactly ``merged`` (module docstring, 5)."""
+    total = sum(roots)
+    if not exact:
+        ratio = merged / total
+        return [math.ceil(count * ratio) for count in roots]
+    # integers only: ⌈n·C·F / Σn⌉, and how far the quota lies below it, times Σn (in [0, Σn))
+    ceilings = [-(-count * merged // total) for count in roots]
+    below = [ceiling * total - count * merged for ceiling, count in zip(ceilings, roots, strict=True)]
+    # the ceilings overshoot by Σ(ceiling − quota) < F, an integer: that many temporal patches with below > 0
+    losers = sorted(range(len(roots)), key=lambda frame: (-below[frame], -frame))[: sum(ceilings) - merged]
+    for frame in losers:
+        ceilings[frame] -= 1
+    return ceilings
+
+
 def flashvid_segment(
     tokens: Tensor, attention: Tensor, options: FlashVIDOptions, chosen: int, context: int
 ) -> tuple[list[int], list[Tensor], list[Tensor]]:
@@ -233,13 +270,17 @@ def flashvid_segment(
         roots = tree_merge(tokens, free, options.temporal_threshold, (chosen + context) * frames)
     else:  # one temporal patch: every token not picked is its own root
         roots = Roots(values=tokens, root_of=torch.arange(per_frame, device=tokens.device), left=free)
-    ratio = context * frames / int(roots.left.sum())
+    left = roots.left.sum(1).tolist()  # (F,) n_τ
+    every = context * frames >= sum(left)  # r ≥ 1: every root stays as it is
+    counts = cluster_counts(left, context * frames, options.exact_count)
     for frame in range(frames):
         local = roots.left[frame].nonzero()[:, 0]
         indices = local + frame * per_frame
         frame_values = roots.values[frame, local]
-        count = math.ceil(len(local) * ratio)
-        if count == 0 or ratio >= 1.0:
+        count = counts[frame]
+        if count == 0:  # no roots left here, or (exact_count) none of the segment's clusters: the roots are dropped
+            continue
+        if every:
             for index, value in zip(indices.tolist(), frame_values.unbind(0), strict=True):
                 kept.append(index)
                 groups.append((roots.root_of == index).nonzero()[:, 0])
@@ -299,7 +340,9 @@ class FlashVIDSelection(VideoMethod):
     (0.7, in [0, 1]: the share of the budget ADTS picks), ``token_selection_method`` ("attn_div"; or
     "attn_div_v2", "attn", "div"), ``temporal_threshold`` (0.8: a token joins a tree above this cosine; ≥ 1: no
     merging, only the ADTS picks stay), ``do_segment`` (True), ``segment_threshold`` (0.9), ``min_segment_num`` (4,
-    int ≥ 1), ``complementary_segment`` (True). Keep-all: ``retention_ratio=1, expansion=1``."""
+    int ≥ 1), ``complementary_segment`` (True); vitrim's ``exact_count`` (False: the authors' ⌈n_τ·r⌉ clusters per
+    temporal patch; True: shared by largest remainder, exactly t·B tokens per video, which vLLM serving needs:
+    module docstring, 5). Keep-all: ``retention_ratio=1, expansion=1``."""
 
     defaults: ClassVar[Mapping[str, Any]] = {
         "retention_ratio": 0.25,
@@ -311,6 +354,7 @@ class FlashVIDSelection(VideoMethod):
         "segment_threshold": 0.9,
         "min_segment_num": 4,
         "complementary_segment": True,
+        "exact_count": False,
     }
     needs_cls_attention = True  # the tower's last block: the attention each token receives (ADTS's calibration)
 
@@ -330,31 +374,34 @@ class FlashVIDSelection(VideoMethod):
                 f"token_selection_method={o['token_selection_method']!r} for vlm method 'flashvid' must be one of "
                 f"{', '.join(map(repr, SELECTIONS))}"
             )
-        for name in ("do_segment", "complementary_segment"):
+        for name in ("do_segment", "complementary_segment", "exact_count"):
             if not isinstance(o[name], bool):
                 raise ValueError(f"{name}={o[name]!r} for vlm method 'flashvid' must be True or False")
+
+    def flashvid_options(self) -> FlashVIDOptions:
+        return FlashVIDOptions(**{name: self.options[name] for name in self.defaults})
 
     def select(self, evidence: VisionEvidence, keep: int) -> list[ImageSelection]:
         tokens, frames, per_frame = video_tokens(evidence)
         if evidence.cls_attention is None:
             raise ValueError("flashvid reads the attention each token receives (VisionEvidence.cls_attention)")
         attention = evidence.cls_attention[0].mean(0).reshape(frames, per_frame)  # (t, P): the mean over heads
-        options = FlashVIDOptions(**{name: self.options[name] for name in self.defaults})
+        options = self.flashvid_options()
         return [flashvid_select(tokens, attention, options)]
 
     def cost(self, model: VLM, keep: int, *, text_tokens: int) -> MethodCost:
         """One video of ``model``'s t temporal patches of P tokens (``keep`` is not read): t·B stay, B = A + C the
-        budget (module docstring, 2; t·A where nothing is merged), a lower bound where a cluster count rounds up.
+        budget (module docstring, 2; t·A where nothing is merged): exactly with ``exact_count``, else a lower bound
+        (at most one more per temporal patch, where its cluster count rounds up).
         Its own work: the received attention at the tower's last block (its queries and keys, each patch against
         its temporal patch's), then per temporal patch the pairwise cosines of its P tokens for ADTS, with the
         temporal patch before for TSTM (t − 1 of them), and the DPC distances of the roots left (at most P: an upper
         bound)."""
         width, per_frame, frames = model.llm.width, model.tokens_per_temporal_patch, model.temporal_patches
-        options = FlashVIDOptions(**{name: self.options[name] for name in self.defaults})
-        chosen, context = options.budgets(per_frame)
-        merges = context > 0 and options.temporal_threshold < 1.0
+        options = self.flashvid_options()
+        merges = options.budgets(per_frame)[1] > 0 and options.temporal_threshold < 1.0
         patches, tower_width = model.tower.tokens, model.tower.width
         attention = 2 * patches * tower_width * tower_width + patches * (patches // frames) * tower_width
         pairs = per_frame * per_frame * width  # one temporal patch's P × P products of E
         own = attention + frames * pairs + ((frames - 1) * pairs + frames * pairs if merges else 0)
-        return MethodCost.before_llm(frames * (chosen + context if merges else chosen), own)
+        return MethodCost.before_llm(flashvid_count(options, frames, per_frame), own)
