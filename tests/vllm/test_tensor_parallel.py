@@ -317,10 +317,12 @@ GEMMA_TOWER_REFUSED = {"flowcut", "diffrate"}  # they rank by a [CLS] Gemma 3's 
 GEMMA_SIZES = [(32, 32), (40, 24), (64, 48), (48, 40)]  # the processor resizes each to 32 px
 
 
-def use_trim(trim: Any, model: Any) -> None:
-    """Switch ``model`` (one rank's Gemma 3) to ``trim`` (a module-level function: ``apply_model`` pickles it to
-    each rank's process)."""
-    model.use_trim(trim)
+def use_method(entry: dict[str, Any], model: Any) -> None:
+    """Switch ``model`` (one rank's Gemma 3) to the ``vitrim`` ``entry`` (a module-level function: ``apply_model``
+    pickles it to each rank's process; the entry, not its options, as a tower method's class is built at run time)."""
+    from vitrim.vllm.options import trim_options
+
+    model.use_trim(trim_options(SimpleNamespace(model_type="gemma3", vitrim=entry), GEMMA))
 
 
 def gemma3_at_size_2(
@@ -330,14 +332,12 @@ def gemma3_at_size_2(
     (``use_trim``: the front end counts placeholders by the engine's method, as tests/vllm/test_gemma3*.py do), its
     requests together and each alone under image names of its own (vLLM's encoder cache never hands one method's
     tokens to another); per method the runs and the selection both ranks recorded, which must be the same."""
-    from vitrim.vllm.options import trim_options
     from vitrim.vllm.selection_record import records_per_worker
 
     def run(llm: Any) -> dict[str, tuple[list[Any], list[Any], dict[int, list[int]]]]:
         out = {}
         for method, options in methods.items():
-            trim = trim_options(SimpleNamespace(model_type="gemma3", vitrim={"method": method, **options}), GEMMA)
-            llm.apply_model(functools.partial(use_trim, trim))
+            llm.apply_model(functools.partial(use_method, {"method": method, **options}))
             together = greedy(llm, [named_afresh(r, f"{method}-{i}") for i, r in enumerate(requests)], MAX_TOKENS)
             alone = [
                 greedy(llm, [named_afresh(r, f"{method}-alone{i}")], MAX_TOKENS)[0] for i, r in enumerate(requests)
