@@ -89,7 +89,9 @@ def three_requests(
     work: Path, sizes: list[tuple[int, int]], image: str = "<image>", seed: int = 0
 ) -> list[dict[str, Any]]:
     """Three prompts; random images (PNGs in ``work``, drawn from ``seed``) of three (height, width) ``sizes``, one
-    prompt with two; ``image``: the family's image placeholder."""
+    prompt with two (its second the first prompt's image, or a fourth image where ``sizes`` gives four: a method
+    reading the prompt keeps one selection per prompt, and the record by pixels holds one per image); ``image``:
+    the family's image placeholder."""
     rng = np.random.default_rng(seed)
     paths = []
     for index, (height, width) in enumerate(sizes):
@@ -99,7 +101,7 @@ def three_requests(
     return [
         {"prompt": f"w10 w11 {image} w12 w13", "images": [paths[0]]},
         {"prompt": f"w20 {image} w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
-        {"prompt": f"w30 w31 {image} w32 {image} w33", "images": [paths[2], paths[0]]},
+        {"prompt": f"w30 w31 {image} w32 {image} w33", "images": [paths[2], paths[-1] if len(paths) > 3 else paths[0]]},
     ]
 
 
@@ -222,6 +224,29 @@ def assert_like_reference(
             assert len(reference_kept) <= entered <= full  # entered: + VisionZip's [CLS]
             dropped += full - entered
         assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped
+
+
+def assert_media_like_reference(
+    requests: list[dict[str, Any]],
+    runs: tuple[list[Any], list[Any], dict[int, list[int]]],
+    reference: list[dict[str, Any]],
+) -> int:
+    """Each request of images and videos (Qwen): together == alone == the reference's tokens; each image's and
+    video's kept indices the reference's (by its pixels' seed); the prompt shorter than the unpruned one by exactly
+    the dropped tokens. Returns the tokens dropped over all requests."""
+    together, alone, recorded = runs
+    pruned = 0
+    for request, batched, single, expected in zip(requests, together, alone, reference, strict=True):
+        tokens = list(batched.outputs[0].token_ids)
+        assert tokens == list(single.outputs[0].token_ids), request["prompt"]
+        assert tokens == expected["tokens"], request["prompt"]
+        dropped = 0
+        for (seed, full), kept, kind in zip(media_of(expected), expected["kept"], expected["media"], strict=True):
+            assert recorded[seed] == kept, (request["prompt"], kind)
+            dropped += full - len(kept)
+        assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped, request["prompt"]
+        pruned += dropped
+    return pruned
 
 
 def media_of(expected: dict[str, Any]) -> list[tuple[int, int]]:

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from torch import Tensor
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.models.gemma3_mm import (
     Gemma3DummyInputsBuilder,
     Gemma3ForConditionalGeneration,
@@ -47,6 +46,7 @@ from vitrim.vllm.gemma3_positions import blocks_of, place_kept, prompt_positions
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
+from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vllm.tower_stage import install_tower, on_grid, siglip_layout, tower_reducers
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.families.gemma3 import pooled_received, projector_pool
@@ -162,10 +162,13 @@ class TrimmedGemma3Processor(RequestKeep, Gemma3MultiModalProcessor):
 
 def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A vLLM ``SiglipAttention``'s evidence per pooled token (I, H, N) and its mean keys (I, H, N, hd), from the q
-    and k thirds of its fused ``qkv_proj`` on its input (I, P, D)."""
+    and k thirds of its fused ``qkv_proj`` on its input (I, P, D): computed for this tensor-parallel rank's heads
+    and gathered over all ranks (:func:`~vitrim.vllm.tensor_parallel.all_heads`)."""
     hidden: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-    query, key, _ = attention.qkv_proj(hidden)[0].chunk(3, dim=-1)  # (I, P, H·hd) each
-    return pooled_received(query, key, int(attention.num_heads_per_partition), float(attention.scale), kernel)
+    query, key, _ = attention.qkv_proj(hidden)[0].chunk(3, dim=-1)  # (I, P, h·hd) each, this rank's h heads
+    heads = int(attention.num_heads_per_partition)
+    received, keys = pooled_received(query, key, heads, float(attention.scale), kernel)  # (I, h, N), (I, h, N, hd)
+    return all_heads(received, dim=1), all_heads(keys, dim=1)
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -181,11 +184,6 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         refuse_unserved(vllm_config.model_config)
         if cached_image_processor_from_config(vllm_config.model_config).do_pan_and_scan:  # the engine's, the folder's
             raise ValueError(PAN_AND_SCAN)
-        if get_tensor_model_parallel_world_size() > 1:  # its LLM attention rule is written for one rank's heads
-            raise ValueError(
-                "vitrim: the trimmed Gemma 3 is served at --tensor-parallel-size 1 only (its attention rule and the "
-                "tower's evidence are not gathered across ranks); replicas scale it out: --data-parallel-size"
-            )
         declare_image_pruning(vllm_config.model_config.multimodal_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.vitrim_tokens = int(config.mm_tokens_per_image)
