@@ -19,7 +19,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 CANVASES = 8  # held-out canvases in the tasks the tests write (the demo's first 8)
-CLIPS = 6  # held-out clips in the video digits tasks the tests write (the video demo's first 6)
+CLIPS = 8  # held-out clips in the video digits tasks the tests write (the video demo's first 8)
 
 
 @pytest.fixture(scope="session")
