@@ -8,7 +8,8 @@ through its entry-point group ``lmms_eval.models`` (pyproject.toml), which reads
 - :mod:`vitrim.eval.image_tokens`, :mod:`vitrim.eval.prefill_cost`: what is recorded beside each answer;
 - :mod:`vitrim.eval.lmms_model`: the lmms-eval model (with :mod:`vitrim.eval.vllm_model`, the served one, the only
   modules that import lmms-eval);
-- :mod:`vitrim.eval.digits_tasks`: the digits VLM's questions as lmms-eval tasks read from disk.
+- :mod:`vitrim.eval.digits_tasks`: the digits VLM's and the digits video model's questions as lmms-eval tasks read
+  from disk.
 
 Importing this package imports neither lmms-eval nor transformers.
 """
