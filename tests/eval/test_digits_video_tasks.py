@@ -175,3 +175,16 @@ def test_the_demos_table_comes_out_of_lmms_eval(tmp_path: Path) -> None:
             by_kind = {kind: records(runs[0], kind) for kind in QUESTION_TYPES}
             first = [by_kind[QUESTION_TYPES[i % 3]][i // 3]["video_tokens_kept"] for i in range(FULL.timing_batch)]
             assert statistics.fmean(first) == pytest.approx(row["kept_tokens"], abs=1e-12), (method, fraction)
+
+
+def test_a_demo_run_folder_is_read_as_its_digits_model() -> None:
+    """A ``vitrim demo video`` run folder (the shipped one is such a folder) gets the digits video model's prompter,
+    a ``vitrim demo vlm`` one the digits LLaVA's."""
+    from vitrim.eval.inputs import DigitsPrompter, DigitsVideoPrompter, load
+    from vitrim.eval.model_args import parse_model_args
+    from vitrim.shipped import shipped_run
+
+    model, prompter = load(parse_model_args({"pretrained": str(shipped_run("video"))}))
+    assert isinstance(prompter, DigitsVideoPrompter) and model.config.model_type == "qwen2_vl"
+    model, prompter = load(parse_model_args({"pretrained": str(shipped_run("vlm"))}))
+    assert isinstance(prompter, DigitsPrompter) and model.config.model_type == "llava"

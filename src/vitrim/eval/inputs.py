@@ -282,7 +282,8 @@ def load(arguments: ModelArguments) -> tuple[nn.Module, Prompter]:
         from vitrim.shipped import shipped_run
 
         folder = shipped_run("video") if arguments.pretrained == DIGITS_VIDEO else arguments.pretrained
-        return load_video_model(folder).to(device=arguments.device, dtype=dtype).eval(), DigitsVideoPrompter()
+        video_model: nn.Module = load_video_model(folder)  # typed as a Module: transformers types its `to` oddly
+        return video_model.to(device=arguments.device, dtype=dtype).eval(), DigitsVideoPrompter()
     from vitrim.vlm_user.load import load_vlm
 
     model, processor = load_vlm(arguments.pretrained, arguments.device)
