@@ -30,6 +30,7 @@ tasks hand a video, one entry of the visuals' list: a list of its 8 frames, each
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +69,7 @@ def question_rows(canvases: int, seed: int = 0) -> dict[str, list[dict[str, Any]
     asked about) and ``category`` ("random", POPE's name for negatives drawn from absent objects).
     """
     data = held_out(canvases, seed)
-    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in TASKS}
-    for number, q in enumerate(data.questions):
-        rows[q.kind].append(
-            {
-                "question_id": f"{q.kind}-{q.canvas}-{number}",
-                "canvas": q.canvas,
-                "question": " ".join(q.words),
-                "answer": " ".join(q.answer),
-                "pixels": data.pixels[q.canvas],
-            }
-        )
+    rows = demo_rows(data.questions, TASKS, "canvas", "pixels", data.pixels)
     scenes = DigitsScenes("test", canvases, seed=seed)
     for index in range(canvases):
         rows[POPE].extend(pope_rows(index, data.digits[index], data.pixels[index], scenes.seed))
@@ -137,15 +128,24 @@ def video_question_rows(clips: int, seed: int = 0) -> dict[str, list[dict[str, A
     Each row: ``question_id``, ``clip``, ``question``, ``answer`` (words), ``frames`` ((8, 32, 32) float32 ink).
     """
     data = held_out_clips(clips, seed)
-    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in VIDEO_QUESTION_TYPES}
-    for number, q in enumerate(data.questions):
+    return demo_rows(data.questions, VIDEO_QUESTION_TYPES, "clip", "frames", data.frames)
+
+
+def demo_rows(
+    questions: Sequence[Any], kinds: tuple[str, ...], item: str, visual: str, visuals: np.ndarray
+) -> dict[str, list[dict[str, Any]]]:
+    """Per kind the rows of a demo's ``questions``, each about ``visuals[q.<item>]`` (a canvas or a clip, kept under
+    ``visual``): ``question_id``, ``item``, ``question``, ``answer``, ``visual``."""
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for number, q in enumerate(questions):
+        index = getattr(q, item)
         rows[q.kind].append(
             {
-                "question_id": f"{q.kind}-{q.clip}-{number}",
-                "clip": q.clip,
+                "question_id": f"{q.kind}-{index}-{number}",
+                item: index,
                 "question": " ".join(q.words),
                 "answer": " ".join(q.answer),
-                "frames": data.frames[q.clip],
+                visual: visuals[index],
             }
         )
     return rows
