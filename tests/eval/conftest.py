@@ -1,9 +1,9 @@
 """tests/eval: vitrim inside lmms-eval, run by ``make test-eval`` in ``.venv-eval`` (lmms-eval is not in ``.venv``).
 
 Every module here skips itself where lmms-eval is not installed; test_vllm_path.py, where vLLM is not (it runs in
-``.venv-eval-vllm``, ``make test-eval-vllm``). Nothing is downloaded: the digits tasks and a tiny
-video task are written to temporary folders (``datasets.save_to_disk``; the clips with PyAV), the checkpoints are the
-shipped digits VLM and tiny random folders of each family built here.
+``.venv-eval-vllm``, ``make test-eval-vllm``). Nothing is downloaded: the digits tasks (canvases and clips) and a
+tiny video task are written to temporary folders (``datasets.save_to_disk``; the clips with PyAV), the checkpoints
+are the shipped digits VLM and video model and tiny random folders of each family built here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 CANVASES = 8  # held-out canvases in the tasks the tests write (the demo's first 8)
+CLIPS = 8  # held-out clips in the video digits tasks the tests write (the video demo's first 8)
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +32,18 @@ def digits_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vitrim.eval.digits_tasks import write_digits_tasks
 
     return write_digits_tasks(tmp_path_factory.mktemp("digits_tasks"), canvases=CANVASES)
+
+
+@pytest.fixture(scope="session")
+def clips() -> int:
+    return CLIPS
+
+
+@pytest.fixture(scope="session")
+def digits_video_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vitrim.eval.digits_tasks import write_digits_video_tasks
+
+    return write_digits_video_tasks(tmp_path_factory.mktemp("digits_video_tasks"), clips=CLIPS)
 
 
 @pytest.fixture(scope="session")
@@ -80,9 +93,9 @@ def video_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def task_manager(digits_tasks: Path, video_task: Path) -> Any:
-    """One lmms-eval ``TaskManager`` over the digits and video tasks for the session (building one indexes every
-    task lmms-eval ships: about 13 s here)."""
+def task_manager(digits_tasks: Path, digits_video_tasks: Path, video_task: Path) -> Any:
+    """One lmms-eval ``TaskManager`` over the digits, video digits and video tasks for the session (building one
+    indexes every task lmms-eval ships: about 13 s here)."""
     from lmms_eval.tasks import TaskManager
 
-    return TaskManager(include_path=[str(digits_tasks), str(video_task)])
+    return TaskManager(include_path=[str(digits_tasks), str(digits_video_tasks), str(video_task)])

@@ -4,11 +4,12 @@ Installed by the ``eval`` extra (``pip install 'vitrim[eval]'``, which brings lm
 through its entry-point group ``lmms_eval.models`` (pyproject.toml), which reads :func:`manifests`.
 
 - :mod:`vitrim.eval.model_args`: what ``--model_args`` says (the checkpoint, the methods, their options);
-- :mod:`vitrim.eval.inputs`: the checkpoint, its prompts and answers (a transformers processor, or the digits VLM's);
+- :mod:`vitrim.eval.inputs`: the checkpoint, its prompts and answers (a transformers processor, or the digits models');
 - :mod:`vitrim.eval.image_tokens`, :mod:`vitrim.eval.prefill_cost`: what is recorded beside each answer;
 - :mod:`vitrim.eval.lmms_model`: the lmms-eval model (with :mod:`vitrim.eval.vllm_model`, the served one, the only
   modules that import lmms-eval);
-- :mod:`vitrim.eval.digits_tasks`: the digits VLM's questions as lmms-eval tasks read from disk.
+- :mod:`vitrim.eval.digits_tasks`: the digits VLM's and the digits video model's questions as lmms-eval tasks read
+  from disk.
 
 Importing this package imports neither lmms-eval nor transformers.
 """

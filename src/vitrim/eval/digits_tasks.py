@@ -1,33 +1,45 @@
-"""The digits VLM's held-out questions as lmms-eval tasks read from disk: ``write_digits_tasks(folder)``.
+"""The digits demos' held-out questions as lmms-eval tasks read from disk: ``write_digits_tasks(folder)`` (the digits
+LLaVA's canvases) and ``write_digits_video_tasks(folder)`` (the digits video model's clips).
 
-``folder`` gets ``data/`` (a ``datasets.DatasetDict`` saved with ``save_to_disk``, one split per task) and the task
-YAMLs beside it, whose ``dataset_path`` names that folder with ``dataset_kwargs: {load_from_disk: true}``; then
-``lmms-eval --include_path folder --tasks vitrim_digits`` runs them with no download. The questions are the demo's
-own (:func:`vitrim.demos.vlm.evaluate.held_out`: canvas ``i`` of the held-out split and its three questions), so
-the accuracies lmms-eval reports are those ``vitrim demo vlm`` prints on the same canvases.
+``folder`` gets the data (a ``datasets.DatasetDict`` saved with ``save_to_disk``, one split per task: ``data/`` for
+the canvases, ``video_data/`` for the clips) and the task YAMLs beside it, whose ``dataset_path`` names that folder
+with ``dataset_kwargs: {load_from_disk: true}``; then ``lmms-eval --include_path folder --tasks vitrim_digits`` (or
+``vitrim_digits_video``) runs them with no download; both can be written to one folder. The questions are the demos'
+own (:func:`vitrim.demos.vlm.evaluate.held_out`: canvas ``i`` of the held-out split and its three questions;
+:func:`vitrim.demos.video.evaluate.held_out`: clip ``i`` and its three), so the accuracies lmms-eval reports are
+those ``vitrim demo vlm`` / ``vitrim demo video`` print on the same canvases or clips.
 
 Tasks (scored by lmms-eval's own metric code):
 
-- ``vitrim_digits_which``, ``vitrim_digits_where``, ``vitrim_digits_count``: the demo's question types, exact match
-  (lmms-eval's ``exact_match``) of the generated words against the answer;
+- ``vitrim_digits_which``, ``vitrim_digits_where``, ``vitrim_digits_count``: the LLaVA demo's question types, exact
+  match (lmms-eval's ``exact_match``) of the generated words against the answer;
 - ``vitrim_digits_pope``: POPE's yes/no probe, "is there a <digit> <quadrant> ?", half of them about the digit that is
   there (yes), half about a digit that is on no quadrant of the canvas (no: POPE's "random" negatives), scored by
   lmms-eval's POPE code (accuracy, precision, recall, F1, yes ratio). The digits VLM knows no "yes" or "no" (its 28
   words), so the model is asked what it can answer, "which digit is <quadrant> ?", and its answer counts as "yes"
-  when it names the asked digit (``pope_answer``); a model that hallucinates a digit the canvas lacks says yes.
+  when it names the asked digit (``pope_answer``); a model that hallucinates a digit the canvas lacks says yes;
+- ``vitrim_digits_video_which``, ``_when``, ``_count`` (group ``vitrim_digits_video``): the video demo's question
+  types, exact match.
 
-A canvas is kept exactly: ``pixels`` holds the float32 ink in [0, 1] the demo feeds (an 8-bit image would move the
-ink by up to 1/510 and could change an answer), and ``doc_to_visual`` hands it on as a PIL image of mode ``"F"``,
-which :mod:`vitrim.eval.inputs` reads back unchanged.
+A canvas or clip is kept exactly: ``pixels`` holds the float32 ink in [0, 1] the LLaVA demo feeds, ``frames`` the
+(8, 32, 32) float32 ink of a clip (an 8-bit image would move the ink by up to 1/510 and could change an answer).
+``doc_to_visual`` hands a canvas on as a PIL image of mode ``"F"``, and ``doc_to_video`` a clip as lmms-eval's video
+tasks hand a video, one entry of the visuals' list: a list of its 8 frames, each a mode-``"F"`` PIL image;
+:mod:`vitrim.eval.inputs` reads both back unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vitrim.demos.video.data import FRAME, FRAMES
+from vitrim.demos.video.data import QUESTION_TYPES as VIDEO_QUESTION_TYPES
+from vitrim.demos.video.evaluate import MAX_ANSWER_TOKENS as VIDEO_ANSWER_TOKENS
+from vitrim.demos.video.evaluate import held_out as held_out_clips
 from vitrim.demos.vlm.data import CANVAS, DIGIT_WORDS, QUADRANT_WORDS, QUESTION_TYPES, DigitsScenes
 from vitrim.demos.vlm.evaluate import MAX_ANSWER_TOKENS, held_out
 
@@ -36,10 +48,17 @@ POPE = "pope"
 TASKS = (*QUESTION_TYPES, POPE)
 DATA_FOLDER = "data"
 DEFAULT_CANVASES = 200  # the demo's held-out set (VLMDemoPlan.test_canvases)
+VIDEO_GROUP = "vitrim_digits_video"
+VIDEO_DATA_FOLDER = "video_data"
+DEFAULT_CLIPS = 200  # the video demo's held-out set (VideoDemoPlan.test_clips)
 
 
 def task_name(kind: str) -> str:
     return f"{GROUP}_{kind}"
+
+
+def video_task_name(kind: str) -> str:
+    return f"{VIDEO_GROUP}_{kind}"
 
 
 def question_rows(canvases: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
@@ -50,17 +69,7 @@ def question_rows(canvases: int, seed: int = 0) -> dict[str, list[dict[str, Any]
     asked about) and ``category`` ("random", POPE's name for negatives drawn from absent objects).
     """
     data = held_out(canvases, seed)
-    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in TASKS}
-    for number, q in enumerate(data.questions):
-        rows[q.kind].append(
-            {
-                "question_id": f"{q.kind}-{q.canvas}-{number}",
-                "canvas": q.canvas,
-                "question": " ".join(q.words),
-                "answer": " ".join(q.answer),
-                "pixels": data.pixels[q.canvas],
-            }
-        )
+    rows = demo_rows(data.questions, TASKS, "canvas", "pixels", data.pixels)
     scenes = DigitsScenes("test", canvases, seed=seed)
     for index in range(canvases):
         rows[POPE].extend(pope_rows(index, data.digits[index], data.pixels[index], scenes.seed))
@@ -96,39 +105,110 @@ def pope_answer(response: str, digit: str) -> str:
 
 
 def write_digits_tasks(folder: str | Path, canvases: int = DEFAULT_CANVASES, seed: int = 0) -> Path:
-    """Write the dataset (``folder/data``) and the task YAMLs (module doc) to ``folder``; returns ``folder``."""
+    """Write the canvases' dataset (``folder/data``) and their task YAMLs (module doc) to ``folder``; returns it."""
     import datasets
 
-    if isinstance(canvases, bool) or not isinstance(canvases, int) or canvases < 1:
-        raise ValueError(f"canvases must be an int >= 1, got {canvases!r}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    pixels = datasets.Array2D((CANVAS, CANVAS), "float32")
+    _check_count("canvases", canvases)
     common = {"question_id": "string", "canvas": "int32", "question": "string", "answer": "string"}
-    splits = {}
-    for kind, rows in question_rows(canvases, seed).items():
-        fields = {name: datasets.Value(dtype) for name, dtype in common.items()}
-        if kind == POPE:
-            fields |= {"digit": datasets.Value("string"), "category": datasets.Value("string")}
-        features = datasets.Features({**fields, "pixels": pixels})
-        splits[kind] = datasets.Dataset.from_list(rows, features=features)
-    datasets.DatasetDict(splits).save_to_disk(str(folder / DATA_FOLDER))
-    for kind in TASKS:
-        (folder / f"{task_name(kind)}.yaml").write_text(task_yaml(kind, folder / DATA_FOLDER))
-    (folder / f"{GROUP}.yaml").write_text(
-        f"group: {GROUP}\ntask:\n" + "".join(f"  - {task_name(kind)}\n" for kind in QUESTION_TYPES)
-    )
+    pixels = datasets.Array2D((CANVAS, CANVAS), "float32")
+    pope = {"digit": datasets.Value("string"), "category": datasets.Value("string")}
+    features = {
+        kind: datasets.Features({**_values(common), **(pope if kind == POPE else {}), "pixels": pixels})
+        for kind in TASKS
+    }
+    return _write_tasks(
+        Path(folder), DATA_FOLDER, GROUP, QUESTION_TYPES, question_rows(canvases, seed), features,
+        visual="doc_to_visual", max_tokens=MAX_ANSWER_TOKENS,
+    )  # fmt: skip
+
+
+def video_question_rows(clips: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """Per video task the rows of its split: the video demo's held-out questions (clip-major).
+
+    Each row: ``question_id``, ``clip``, ``question``, ``answer`` (words), ``frames`` ((8, 32, 32) float32 ink).
+    """
+    data = held_out_clips(clips, seed)
+    return demo_rows(data.questions, VIDEO_QUESTION_TYPES, "clip", "frames", data.frames)
+
+
+def demo_rows(
+    questions: Sequence[Any], kinds: tuple[str, ...], item: str, visual: str, visuals: np.ndarray
+) -> dict[str, list[dict[str, Any]]]:
+    """Per kind the rows of a demo's ``questions``, each about ``visuals[q.<item>]`` (a canvas or a clip, kept under
+    ``visual``): ``question_id``, ``item``, ``question``, ``answer``, ``visual``."""
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for number, q in enumerate(questions):
+        index = getattr(q, item)
+        rows[q.kind].append(
+            {
+                "question_id": f"{q.kind}-{index}-{number}",
+                item: index,
+                "question": " ".join(q.words),
+                "answer": " ".join(q.answer),
+                visual: visuals[index],
+            }
+        )
+    return rows
+
+
+def write_digits_video_tasks(folder: str | Path, clips: int = DEFAULT_CLIPS, seed: int = 0) -> Path:
+    """Write the clips' dataset (``folder/video_data``) and their task YAMLs (module doc) to ``folder``; returns it."""
+    import datasets
+
+    _check_count("clips", clips)
+    common = {"question_id": "string", "clip": "int32", "question": "string", "answer": "string"}
+    frames = datasets.Array3D((FRAMES, FRAME, FRAME), "float32")
+    features = datasets.Features({**_values(common), "frames": frames})
+    return _write_tasks(
+        Path(folder), VIDEO_DATA_FOLDER, VIDEO_GROUP, VIDEO_QUESTION_TYPES, video_question_rows(clips, seed),
+        dict.fromkeys(VIDEO_QUESTION_TYPES, features), visual="doc_to_video", max_tokens=VIDEO_ANSWER_TOKENS,
+    )  # fmt: skip
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _values(fields: dict[str, str]) -> dict[str, Any]:
+    import datasets
+
+    return {name: datasets.Value(dtype) for name, dtype in fields.items()}
+
+
+def _write_tasks(
+    folder: Path,
+    data_folder: str,
+    group: str,
+    grouped: tuple[str, ...],
+    rows: dict[str, list[dict[str, Any]]],
+    features: dict[str, Any],
+    *,
+    visual: str,
+    max_tokens: int,
+) -> Path:
+    """One split per task (``rows[kind]`` with ``features[kind]``) saved to ``folder/data_folder``, a YAML per task
+    (``<group>_<kind>``), the group's YAML over the ``grouped`` kinds, and the tasks' ``utils.py``."""
+    import datasets
+
+    folder.mkdir(parents=True, exist_ok=True)
+    splits = {kind: datasets.Dataset.from_list(kind_rows, features=features[kind]) for kind, kind_rows in rows.items()}
+    datasets.DatasetDict(splits).save_to_disk(str(folder / data_folder))
+    for kind in rows:
+        name = f"{group}_{kind}"
+        (folder / f"{name}.yaml").write_text(task_yaml(name, kind, folder / data_folder, visual, max_tokens))
+    (folder / f"{group}.yaml").write_text(f"group: {group}\ntask:\n" + "".join(f"  - {group}_{k}\n" for k in grouped))
     (folder / "utils.py").write_text(UTILS)
     return folder
 
 
-def task_yaml(kind: str, data: Path) -> str:
-    """One task's YAML: the split ``kind`` of the dataset saved at ``data``, greedy answers of up to the demo's
-    ``MAX_ANSWER_TOKENS`` tokens, lmms-eval's exact match (or its POPE code)."""
+def task_yaml(name: str, kind: str, data: Path, visual: str, max_tokens: int) -> str:
+    """Task ``name``'s YAML: the split ``kind`` of the dataset saved at ``data``, its visuals from ``utils.<visual>``,
+    greedy answers of up to the demo's ``max_tokens`` tokens, lmms-eval's exact match (or its POPE code)."""
     if kind == POPE:
         scoring = "process_results: !function utils.pope_process_results\nmetric_list:\n" + "".join(
-            f"  - metric: {name}\n    aggregation: !function utils.pope_{aggregate}\n    higher_is_better: true\n"
-            for name, aggregate in POPE_METRICS
+            f"  - metric: {metric}\n    aggregation: !function utils.pope_{aggregate}\n    higher_is_better: true\n"
+            for metric, aggregate in POPE_METRICS
         )
     else:
         scoring = (
@@ -136,15 +216,15 @@ def task_yaml(kind: str, data: Path) -> str:
             "    ignore_case: true\n    ignore_punctuation: false\n"
         )
     return (
-        f"task: {task_name(kind)}\n"
+        f"task: {name}\n"
         f"dataset_path: {data}\n"
         "dataset_kwargs:\n  load_from_disk: true\n"
         f"test_split: {kind}\n"
         "output_type: generate_until\n"
-        "doc_to_visual: !function utils.doc_to_visual\n"
+        f"doc_to_visual: !function utils.{visual}\n"
         "doc_to_text: !function utils.doc_to_text\n"
         "doc_to_target: answer\n"
-        f"generation_kwargs:\n  max_new_tokens: {MAX_ANSWER_TOKENS}\n  do_sample: false\n  temperature: 0\n"
+        f"generation_kwargs:\n  max_new_tokens: {max_tokens}\n  do_sample: false\n  temperature: 0\n"
         + scoring
         + "metadata:\n  version: 0.1\n"
     )
@@ -160,7 +240,8 @@ POPE_METRICS = (
 
 # The tasks' utils.py: lmms-eval imports it from the include path (``!function utils.name``). It hands lmms-eval's
 # own POPE code the model's answer read as yes/no.
-UTILS = '''"""Written by vitrim.eval.digits_tasks: the digits tasks' visuals, prompts and POPE scoring."""
+UTILS = '''"""Written by vitrim.eval.digits_tasks: the digits tasks' visuals (a canvas; a clip as one
+video of 8 frames), prompts and POPE scoring."""
 
 import numpy as np
 from PIL import Image
@@ -178,6 +259,11 @@ from vitrim.eval.digits_tasks import pope_answer
 
 def doc_to_visual(doc):
     return [Image.fromarray(np.asarray(doc["pixels"], dtype=np.float32), mode="F")]
+
+
+def doc_to_video(doc):
+    frames = np.asarray(doc["frames"], dtype=np.float32)
+    return [[Image.fromarray(np.ascontiguousarray(frame), mode="F") for frame in frames]]
 
 
 def doc_to_text(doc, lmms_eval_specific_kwargs=None):

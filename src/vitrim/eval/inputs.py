@@ -7,6 +7,11 @@ inputs, left-padded as ``generate()`` wants, and generated ids back into text:
   processor (:mod:`vitrim.demos.vlm.words`); a picture becomes the 64×64 canvas of ink in [0, 1] the demo feeds (a
   PIL image of mode ``"F"`` holds the ink itself, the digits tasks' ``doc_to_visual`` makes it; any other picture
   goes through :func:`vitrim.demos.vlm.ask.read_canvas`'s rule: grey, 64×64, inverted when mostly light);
+- ``pretrained=digits_video`` (or a ``vitrim demo video`` run folder): the shipped digits video model (a Qwen2-VL) and
+  its word-level processor (:func:`vitrim.demos.video.words.processor`), one clip of 8 frames of 32×32 ink per
+  question; a video given as a list of frames of mode ``"F"`` at 32×32 (the video digits tasks' ``doc_to_video``)
+  is read as it is, any other video (a file, other frames) frame by frame by the canvas' rule at 32×32; frames
+  sampled as any video's (:mod:`vitrim.eval.video`; the model takes exactly 8);
 - any other folder: transformers' ``AutoProcessor`` and ``AutoModelForImageTextToText`` (:func:`vitrim.vlm_user.
   load.load_vlm`: safetensors only, no remote code), a chat turn with one image part per picture and one video
   part per video (a :class:`vitrim.eval.video.Clip`, in the order ``doc_to_visual`` gave them); the pictures go to
@@ -27,9 +32,10 @@ import torch
 from torch import Tensor, nn
 
 from vitrim.eval.model_args import ModelArguments
-from vitrim.eval.video import Clip
+from vitrim.eval.video import Clip, frame_indices, read_clip
 
 DIGITS = "digits"
+DIGITS_VIDEO = "digits_video"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class Prompter:
     def decode(self, ids: Tensor) -> list[str]:
         raise NotImplementedError
 
+    def read_video(self, visual: Any, max_num_frames: int, fps: float | None) -> Clip:
+        """One video of ``doc_to_visual``'s list as the clip this model reads (:func:`vitrim.eval.video.read_clip`)."""
+        return read_clip(visual, max_num_frames, fps)
+
     @property
     def pad_id(self) -> int | None:
         return None
@@ -69,17 +79,11 @@ class DigitsPrompter(Prompter):
         self.settings = Settings("vitrim.demos.vlm.words.processor", {"canvas": [CANVAS, CANVAS]}, "float32")
 
     def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
+        from vitrim.demos.vlm.data import CANVAS
         from vitrim.demos.vlm.words import processor
 
-        for number, pictures in enumerate(visuals):
-            if any(isinstance(picture, Clip) for picture in pictures):
-                raise ValueError(f"the digits VLM reads pictures, not videos; question {number} has a video")
-            if len(pictures) != 1:
-                raise ValueError(
-                    f"the digits VLM reads one picture per question; question {number} has {len(pictures)}"
-                )
-        canvases = np.stack([digits_canvas(pictures[0]) for pictures in visuals])
-        return processor(canvases, list(questions))
+        pictures = one_each(visuals, video=False, model="the digits VLM")
+        return processor(np.stack([digits_ink(picture, CANVAS) for picture in pictures]), list(questions))
 
     def decode(self, ids: Tensor) -> list[str]:
         from vitrim.demos.vlm.words import decode_ids
@@ -87,18 +91,77 @@ class DigitsPrompter(Prompter):
         return [decode_ids(row.tolist()) for row in ids]
 
 
-def digits_canvas(picture: Any) -> np.ndarray:
-    """(64, 64) float32 ink: a mode-"F" image at 64×64 as it is (the digits tasks' exact canvases), any other picture
-    by the rule of ``vitrim vlm ask --run`` (grey, resized, inverted when mostly light, in [0, 1])."""
-    from PIL import Image
+class DigitsVideoPrompter(Prompter):
+    """The digits video model's word processor: one clip per question, its :class:`~vitrim.eval.video.Clip` holding
+    the (8, 32, 32) float32 ink itself rather than RGB frames."""
 
-    from vitrim.demos.vlm.data import CANVAS
+    def __init__(self) -> None:
+        from vitrim.demos.video.data import FRAME, FRAMES
+
+        self.settings = Settings(
+            "vitrim.demos.video.words.processor", {"video": {"frames": FRAMES, "frame": [FRAME, FRAME]}}, "float32"
+        )
+
+    def read_video(self, visual: Any, max_num_frames: int, fps: float | None) -> Clip:
+        """The clip's ink: frames of mode ``"F"`` at 32×32 as they are, any other frames by :func:`digits_ink`;
+        sampled as :func:`vitrim.eval.video.read_clip` samples frames; ``ValueError`` unless 8 frames are left."""
+        from PIL import Image
+        from transformers.video_utils import VideoMetadata
+
+        from vitrim.demos.video.data import FRAME, FRAMES
+
+        if isinstance(visual, (list, tuple)) and all(isinstance(f, Image.Image) for f in visual):
+            every = np.stack([digits_ink(frame, FRAME) for frame in visual])
+            indices = frame_indices(len(every), max_num_frames, None, fps)
+            metadata = VideoMetadata(total_num_frames=len(every), fps=None, height=FRAME, width=FRAME,
+                                     frames_indices=indices.tolist())  # fmt: skip
+            clip = Clip(every[indices], metadata, "frames")
+        else:
+            read = read_clip(visual, max_num_frames, fps)
+            ink = np.stack([digits_ink(Image.fromarray(frame), FRAME) for frame in read.frames])
+            clip = Clip(ink, read.metadata, read.source)
+        if len(clip.frames) != FRAMES:
+            raise ValueError(
+                f"the digits video model reads clips of {FRAMES} frames; this video gives {len(clip.frames)} (of "
+                f"{clip.metadata.total_num_frames}, model_args max_num_frames={max_num_frames}, fps={fps})"
+            )
+        return clip
+
+    def inputs(self, questions: Sequence[str], visuals: Sequence[Sequence[Any]]) -> dict[str, Tensor]:
+        from vitrim.demos.video.words import processor
+
+        clips = one_each(visuals, video=True, model="the digits video model")
+        return processor(np.stack([clip.frames for clip in clips]), list(questions))
+
+    def decode(self, ids: Tensor) -> list[str]:
+        from vitrim.demos.video.words import decode_ids
+
+        return [decode_ids(row.tolist()) for row in ids]
+
+
+def one_each(visuals: Sequence[Sequence[Any]], *, video: bool, model: str) -> list[Any]:
+    """The one visual of each question, a :class:`~vitrim.eval.video.Clip` (``video``) or a picture; ``ValueError``
+    naming the question that has another kind or count."""
+    kind, other = ("video", "picture") if video else ("picture", "video")
+    for number, group in enumerate(visuals):
+        if any(isinstance(visual, Clip) != video for visual in group):
+            raise ValueError(f"{model} reads {kind}s, not {other}s; question {number} has a {other}")
+        if len(group) != 1:
+            raise ValueError(f"{model} reads one {kind} per question; question {number} has {len(group)}")
+    return [group[0] for group in visuals]
+
+
+def digits_ink(picture: Any, size: int) -> np.ndarray:
+    """(size, size) float32 ink: a mode-"F" image at size×size as it is (the digits tasks' exact canvases and
+    frames), any other picture by the rule of ``vitrim vlm ask --run`` (grey, resized, inverted when mostly light,
+    in [0, 1])."""
+    from PIL import Image
 
     if not isinstance(picture, Image.Image):
         raise ValueError(f"expected a PIL image, got {type(picture).__name__}")
-    if picture.mode == "F" and picture.size == (CANVAS, CANVAS):
+    if picture.mode == "F" and picture.size == (size, size):
         return np.asarray(picture, dtype=np.float32)
-    grey = picture.convert("L").resize((CANVAS, CANVAS), Image.Resampling.BILINEAR)
+    grey = picture.convert("L").resize((size, size), Image.Resampling.BILINEAR)
     ink = np.asarray(grey, dtype=np.float32) / 255.0
     return (1.0 - ink if ink.mean() > 0.5 else ink).astype(np.float32)
 
@@ -209,11 +272,18 @@ def rgb(picture: Any) -> Any:
 def load(arguments: ModelArguments) -> tuple[nn.Module, Prompter]:
     """The model (eval mode, on ``arguments.device``, in ``arguments.dtype``) and its :class:`Prompter`."""
     dtype = getattr(torch, arguments.dtype)
-    if arguments.pretrained == DIGITS or _is_digits_run(arguments.pretrained):
+    if arguments.pretrained == DIGITS or _is_digits_run(arguments.pretrained, "llava", "vlm"):
         from vitrim.demos.vlm.ask import load_demo_model
 
         model = load_demo_model(None if arguments.pretrained == DIGITS else arguments.pretrained)
         return model.to(device=arguments.device, dtype=dtype).eval(), DigitsPrompter()
+    if arguments.pretrained == DIGITS_VIDEO or _is_digits_run(arguments.pretrained, "qwen2_vl", "video"):
+        from vitrim.demos.video.run_folder import load_video_model
+        from vitrim.shipped import shipped_run
+
+        folder = shipped_run("video") if arguments.pretrained == DIGITS_VIDEO else arguments.pretrained
+        video_model: nn.Module = load_video_model(folder)  # typed as a Module: transformers types its `to` oddly
+        return video_model.to(device=arguments.device, dtype=dtype).eval(), DigitsVideoPrompter()
     from vitrim.vlm_user.load import load_vlm
 
     model, processor = load_vlm(arguments.pretrained, arguments.device)
@@ -249,14 +319,17 @@ def _set_pixel_bound(processor: Any, part: str, name: str, value: int, argument:
         raise ValueError(f"model_args {argument}={value}: {type(processor).__name__} has no {part} {name} setting")
 
 
-def _is_digits_run(pretrained: str) -> bool:
-    """A ``vitrim demo vlm`` run folder: its config.json is a LLaVA over the digits' 28 words."""
+def _is_digits_run(pretrained: str, model_type: str, demo: str) -> bool:
+    """A ``vitrim demo vlm`` (``demo`` "vlm": a LLaVA) or ``vitrim demo video`` ("video": a Qwen2-VL) run folder: its
+    config.json is a ``model_type`` model over that demo's words."""
+    from importlib import import_module
+
     from vitrim import untrusted
-    from vitrim.demos.vlm.words import WORDS
 
     config = Path(pretrained) / "config.json"
     if not config.is_file():
         return False
+    words = import_module(f"vitrim.demos.{demo}.words").WORDS
     read = untrusted.read_json(config)
     text = read.get("text_config", {}) if isinstance(read, dict) else {}
-    return isinstance(text, dict) and text.get("vocab_size") == len(WORDS) and read.get("model_type") == "llava"
+    return isinstance(text, dict) and text.get("vocab_size") == len(words) and read.get("model_type") == model_type

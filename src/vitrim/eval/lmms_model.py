@@ -39,7 +39,7 @@ from vitrim.eval.image_tokens import PrefillDoor, image_token_id, prompt_counts,
 from vitrim.eval.inputs import load
 from vitrim.eval.model_args import MethodPlan, parse_model_args
 from vitrim.eval.prefill_cost import counter_for, sample_macs
-from vitrim.eval.video import DECODER, Clip, is_video, read_clip
+from vitrim.eval.video import DECODER, Clip, is_video
 
 DEFAULT_MAX_NEW_TOKENS = 128
 AVERAGED = (
@@ -111,7 +111,8 @@ class VitrimModel(lmms):
         return answer_in_batches(self, requests, self._visuals, self._answer)
 
     def _visuals(self, visuals: Any) -> list[Any]:
-        """A request's visuals: pictures as they are, each video as its sampled :class:`~vitrim.eval.video.Clip`."""
+        """A request's visuals: pictures as they are, each video as its sampled :class:`~vitrim.eval.video.Clip` (as
+        the model's prompter reads it)."""
         read = []
         for visual in as_list(visuals):
             if is_video(visual):
@@ -119,7 +120,7 @@ class VitrimModel(lmms):
                     raise ValueError(
                         f"{type(self.model).__name__} takes no video; the task hands it one ({visual!r:.80})"
                     )
-                visual = read_clip(visual, self.arguments.max_num_frames, self.arguments.fps)
+                visual = self.prompter.read_video(visual, self.arguments.max_num_frames, self.arguments.fps)
             read.append(visual)
         return read
 

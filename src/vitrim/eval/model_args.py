@@ -41,12 +41,12 @@ class MethodPlan:
 
 @dataclass(frozen=True)
 class ModelArguments:
-    """The model's own arguments: ``pretrained`` (a folder, a hub name the cache holds, or ``digits`` for the
-    shipped digits VLM), ``batch_size``, ``device``, ``dtype``, ``max_new_tokens`` (a cap on top of a task's
-    ``generation_kwargs``), pixel settings for Qwen's processors (``min_pixels``, ``max_pixels``; a video's frames:
-    ``video_min_pixels``, ``video_max_pixels``), a video's frame sampling (:mod:`vitrim.eval.video`:
-    ``max_num_frames``, default 32 as lmms-eval's Qwen models; ``fps``, default None: ``max_num_frames`` evenly
-    spaced)."""
+    """The model's own arguments: ``pretrained`` (a folder, a hub name the cache holds, ``digits`` for the shipped
+    digits VLM, or ``digits_video`` for the shipped digits video model), ``batch_size``, ``device``, ``dtype``,
+    ``max_new_tokens`` (a cap on top of a task's ``generation_kwargs``), pixel settings for Qwen's processors
+    (``min_pixels``, ``max_pixels``; a video's frames: ``video_min_pixels``, ``video_max_pixels``), a video's frame
+    sampling (:mod:`vitrim.eval.video`: ``max_num_frames``, default 32 as lmms-eval's Qwen models; ``fps``, default
+    None: ``max_num_frames`` evenly spaced)."""
 
     pretrained: str
     batch_size: int = 1
@@ -73,10 +73,14 @@ def parse_model_args(arguments: dict[str, Any]) -> ModelArguments:
     rest = dict(arguments)
     own = {name: rest.pop(name) for name in MODEL_ARGUMENTS if name in rest}
     if "pretrained" not in own:
-        raise ValueError("model_args needs pretrained=<checkpoint folder, or 'digits' for the shipped digits VLM>")
+        raise ValueError(
+            "model_args needs pretrained=<checkpoint folder, 'digits' or 'digits_video' for the shipped digits models>"
+        )
     pretrained = own["pretrained"]
     if not isinstance(pretrained, str) or not pretrained:
-        raise ValueError(f"model_args pretrained={pretrained!r}: expected a checkpoint folder or 'digits'")
+        raise ValueError(
+            f"model_args pretrained={pretrained!r}: expected a checkpoint folder, 'digits' or 'digits_video'"
+        )
     batch_size = own.get("batch_size", 1)
     if isinstance(batch_size, str) and batch_size.isdigit():
         batch_size = int(batch_size)

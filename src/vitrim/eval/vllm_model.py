@@ -105,8 +105,10 @@ class VitrimVLLMModel(lmms):
         own, engine = split_arguments(model_args)
         self.arguments = parse_model_args(own)
         plan = self.arguments.plan
-        if self.arguments.pretrained == "digits":
-            raise ValueError("model_args pretrained=digits: vLLM serves checkpoint folders; use --model vitrim")
+        if self.arguments.pretrained in ("digits", "digits_video"):
+            raise ValueError(
+                f"model_args pretrained={self.arguments.pretrained}: vLLM serves checkpoint folders; use --model vitrim"
+            )
         if len(plan.methods) > 1:
             raise ValueError(f"model_args method={plan.described()['method']!r}: vitrim's plugin runs one method")
         if plan.methods:
