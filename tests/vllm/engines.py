@@ -85,6 +85,17 @@ def greedy(llm: Any, requests: list[dict[str, Any]], max_tokens: int) -> list[An
     return llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
 
 
+def random_pictures(work: Path, sizes: list[tuple[int, int]], seed: int = 0) -> list[str]:
+    """Random RGB PNGs ``work/image{i}.png`` of the (height, width) ``sizes``, drawn in order from ``seed``."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for index, (height, width) in enumerate(sizes):
+        path = work / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
 def three_requests(
     work: Path, sizes: list[tuple[int, int]], image: str = "<image>", seed: int = 0
 ) -> list[dict[str, Any]]:
@@ -92,12 +103,7 @@ def three_requests(
     prompt with two (its second the first prompt's image, or a fourth image where ``sizes`` gives four: a method
     reading the prompt keeps one selection per prompt, and the record by pixels holds one per image); ``image``:
     the family's image placeholder."""
-    rng = np.random.default_rng(seed)
-    paths = []
-    for index, (height, width) in enumerate(sizes):
-        path = work / f"image{index}.png"
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
+    paths = random_pictures(work, sizes, seed)
     return [
         {"prompt": f"w10 w11 {image} w12 w13", "images": [paths[0]]},
         {"prompt": f"w20 {image} w21 w22 w23 w24 w25 w26", "images": [paths[1]]},

@@ -18,13 +18,19 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import assert_like_reference, greedy, overrides, transformers_reference, trimmed_runs, with_engine
-from PIL import Image
+from engines import (
+    assert_like_reference,
+    greedy,
+    overrides,
+    random_pictures,
+    transformers_reference,
+    trimmed_runs,
+    with_engine,
+)
 
 from tiny_vlms.folders import save_vllm_llava_next
 from vitrim.vllm.options import pre_llm_methods
@@ -55,12 +61,7 @@ def folder(work: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def images(work: Path) -> list[str]:
-    rng = np.random.default_rng(0)
-    paths = []
-    for index, (height, width) in enumerate(SIZES):
-        path = work / f"image{index}.png"
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
+    paths = random_pictures(work, SIZES, seed=0)
     return paths
 
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 pytest.importorskip("vllm.entrypoints.llm")  # not "vllm": tests/vllm itself is a namespace package of that name
 
-from engines import assert_like_reference, transformers_reference, trimmed_runs
-from PIL import Image
+from engines import assert_like_reference, random_pictures, transformers_reference, trimmed_runs
 
 from tiny_vlms.folders import save_vllm_llava_next
 from vitrim.vllm.options import pre_llm_methods
@@ -60,12 +58,7 @@ def folder(work: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def requests(work: Path) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(3)
-    paths = []
-    for index, (height, width) in enumerate(SIZES):
-        path = work / f"image{index}.png"
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
+    paths = random_pictures(work, SIZES, seed=3)
     return [
         {"prompt": "w10 w11 <image> w12 w13", "images": [paths[0]]},
         {"prompt": "w20 <image> w21 w22 w23 w24", "images": [paths[1]]},

@@ -26,6 +26,7 @@ from engines import (
     assert_like_reference,
     greedy,
     overrides,
+    random_pictures,
     transformers_reference,
     trimmed_runs,
     with_engine,
@@ -70,12 +71,7 @@ def folder(work: Path, family: str) -> Path:
 @pytest.fixture(scope="module")
 def requests(work: Path) -> list[dict[str, Any]]:
     """Images of 4×6, 6×4 (taller than wide) and 5×5 tokens (4 px each); the last prompt holds two."""
-    rng = np.random.default_rng(1)
-    paths = []
-    for index, (height, width) in enumerate([(16, 24), (24, 16), (20, 20)]):
-        path = work / f"image{index}.png"
-        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
-        paths.append(str(path))
+    paths = random_pictures(work, [(16, 24), (24, 16), (20, 20)], seed=1)
     return [
         {"prompt": f"w10 w11 {IMAGE} w12 w13", "images": [paths[0]]},
         {"prompt": f"w20 {IMAGE} w21 w22 w23 w24 w25 w26", "images": [paths[1]]},
