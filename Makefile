@@ -69,7 +69,8 @@ $(VLLM_STAMP): pyproject.toml Makefile $(TORCHVISION_FIX)
 	touch $(VLLM_STAMP)
 
 # The vLLM plugin's tests (tests/vllm): engine starts of tiny models on vLLM's CPU backend, and `vllm serve`.
-# CI runs test-vllm; the sweeps marked `full` (every method on LLaVA-NeXT, one engine start each) run in test-vllm-all.
+# test-vllm is the quick set; test-vllm-all (what CI runs) adds the sweeps marked `full` (every method on LLaVA-NeXT,
+# every served method at tensor-parallel size 2, more at two pipeline stages: one engine start each).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest tests/vllm -p no:cacheprovider -m "not full"
 

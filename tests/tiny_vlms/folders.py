@@ -131,14 +131,15 @@ VLLM_QWEN3_VISION = dict(
 )  # fmt: skip
 
 
-def save_vllm_qwen3_vl(path: Path, seed: int = 0, timestamps: bool = False) -> Path:
+def save_vllm_qwen3_vl(path: Path, seed: int = 0, timestamps: bool = False, layers: int = 2) -> Path:
     """A tiny Qwen3-VL for vLLM at ``path``: 3 tower blocks with DeepStack taps after blocks 0 and 1 (added to the
-    LLM's layers 0 and 1), a 2-layer LLM of head size 32, temporal patches of 2 frames.
+    LLM's layers 0 and 1), a ``layers``-layer LLM of head size 32, temporal patches of 2 frames.
 
     timestamps: the tokenizer reads the digits 0 … 9 (ids 80 … 89, in place of ``w80`` … ``w89``), so each temporal
     patch's timestamp text (``<2.5 seconds>``) reaches the LLM as its own ids; otherwise every timestamp is the same
     two unknown words (the rest of one stays unknown either way)."""
-    folder = save_qwen3_vl(path, seed, VLLM_QWEN3_VISION, VLLM_QWEN3_TEXT, chat_template=STRING_CONTENT_TEMPLATE)
+    text = {**VLLM_QWEN3_TEXT, "num_hidden_layers": layers}
+    folder = save_qwen3_vl(path, seed, VLLM_QWEN3_VISION, text, chat_template=STRING_CONTENT_TEMPLATE)
     if timestamps:
         specials = QWEN_SPECIALS + [f"w{i}" for i in range(3, 80)] + [str(d) for d in range(10)] + QWEN_VISION_TOKENS
         word_tokenizer(

@@ -232,6 +232,25 @@ def assert_like_reference(
         assert len(batched.prompt_token_ids) == expected["prompt_tokens"] - dropped
 
 
+def assert_tower_on_grid_like_reference(
+    requests: list[dict[str, Any]],
+    runs: tuple[list[Any], list[Any], dict[int, list[int]]],
+    reference: list[dict[str, Any]],
+    patches: int,
+) -> None:
+    """A Gemma 3 tower method: each request together == alone == the reference's tokens, the prompt as long as the
+    reference's (every pooled soft token stays, the reduced patches back on the grid), and per image the reference's
+    ``patches`` kept patches."""
+    together, alone, kept = runs
+    for request, batched, single, expected in zip(requests, together, alone, reference, strict=True):
+        tokens = list(batched.outputs[0].token_ids)
+        assert tokens == list(single.outputs[0].token_ids) == expected["tokens"], request["prompt"]
+        assert len(batched.prompt_token_ids) == expected["prompt_tokens"]
+        for seed, reference_kept in zip(expected["seeds"], expected["kept"], strict=True):
+            assert kept[seed] == reference_kept, request["prompt"]
+            assert len(reference_kept) == patches
+
+
 def assert_media_like_reference(
     requests: list[dict[str, Any]],
     runs: tuple[list[Any], list[Any], dict[int, list[int]]],

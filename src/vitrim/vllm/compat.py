@@ -12,6 +12,8 @@ placeholder count, the seams vLLM offers an out-of-tree model. Beyond them:
   prompt's first positions as if no medium were pruned (:func:`sequential_mrope_positions`), its re-numbering
   misplaces some media (:func:`renumber_media` replaces it), and its CPU runner never turns the re-numbering on
   (:func:`patch_cpu_runner`). Each function says the upstream change that removes it.
+- **Pipeline parallel on a CPU** (:func:`allocate_pipeline_buffer`): vLLM's CPU worker, run eagerly with an explicit
+  KV-cache size, never allocates a later stage's receive buffer.
 - **Positions of a model without M-RoPE** (Gemma 3): vLLM numbers a prompt 0, 1, 2, … unless the config declares
   M-RoPE, so vitrim's Gemma 3 architecture declares it (:func:`declare_gemma3_mrope`) to number its shortened
   prompts at their original positions.
@@ -87,7 +89,8 @@ def video_positions(grid_thw: list[int], merge_size: int, time_interval: Tensor 
 
 
 def patch_cpu_runner() -> None:
-    """Give vLLM's ``CPUModelRunner.load_model`` the line ``GPUModelRunner.load_model`` has and it lacks.
+    """Give vLLM's ``CPUModelRunner.load_model`` the line ``GPUModelRunner.load_model`` has and it lacks, and, for
+    vitrim's architectures, a later pipeline stage's receive buffer (:func:`allocate_pipeline_buffer`).
 
     After loading, the GPU runner sets ``is_multimodal_pruning_enabled`` from the model and the config; the CPU
     runner never does (vLLM 0.32), so pruned embeddings would keep their position columns and the prompt its stale
@@ -96,6 +99,8 @@ def patch_cpu_runner() -> None:
     """
     from vllm.model_executor.models.interfaces import supports_multimodal_pruning
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    from vitrim.vllm.options import ARCHITECTURES
 
     if getattr(CPUModelRunner.load_model, "vitrim_patched", False):
         return
@@ -109,9 +114,31 @@ def patch_cpu_runner() -> None:
             and mm_config is not None
             and mm_config.is_multimodal_pruning_enabled()
         )
+        if type(self.get_model()).__name__ in ARCHITECTURES:
+            allocate_pipeline_buffer(self)
 
     load_model.vitrim_patched = True  # type: ignore[attr-defined]
     CPUModelRunner.load_model = load_model
+
+
+def allocate_pipeline_buffer(runner: Any) -> None:
+    """Give a CPU runner of a later pipeline stage the buffer its stage receives the hidden states into.
+
+    ``GPUModelRunner`` allocates ``intermediate_tensors`` (the receive buffer of every stage but the first) in its
+    dummy run, which vLLM 0.32's CPU worker skips when the model runs eagerly with an explicit KV-cache size (the
+    ``--enforce-eager --kv-cache-memory-bytes`` a CPU server needs, Gemma 3's only mode), so the second stage stops
+    at its first request (``assert self.intermediate_tensors is not None`` in
+    ``sync_and_gather_intermediate_tensors``), an unmodified model as well. Allocated here as the dummy run would, for
+    vitrim's architectures only (the plugin leaves other models as vLLM runs them). Removed when upstream's CPU
+    runner allocates it outside the warm-up.
+    """
+    from vllm.distributed import get_pp_group
+
+    if get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+        return
+    runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+    )
 
 
 def tap_input(module: Any, on_input: Any) -> None:

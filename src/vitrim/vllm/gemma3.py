@@ -44,6 +44,7 @@ from vitrim.vllm.compat import check_vllm_version, declare_image_pruning
 from vitrim.vllm.gemma3_attention import OriginalMaskAttention, StepPositions
 from vitrim.vllm.gemma3_positions import blocks_of, place_kept, prompt_positions
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
+from vitrim.vllm.pipeline_positions import PositionsAcrossStages, carry_positions
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vllm.tensor_parallel import all_heads
@@ -174,7 +175,9 @@ def read_received_attention(kernel: int, attention: Any, args: tuple[Any, ...], 
 @MULTIMODAL_REGISTRY.register_processor(
     TrimmedGemma3Processor, info=trimmed_gemma3_info, dummy_inputs=Gemma3DummyInputsBuilder
 )
-class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, SupportsMRoPE, SupportsMultiModalPruning):
+class VitrimGemma3ForConditionalGeneration(
+    PositionsAcrossStages, Gemma3ForConditionalGeneration, SupportsMRoPE, SupportsMultiModalPruning
+):
     """vLLM's Gemma 3 whose images hand the LLM the ``keep`` tokens a vitrim.vlm method selects, at their original
     positions, attended as transformers does (module docstring)."""
 
@@ -192,12 +195,13 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         self.vitrim_tower: TowerReduction | None = None
         self.use_trim(options)
         self.vitrim_step = StepPositions()
-        text = config.text_config
-        self.vitrim_attention = [
+        carry_positions(self, vllm_config.model_config.mrope_num_dims)
+        text, llm = config.text_config, self.language_model.model
+        self.vitrim_attention = [  # this pipeline stage's layers (the others are vLLM's PPMissingLayer here)
             OriginalMaskAttention(
                 layer.self_attn.attn, text.sliding_window if layer.self_attn.is_sliding else None, self.vitrim_step
             )
-            for layer in self.language_model.model.layers
+            for layer in llm.layers[llm.start_layer : llm.end_layer]
         ]
 
     def use_trim(self, options: TrimOptions) -> None:
@@ -278,15 +282,10 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         _, delta = prompt_positions(input_ids, int(self.config.image_token_index), self.vitrim_tokens)
         return stripped, positions, delta
 
-    def forward(
-        self,
-        input_ids: Tensor | None,
-        positions: Tensor,
-        intermediate_tensors: Any = None,
-        inputs_embeds: Tensor | None = None,
-        **kwargs: object,
-    ) -> Any:
-        if positions.dim() == 2:  # (3, n) the rows of vitrim.vllm.gemma3_positions
-            self.vitrim_step.positions, self.vitrim_step.blocks = blocks_of(positions)
-            positions = positions[0]
-        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+    def stage_positions(self, rows: Tensor) -> Tensor:
+        """Row 0 of the (3, n) rows of vitrim.vllm.gemma3_positions for the rotary; all three for the attention
+        rule (the original positions and image blocks of this step's tokens)."""
+        if rows.dim() != 2:
+            return rows
+        self.vitrim_step.positions, self.vitrim_step.blocks = blocks_of(rows)
+        return rows[0]

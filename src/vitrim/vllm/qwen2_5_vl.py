@@ -49,6 +49,7 @@ from vitrim.vllm.compat import (
     video_positions,
 )
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
+from vitrim.vllm.pipeline_positions import PositionsAcrossStages, carry_positions
 from vitrim.vllm.prompt_instruction import ImagePrompt, PromptInstruction, image_prompts, select_with_prompts
 from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
@@ -194,19 +195,22 @@ class ImageCut:
     written: Tensor | None
 
 
-class QwenImageTrimming:
+class QwenImageTrimming(PositionsAcrossStages):
     """What a trimmed Qwen-VL class of vLLM adds to vLLM's: the options, the taps on the tower, the per-image cut
-    through vitrim.vlm's encoder seam, and the prompt's first positions. Mixed in before vLLM's class (Qwen2.5-VL's,
+    through vitrim.vlm's encoder seam, the prompt's first positions, and its positions on a later pipeline stage.
+    Mixed in before vLLM's class (Qwen2.5-VL's,
     Qwen3-VL's), whose ``visual`` it reads; the class's ``embed_multimodal`` runs the tower and builds its rows."""
 
     title: str  # the family's name in errors
     visual: Any  # vLLM's vision tower
     use_data_parallel: bool
 
-    def install_vitrim(self, options: TrimOptions) -> None:
-        """After vLLM's ``__init__``: refuse what the seam cannot serve, then tap the scoring block and the merger."""
+    def install_vitrim(self, options: TrimOptions, position_rows: int) -> None:
+        """After vLLM's ``__init__``: refuse what the seam cannot serve, then tap the scoring block and the merger;
+        a later pipeline stage receives the first stage's ``position_rows`` × n positions (:meth:`forward`)."""
         if self.use_data_parallel:
             raise ValueError(f"vitrim: trimmed {self.title} runs its tower whole; drop --mm-encoder-tp-mode data")
+        carry_positions(self, position_rows)
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
         method = options.method
@@ -338,7 +342,7 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
         refuse_vllm_video_pruning(vllm_config.model_config.multimodal_config.get_video_pruning_spec(), options)
         declare_image_pruning(vllm_config.model_config.multimodal_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.install_vitrim(options)
+        self.install_vitrim(options, vllm_config.model_config.mrope_num_dims)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         out = []

@@ -181,7 +181,7 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
         refuse_vllm_video_pruning(vllm_config.model_config.multimodal_config.get_video_pruning_spec(), options)
         declare_image_pruning(vllm_config.model_config.multimodal_config)  # before vLLM's class reads it
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.install_vitrim(options)
+        self.install_vitrim(options, vllm_config.model_config.mrope_num_dims)
 
     def embed_multimodal(self, **kwargs: object) -> Any:
         out = []
