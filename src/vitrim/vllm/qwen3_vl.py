@@ -198,7 +198,8 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
             # (0, row, column) within its temporal patch, whose start video_span lays out
             steps = [0.0] * len(grid) if video else None
             prompts = None if video else image_prompts(kwargs, self.vitrim_options.method, len(grid))
-            cuts = self.cut_media(grid, pixels, own.split(counts), None, steps, asked_keeps(kwargs, modality), prompts)
+            keeps, methods = asked_keeps(kwargs, modality), self.vitrim_item_methods(kwargs, modality)
+            cuts = self.cut_media(grid, pixels, own.split(counts), None, steps, keeps, prompts, methods)
             for cut in cuts:  # full attention: raster order
                 kept = self.kept_rows(cut, stacks[cut.image])
                 if video:
