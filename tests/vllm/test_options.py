@@ -245,7 +245,7 @@ def test_llava_next_takes_tiles_as_the_engines_option_and_nothing_else_does() ->
         with pytest.raises(ValueError) as raised:
             trim_options(hf_config, architecture)
         assert message in str(raised.value) and "\n" not in str(raised.value)
-    with pytest.raises(ValueError, match="^vitrim: this request's tiles='whole' decides how the family lays out an"):
+    with pytest.raises(ValueError, match=r"^vitrim: this request's tiles='whole' decides how the family lays out an"):
         request_options(options, {"vitrim": {"tiles": "whole"}})
 
 
@@ -263,9 +263,10 @@ def test_a_request_sets_the_engines_methods_options_as_an_engine_started_with_th
         assert asked.tokens(16) == started.tokens(16) == keep and asked.overrides == options
     # no keep anywhere: the request's own default, dominant + contextual, as an engine started so keeps
     default = trim_options(config({"method": "visionzip"}), LLAVA)
-    assert default.tokens(576) == 64 and request_options(default, {"vitrim": {"dominant": 20, "contextual": 4}}).tokens(
-        576
-    ) == 24
+    assert (
+        default.tokens(576) == 64
+        and request_options(default, {"vitrim": {"dominant": 20, "contextual": 4}}).tokens(576) == 24
+    )
     assert request_options(engine, {"vitrim": {"keep": 4}}).method is engine.method  # no options: the engine's
     seeded = trim_options(config({"method": "random", "keep": 4, "seed": 3}, "qwen2_5_vl"), QWEN2_5)
     assert request_options(seeded, {"vitrim": {"seed": 5}}).method.options["seed"] == 5

@@ -9,7 +9,9 @@ own options; bad values, an unknown option, another method and an option the eng
 in one line, and the engine goes on. Qwen2.5-VL (Qwen3-VL under ``full``): one engine with VisPruner at keep 3
 serves an image and a video (an image method on each temporal patch) per request, at the engine's options and at
 two requests' own ``important_ratio`` (one with its own keep), in prefill chunks of 16 tokens; each equals itself
-alone and the reference. Under ``full``: an engine started with a request's options equals that request.
+alone and the reference. Under ``full``: an engine started with a request's options equals that request; LLaVA-NeXT
+(per tile) and Gemma 3, VisionZip at keep 6 with three requests' options, each equal to itself alone and the
+reference.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from engines import (
 )
 from PIL import Image
 
+from tiny_vlms.folders import save_vllm_gemma3, save_vllm_llava_next, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 from tiny_vlms.folders import save_vllm_llava as save_llava
-from tiny_vlms.folders import save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 from vitrim.vllm.options import request_options, trim_options
 from vitrim.vllm.request_keep import item_methods, options_bytes, select_items
 from vitrim.vlm.method.base import VisionEvidence
@@ -218,6 +220,45 @@ def test_a_qwen_request_selects_each_image_and_temporal_patch_with_its_own_optio
     assert assert_media_like_reference(requests, runs, reference[:3]) > 0
     assert reference[1]["kept"] != reference[4]["kept"] and reference[2]["kept"] != reference[5]["kept"]
     assert [[len(kept) for kept in expected["kept"]] for expected in reference[:3]] == [[3, 6], [3, 6], [2, 4]]
+
+
+# LLaVA-NeXT (keep per tile; tile grids the unpadding leaves whole) and Gemma 3 (keep of 16 pooled tokens):
+# (the served architecture, its tiny folder, the image sizes, the image placeholder)
+TILED = {
+    "llava_next": ("VitrimLlavaNextForConditionalGeneration", save_vllm_llava_next, [(20, 40), (30, 30)], "<image>"),
+    "gemma3": ("VitrimGemma3ForConditionalGeneration", save_vllm_gemma3, [(32, 32), (40, 24)], "<start_of_image>"),
+}
+TILED_ASKED: list[dict[str, Any] | None] = [None, {"dominant": 2, "contextual": 4}, {"keep": 4, "contextual": 0}]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("family", list(TILED))
+def test_llava_next_and_gemma3_requests_select_with_their_own_options(work: Path, family: str) -> None:
+    architecture, save, sizes, placeholder = TILED[family]
+    folder = save(work / f"tiny-{family}")
+    pictures = work / f"{family}-images"  # beside, not over, the LLaVA requests' pictures
+    pictures.mkdir(exist_ok=True)
+    images = random_pictures(pictures, [*sizes, sizes[0]], seed=5)
+    requests = []
+    for index, (entry, image) in enumerate(zip(TILED_ASKED, images, strict=True)):
+        request: dict[str, Any] = {"prompt": f"w{index}0 {placeholder} w{index}1 w{index}2", "images": [image]}
+        if entry is not None:
+            request["mm_processor_kwargs"] = {"vitrim": entry}
+        requests.append(request)
+
+    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
+        from vitrim.vllm.selection_record import recorded_selections
+
+        together = greedy(llm, requests, MAX_TOKENS)
+        alone = [greedy(llm, [named_afresh(request, f"alone{i}")], MAX_TOKENS)[0] for i, request in enumerate(requests)]
+        return together, alone, recorded_selections(llm)
+
+    runs = with_engine(folder, overrides(architecture, "visionzip", **ENGINE), run)
+    specs = [
+        reference_spec(folder, family, "visionzip", {**ENGINE, **(entry or {})}, request)
+        for request, entry in zip(requests, TILED_ASKED, strict=True)
+    ]
+    assert_like_reference(requests, runs, [one[0] for one in transformers_reference(specs, work)])
 
 
 def test_the_worker_builds_each_items_method_from_its_field_and_selects_each_as_alone() -> None:

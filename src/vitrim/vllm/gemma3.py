@@ -44,13 +44,13 @@ from vitrim.vllm.compat import check_vllm_version, declare_image_pruning
 from vitrim.vllm.gemma3_attention import OriginalMaskAttention, StepPositions
 from vitrim.vllm.gemma3_positions import blocks_of, place_kept, prompt_positions
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, item_methods, keep_field, select_items
+from vitrim.vllm.request_keep import BuiltMethods, RequestKeep, asked_keeps, item_methods, keep_field, select_items
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vllm.tower_stage import install_tower, on_grid, siglip_layout, tower_reducers
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.families.gemma3 import pooled_received, projector_pool
-from vitrim.vlm.method.base import Method, Selector, VisionEvidence
+from vitrim.vlm.method.base import Selector, VisionEvidence
 from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 from vitrim.vlm.stages.tower import TowerReduction
@@ -189,7 +189,7 @@ class VitrimGemma3ForConditionalGeneration(Gemma3ForConditionalGeneration, Suppo
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.vitrim_tokens = int(config.mm_tokens_per_image)
         self.vitrim_record = SelectionRecord()
-        self.vitrim_methods: dict[str, Method] = {}  # the requests' own option sets' methods (request_keep)
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         self.vitrim_taps: Taps | None = None
         self.vitrim_tower: TowerReduction | None = None
         self.use_trim(options)

@@ -43,14 +43,14 @@ from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, own_count, request_options, sets_own_count, trim_options
 from vitrim.vllm.prompt_instruction import PromptInstruction, image_prompts, load_clip, select_with_prompts
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, item_methods, keep_field, select_items
+from vitrim.vllm.request_keep import BuiltMethods, RequestKeep, asked_keeps, item_methods, keep_field, select_items
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vllm.tower_stage import clip_layout, install_tower, kept_in_raster_order, tower_reducers
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import Method, Selector, VisionEvidence
+from vitrim.vlm.method.base import Selector, VisionEvidence
 from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 
@@ -221,7 +221,7 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
-        self.vitrim_methods: dict[str, Method] = {}  # the requests' own option sets' methods (request_keep)
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         method = options.method
         # a tower method: vitrim.vlm's tower stage on vLLM's CLIP layers (vitrim.vllm.tower_stage); else the taps
         self.vitrim_tower = None

@@ -22,7 +22,7 @@ the engine's ``vitrim`` entry has ``"tiles": "unpadded"`` (vitrim.vlm's ``apply(
 tile is then selected among the tokens the unpadding leaves in it (vitrim.vlm's ``select_cut_tiles``, the function
 transformers runs), keeping ``min(keep, n)`` of its n (a fraction: of n), none of a tile it removes, so every image's
 count is :func:`unpadded_tokens`, from its size alone. A tile the unpadding removes whole hands on nothing, whatever
-is kept. The option is the engine's (as the method and its options are; a request's own entry takes ``keep``).
+is kept. The option is the engine's (as the method is; a request's own entry takes ``keep`` and the method's options).
 
 Positions: as LLaVA-1.5's (:mod:`vitrim.vllm.llava`): the shortened prompt numbered 0, 1, 2, …, vitrim.vlm's
 default; ``positions="original"`` is refused when the engine starts.
@@ -54,11 +54,11 @@ from vitrim.vllm.llava import (
     llava_trim_options,
 )
 from vitrim.vllm.options import TrimOptions
-from vitrim.vllm.request_keep import asked_keeps, item_methods, keep_field, select_items
+from vitrim.vllm.request_keep import BuiltMethods, asked_keeps, item_methods, keep_field, select_items
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.seeds import content_seed, image_seeds
 from vitrim.vlm.families.llava_next import NEWLINE, TILES, select_cut_tiles, tile_cuts, tiles_to_image
-from vitrim.vlm.method.base import Method, Selector, VisionEvidence
+from vitrim.vlm.method.base import Selector, VisionEvidence
 from vitrim.vlm.stages.capture import HandOn, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaNextForConditionalGeneration"
@@ -201,7 +201,7 @@ class VitrimLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneration)
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_tile)
         self.vitrim_record = SelectionRecord()
-        self.vitrim_methods: dict[str, Method] = {}  # the requests' own option sets' methods (request_keep)
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         # no [CLS] row: a packed LLaVA-NeXT image has no place for a tile's [CLS] (vitrim.vlm's cls_to_llm)
         self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=False)
 

@@ -50,7 +50,7 @@ from vitrim.vllm.compat import (
 )
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
 from vitrim.vllm.prompt_instruction import ImagePrompt, PromptInstruction, image_prompts, select_with_prompts
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, item_methods, keep_field
+from vitrim.vllm.request_keep import BuiltMethods, RequestKeep, asked_keeps, item_methods, keep_field
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import received_by_segment
@@ -209,7 +209,7 @@ class QwenImageTrimming:
             raise ValueError(f"vitrim: trimmed {self.title} runs its tower whole; drop --mm-encoder-tp-mode data")
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
-        self.vitrim_methods: dict[str, Method] = {}  # the requests' own option sets' methods (request_keep)
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         method = options.method
         if method.reads_time:  # a video method decides its count (a video's; images stay whole: run_media)
             self.vitrim_hand_on = HandOn(method, method.select)

@@ -61,20 +61,29 @@ def options_bytes(options: TrimOptions) -> Tensor:
     return torch.tensor(list(text.encode()), dtype=torch.uint8)
 
 
-def item_methods(kwargs: Mapping[str, object], modality: str, engine: Method, built: dict[str, Method]) -> list[Method]:
+# the methods a model built for its requests' option sets: (id of the engine's method, the options' JSON) -> (that
+# engine method, kept so the id is not reused while cached; the request's method)
+BuiltMethods = dict[tuple[int, str], tuple[Method, Method]]
+
+
+def item_methods(kwargs: Mapping[str, object], modality: str, engine: Method, built: BuiltMethods) -> list[Method]:
     """Each ``modality`` item's method as its request asked (:func:`options_field` in ``embed_multimodal``'s
     ``kwargs``): ``engine`` where it gave no options, else the engine's method with them
-    (:func:`vitrim.vllm.options.request_method`, which the front end ran on the same JSON), built once per option
-    set into ``built`` (the model's own cache). [] where the field is not written."""
+    (:func:`vitrim.vllm.options.request_method`, which the front end ran on the same JSON), built once per engine
+    method and option set into ``built`` (the model's own cache). [] where the field is not written."""
     field = kwargs.get(options_field(modality))
     if field is None:
         return []
     methods = []
     for item in list(field):  # type: ignore[call-overload]  # a list of (L,) tensors, or one (I, L) when alike
         text = bytes(torch.as_tensor(item).flatten().tolist()).decode()
-        if text and text not in built:
-            built[text] = request_method(engine, json.loads(text))
-        methods.append(built[text] if text else engine)
+        if not text:
+            methods.append(engine)
+            continue
+        key = (id(engine), text)
+        if key not in built:
+            built[key] = (engine, request_method(engine, json.loads(text)))
+        methods.append(built[key][1])
     return methods
 
 
