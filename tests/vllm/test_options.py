@@ -276,6 +276,7 @@ def test_a_requests_bad_or_engine_only_option_is_refused_in_one_line() -> None:
     engine = trim_options(config({"method": "visionzip", "keep": 6}), LLAVA)
     cdpruner = trim_options(config({"method": "cdpruner", "keep": 6}), LLAVA)
     evs = trim_options(config({"method": "evs"}, "qwen2_5_vl"), QWEN2_5)
+    flashvid = trim_options(config({"method": "flashvid", "exact_count": True}, "qwen2_5_vl"), QWEN2_5)
     for options, entry, message in [
         (engine, {"dominant": 0}, "vitrim: this request's dominant=0 must be an int >= 1"),
         (engine, {"foo": 1}, "vitrim: this request's unknown option 'foo' for vlm method 'visionzip'; expected one"),
@@ -289,7 +290,9 @@ def test_a_requests_bad_or_engine_only_option_is_refused_in_one_line() -> None:
         (cdpruner, {"clip": "other"}, "vitrim: this request's clip='other' names the CLIP the engine loads when it"),
         (cdpruner, {"theta": 0}, "vitrim: this request's theta=0 changes whether 'cdpruner' reads the prompt"),
         (cdpruner, {"theta": 1.5}, "vitrim: this request's theta=1.5 must be None or a number in [0, 1)"),
-        (evs, {"video_pruning_rate": 0.5}, "vitrim: method 'evs' decides each video's count itself, from the engin"),
+        (evs, {"keep": 4}, "vitrim: method 'evs' decides each video's count itself, from its options; this request"),
+        (evs, {"video_pruning_rate": 1.5}, "vitrim: this request's video_pruning_rate=1.5 must be"),
+        (flashvid, {"exact_count": False}, "vitrim: this request's options: method 'flashvid' with exact_count=False"),
     ]:
         with pytest.raises(ValueError) as raised:
             request_options(options, {"vitrim": entry})
@@ -298,3 +301,6 @@ def test_a_requests_bad_or_engine_only_option_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"^vitrim: this request's keep=8 differs from dominant \+ contextual"):
         request_options(engine, {"vitrim": {"keep": 0.5, "dominant": 4, "contextual": 2}}).tokens(16)
     assert request_options(cdpruner, {"vitrim": {"theta": 0.5}}).method.options["theta"] == 0.5
+    # a video method's options decide each video's count in the front end, as at engine start
+    assert request_options(evs, {"vitrim": {"video_pruning_rate": 0.5}}).video_tokens(4, 6) == 12
+    assert evs.video_tokens(4, 6) == 6

@@ -20,7 +20,6 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -29,15 +28,15 @@ pytest.importorskip("vllm.entrypoints.llm")
 from engines import (
     assert_like_reference,
     assert_media_like_reference,
-    clip_frames,
     greedy,
     named_afresh,
     overrides,
+    qwen_media_requests,
     random_pictures,
     transformers_reference,
+    trimmed_runs,
     with_engine,
 )
-from PIL import Image
 
 from tiny_vlms.folders import save_vllm_gemma3, save_vllm_llava_next, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 from tiny_vlms.folders import save_vllm_llava as save_llava
@@ -170,9 +169,6 @@ QWEN_FAMILIES = {  # the transformers reference's family: (the served architectu
     "qwen2_5_vl": ("VitrimQwen2_5_VLForConditionalGeneration", save_vllm_qwen2_5_vl, 1),
     "qwen3_vl": ("VitrimQwen3VLForConditionalGeneration", functools.partial(save_vllm_qwen3_vl, timestamps=True), 2),
 }
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
-TAIL = " ".join(f"w{i}" for i in range(40, 52))
 CHUNKS = {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}
 # VisPruner at keep 3: the engine's important_ratio 0.5 (1 important token of 3), then each request's own
 # (none of 3; both of 2)
@@ -183,30 +179,9 @@ QWEN_ASKED: list[dict[str, Any] | None] = [None, {"important_ratio": 0.2}, {"imp
 def test_a_qwen_request_selects_each_image_and_temporal_patch_with_its_own_options(work: Path, family: str) -> None:
     architecture, save, frames_per_patch = QWEN_FAMILIES[family]
     folder = save(work / f"tiny-{family}")
-    rng = np.random.default_rng(4)
-    requests = []
-    for index, entry in enumerate(QWEN_ASKED):
-        image, clip = work / f"{family}_image{index}.png", work / f"{family}_clip{index}.npy"
-        Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(image)
-        np.save(clip, clip_frames(2, 2, 3, frames_per_patch=frames_per_patch, seed=40 + index))
-        request: dict[str, Any] = {
-            "prompt": f"w{index}0 {IMAGE} w{index}1 {VIDEO} {TAIL}",
-            "images": [str(image)],
-            "videos": [{"frames": str(clip), "fps": 2.0}],
-        }
-        if entry is not None:
-            request["mm_processor_kwargs"] = {"vitrim": entry}
-        requests.append(request)
-
-    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
-        from vitrim.vllm.selection_record import recorded_selections
-
-        together = greedy(llm, requests, MAX_TOKENS)
-        alone = [greedy(llm, [named_afresh(request, f"alone{i}")], MAX_TOKENS)[0] for i, request in enumerate(requests)]
-        return together, alone, recorded_selections(llm)
-
+    requests = qwen_media_requests(work, f"{family}_vispruner", QWEN_ASKED, frames_per_patch, seed=4, clip_seed=40)
     engine_args = {"limit_mm_per_prompt": {"image": 1, "video": 1}, **CHUNKS}
-    runs = with_engine(folder, overrides(architecture, "vispruner", keep=3), run, **engine_args)
+    runs = trimmed_runs(folder, architecture, "vispruner", {"keep": 3}, requests, MAX_TOKENS, **engine_args)
     specs = [
         reference_spec(folder, family, "vispruner", {"keep": 3, **(entry or {})}, request)
         for request, entry in zip(requests, QWEN_ASKED, strict=True)
@@ -220,6 +195,29 @@ def test_a_qwen_request_selects_each_image_and_temporal_patch_with_its_own_optio
     assert assert_media_like_reference(requests, runs, reference[:3]) > 0
     assert reference[1]["kept"] != reference[4]["kept"] and reference[2]["kept"] != reference[5]["kept"]
     assert [[len(kept) for kept in expected["kept"]] for expected in reference[:3]] == [[3, 6], [3, 6], [2, 4]]
+
+
+# EVS served at video_pruning_rate 0.5, then each request's own rate: the front end counts each video's placeholders by
+# it (evs_count) and the worker selects with it
+VIDEO_ASKED: list[dict[str, Any] | None] = [None, {"video_pruning_rate": 0.25}, {"video_pruning_rate": 0.75}]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("family", list(QWEN_FAMILIES))
+def test_a_qwen_request_trims_its_video_with_its_own_video_method_options(work: Path, family: str) -> None:
+    architecture, save, frames_per_patch = QWEN_FAMILIES[family]
+    folder = save(work / f"tiny-{family}-video")
+    requests = qwen_media_requests(work, f"{family}_evs", VIDEO_ASKED, frames_per_patch, 4, seed=6, clip_seed=60)
+    engine_args = {"limit_mm_per_prompt": {"image": 1, "video": 1}, **CHUNKS}
+    runs = trimmed_runs(folder, architecture, "evs", {"video_pruning_rate": 0.5}, requests, MAX_TOKENS, **engine_args)
+    specs = [
+        reference_spec(folder, family, "evs", {"video_pruning_rate": 0.5, **(entry or {})}, request)
+        for request, entry in zip(requests, VIDEO_ASKED, strict=True)
+    ]
+    reference = [one[0] for one in transformers_reference(specs, work)]
+    assert assert_media_like_reference(requests, runs, reference) > 0
+    # the image whole; the video of 4 temporal patches of 6 at each request's rate
+    assert [[len(kept) for kept in expected["kept"]] for expected in reference] == [[24, 12], [24, 18], [24, 6]]
 
 
 # LLaVA-NeXT (keep per tile; tile grids the unpadding leaves whole) and Gemma 3 (keep of 16 pooled tokens):
@@ -246,14 +244,7 @@ def test_llava_next_and_gemma3_requests_select_with_their_own_options(work: Path
             request["mm_processor_kwargs"] = {"vitrim": entry}
         requests.append(request)
 
-    def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
-        from vitrim.vllm.selection_record import recorded_selections
-
-        together = greedy(llm, requests, MAX_TOKENS)
-        alone = [greedy(llm, [named_afresh(request, f"alone{i}")], MAX_TOKENS)[0] for i, request in enumerate(requests)]
-        return together, alone, recorded_selections(llm)
-
-    runs = with_engine(folder, overrides(architecture, "visionzip", **ENGINE), run)
+    runs = trimmed_runs(folder, architecture, "visionzip", ENGINE, requests, MAX_TOKENS)
     specs = [
         reference_spec(folder, family, "visionzip", {**ENGINE, **(entry or {})}, request)
         for request, entry in zip(requests, TILED_ASKED, strict=True)

@@ -346,8 +346,10 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
     (:mod:`vitrim.vllm.prompt_instruction`). Where the request gives no ``keep``: the engine's, or where the engine
     gave none, the request's method's own default (VisionZip's ``dominant + contextual``), as an engine started
     with those options would keep. Refused: another method, the family's options and :data:`ENGINE_ONLY` (what the
-    taps, the loaded CLIP or the prompt's layout depend on), a change of whether the method reads the prompt, and
-    any option of a tower or video method. ``ValueError`` (one line), which fails that request alone."""
+    taps, the loaded CLIP or the prompt's layout depend on), a change of whether the method reads the prompt, any
+    option of a tower method, and a video method's ``keep`` (its options decide each video's count, here as at
+    engine start: :data:`VIDEO_COUNTS`, :data:`SERVED_WITH`). ``ValueError`` (one line), which fails that request
+    alone."""
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
@@ -377,13 +379,15 @@ def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, objec
         )
     if "question" in raw and (not isinstance(question, str) or not question.strip()):
         raise ValueError(f"vitrim: this request's question={question!r:.80} must be a non-empty string")
-    if method.reads_time and ("keep" in raw or asked):
-        given = "keep" if "keep" in raw else f"{sorted(asked)[0]}={asked[sorted(asked)[0]]!r:.40}"
+    if method.reads_time and "keep" in raw:
         raise ValueError(
-            f"vitrim: method {method.name!r} decides each video's count itself, from the engine's options; this "
-            f"request's {given} is for the image methods"
+            f"vitrim: method {method.name!r} decides each video's count itself, from its options; this request's "
+            "'keep' is for the image methods (give the method's own options, e.g. 'video_pruning_rate')"
         )
     options = engine if not asked else replace(engine, method=request_method(engine.method, asked), overrides=asked)
+    why = refused(options.method) if asked else None  # FlashVID without exact_count: a count the grid does not fix
+    if why is not None:
+        raise ValueError(f"vitrim: this request's options: method {method.name!r} {why}")
     options = replace(options, question=question, whose="this request's ")
     if "keep" not in raw and (engine.keep_given or not asked):
         return options

@@ -24,7 +24,7 @@ A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``, for images and vide
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -50,7 +50,15 @@ from vitrim.vllm.compat import (
 )
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
 from vitrim.vllm.prompt_instruction import ImagePrompt, PromptInstruction, image_prompts, select_with_prompts
-from vitrim.vllm.request_keep import BuiltMethods, RequestKeep, asked_keeps, item_methods, keep_field
+from vitrim.vllm.request_keep import (
+    BuiltMethods,
+    RequestKeep,
+    asked_keeps,
+    item_methods,
+    keep_field,
+    options_bytes,
+    options_field,
+)
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import received_by_segment
@@ -82,16 +90,19 @@ def trimmed_qwen_info(ctx: Any, architecture: str = ARCHITECTURE, info: Callable
     return (info or Qwen2_5_VLProcessingInfo)(ctx)
 
 
-def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Tensor]:
+def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Any]:
     """What a Qwen processor hands the model beside each item (:mod:`vitrim.vllm.request_keep`): each image's kept
-    tokens, and each video's per temporal patch under an image method (a video method decides its own count)."""
-    kept = {}
+    tokens, and each video's per temporal patch under an image method; under a video method (which decides its own
+    count) each video's request's options."""
+    kept: dict[str, Any] = {}
     grids = processed.get("image_grid_thw")
     if grids is not None:
         kept[keep_field("image")] = torch.tensor([options.tokens(int(g.prod()) // merge**2) for g in grids])
     grids = processed.get("video_grid_thw")
     if grids is not None and not options.method.reads_time:
         kept[keep_field("video")] = torch.tensor([options.tokens(int(g[1] * g[2]) // merge**2) for g in grids])
+    elif grids is not None:  # a video method takes no keep; its request's options decide each video's count
+        kept[options_field("video")] = [options_bytes(options) for _ in grids]
     return kept
 
 
@@ -113,7 +124,7 @@ class TrimmedQwen2_5_VLMultiModalProcessor(QwenPromptInstruction, RequestKeep, Q
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         return request_options(qwen_trim_options(self.info.get_hf_config()), hf_kwargs)
 
-    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Any]:
         return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
@@ -307,7 +318,11 @@ class QwenImageTrimming:
 
         for index, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
             method = self.vitrim_options.method if methods is None else methods[index]
-            hand_on = self.vitrim_hand_on if keeps is None else self.hand_on_keeping(keeps[index], method)
+            hand_on = self.vitrim_hand_on
+            if keeps is not None:  # an image method at the request's keep
+                hand_on = self.hand_on_keeping(keeps[index], method)
+            elif method is not self.vitrim_options.method:  # a video method at the request's options
+                hand_on = HandOn(method, method.select)
             if prompts is not None:
                 keep = self.vitrim_options.tokens(len(tokens)) if keeps is None else keeps[index]
                 hand_on = self.hand_on_prompt(keep, prompts[index], method)
@@ -320,7 +335,9 @@ class QwenImageTrimming:
                 positions = video_positions(cells, merge, time_intervals[index])
                 per_frame = len(tokens) // cells[0]
                 placeholders = (
-                    self.vitrim_options.video_tokens(cells[0], per_frame) if keeps is None else cells[0] * keeps[index]
+                    replace(self.vitrim_options, method=method).video_tokens(cells[0], per_frame)
+                    if keeps is None
+                    else cells[0] * keeps[index]
                 )
                 if len(chosen.kept) != placeholders:
                     raise RuntimeError(

@@ -103,7 +103,7 @@ class TrimmedQwen3VLMultiModalProcessor(QwenPromptInstruction, RequestKeep, Qwen
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         return request_options(qwen_trim_options(self.info.get_hf_config(), ARCHITECTURE), hf_kwargs)
 
-    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Any]:
         return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:

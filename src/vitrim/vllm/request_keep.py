@@ -109,12 +109,13 @@ def select_items(
 
 class RequestKeep:
     """Mixed in before a vLLM multimodal processor. A family gives :meth:`request_trim` (its engine's options with
-    the request's keep) and :meth:`kept_per_item` (field -> (items,) kept tokens, from the processor's output)."""
+    the request's keep) and :meth:`kept_per_item` (field -> (items,) kept tokens, from the processor's output; a
+    family may write an item's :func:`options_field` itself, where it carries no keep)."""
 
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         raise NotImplementedError
 
-    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Any]:
         raise NotImplementedError
 
     def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> Any:
@@ -130,7 +131,7 @@ class RequestKeep:
         kept: dict[str, Any] = dict(self.kept_per_item(processed, options))
         asked = options_bytes(options)
         for modality in MODALITIES:  # each item that carries a keep carries its request's options beside it
-            if keep_field(modality) in kept:
+            if keep_field(modality) in kept and options_field(modality) not in kept:
                 kept[options_field(modality)] = [asked.clone() for _ in range(len(kept[keep_field(modality)]))]
         processed.update(kept)
         return processed
