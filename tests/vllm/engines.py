@@ -121,6 +121,43 @@ def gemma3_requests(work: Path) -> list[dict[str, Any]]:
     return three_requests(work, [(32, 32), (40, 24), (64, 48)], image="<start_of_image>")
 
 
+QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+QWEN_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+QWEN_TAIL = " ".join(f"w{i}" for i in range(40, 52))  # the last token holds the largest position (test_plugin_video)
+
+
+def qwen_media_requests(
+    work: Path,
+    tag: str,
+    entries: list[dict[str, Any] | None],
+    frames_per_patch: int,
+    patches: int = 2,
+    seed: int = 2,
+    clip_seed: int = 20,
+) -> list[dict[str, Any]]:
+    """One Qwen request per entry of ``entries`` (its ``vitrim`` entry of ``mm_processor_kwargs``; None: the
+    engine's options): a random 16 × 24 image (drawn from ``seed``) and a clip of ``patches`` temporal patches of
+    2 × 3 merged tokens (:func:`clip_frames` from ``clip_seed`` + its index) at 2 fps, files ``tag``_image{i}.png and
+    ``tag``_clip{i}.npy in ``work``; the image before the video, the text after long enough (:data:`QWEN_TAIL`)."""
+    rng = np.random.default_rng(seed)
+    requests = []
+    for index, entry in enumerate(entries):
+        image, clip = work / f"{tag}_image{index}.png", work / f"{tag}_clip{index}.npy"
+        Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(image)
+        np.save(clip, clip_frames(patches, 2, 3, frames_per_patch=frames_per_patch, seed=clip_seed + index))
+        request: dict[str, Any] = {
+            # Qwen3-VL's tokenizer here reads "w00" as 3 tokens: as many before the image as it keeps (the case
+            # vLLM 0.32's own re-numbering misplaces the video in: vitrim.vllm.compat.renumber_media)
+            "prompt": f"w{index}0 {QWEN_IMAGE} w{index}1 {QWEN_VIDEO} {QWEN_TAIL}",
+            "images": [str(image)],
+            "videos": [{"frames": str(clip), "fps": 2.0}],
+        }
+        if entry is not None:
+            request["mm_processor_kwargs"] = {"vitrim": entry}
+        requests.append(request)
+    return requests
+
+
 def video_item(clip: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     """A clip as vLLM's Qwen processors take it: its (T, H, W, 3) uint8 frames and the metadata its video loader
     would report, every frame kept (``do_sample_frames`` False: the processor reads the frames as given)."""

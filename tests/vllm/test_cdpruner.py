@@ -1,17 +1,17 @@
-"""CDPruner served (issue 51, item 2): each image's selection reads the prompt it answers to, handed from vLLM's
-front end to the worker as processor fields (vitrim.vllm.prompt_instruction), as vitrim.vlm reads it on transformers.
+"""CDPruner served (issue 51, item 2): each image's selection reads the prompt it answers to, handed from vLLM's front
+end to the worker as processor fields (vitrim.vllm.prompt_instruction), as vitrim.vlm reads it on transformers.
 
 One engine per case, many requests: LLaVA-1.5, Qwen2.5-VL and Qwen3-VL under ``relevance="llm"`` (the default: the
 LLM's embeddings of the prompt's text after the image), LLaVA-1.5 under ``relevance="clip"`` (the authors' signal:
 each request's question through a tiny CLIP's text tower, saved in the test, loaded offline). The requests differ in
-their text; one image is asked under two prompts (its selection must follow each prompt: vLLM's processor and
-encoder caches key an image by its text too), two images share a prompt (each reads the text after itself), one
-request asks its own keep. Each request, together and alone, equals transformers + vitrim.vlm on the same folder
-(greedy tokens, the kept indices of each image, the prompt's length); the reference's selections for the shared
-image differ between its two prompts (the check can see a wrong text). A prompt that ends on an image is not among
-them: transformers then keeps its last token for generate() to read, vLLM does not, whatever the method. A request
-the engine cannot serve (a video, a question the engine does not read, no question under ``"clip"``) fails alone,
-in one line, and the engine goes on.
+their text; one image is asked under two prompts (its selection must follow each prompt: vLLM's processor and encoder
+caches key an image by its text too), two images share a prompt (each reads the text after itself), one request asks
+its own keep (under ``"clip"``: one its own ``theta``). Each request, together and alone, equals transformers +
+vitrim.vlm on the same folder (greedy tokens, the kept indices of each image, the prompt's length); the reference's
+selections for the shared image differ between its two prompts (the check can see a wrong text). A prompt that ends
+on an image is not among them: transformers then keeps its last token for generate() to read, vLLM does not, whatever
+the method. A request the engine cannot serve (a video, a question the engine does not read, no question under
+``"clip"``) fails alone, in one line, and the engine goes on.
 """
 
 from __future__ import annotations
@@ -125,13 +125,13 @@ def reference_of(folder: Path, family: str, options: dict[str, Any], requests: l
         one = {key: value for key, value in request.items() if key != "mm_processor_kwargs"}
         if "question" in asked:
             one["question"] = asked["question"]
-        keep = asked.get("keep", options["keep"])
+        own = {key: value for key, value in asked.items() if key != "question"}  # keep, the method's options
         specs.append(
             {
                 "folder": str(folder),
                 "family": family,
                 "method": "cdpruner",
-                "options": {**options, "keep": keep},
+                "options": {**options, **own},
                 "positions": "original",
                 "max_tokens": MAX_TOKENS,
                 "requests": [one],
@@ -181,12 +181,14 @@ def test_the_clip_is_loaded_when_the_engine_starts_and_must_read_the_towers_widt
 
 def test_llava_clip_relevance_reads_each_requests_question(work: Path, clip: Path) -> None:
     """relevance="clip": the question of each request (``texts=`` on transformers) through the tiny CLIP; the same
-    image under two questions keeps what each question selects."""
+    image under two questions keeps what each question selects; a request's own ``theta`` selects with the CLIP the
+    engine loaded, as transformers at that theta."""
     folder = save_vllm_llava(work / "tiny-llava-clip", seed=1)
     requests = make_requests(work, "llava_clip", (16, 20), seed=4)[:3]
     questions = ["what colour is the cat on the mat?", "is there a dog?", "count the birds, please"]
     for request, question in zip(requests, questions, strict=True):
         request["mm_processor_kwargs"] = {"vitrim": {"question": question}}
+    requests[2]["mm_processor_kwargs"]["vitrim"]["theta"] = 0.5  # its own option, on the engine's CLIP
     options = {"keep": 5, "relevance": "clip", "clip": str(clip)}
 
     def run(llm: Any) -> Any:

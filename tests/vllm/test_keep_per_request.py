@@ -23,10 +23,10 @@ pytest.importorskip("vllm.entrypoints.llm")
 
 from engines import (
     assert_like_reference,
-    clip_frames,
     greedy,
     media_of,
     overrides,
+    qwen_media_requests,
     transformers_reference,
     with_engine,
 )
@@ -102,9 +102,6 @@ QWEN_FAMILIES = {  # the transformers reference's family: (the served architectu
     "qwen2_5_vl": ("VitrimQwen2_5_VLForConditionalGeneration", save_vllm_qwen2_5_vl, 1),
     "qwen3_vl": ("VitrimQwen3VLForConditionalGeneration", functools.partial(save_vllm_qwen3_vl, timestamps=True), 2),
 }
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
-TAIL = " ".join(f"w{i}" for i in range(40, 52))  # the last token holds the largest position (test_plugin_video.py)
 # prefill chunks of 16 tokens: every image and video is split across chunks, each chunk re-numbered on its own
 CHUNKS = {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}
 QWEN_ASKED: list[int | float | None] = [None, 2, 0.5]  # the engine's 3, then each request's own
@@ -114,22 +111,8 @@ QWEN_ASKED: list[int | float | None] = [None, 2, 0.5]  # the engine's 3, then ea
 def test_a_qwen_request_keeps_its_own_count_of_each_image_and_temporal_patch(work: Path, family: str) -> None:
     architecture, save, frames_per_patch = QWEN_FAMILIES[family]
     folder = save(work / f"tiny-{family}")
-    rng = np.random.default_rng(2)
-    requests = []
-    for index, asked in enumerate(QWEN_ASKED):
-        image, clip = work / f"{family}_image{index}.png", work / f"{family}_clip{index}.npy"
-        Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(image)
-        np.save(clip, clip_frames(2, 2, 3, frames_per_patch=frames_per_patch, seed=20 + index))
-        request: dict[str, Any] = {
-            # Qwen3-VL's tokenizer here reads "w00" as 3 tokens: as many before the image as it keeps (the case
-            # vLLM 0.32's own re-numbering misplaces the video in: vitrim.vllm.compat.renumber_media)
-            "prompt": f"w{index}0 {IMAGE} w{index}1 {VIDEO} {TAIL}",
-            "images": [str(image)],
-            "videos": [{"frames": str(clip), "fps": 2.0}],
-        }
-        if asked is not None:
-            request["mm_processor_kwargs"] = {"vitrim": {"keep": asked}}
-        requests.append(request)
+    entries = [None if asked is None else {"keep": asked} for asked in QWEN_ASKED]
+    requests = qwen_media_requests(work, family, entries, frames_per_patch)
 
     def run(llm: Any) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
         from vitrim.vllm.selection_record import recorded_selections

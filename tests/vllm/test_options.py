@@ -89,7 +89,8 @@ def test_a_requests_question_is_taken_where_the_engine_reads_it_and_refused_in_o
         (llm, {"question": "why?"}, "vitrim: this request's question is read by cdpruner with relevance='clip' alone"),
         (clip, {"question": ""}, "vitrim: this request's question='' must be a non-empty string"),
         (clip, {"question": 3}, "vitrim: this request's question=3 must be a non-empty string"),
-        (clip, {"question": "why?", "theta": 0.5}, "vitrim: a request's mm_processor_kwargs 'vitrim' entry takes"),
+        (clip, {"question": "why?", "relevance": "llm"}, "vitrim: this request's relevance='llm' decides what the "),
+        (clip, {"question": "why?", "theta": 0}, "vitrim: this request's theta=0 changes whether 'cdpruner' reads"),
         (clip, {}, "vitrim: a request's mm_processor_kwargs 'vitrim' entry takes"),
     ]:
         with pytest.raises(ValueError) as raised:
@@ -244,5 +245,62 @@ def test_llava_next_takes_tiles_as_the_engines_option_and_nothing_else_does() ->
         with pytest.raises(ValueError) as raised:
             trim_options(hf_config, architecture)
         assert message in str(raised.value) and "\n" not in str(raised.value)
-    with pytest.raises(ValueError, match="vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' and"):
+    with pytest.raises(ValueError, match=r"^vitrim: this request's tiles='whole' decides how the family lays out an"):
         request_options(options, {"vitrim": {"tiles": "whole"}})
+
+
+def test_a_request_sets_the_engines_methods_options_as_an_engine_started_with_them_would() -> None:
+    engine = trim_options(config({"method": "visionzip", "keep": 6}), LLAVA)
+    for entry, keep in [
+        ({"dominant": 2, "contextual": 4}, 6),  # the engine's keep
+        ({"keep": 8, "contextual": 3, "cls": False}, 8),
+        ({"keep": 0.25, "contextual": 0}, 4),  # a fraction, checked against the options once resolved
+    ]:
+        asked = request_options(engine, {"vitrim": entry})
+        options = {key: value for key, value in entry.items() if key != "keep"}
+        started = trim_options(config({"method": "visionzip", "keep": entry.get("keep", 6), **options}), LLAVA)
+        assert asked.method.options == started.method.options and asked.method.given == started.method.given
+        assert asked.tokens(16) == started.tokens(16) == keep and asked.overrides == options
+    # no keep anywhere: the request's own default, dominant + contextual, as an engine started so keeps
+    default = trim_options(config({"method": "visionzip"}), LLAVA)
+    assert (
+        default.tokens(576) == 64
+        and request_options(default, {"vitrim": {"dominant": 20, "contextual": 4}}).tokens(576) == 24
+    )
+    assert request_options(engine, {"vitrim": {"keep": 4}}).method is engine.method  # no options: the engine's
+    seeded = trim_options(config({"method": "random", "keep": 4, "seed": 3}, "qwen2_5_vl"), QWEN2_5)
+    assert request_options(seeded, {"vitrim": {"seed": 5}}).method.options["seed"] == 5
+
+
+def test_a_requests_bad_or_engine_only_option_is_refused_in_one_line() -> None:
+    engine = trim_options(config({"method": "visionzip", "keep": 6}), LLAVA)
+    cdpruner = trim_options(config({"method": "cdpruner", "keep": 6}), LLAVA)
+    evs = trim_options(config({"method": "evs"}, "qwen2_5_vl"), QWEN2_5)
+    flashvid = trim_options(config({"method": "flashvid", "exact_count": True}, "qwen2_5_vl"), QWEN2_5)
+    for options, entry, message in [
+        (engine, {"dominant": 0}, "vitrim: this request's dominant=0 must be an int >= 1"),
+        (engine, {"foo": 1}, "vitrim: this request's unknown option 'foo' for vlm method 'visionzip'; expected one"),
+        (engine, {"method": "divprune"}, "vitrim: this request's method='divprune' is the engine's ('visionzip'"),
+        (engine, {"positions": "original"}, "vitrim: this request's positions='original' decides the prompt's layo"),
+        (engine, {"cls": True}, "vitrim: this request's cls=True hands the LLM the tower's [CLS] or fails where"),
+        (engine, {"dominant": 3, "contextual": 1, "keep": 6}, "vitrim: this request's keep=6 differs from dominant"),
+        (engine, {"contextual": 2.5}, "vitrim: this request's contextual=2.5 must be an int >= 0"),
+        (engine, {"contextual": {1, 2}}, "vitrim: this request's options must be JSON values (numbers, strings)"),
+        (cdpruner, {"relevance": "clip"}, "vitrim: this request's relevance='clip' decides what the selection reads"),
+        (cdpruner, {"clip": "other"}, "vitrim: this request's clip='other' names the CLIP the engine loads when it"),
+        (cdpruner, {"theta": 0}, "vitrim: this request's theta=0 changes whether 'cdpruner' reads the prompt"),
+        (cdpruner, {"theta": 1.5}, "vitrim: this request's theta=1.5 must be None or a number in [0, 1)"),
+        (evs, {"keep": 4}, "vitrim: method 'evs' decides each video's count itself, from its options; this request"),
+        (evs, {"video_pruning_rate": 1.5}, "vitrim: this request's video_pruning_rate=1.5 must be"),
+        (flashvid, {"exact_count": False}, "vitrim: this request's options: method 'flashvid' with exact_count=False"),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            request_options(options, {"vitrim": entry})
+        assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)
+    # a count the request's options cannot keep, known once the image's tokens are: refused in the front end
+    with pytest.raises(ValueError, match=r"^vitrim: this request's keep=8 differs from dominant \+ contextual"):
+        request_options(engine, {"vitrim": {"keep": 0.5, "dominant": 4, "contextual": 2}}).tokens(16)
+    assert request_options(cdpruner, {"vitrim": {"theta": 0.5}}).method.options["theta"] == 0.5
+    # a video method's options decide each video's count in the front end, as at engine start
+    assert request_options(evs, {"vitrim": {"video_pruning_rate": 0.5}}).video_tokens(4, 6) == 12
+    assert evs.video_tokens(4, 6) == 6

@@ -110,7 +110,7 @@ def test_chat_answers_equal_the_offline_engine_and_a_bad_request_leaves_it_servi
 
     for keep, refusal in (
         (0, "vitrim: this request's keep=0 must be at least 1"),
-        (17, "vitrim: keep=17 is more than the image's 16 tokens"),
+        (17, "vitrim: this request's keep=17 is more than the image's 16 tokens"),
     ):
         status, body = post(server, "/v1/chat/completions", chat("w10", image_png, keep))
         assert 400 <= status < 500 and refusal in body["error"]["message"], body

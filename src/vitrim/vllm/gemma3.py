@@ -45,12 +45,13 @@ from vitrim.vllm.gemma3_attention import OriginalMaskAttention, StepPositions
 from vitrim.vllm.gemma3_positions import blocks_of, place_kept, prompt_positions
 from vitrim.vllm.options import TrimOptions, request_options, trim_options
 from vitrim.vllm.pipeline_positions import PositionsAcrossStages, carry_positions
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
+from vitrim.vllm.request_keep import BuiltMethods, RequestKeep, asked_keeps, item_methods, keep_field, select_items
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vllm.tower_stage import install_tower, on_grid, siglip_layout, tower_reducers
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.families.gemma3 import pooled_received, projector_pool
+from vitrim.vlm.method.base import Selector, VisionEvidence
 from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 from vitrim.vlm.stages.tower import TowerReduction
@@ -191,6 +192,7 @@ class VitrimGemma3ForConditionalGeneration(
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.vitrim_tokens = int(config.mm_tokens_per_image)
         self.vitrim_record = SelectionRecord()
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         self.vitrim_taps: Taps | None = None
         self.vitrim_tower: TowerReduction | None = None
         self.use_trim(options)
@@ -249,7 +251,13 @@ class VitrimGemma3ForConditionalGeneration(
             return projector.mm_soft_emb_norm(states.to(features.dtype)) @ projector.mm_input_projection_weight
 
         received, keys = (None, None) if attention is None else attention
-        hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+        # each image's request's method: the engine's, with the request's own options (same class: same taps)
+        methods = item_methods(kwargs, "image", method, self.vitrim_methods) or [method] * len(pixels)
+
+        def each(chosen: Selector, part: VisionEvidence, part_keeps: list[int], items: list[int]) -> Any:
+            return select_keeping_each(chosen, part, part_keeps)
+
+        hand_on = HandOn(method, lambda evidence, count: select_items(methods, evidence, keeps, each))
         selections, written = hand_on.run(
             projector_pool(projector, features),  # (I, N, C) what the projector's norm reads
             values=projected,

@@ -43,14 +43,14 @@ from vitrim.reduce import Reducer
 from vitrim.vllm.compat import check_vllm_version
 from vitrim.vllm.options import TrimOptions, own_count, request_options, sets_own_count, trim_options
 from vitrim.vllm.prompt_instruction import PromptInstruction, image_prompts, load_clip, select_with_prompts
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
+from vitrim.vllm.request_keep import BuiltMethods, RequestKeep, asked_keeps, item_methods, keep_field, select_items
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vllm.tower_stage import clip_layout, install_tower, kept_in_raster_order, tower_reducers
 from vitrim.vlm.evidence.attention import cls_attention_and_keys
 from vitrim.vlm.evidence.seeds import image_seeds
 from vitrim.vlm.keep import KeepSpec
-from vitrim.vlm.method.base import Selector
+from vitrim.vlm.method.base import Selector, VisionEvidence
 from vitrim.vlm.method.tower_reducers import TowerMethod
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping_each
 
@@ -221,6 +221,7 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_grid)
         self.vitrim_record = SelectionRecord()
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         method = options.method
         # a tower method: vitrim.vlm's tower stage on vLLM's CLIP layers (vitrim.vllm.tower_stage); else the taps
         self.vitrim_tower = None
@@ -251,6 +252,8 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         seeds = image_seeds(pixels) if method.needs_seeds or recording() else None  # (I,)
         record = seeds if recording() else None
         keeps = asked_keeps(kwargs, "image") or [self.vitrim_keep] * len(pixels)  # each image's request's keep
+        # each image's request's method: the engine's, with the request's own options (same class: same taps)
+        methods = item_methods(kwargs, "image", method, self.vitrim_methods) or [method] * len(pixels)
         taps = self.vitrim_taps
         attention = None if taps is None else taps.take_attention()
         cls_row = None if taps is None else taps.take_cls_row()
@@ -261,11 +264,15 @@ class VitrimLlavaForConditionalGeneration(LlavaForConditionalGeneration):
         projected = self.multi_modal_projector(features) if method.scores_projected else None
         prompts = image_prompts(kwargs, method, len(pixels))  # what each image answers to (CDPruner)
         if prompts is None:
-            hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+
+            def each(chosen: Selector, part: VisionEvidence, part_keeps: list[int], items: list[int]) -> Any:
+                return select_keeping_each(chosen, part, part_keeps)
+
+            hand_on = HandOn(method, lambda evidence, count: select_items(methods, evidence, keeps, each))
         else:
             embed = self.get_language_model().embed_input_ids
             hand_on = HandOn(
-                method, lambda evidence, count: select_with_prompts(method, evidence, keeps, prompts, embed)
+                method, lambda evidence, count: select_with_prompts(methods, evidence, keeps, prompts, embed)
             )
         selections, written = hand_on.run(
             features,

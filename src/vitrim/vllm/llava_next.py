@@ -22,7 +22,7 @@ the engine's ``vitrim`` entry has ``"tiles": "unpadded"`` (vitrim.vlm's ``apply(
 tile is then selected among the tokens the unpadding leaves in it (vitrim.vlm's ``select_cut_tiles``, the function
 transformers runs), keeping ``min(keep, n)`` of its n (a fraction: of n), none of a tile it removes, so every image's
 count is :func:`unpadded_tokens`, from its size alone. A tile the unpadding removes whole hands on nothing, whatever
-is kept. The option is the engine's (as the method and its options are; a request's own entry takes ``keep``).
+is kept. The option is the engine's (as the method is; a request's own entry takes ``keep`` and the method's options).
 
 Positions: as LLaVA-1.5's (:mod:`vitrim.vllm.llava`): the shortened prompt numbered 0, 1, 2, …, vitrim.vlm's
 default; ``positions="original"`` is refused when the engine starts.
@@ -54,10 +54,11 @@ from vitrim.vllm.llava import (
     llava_trim_options,
 )
 from vitrim.vllm.options import TrimOptions
-from vitrim.vllm.request_keep import asked_keeps, keep_field
+from vitrim.vllm.request_keep import BuiltMethods, asked_keeps, item_methods, keep_field, select_items
 from vitrim.vllm.selection_record import SelectionRecord
 from vitrim.vlm.evidence.seeds import content_seed, image_seeds
 from vitrim.vlm.families.llava_next import NEWLINE, TILES, select_cut_tiles, tile_cuts, tiles_to_image
+from vitrim.vlm.method.base import Selector, VisionEvidence
 from vitrim.vlm.stages.capture import HandOn, select_keeping_each
 
 ARCHITECTURE = "VitrimLlavaNextForConditionalGeneration"
@@ -200,6 +201,7 @@ class VitrimLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneration)
         self.vitrim_options = options
         self.vitrim_keep = options.tokens(self.vitrim_tile)
         self.vitrim_record = SelectionRecord()
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         # no [CLS] row: a packed LLaVA-NeXT image has no place for a tile's [CLS] (vitrim.vlm's cls_to_llm)
         self.vitrim_taps = clip_taps(self.vision_tower, config, options.method, cls_row=False)
 
@@ -220,16 +222,26 @@ class VitrimLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneration)
         assert isinstance(features, Tensor)
         keeps = self.tile_keeps(kwargs, sizes, counts)  # per tile of every image, at its request's keep
         method = self.vitrim_options.method
+        # per tile, its image's request's method (the engine's, with the request's own options)
+        asked = item_methods(kwargs, "image", method, self.vitrim_methods) or [method] * len(sizes)
+        methods = [chosen for chosen, count in zip(asked, counts, strict=True) for _ in range(count)]
         attention = None if self.vitrim_taps is None else self.vitrim_taps.take_attention()
         cls_attention, keys = (None, None) if attention is None else attention
         projected = self.multi_modal_projector(features) if method.scores_projected else None
         if unpadded(self.vitrim_options):  # each tile among the tokens the unpadding leaves: vitrim.vlm's function
             side = self.config.vision_config.image_size // self.config.vision_config.patch_size
             cuts = [cut for m, count in zip(maps, counts, strict=True) for cut in tile_cuts(m, count, side)]
-            each = functools.partial(select_keeping_each, method)
-            hand_on = HandOn(method, lambda evidence, count: select_cut_tiles(evidence, cuts, keeps, each))
+
+            def each(chosen: Selector, part: VisionEvidence, part_keeps: list[int], items: list[int]) -> Any:
+                own_cuts = [cuts[item] for item in items]
+                return select_cut_tiles(part, own_cuts, part_keeps, functools.partial(select_keeping_each, chosen))
+
         else:
-            hand_on = HandOn(method, lambda evidence, count: select_keeping_each(method, evidence, keeps))
+
+            def each(chosen: Selector, part: VisionEvidence, part_keeps: list[int], items: list[int]) -> Any:
+                return select_keeping_each(chosen, part, part_keeps)
+
+        hand_on = HandOn(method, lambda evidence, count: select_items(methods, evidence, keeps, each))
         selections, written = hand_on.run(
             features,
             values=features if projected is None else None,

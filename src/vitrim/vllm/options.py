@@ -21,6 +21,7 @@ one line starting ``vitrim:`` and naming the value, raised when the engine start
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -211,13 +212,23 @@ class TrimOptions:
     question: str | None = None  # a request's question (``reads_question`` methods), None for the engine's own
     # the served family's own options (FamilyTraits.options, LLaVA-NeXT's "tiles"), checked; the engine's, every request
     family_options: Mapping[str, str] = field(default_factory=dict)
+    keep_given: bool = True  # False: ``keep`` is the method's default_keep() (VisionZip's dominant + contextual)
+    # a request's own options of the method (the JSON values it gave, over the engine's; :func:`request_options`):
+    # they travel to the worker beside each item (vitrim.vllm.request_keep), which builds the same method from them
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    whose: str = ""  # "this request's " in the errors of a request's options
 
     def tokens(self, num_tokens: int) -> int:
-        """Tokens kept of an image of ``num_tokens`` tokens; ``ValueError`` (one line) when ``keep`` exceeds them."""
+        """Tokens kept of an image of ``num_tokens`` tokens; ``ValueError`` (one line) when ``keep`` exceeds them or
+        the method cannot keep that many with its options (a fraction resolved here: the worker's selection would
+        raise it otherwise, which would stop the engine rather than fail one request)."""
         try:
-            return self.spec().tokens(num_tokens)
+            count = self.spec().tokens(num_tokens)
+            if self.method.stage == "pre_llm":
+                self.method.check_keep(count)
         except ValueError as error:
-            raise ValueError(f"vitrim: {error}") from None
+            raise ValueError(f"vitrim: {self.whose}{error}") from None
+        return count
 
     def spec(self) -> KeepSpec:
         """``keep``; ``RuntimeError`` where an own-count method's family has not fixed it from its tower."""
@@ -307,55 +318,123 @@ def trim_options(hf_config: Any, architecture: str) -> TrimOptions:
             method.check_keep(spec.count)
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: {error}") from None
-    return TrimOptions(method=method, keep=spec, family_options=family_options)
+    return TrimOptions(method=method, keep=spec, family_options=family_options, keep_given="keep" in raw)
 
 
-REQUEST_EXAMPLE = '{"vitrim": {"keep": 32}}'
+REQUEST_EXAMPLE = '{"vitrim": {"keep": 32, "dominant": 24, "contextual": 8}}'
 REQUEST_KEYS = {"keep", "question"}
+# the method's options a request may not set, and why: the engine fixes them for every request, since they decide
+# what the tower is tapped for or loads when the engine starts, or the prompt's layout beyond the count
+ENGINE_ONLY: dict[str, str] = {
+    "positions": "decides the prompt's layout (the kept tokens' order and positions), which the engine fixes",
+    "relevance": (
+        "decides what the selection reads (the prompt's text, or the question through a CLIP the engine loads when "
+        "it starts)"
+    ),
+    "clip": "names the CLIP the engine loads when it starts",
+    "clip_tokenizer": "names the tokenizer of the CLIP the engine loads when it starts",
+}
 
 
 def request_options(engine: TrimOptions, mm_processor_kwargs: Mapping[str, object]) -> TrimOptions:
-    """The options of one request: the engine's, with the ``keep`` and the ``question`` of the request's
-    ``mm_processor_kwargs={"vitrim": {"keep": …, "question": …}}`` where it gives them. ``keep`` decides the
-    request's placeholders in the front end and travels to the tower with the request's pixels; ``question`` (a
-    method that :func:`reads_question`) travels beside each image (:mod:`vitrim.vllm.prompt_instruction`); the
-    method and its other options are the engine's. ``ValueError`` (one line) for anything else, which fails that
-    request alone."""
+    """The options of one request: the engine's, with what the request's ``mm_processor_kwargs={"vitrim": {…}}``
+    gives: ``keep``, ``question`` (a method that :func:`reads_question`) and the engine's method's own options
+    (VisionZip's ``dominant``, ``contextual``; CDPruner's ``theta``; …), each over the engine's and checked as the
+    engine checks its own (the same constructor, so the same lines, "vitrim: this request's …"). ``keep`` decides
+    the request's placeholders in the front end and travels to the tower with the request's pixels, the options
+    (:attr:`TrimOptions.overrides`) beside them (:mod:`vitrim.vllm.request_keep`), ``question`` beside each image
+    (:mod:`vitrim.vllm.prompt_instruction`). Where the request gives no ``keep``: the engine's, or where the engine
+    gave none, the request's method's own default (VisionZip's ``dominant + contextual``), as an engine started
+    with those options would keep. Refused: another method, the family's options and :data:`ENGINE_ONLY` (what the
+    taps, the loaded CLIP or the prompt's layout depend on), a change of whether the method reads the prompt, any
+    option of a tower method, and a video method's ``keep`` (its options decide each video's count, here as at
+    engine start: :data:`VIDEO_COUNTS`, :data:`SERVED_WITH`). ``ValueError`` (one line), which fails that request
+    alone."""
     raw = mm_processor_kwargs.get("vitrim")
     if raw is None:
         return engine
-    if engine.method.stage == "tower":
+    method = engine.method
+    if method.stage == "tower":
         raise ValueError(
-            f"vitrim: method {engine.method.name!r} reduces inside the tower with reducers built for the engine's "
-            "keep; a request's 'keep' is for the pre-LLM methods"
+            f"vitrim: method {method.name!r} reduces inside the tower with reducers built for the engine's "
+            "keep; a request's 'keep' and options are for the pre-LLM methods"
         )
-    if not isinstance(raw, Mapping) or not raw or not set(raw) <= REQUEST_KEYS:
+    if not isinstance(raw, Mapping) or not raw or not all(isinstance(key, str) for key in raw):
         raise ValueError(
-            f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep' and 'question' (e.g. "
-            f"{REQUEST_EXAMPLE}; the method and its options are the engine's), got {raw!r:.80}"
+            f"vitrim: a request's mm_processor_kwargs 'vitrim' entry takes 'keep', 'question' and the engine's "
+            f"method's options by name (e.g. {REQUEST_EXAMPLE}), got {raw!r:.80}"
         )
+    asked = {key: value for key, value in raw.items() if key not in REQUEST_KEYS}
+    try:  # the options as the worker reads them back from the item's field: the front end builds from the same
+        asked = json.loads(json.dumps(asked, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"vitrim: this request's options must be JSON values (numbers, strings), got {asked!r:.80}"
+        ) from None
     question = raw.get("question")
-    if "question" in raw and not reads_question(engine.method):
+    if "question" in raw and not reads_question(method):
         raise ValueError(
             f"vitrim: this request's question is read by cdpruner with relevance='clip' alone; this engine's "
-            f"{engine.method.name!r} reads {'the prompt' if engine.method.reads_instruction() else 'the images'}"
+            f"{method.name!r} reads {'the prompt' if method.reads_instruction() else 'the images'}"
         )
     if "question" in raw and (not isinstance(question, str) or not question.strip()):
         raise ValueError(f"vitrim: this request's question={question!r:.80} must be a non-empty string")
-    if "keep" not in raw:
-        return replace(engine, question=question)
-    if engine.method.reads_time:
+    if method.reads_time and "keep" in raw:
         raise ValueError(
-            f"vitrim: method {engine.method.name!r} decides each video's count itself; a request's 'keep' is for the "
-            "image methods"
+            f"vitrim: method {method.name!r} decides each video's count itself, from its options; this request's "
+            "'keep' is for the image methods (give the method's own options, e.g. 'video_pruning_rate')"
         )
+    options = engine if not asked else replace(engine, method=request_method(engine.method, asked), overrides=asked)
+    why = refused(options.method) if asked else None  # FlashVID without exact_count: a count the grid does not fix
+    if why is not None:
+        raise ValueError(f"vitrim: this request's options: method {method.name!r} {why}")
+    options = replace(options, question=question, whose="this request's ")
+    if "keep" not in raw and (engine.keep_given or not asked):
+        return options
     try:
-        spec = parse_keep(raw["keep"])
+        spec = parse_keep(raw["keep"] if "keep" in raw else options.method.default_keep())
         if spec.count is not None:
-            engine.method.check_keep(spec.count)
+            options.method.check_keep(spec.count)
     except (ValueError, TypeError) as error:
         raise ValueError(f"vitrim: this request's {error}") from None
-    return replace(engine, keep=spec, question=question)
+    return replace(options, keep=spec)
+
+
+def request_method(engine: Method, asked: Mapping[str, Any]) -> Method:
+    """The engine's method with a request's own options ``asked`` over the options the engine named (the rest stay
+    their defaults, as on the engine), checked by its constructor; state the engine loaded for it when it started
+    (CDPruner's CLIP towers) is shared. ``ValueError`` (one line, "vitrim: this request's …") for an option the
+    engine fixes (:data:`ENGINE_ONLY`, the method, the family's options), an unknown one or a bad value, or a
+    ``theta`` that changes whether CDPruner reads the prompt (the front end hands each image its text only where
+    the engine's method reads it). The worker builds the same method from the same ``asked``
+    (:func:`vitrim.vllm.request_keep.item_methods`)."""
+    for option, value in asked.items():
+        why = ENGINE_ONLY.get(option) if option in engine.options else None  # else: unknown, the constructor says
+        if option == "method" and value != engine.name:
+            why = f"is the engine's ({engine.name!r}; an engine serves one method)"
+        elif option in family_option_names():
+            why = "decides how the family lays out an image's tokens in the prompt, which the engine fixes"
+        elif option == "cls" and value is True:
+            why = "hands the LLM the tower's [CLS] or fails where it has no room or the tower none; pass None or False"
+        if why is not None:
+            raise ValueError(f"vitrim: this request's {option}={value!r:.40} {why}")
+    own = {option: value for option, value in asked.items() if option != "method"}
+    named = {option: engine.options[option] for option in engine.given}
+    try:
+        method = type(engine)(**{**named, **own})
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"vitrim: this request's {error}") from None
+    if method.reads_instruction() != engine.reads_instruction():
+        reads = "reads the prompt" if engine.reads_instruction() else "selects from the images alone"
+        raise ValueError(
+            f"vitrim: this request's theta={method.options.get('theta')!r} changes whether {engine.name!r} reads "
+            f"the prompt, and the engine's {reads} (the front end hands each image its text by the engine's); keep "
+            "theta on the engine's side of 0"
+        )
+    for name, value in vars(engine).items():  # what the engine loaded for its method (CDPruner's CLIP)
+        if name not in ("options", "given") and value is not None:
+            setattr(method, name, value)
+    return method
 
 
 def video_options(method: Method, keep: Any, architecture: str) -> TrimOptions:

@@ -202,16 +202,17 @@ def with_prompt(evidence: VisionEvidence, prompt: ImagePrompt, embed: Callable[[
 
 
 def select_with_prompts(
-    selector: Selector,
+    selectors: Sequence[Selector],
     evidence: VisionEvidence,
     keeps: Sequence[int],
     prompts: Sequence[ImagePrompt],
     embed: Callable[[Tensor], Tensor],
 ) -> list[ImageSelection]:
-    """Image ``i`` of ``evidence`` keeps ``keeps[i]`` tokens, selected on its own rows reading its own prompt: each
-    image alone, as vitrim.vlm selects one at a time when the prompt reaches the LLM."""
+    """Image ``i`` of ``evidence`` keeps ``keeps[i]`` tokens, selected by ``selectors[i]`` (its request's method) on
+    its own rows reading its own prompt: each image alone, as vitrim.vlm selects one at a time when the prompt
+    reaches the LLM."""
     selections: list[ImageSelection] = []
-    for image, (keep, prompt) in enumerate(zip(keeps, prompts, strict=True)):
+    for image, (selector, keep, prompt) in enumerate(zip(selectors, keeps, prompts, strict=True)):
         selections += select_keeping(selector, with_prompt(one_image(evidence, image), prompt, embed), keep)
     return selections
 

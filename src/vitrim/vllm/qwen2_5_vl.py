@@ -24,7 +24,7 @@ A subclass of vLLM's ``Qwen2_5_VLForConditionalGeneration``, for images and vide
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,13 +51,21 @@ from vitrim.vllm.compat import (
 from vitrim.vllm.options import TrimOptions, refuse_vllm_video_pruning, request_options, trim_options
 from vitrim.vllm.pipeline_positions import PositionsAcrossStages, carry_positions
 from vitrim.vllm.prompt_instruction import ImagePrompt, PromptInstruction, image_prompts, select_with_prompts
-from vitrim.vllm.request_keep import RequestKeep, asked_keeps, keep_field
+from vitrim.vllm.request_keep import (
+    BuiltMethods,
+    RequestKeep,
+    asked_keeps,
+    item_methods,
+    keep_field,
+    options_bytes,
+    options_field,
+)
 from vitrim.vllm.selection_record import SelectionRecord, recording
 from vitrim.vllm.tensor_parallel import all_heads
 from vitrim.vlm.evidence.attention import received_by_segment
 from vitrim.vlm.evidence.merged_tokens import TowerAttention, image_evidence, tokens_per_image
 from vitrim.vlm.evidence.seeds import image_seeds
-from vitrim.vlm.method.base import ImageSelection
+from vitrim.vlm.method.base import ImageSelection, Method
 from vitrim.vlm.stages.capture import HandOn, Taps, select_keeping
 
 ARCHITECTURE = "VitrimQwen2_5_VLForConditionalGeneration"
@@ -83,16 +91,19 @@ def trimmed_qwen_info(ctx: Any, architecture: str = ARCHITECTURE, info: Callable
     return (info or Qwen2_5_VLProcessingInfo)(ctx)
 
 
-def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Tensor]:
+def kept_per_qwen_item(processed: Mapping[str, Any], options: TrimOptions, merge: int) -> dict[str, Any]:
     """What a Qwen processor hands the model beside each item (:mod:`vitrim.vllm.request_keep`): each image's kept
-    tokens, and each video's per temporal patch under an image method (a video method decides its own count)."""
-    kept = {}
+    tokens, and each video's per temporal patch under an image method; under a video method (which decides its own
+    count) each video's request's options."""
+    kept: dict[str, Any] = {}
     grids = processed.get("image_grid_thw")
     if grids is not None:
         kept[keep_field("image")] = torch.tensor([options.tokens(int(g.prod()) // merge**2) for g in grids])
     grids = processed.get("video_grid_thw")
     if grids is not None and not options.method.reads_time:
         kept[keep_field("video")] = torch.tensor([options.tokens(int(g[1] * g[2]) // merge**2) for g in grids])
+    elif grids is not None:  # a video method takes no keep; its request's options decide each video's count
+        kept[options_field("video")] = [options_bytes(options) for _ in grids]
     return kept
 
 
@@ -114,7 +125,7 @@ class TrimmedQwen2_5_VLMultiModalProcessor(QwenPromptInstruction, RequestKeep, Q
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         return request_options(qwen_trim_options(self.info.get_hf_config()), hf_kwargs)
 
-    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Any]:
         return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
@@ -213,6 +224,7 @@ class QwenImageTrimming(PositionsAcrossStages):
         carry_positions(self, position_rows)
         self.vitrim_options = options
         self.vitrim_record = SelectionRecord()
+        self.vitrim_methods: BuiltMethods = {}  # the requests' own option sets' methods (request_keep)
         method = options.method
         if method.reads_time:  # a video method decides its count (a video's; images stay whole: run_media)
             self.vitrim_hand_on = HandOn(method, method.select)
@@ -225,16 +237,20 @@ class QwenImageTrimming(PositionsAcrossStages):
         self.vitrim_merger_input: Tensor | None = None
         tap_input(self.visual.merger, self.keep_merger_input)  # the merger takes no hooks (vitrim.vllm.compat)
 
-    def hand_on_keeping(self, keep: int) -> HandOn:
-        """The seam at a request's own ``keep`` (tokens of an image, of each temporal patch of a video)."""
-        method = self.vitrim_options.method
+    def hand_on_keeping(self, keep: int, method: Method) -> HandOn:
+        """The seam at a request's own ``keep`` (tokens of an image, of each temporal patch of a video) and method
+        (the engine's, with the request's own options: :func:`~vitrim.vllm.request_keep.item_methods`)."""
         return HandOn(method, lambda evidence, count: select_keeping(method, evidence, keep))
 
-    def hand_on_prompt(self, keep: int, prompt: ImagePrompt) -> HandOn:
-        """The seam for one image at ``keep`` whose selection reads ``prompt`` (its text, embedded by the LLM)."""
-        method = self.vitrim_options.method
+    def hand_on_prompt(self, keep: int, prompt: ImagePrompt, method: Method) -> HandOn:
+        """The seam for one image at ``keep`` whose selection by ``method`` reads ``prompt`` (its text, embedded by
+        the LLM)."""
         embed = self.get_language_model().embed_input_ids  # type: ignore[attr-defined]
-        return HandOn(method, lambda evidence, count: select_with_prompts(method, evidence, [keep], [prompt], embed))
+        return HandOn(method, lambda evidence, count: select_with_prompts([method], evidence, [keep], [prompt], embed))
+
+    def vitrim_item_methods(self, kwargs: Mapping[str, object], modality: str) -> list[Method] | None:
+        """Each ``modality`` item's method as its request asked (None: the engine's for every item)."""
+        return item_methods(kwargs, modality, self.vitrim_options.method, self.vitrim_methods) or None
 
     def keep_merger_input(self, states: Tensor) -> None:
         self.vitrim_merger_input = states.reshape(states.shape[0], -1)  # (P, 1, C) -> (P, C)
@@ -280,6 +296,7 @@ class QwenImageTrimming(PositionsAcrossStages):
         time_intervals: Sequence[Tensor | float] | None = None,
         keeps: Sequence[int] | None = None,
         prompts: Sequence[ImagePrompt] | None = None,
+        methods: Sequence[Method] | None = None,
     ) -> Iterator[ImageCut]:
         """After the tower ran on ``pixels``: each image's (or, with ``time_intervals``, each video's) selection from
         the evidence the taps caught, through vitrim.vlm's seam as on transformers (:meth:`HandOn.run_media`);
@@ -287,8 +304,9 @@ class QwenImageTrimming(PositionsAcrossStages):
         raster order), ``time_intervals`` per video its temporal step (Qwen2.5-VL: ``tokens_per_second ·
         second_per_grid_ts``; Qwen3-VL: 0, each temporal patch numbered as its own grid), ``keeps`` each item's kept
         tokens as its request asked (per temporal patch of a video; None: the engine's), ``prompts`` each image's
-        prompt for a method that reads it (:func:`~vitrim.vllm.prompt_instruction.image_prompts`; images only);
-        each selection recorded under the item's content seed."""
+        prompt for a method that reads it (:func:`~vitrim.vllm.prompt_instruction.image_prompts`; images only),
+        ``methods`` each item's method as its request asked (None: the engine's); each selection recorded under the
+        item's content seed."""
         states, self.vitrim_merger_input = self.vitrim_merger_input, None
         if states is None:
             raise RuntimeError(f"vitrim: the {self.title} tower ran without its merger")
@@ -303,10 +321,15 @@ class QwenImageTrimming(PositionsAcrossStages):
             return self.visual.merger(merged.reshape(-1, merged.shape[-1] // unit).to(states.dtype)[:, None])
 
         for index, (item, tokens) in enumerate(zip(evidence, own, strict=True)):
-            hand_on = self.vitrim_hand_on if keeps is None else self.hand_on_keeping(keeps[index])
+            method = self.vitrim_options.method if methods is None else methods[index]
+            hand_on = self.vitrim_hand_on
+            if keeps is not None:  # an image method at the request's keep
+                hand_on = self.hand_on_keeping(keeps[index], method)
+            elif method is not self.vitrim_options.method:  # a video method at the request's options
+                hand_on = HandOn(method, method.select)
             if prompts is not None:
                 keep = self.vitrim_options.tokens(len(tokens)) if keeps is None else keeps[index]
-                hand_on = self.hand_on_prompt(keep, prompts[index])
+                hand_on = self.hand_on_prompt(keep, prompts[index], method)
             chosen, written = hand_on.run_media(item, tokens, items[index], project, video=video)
             self.vitrim_record.add_all(None if seeds is None else seeds[index : index + 1], [chosen.kept])
             cells = grid[index].tolist()
@@ -316,7 +339,9 @@ class QwenImageTrimming(PositionsAcrossStages):
                 positions = video_positions(cells, merge, time_intervals[index])
                 per_frame = len(tokens) // cells[0]
                 placeholders = (
-                    self.vitrim_options.video_tokens(cells[0], per_frame) if keeps is None else cells[0] * keeps[index]
+                    replace(self.vitrim_options, method=method).video_tokens(cells[0], per_frame)
+                    if keeps is None
+                    else cells[0] * keeps[index]
                 )
                 if len(chosen.kept) != placeholders:
                     raise RuntimeError(
@@ -354,9 +379,9 @@ class VitrimQwen2_5_VLForConditionalGeneration(QwenImageTrimming, Qwen2_5_VLForC
             window_index = self.visual.prepare_encoder_metadata(grid.tolist())["window_index"].to(embeds.device)
             own = embeds.split(tokens_per_image(grid, self.visual.spatial_merge_size))
             intervals = self.time_intervals(found) if video else None
-            keeps = asked_keeps(kwargs, modality)
+            keeps, methods = asked_keeps(kwargs, modality), self.vitrim_item_methods(kwargs, modality)
             prompts = None if video else image_prompts(kwargs, self.vitrim_options.method, len(grid))
-            for cut in self.cut_media(grid, pixels, own, window_index, intervals, keeps, prompts):
+            for cut in self.cut_media(grid, pixels, own, window_index, intervals, keeps, prompts, methods):
                 kept = (cut.own if cut.written is None else cut.written)[cut.selection.kept]  # (k, E)
                 out.append(torch.cat([kept, cut.positions[cut.selection.kept].to(kept.dtype)], dim=1))
         return tuple(out)

@@ -103,7 +103,7 @@ class TrimmedQwen3VLMultiModalProcessor(QwenPromptInstruction, RequestKeep, Qwen
     def request_trim(self, hf_kwargs: Mapping[str, object]) -> TrimOptions:
         return request_options(qwen_trim_options(self.info.get_hf_config(), ARCHITECTURE), hf_kwargs)
 
-    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Tensor]:
+    def kept_per_item(self, processed: Mapping[str, Any], options: TrimOptions) -> dict[str, Any]:
         return kept_per_qwen_item(processed, options, int(self.info.get_hf_config().vision_config.spatial_merge_size))
 
     def _get_prompt_updates(self, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Sequence[Any]:
@@ -198,7 +198,8 @@ class VitrimQwen3VLForConditionalGeneration(QwenImageTrimming, Qwen3VLForConditi
             # (0, row, column) within its temporal patch, whose start video_span lays out
             steps = [0.0] * len(grid) if video else None
             prompts = None if video else image_prompts(kwargs, self.vitrim_options.method, len(grid))
-            cuts = self.cut_media(grid, pixels, own.split(counts), None, steps, asked_keeps(kwargs, modality), prompts)
+            keeps, methods = asked_keeps(kwargs, modality), self.vitrim_item_methods(kwargs, modality)
+            cuts = self.cut_media(grid, pixels, own.split(counts), None, steps, keeps, prompts, methods)
             for cut in cuts:  # full attention: raster order
                 kept = self.kept_rows(cut, stacks[cut.image])
                 if video:
