@@ -41,7 +41,7 @@ from engines import (
 from tiny_vlms.folders import save_vllm_gemma3, save_vllm_llava_next, save_vllm_qwen2_5_vl, save_vllm_qwen3_vl
 from tiny_vlms.folders import save_vllm_llava as save_llava
 from vitrim.vllm.options import request_options, trim_options
-from vitrim.vllm.request_keep import item_methods, options_bytes, select_items
+from vitrim.vllm.request_keep import BUILT_CAPACITY, item_methods, options_bytes, select_items
 from vitrim.vlm.method.base import VisionEvidence
 from vitrim.vlm.stages.capture import one_image, select_keeping_each
 
@@ -280,3 +280,18 @@ def test_the_worker_builds_each_items_method_from_its_field_and_selects_each_as_
                 alone.llm_slots().tolist()
                 != engine.method.select(one_image(evidence, image), keep)[0].llm_slots().tolist()
             )
+
+
+def test_the_worker_keeps_a_bounded_number_of_option_sets_built() -> None:
+    """A server's clients may ask any number of option sets: the model keeps the last BUILT_CAPACITY built, and one
+    asked again after it was dropped is built again, equal to the first build."""
+    config = type("Config", (), {"model_type": "llava", "vitrim": {"method": "visionzip", "keep": 6}})()
+    engine = trim_options(config, ARCHITECTURE)
+    built: dict[Any, Any] = {}
+    asked = [request_options(engine, {"vitrim": {"dominant": 1, "contextual": c}}) for c in range(1, 71)]
+    first = item_methods({"vitrim_image_options": [options_bytes(asked[0])]}, "image", engine.method, built)[0]
+    for options in asked[1:]:
+        item_methods({"vitrim_image_options": [options_bytes(options)]}, "image", engine.method, built)
+    assert len(built) == BUILT_CAPACITY < len(asked)
+    again = item_methods({"vitrim_image_options": [options_bytes(asked[0])]}, "image", engine.method, built)[0]
+    assert again is not first and again.options == first.options == asked[0].method.options

@@ -17,6 +17,7 @@ keeps the reason on record.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -50,6 +51,7 @@ from test_tensor_parallel import (
     QWEN_IMAGE,
     QWEN_SIZES,
     bound_threads,  # noqa: F401  (autouse: each stage's worker its own cores)
+    cores_per_rank,
     reference_of,
 )
 
@@ -127,10 +129,11 @@ def folder_and_requests(case: Case, work: Path) -> tuple[Path, list[dict[str, An
 
 
 def at_two_stages(
-    folder: Path, case: Case, requests: list[dict[str, Any]]
+    folder: Path, case: Case, requests: list[dict[str, Any]], ranks: int = 1
 ) -> tuple[list[Any], list[Any], dict[int, list[int]]]:
-    """The requests together and each alone on one engine at two pipeline stages, and the first stage's record
-    (the second stage, which never encodes a medium, must have recorded none)."""
+    """The requests together and each alone on one engine at two pipeline stages of ``ranks`` tensor-parallel ranks
+    each, and the first stage's record (its ranks' records equal; the second stage, which never encodes a medium,
+    must have recorded none)."""
 
     def run(llm: Any) -> tuple[list[Any], list[Any], list[dict[int, list[int]]]]:
         from vitrim.vllm.selection_record import records_per_worker
@@ -139,15 +142,19 @@ def at_two_stages(
 
     limits = VIDEO_LIMITS if case.media == "videos" else {}
     hf_overrides = overrides(FAMILY_ARCHITECTURES[case.family], case.method, **case.options)
-    together, alone, per_stage = with_engine(folder, hf_overrides, run, pipeline_parallel_size=STAGES, **limits)
-    assert len(per_stage) == STAGES and per_stage[0] and per_stage[1] == {}, per_stage
-    return together, alone, per_stage[0]
+    together, alone, per_rank = with_engine(
+        folder, hf_overrides, run, pipeline_parallel_size=STAGES, tensor_parallel_size=ranks, **limits
+    )
+    first, second = per_rank[:ranks], per_rank[ranks:]  # vLLM's ranks: stage by stage
+    assert len(second) == ranks and all(record == {} for record in second), per_rank
+    assert first[0] and all(record == first[0] for record in first), per_rank
+    return together, alone, first[0]
 
 
-def check(case: Case, work: Path) -> None:
+def check(case: Case, work: Path, ranks: int = 1) -> None:
     folder, requests = folder_and_requests(case, work)
     reference = reference_of(folder, case.family, case.method, case.options, case.positions, requests, work)
-    runs = at_two_stages(folder, case, requests)
+    runs = at_two_stages(folder, case, requests, ranks)
     if case.media == "videos":
         assert assert_media_like_reference(requests, runs, reference) > 0
     elif case.family == "gemma3" and case.method in tower_methods():
@@ -167,6 +174,19 @@ def test_more_methods_at_pipeline_parallel_size_2_equal_transformers(
     case: Case, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     check(case, tmp_path_factory.mktemp(f"pp-{case.name}"))
+
+
+@pytest.mark.full
+def test_tensor_and_pipeline_parallel_together_equal_transformers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Two stages of two tensor-parallel ranks: the first stage's ranks gather each other's heads and select alike
+    (vitrim.vllm.tensor_parallel), the second stage's run at the positions the first sends. Four ranks share this
+    machine's cores where it has fewer than four (each rank one core)."""
+    cores = sorted(os.sched_getaffinity(0))
+    bind = cores_per_rank(4) if len(cores) >= 4 else "|".join(str(cores[rank % len(cores)]) for rank in range(4))
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", bind)
+    check(Case("qwen2_5_vl", "visionzip", {"keep": KEEP}), tmp_path_factory.mktemp("pp-tp"), ranks=2)
 
 
 UNMODIFIED = """

@@ -64,6 +64,7 @@ def options_bytes(options: TrimOptions) -> Tensor:
 # the methods a model built for its requests' option sets: (id of the engine's method, the options' JSON) -> (that
 # engine method, kept so the id is not reused while cached; the request's method)
 BuiltMethods = dict[tuple[int, str], tuple[Method, Method]]
+BUILT_CAPACITY = 64  # option sets a model keeps built; older ones are built again when asked
 
 
 def item_methods(kwargs: Mapping[str, object], modality: str, engine: Method, built: BuiltMethods) -> list[Method]:
@@ -82,6 +83,8 @@ def item_methods(kwargs: Mapping[str, object], modality: str, engine: Method, bu
             continue
         key = (id(engine), text)
         if key not in built:
+            if len(built) >= BUILT_CAPACITY:  # a server's clients may ask any number of option sets
+                built.pop(next(iter(built)))  # the oldest built
             built[key] = (engine, request_method(engine, json.loads(text)))
         methods.append(built[key][1])
     return methods
