@@ -190,6 +190,28 @@ def clip_frames(patches: int, rows: int, columns: int, frames_per_patch: int, se
     return np.stack(frames)
 
 
+def reference_spec(
+    folder: Path,
+    family: str,
+    method: str,
+    options: dict[str, Any],
+    requests: list[dict[str, Any]],
+    max_tokens: int,
+    positions: str = "original",
+) -> dict[str, Any]:
+    """One run of tests/vllm/transformers_reference.py: ``method`` with ``options`` on ``family``'s tiny ``folder``,
+    the ``requests`` greedy for ``max_tokens``, the kept tokens numbered as ``positions`` says."""
+    return {
+        "folder": str(folder),
+        "family": family,
+        "method": method,
+        "options": options,
+        "positions": positions,
+        "max_tokens": max_tokens,
+        "requests": requests,
+    }
+
+
 def transformers_reference(specs: list[dict[str, Any]], work: Path) -> list[list[dict[str, Any]]]:
     """tests/vllm/transformers_reference.py run in a fresh interpreter on ``specs``; its results per spec."""
     spec_path, out_path = work / "specs.json", work / "reference.json"

@@ -33,6 +33,7 @@ from engines import (
     overrides,
     qwen_media_requests,
     random_pictures,
+    reference_spec,
     transformers_reference,
     trimmed_runs,
     with_engine,
@@ -64,16 +65,9 @@ REFUSED = [  # a request's entry the engine refuses, and the start of its one li
 ]
 
 
-def reference_spec(folder: Path, family: str, method: str, options: dict[str, Any], request: dict[str, Any]) -> Any:
-    return {
-        "folder": str(folder),
-        "family": family,
-        "method": method,
-        "options": options,
-        "positions": "original",
-        "max_tokens": MAX_TOKENS,
-        "requests": [request],
-    }
+def one_request_spec(folder: Path, family: str, method: str, options: dict[str, Any], request: dict[str, Any]) -> Any:
+    """The reference of ``request`` alone at ``options``."""
+    return reference_spec(folder, family, method, options, [request], MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +123,11 @@ def test_llava_requests_with_their_own_options_each_equal_themselves_alone_and_t
 ) -> None:
     requests, (together, alone, kept) = llava["requests"], llava["runs"]
     specs = [
-        reference_spec(llava["folder"], "llava", "visionzip", options, request)
+        one_request_spec(llava["folder"], "llava", "visionzip", options, request)
         for request, (_, options) in zip(requests, ASKED, strict=True)
     ]
     # the image of request 1 at the engine's options: what the shared name's first ask must select
-    specs.append(reference_spec(llava["folder"], "llava", "visionzip", ASKED[0][1], requests[1]))
+    specs.append(one_request_spec(llava["folder"], "llava", "visionzip", ASKED[0][1], requests[1]))
     reference = [one[0] for one in transformers_reference(specs, work)]
     assert_like_reference(requests, (together, alone, kept), reference[:-1])
     # the options did something: request 1's image selects otherwise at the engine's options
@@ -183,12 +177,12 @@ def test_a_qwen_request_selects_each_image_and_temporal_patch_with_its_own_optio
     engine_args = {"limit_mm_per_prompt": {"image": 1, "video": 1}, **CHUNKS}
     runs = trimmed_runs(folder, architecture, "vispruner", {"keep": 3}, requests, MAX_TOKENS, **engine_args)
     specs = [
-        reference_spec(folder, family, "vispruner", {"keep": 3, **(entry or {})}, request)
+        one_request_spec(folder, family, "vispruner", {"keep": 3, **(entry or {})}, request)
         for request, entry in zip(requests, QWEN_ASKED, strict=True)
     ]
     # each request's media at the engine's options too: the options must change what is kept
     specs += [
-        reference_spec(folder, family, "vispruner", {"keep": (entry or {}).get("keep", 3)}, request)
+        one_request_spec(folder, family, "vispruner", {"keep": (entry or {}).get("keep", 3)}, request)
         for request, entry in zip(requests, QWEN_ASKED, strict=True)
     ]
     reference = [one[0] for one in transformers_reference(specs, work)]
@@ -211,7 +205,7 @@ def test_a_qwen_request_trims_its_video_with_its_own_video_method_options(work: 
     engine_args = {"limit_mm_per_prompt": {"image": 1, "video": 1}, **CHUNKS}
     runs = trimmed_runs(folder, architecture, "evs", {"video_pruning_rate": 0.5}, requests, MAX_TOKENS, **engine_args)
     specs = [
-        reference_spec(folder, family, "evs", {"video_pruning_rate": 0.5, **(entry or {})}, request)
+        one_request_spec(folder, family, "evs", {"video_pruning_rate": 0.5, **(entry or {})}, request)
         for request, entry in zip(requests, VIDEO_ASKED, strict=True)
     ]
     reference = [one[0] for one in transformers_reference(specs, work)]
@@ -246,7 +240,7 @@ def test_llava_next_and_gemma3_requests_select_with_their_own_options(work: Path
 
     runs = trimmed_runs(folder, architecture, "visionzip", ENGINE, requests, MAX_TOKENS)
     specs = [
-        reference_spec(folder, family, "visionzip", {**ENGINE, **(entry or {})}, request)
+        one_request_spec(folder, family, "visionzip", {**ENGINE, **(entry or {})}, request)
         for request, entry in zip(requests, TILED_ASKED, strict=True)
     ]
     assert_like_reference(requests, runs, [one[0] for one in transformers_reference(specs, work)])

@@ -41,6 +41,7 @@ from engines import (
     clip_frames,
     media_of,
     overrides,
+    reference_spec,
     transformers_reference,
     trimmed_runs,
     with_engine,
@@ -120,18 +121,7 @@ def reference(work: Path, folder: Path, family: str, requests: list[dict[str, An
     """Per method of :data:`METHODS`, transformers + vitrim.vlm's results; under "flashvid_authors", flashvid's with
     the authors' rounding (``exact_count=False``, which vLLM cannot serve)."""
     runs = [*METHODS.items(), ("flashvid", METHODS["flashvid"] | {"exact_count": False})]
-    specs = [
-        {
-            "folder": str(folder),
-            "family": family,
-            "method": method,
-            "options": options,
-            "positions": "original",
-            "max_tokens": MAX_TOKENS,
-            "requests": requests,
-        }
-        for method, options in runs
-    ]
+    specs = [reference_spec(folder, family, method, options, requests, MAX_TOKENS) for method, options in runs]
     return dict(zip([*METHODS, "flashvid_authors"], transformers_reference(specs, work), strict=True))
 
 

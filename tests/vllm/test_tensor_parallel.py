@@ -43,6 +43,7 @@ from engines import (
     greedy,
     named_afresh,
     overrides,
+    reference_spec,
     three_requests,
     together_and_alone,
     transformers_reference,
@@ -127,15 +128,7 @@ def reference_of(
     folder: Path, family: str, method: str, options: dict[str, Any], positions: str, requests: Any, work: Path
 ) -> list[dict[str, Any]]:
     """transformers + vitrim.vlm on the same folder and requests (tests/vllm/transformers_reference.py)."""
-    spec = {
-        "folder": str(folder),
-        "family": family,
-        "method": method,
-        "options": options,
-        "positions": positions,
-        "max_tokens": MAX_TOKENS,
-        "requests": requests,
-    }
+    spec = reference_spec(folder, family, method, options, requests, MAX_TOKENS, positions)
     (reference,) = transformers_reference([spec], work)
     return reference
 
@@ -279,16 +272,9 @@ class Sweep:
     @functools.cache  # noqa: B019
     def references(self, family: str, deep: bool, key: tuple[str, str, bool]) -> dict[Case, list[dict[str, Any]]]:
         cases = [case for case in SWEEP if (case.family, case.deep, case.requests_key) == (family, deep, key)]
+        folder, requests = self.folder(family, deep), self.requests(key)
         specs = [
-            {
-                "folder": str(self.folder(family, deep)),
-                "family": family,
-                "method": case.method,
-                "options": case.options,
-                "positions": case.positions,
-                "max_tokens": MAX_TOKENS,
-                "requests": self.requests(key),
-            }
+            reference_spec(folder, family, case.method, case.options, requests, MAX_TOKENS, case.positions)
             for case in cases
         ]
         where = self.work / f"reference-{len(list(self.work.glob('reference-*')))}"
@@ -362,17 +348,9 @@ def gemma3_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, 
 def gemma3_references(
     work: Path, folder: Path, methods: dict[str, dict[str, Any]], requests: list[dict[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
+    # Gemma 3 keeps every kept token's original position (docs/vllm.md)
     specs = [
-        {
-            "folder": str(folder),
-            "family": "gemma3",
-            "method": method,
-            "options": options,
-            "positions": "original",  # Gemma 3 keeps every kept token's position (docs/vllm.md)
-            "max_tokens": MAX_TOKENS,
-            "requests": requests,
-        }
-        for method, options in methods.items()
+        reference_spec(folder, "gemma3", method, options, requests, MAX_TOKENS) for method, options in methods.items()
     ]
     return dict(zip(methods, transformers_reference(specs, work), strict=True))
 
